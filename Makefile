@@ -1,0 +1,53 @@
+# Development tasks. Run "make" or "make help" for the list.
+#
+# Tests that need Redis get throwaway servers from scripts/redis-env.sh
+# (standalone, standalone with a replica, 3-master cluster), which installs
+# redis-server with apt-get when missing and running as root.
+
+GO        ?= go
+PKGS      ?= ./...
+TESTFLAGS ?=
+FUZZTIME  ?= 60s
+BENCH     ?= .
+
+REDIS_ENV := scripts/redis-env.sh
+
+# Go files to format-check, without vendored code and test fixtures.
+GOFILES = $(shell find . -type f -name '*.go' -not -path './vendor/*' -not -path '*/testdata/*' -not -path './.git/*')
+
+.DEFAULT_GOAL := help
+
+.PHONY: help test test-short bench fuzz fmt fmt-check vet
+
+help: ## List the targets
+	@echo 'Targets:'
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-11s %s\n", $$1, $$2}'
+	@echo
+	@echo 'Variables: PKGS=$(PKGS) TESTFLAGS=$(TESTFLAGS) FUZZTIME=$(FUZZTIME) BENCH=$(BENCH)'
+
+test: fmt-check vet ## Check formatting, vet, then run all tests with -race against real Redis
+	$(REDIS_ENV) $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
+
+test-short: ## Run the tests with -short and without Redis (Redis tests are skipped)
+	$(GO) test -short $(TESTFLAGS) $(PKGS)
+
+bench: ## Run the benchmarks against real Redis (BENCH=regexp)
+	$(REDIS_ENV) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKGS)
+
+fuzz: ## Run every fuzz target for FUZZTIME each (default 60s)
+	GO='$(GO)' FUZZTIME='$(FUZZTIME)' scripts/fuzz.sh $(PKGS)
+
+fmt: ## Format all Go files
+	@gofmt -w $(GOFILES)
+
+fmt-check: ## Fail, listing them, if Go files are not gofmt-formatted
+	@files="$$(gofmt -l $(GOFILES))"; \
+	if [ -n "$$files" ]; then \
+		echo 'These files are not gofmt-formatted (run "make fmt"):'; \
+		echo "$$files"; \
+		exit 1; \
+	fi
+
+vet: ## Run go vet
+	$(GO) vet $(PKGS)

@@ -1,0 +1,186 @@
+// Package identity names the owners of conversation-continuation state.
+//
+// An owner is one conversation thread: the main thread of a session
+// ([Main]) or one sub-agent inside a session ([Agent]). Siblings never share
+// state. Every owner has a canonical key ([Owner.Key]) that is injective,
+// stable across releases and part of the Redis schema, and a partition
+// ([Owner.Partition]) chosen by hashing that key.
+package identity
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// MaxIDBytes is the longest session or agent id accepted, in bytes.
+const MaxIDBytes = 256
+
+// ErrInvalid is wrapped by every error about an invalid id or key.
+var ErrInvalid = errors.New("identity: invalid owner")
+
+// Owner identifies one conversation thread. The zero Owner means "no
+// identity". Owners are comparable and can be used as map keys.
+type Owner struct {
+	session string
+	agent   string
+}
+
+// Key prefixes. A main owner's key is "m:" + escape(session); an agent's is
+// "a:" + escape(session) + ":" + escape(agent). escape replaces '%' with
+// "%25" and ':' with "%3A" and nothing else, so an escaped id never holds a
+// ':' and the key splits back unambiguously.
+const (
+	mainPrefix  = "m:"
+	agentPrefix = "a:"
+)
+
+// Main returns the owner of a session's main thread.
+func Main(session string) (Owner, error) {
+	if err := validate("session", session); err != nil {
+		return Owner{}, err
+	}
+	return Owner{session: session}, nil
+}
+
+// Agent returns the owner of one sub-agent thread inside a session.
+func Agent(session, agent string) (Owner, error) {
+	if err := validate("session", session); err != nil {
+		return Owner{}, err
+	}
+	if err := validate("agent", agent); err != nil {
+		return Owner{}, err
+	}
+	return Owner{session: session, agent: agent}, nil
+}
+
+// ParseKey is the inverse of [Owner.Key]: it accepts exactly the keys that
+// Key produces and returns an error wrapping [ErrInvalid] for anything else.
+func ParseKey(key string) (Owner, error) {
+	switch {
+	case strings.HasPrefix(key, mainPrefix):
+		session, err := unescape("session", key[len(mainPrefix):])
+		if err != nil {
+			return Owner{}, err
+		}
+		return Main(session)
+	case strings.HasPrefix(key, agentPrefix):
+		rest := key[len(agentPrefix):]
+		i := strings.IndexByte(rest, ':')
+		if i < 0 {
+			return Owner{}, fmt.Errorf("%w: key %q: agent key has no agent part", ErrInvalid, key)
+		}
+		session, err := unescape("session", rest[:i])
+		if err != nil {
+			return Owner{}, err
+		}
+		agent, err := unescape("agent", rest[i+1:])
+		if err != nil {
+			return Owner{}, err
+		}
+		return Agent(session, agent)
+	default:
+		return Owner{}, fmt.Errorf("%w: key %q: must start with %q or %q", ErrInvalid, key, mainPrefix, agentPrefix)
+	}
+}
+
+// Key returns the owner's canonical key: injective over all valid owners and
+// stable across releases (it names the owner's state in Redis). The zero
+// Owner's key is "".
+func (o Owner) Key() string {
+	switch {
+	case o.IsZero():
+		return ""
+	case o.agent == "":
+		return mainPrefix + escape(o.session)
+	default:
+		return agentPrefix + escape(o.session) + ":" + escape(o.agent)
+	}
+}
+
+// Session returns the session id.
+func (o Owner) Session() string { return o.session }
+
+// AgentID returns the agent id, or "" for a main owner.
+func (o Owner) AgentID() string { return o.agent }
+
+// IsAgent reports whether the owner is a sub-agent thread.
+func (o Owner) IsAgent() bool { return o.agent != "" }
+
+// IsZero reports whether o is the zero Owner ("no identity").
+func (o Owner) IsZero() bool { return o.session == "" }
+
+// Partition returns the owner's partition among n: the xxhash64 of its key
+// modulo n. It returns 0 when n < 1.
+func (o Owner) Partition(n int) int {
+	if n < 1 {
+		return 0
+	}
+	return int(xxhash.Sum64String(o.Key()) % uint64(n))
+}
+
+// String returns a readable form for logs: "main(s)" or "agent(s/a)".
+func (o Owner) String() string {
+	switch {
+	case o.IsZero():
+		return "none"
+	case o.agent == "":
+		return fmt.Sprintf("main(%q)", o.session)
+	default:
+		return fmt.Sprintf("agent(%q/%q)", o.session, o.agent)
+	}
+}
+
+func validate(field, id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: %s id is empty", ErrInvalid, field)
+	case len(id) > MaxIDBytes:
+		return fmt.Errorf("%w: %s id is %d bytes, more than %d", ErrInvalid, field, len(id), MaxIDBytes)
+	case !utf8.ValidString(id):
+		return fmt.Errorf("%w: %s id is not valid UTF-8", ErrInvalid, field)
+	}
+	for i, r := range id {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: %s id has a control character %U at byte %d", ErrInvalid, field, r, i)
+		}
+	}
+	return nil
+}
+
+var escaper = strings.NewReplacer("%", "%25", ":", "%3A")
+
+func escape(id string) string { return escaper.Replace(id) }
+
+// unescape reverses escape and refuses every other spelling ("%3a", "%41",
+// a bare ':'), so that a key that parses is the key of what it parses to.
+func unescape(field, s string) (string, error) {
+	if strings.IndexByte(s, '%') < 0 {
+		if strings.IndexByte(s, ':') >= 0 {
+			return "", fmt.Errorf("%w: %s part %q has an unescaped ':'", ErrInvalid, field, s)
+		}
+		return s, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == ':':
+			return "", fmt.Errorf("%w: %s part %q has an unescaped ':'", ErrInvalid, field, s)
+		case c != '%':
+			b.WriteByte(c)
+		case strings.HasPrefix(s[i:], "%25"):
+			b.WriteByte('%')
+			i += 2
+		case strings.HasPrefix(s[i:], "%3A"):
+			b.WriteByte(':')
+			i += 2
+		default:
+			return "", fmt.Errorf("%w: %s part %q has an escape other than %%25 or %%3A", ErrInvalid, field, s)
+		}
+	}
+	return b.String(), nil
+}

@@ -1,0 +1,74 @@
+package integration
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// TestEachOperationIsOneCommand counts, in the server's own statistics, the
+// commands each store operation sends.
+func TestEachOperationIsOneCommand(t *testing.T) {
+	c := privateServer(t)
+	ctx := context.Background()
+	s, err := store.NewRedis(c, store.Options{Namespace: "rt"})
+	require.NoError(t, err)
+	owner, err := identity.Main("session-rt")
+	require.NoError(t, err)
+	r, err := store.ParseRequest([]byte(`{"model":"m","input":["one"]}`))
+	require.NoError(t, err)
+
+	// Warm up: the first call of each script loads it (NOSCRIPT, then EVAL).
+	res := s.Reserve(ctx, owner, r)
+	_, err = s.Record(ctx, res, r, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
+	require.NoError(t, err)
+	_, err = s.Abort(ctx, res)
+	require.NoError(t, err)
+	require.NoError(t, s.Clear(ctx, owner))
+	_, err = s.Inspect(ctx, owner)
+	require.NoError(t, err)
+
+	var res2 *store.Reservation
+	ops := []struct {
+		name string
+		run  func()
+		want map[string]int64 // top-level commands the client sent
+	}{
+		{"reserve", func() { res2 = s.Reserve(ctx, owner, r); require.NoError(t, res2.Err) },
+			map[string]int64{"evalsha": 1}},
+		{"record", func() {
+			_, err := s.Record(ctx, res2, r, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
+			require.NoError(t, err)
+		}, map[string]int64{"evalsha": 1}},
+		{"is-current", func() { _, err := s.IsCurrent(ctx, res2); require.NoError(t, err) },
+			map[string]int64{"hget": 1}},
+		{"inspect", func() { _, err := s.Inspect(ctx, owner); require.NoError(t, err) },
+			map[string]int64{"evalsha": 1}},
+		{"abort", func() { _, err := s.Abort(ctx, res2); require.NoError(t, err) },
+			map[string]int64{"evalsha": 1}},
+		{"clear", func() { require.NoError(t, s.Clear(ctx, owner)) },
+			map[string]int64{"evalsha": 1}},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			before := commandStats(t, c)
+			op.run()
+			after := commandStats(t, c)
+			// Commands that scripts call internally are counted too, so a
+			// script operation is checked on the script calls alone.
+			cmds := []string{"evalsha", "eval"}
+			if op.want["evalsha"] == 0 {
+				cmds = append(cmds, "hget", "hgetall")
+			}
+			for _, cmd := range cmds {
+				assert.Equal(t, op.want[cmd], after[cmd].calls-before[cmd].calls, "%s calls", cmd)
+			}
+			assert.Equal(t, int64(1), after["info"].calls-before["info"].calls, "nothing else ran")
+		})
+	}
+}

@@ -1,0 +1,319 @@
+// Package redistest provides Redis clients and helpers for tests.
+//
+// The real-server helpers (Standalone, Replicated, Cluster, ServerBinary)
+// read the addresses exported by scripts/redis-env.sh, which "make test"
+// uses to start throwaway servers on loopback:
+//
+//	CONTSTORE_REDIS_ADDR             standalone primary without replicas
+//	CONTSTORE_REDIS_REPLICATED_ADDR  standalone primary with one replica
+//	CONTSTORE_CLUSTER_ADDRS          comma-separated seed nodes of a 3-master cluster
+//	CONTSTORE_REDIS_SERVER           path of the redis-server binary
+//
+// When a variable is unset the test is skipped, so "go test ./..." works
+// without Redis. With CI=true in the environment a missing variable fails
+// the test instead, so a misconfigured CI run cannot pass silently.
+//
+// Every test should work in its own key namespace:
+//
+//	c := redistest.Standalone(t)
+//	ns := redistest.Namespace(t)
+//	redistest.CleanupNamespace(t, c, ns)
+package redistest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Names of the environment variables read by this package.
+const (
+	EnvAddr           = "CONTSTORE_REDIS_ADDR"
+	EnvReplicatedAddr = "CONTSTORE_REDIS_REPLICATED_ADDR"
+	EnvClusterAddrs   = "CONTSTORE_CLUSTER_ADDRS"
+	EnvServer         = "CONTSTORE_REDIS_SERVER"
+)
+
+// pingTimeout bounds the initial reachability check of a server.
+const pingTimeout = 5 * time.Second
+
+// cleanupTimeout bounds the key deletion done by CleanupNamespace.
+const cleanupTimeout = 30 * time.Second
+
+// missing decides what to do when the environment variable env is unset:
+// skip the test (the default) or fail it (when CI is true). msg explains how
+// to provide the variable.
+func missing(env string) (skip bool, msg string) {
+	ci, _ := strconv.ParseBool(strings.TrimSpace(os.Getenv("CI")))
+	if ci {
+		return false, fmt.Sprintf("%s is not set but CI=true: Redis tests must not be skipped in CI; "+
+			"run them with `make test`, which starts Redis (scripts/redis-env.sh)", env)
+	}
+	return true, fmt.Sprintf("%s is not set; run `make test`, which starts Redis (scripts/redis-env.sh), "+
+		"to run this test", env)
+}
+
+// lookup returns the value of the environment variable env, skipping or
+// failing the test as decided by missing when it is unset or empty.
+func lookup(t testing.TB, env string) string {
+	t.Helper()
+	if v := strings.TrimSpace(os.Getenv(env)); v != "" {
+		return v
+	}
+	skip, msg := missing(env)
+	if skip {
+		t.Skip(msg)
+	}
+	t.Fatal(msg)
+	return ""
+}
+
+// Standalone returns a client for the standalone primary at
+// CONTSTORE_REDIS_ADDR. That server has no replicas, so WAIT returns 0 on it.
+// The client is closed when the test ends.
+func Standalone(t testing.TB) *redis.Client {
+	t.Helper()
+	return newClient(t, EnvAddr)
+}
+
+// Replicated returns a client for the standalone primary at
+// CONTSTORE_REDIS_REPLICATED_ADDR, which has one connected replica.
+// The client is closed when the test ends.
+func Replicated(t testing.TB) *redis.Client {
+	t.Helper()
+	return newClient(t, EnvReplicatedAddr)
+}
+
+func newClient(t testing.TB, env string) *redis.Client {
+	t.Helper()
+	addr := lookup(t, env)
+	c := redis.NewClient(&redis.Options{
+		Addr:        addr,
+		DialTimeout: pingTimeout,
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	ping(t, c, fmt.Sprintf("%s=%s", env, addr))
+	return c
+}
+
+// Cluster returns a cluster client seeded with the nodes listed in
+// CONTSTORE_CLUSTER_ADDRS. The client is closed when the test ends.
+func Cluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	v := lookup(t, EnvClusterAddrs)
+	var addrs []string
+	for _, a := range strings.Split(v, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) == 0 {
+		t.Fatalf("%s=%q lists no addresses", EnvClusterAddrs, v)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:       addrs,
+		DialTimeout: pingTimeout,
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	ping(t, c, fmt.Sprintf("%s=%s", EnvClusterAddrs, v))
+	ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+	defer cancel()
+	err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+		return n.Ping(ctx).Err()
+	})
+	if err != nil {
+		t.Fatalf("redis cluster at %s=%s: not every master is reachable: %v", EnvClusterAddrs, v, err)
+	}
+	return c
+}
+
+func ping(t testing.TB, c redis.UniversalClient, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), pingTimeout)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("redis at %s is not reachable: %v (is the server from `make test` still running?)", what, err)
+	}
+}
+
+// ServerBinary returns the path of the redis-server binary given by
+// CONTSTORE_REDIS_SERVER, for tests that run their own server processes.
+// It skips or fails the test like the client helpers when the variable is
+// unset.
+func ServerBinary(t testing.TB) string {
+	t.Helper()
+	p := lookup(t, EnvServer)
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatalf("%s=%s: %v", EnvServer, p, err)
+	}
+	if fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
+		t.Fatalf("%s=%s is not an executable file", EnvServer, p)
+	}
+	return p
+}
+
+// Miniredis starts an in-process miniredis server and returns it with a
+// client connected to it. Both are closed when the test ends. Use it for
+// fast tests that do not depend on exact Redis semantics (replication,
+// cluster, Lua edge cases).
+func Miniredis(t testing.TB) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	m, err := miniredis.Run()
+	if err != nil {
+		t.Fatalf("starting miniredis: %v", err)
+	}
+	t.Cleanup(m.Close)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	// Registered after m.Close, so it runs first.
+	t.Cleanup(func() { _ = c.Close() })
+	return m, c
+}
+
+// maxNamePart is the number of characters of the sanitized test name kept
+// in a namespace; the random suffix adds 9 more ("-" and 8 hex digits).
+const maxNamePart = 14
+
+// Namespace returns a key namespace unique to this call: a short form of the
+// test name followed by a random suffix, such as "TestSaveLoad-3fa94c1e".
+// It contains only ASCII letters, digits and '-', is at most 23 characters
+// long and never contains '{', '}', ':' or glob characters, so callers can
+// embed it in keys and hash tags freely.
+func Namespace(t testing.TB) string {
+	t.Helper()
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatalf("reading random bytes: %v", err)
+	}
+	return sanitizeName(t.Name()) + "-" + hex.EncodeToString(b[:])
+}
+
+// sanitizeName maps a test name to at most maxNamePart characters from
+// [A-Za-z0-9-]. It drops a leading "Test", turns runs of other characters
+// into a single '-' and never returns an empty string.
+func sanitizeName(name string) string {
+	if trimmed := strings.TrimPrefix(name, "Test"); trimmed != "" && trimmed != name {
+		name = trimmed
+	}
+	var sb strings.Builder
+	dash := false
+	for _, r := range name {
+		if sb.Len() >= maxNamePart {
+			break
+		}
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+			sb.WriteRune(r)
+			dash = false
+		default:
+			if !dash && sb.Len() > 0 {
+				sb.WriteByte('-')
+				dash = true
+			}
+		}
+	}
+	s := strings.TrimRight(sb.String(), "-")
+	if s == "" {
+		s = "t"
+	}
+	return s
+}
+
+// CleanupNamespace registers a cleanup that deletes every key whose name
+// starts with ns, on every master when c is a *redis.ClusterClient and on
+// every shard when c is a *redis.Ring. Keys are found with SCAN and removed
+// with UNLINK; the database is never flushed, so tests sharing a server do not
+// disturb each other.
+//
+// Call it after creating c (cleanups run last-in first-out, so c is still
+// open when the keys are deleted). An empty ns fails the test.
+func CleanupNamespace(t testing.TB, c redis.UniversalClient, ns string) {
+	t.Helper()
+	if ns == "" {
+		t.Fatal("redistest.CleanupNamespace: empty namespace would match every key")
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		if err := deletePrefix(ctx, c, ns); err != nil {
+			t.Errorf("deleting keys of namespace %q: %v", ns, err)
+		}
+	})
+}
+
+// deletePrefix removes all keys starting with prefix.
+func deletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) error {
+	pattern := escapeGlob(prefix) + "*"
+	switch cc := c.(type) {
+	case *redis.ClusterClient:
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			return deleteMatching(ctx, n, pattern)
+		})
+	case *redis.Ring:
+		return cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
+			return deleteMatching(ctx, n, pattern)
+		})
+	default:
+		return deleteMatching(ctx, c, pattern)
+	}
+}
+
+// deleteMatching scans one server for pattern and unlinks what it finds.
+// Keys are unlinked one per command (pipelined) because on a cluster node a
+// single multi-key UNLINK over different slots is refused with CROSSSLOT.
+func deleteMatching(ctx context.Context, c redis.Cmdable, pattern string) error {
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+		if err != nil {
+			return fmt.Errorf("SCAN MATCH %s: %w", pattern, err)
+		}
+		if len(keys) > 0 {
+			cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, k := range keys {
+					p.Unlink(ctx, k)
+				}
+				return nil
+			})
+			if err != nil {
+				var errs []error
+				for _, cmd := range cmds {
+					if cmd.Err() != nil {
+						errs = append(errs, cmd.Err())
+					}
+				}
+				if len(errs) == 0 {
+					errs = append(errs, err)
+				}
+				return fmt.Errorf("UNLINK: %w", errors.Join(errs...))
+			}
+		}
+		cursor = next
+		if cursor == 0 {
+			return nil
+		}
+	}
+}
+
+// escapeGlob quotes the characters that are special in a Redis MATCH pattern.
+func escapeGlob(s string) string {
+	var sb strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			sb.WriteByte('\\')
+		}
+		sb.WriteRune(r)
+	}
+	return sb.String()
+}

@@ -1,0 +1,109 @@
+// Package lua holds the Redis scripts of the continuation store, one file a
+// script, embedded at build time.
+//
+// Each script starts with a header naming its purpose, every KEYS[i] with its
+// key pattern and Redis type, every ARGV[i] with its units, and every reply.
+// [Script] reads the KEYS and ARGV counts from that header, so a caller that
+// passes a different number is refused before anything reaches Redis.
+package lua
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"regexp"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed *.lua
+var files embed.FS
+
+// Script is one embedded script with the argument counts its header declares.
+type Script struct {
+	// Name is the file name without ".lua".
+	Name string
+	// Keys and Args are the number of KEYS and ARGV entries the header names.
+	Keys, Args int
+	// Source is the script as sent to Redis: the file, after the shared
+	// functions of lru.lua when it uses them.
+	Source string
+	// File is the script file's own text, header first.
+	File string
+
+	script *redis.Script
+}
+
+// The store's scripts.
+var (
+	Reserve = load("reserve", "lru")
+	Record  = load("record", "lru")
+	Abort   = load("abort", "lru")
+	Clear   = load("clear", "lru")
+	Inspect = load("inspect")
+	Prune   = load("prune", "lru")
+	Schema  = load("schema")
+)
+
+// All lists every script, for tests and tools.
+func All() []*Script { return []*Script{Reserve, Record, Abort, Clear, Inspect, Prune, Schema} }
+
+var (
+	keysLine = regexp.MustCompile(`(?m)^-- KEYS\[(\d+)\]`)
+	argvLine = regexp.MustCompile(`(?m)^-- ARGV\[(\d+)\]`)
+)
+
+// load reads name.lua, placing the named libraries' functions before it.
+func load(name string, libs ...string) *Script {
+	file := read(name)
+	src := ""
+	for _, lib := range libs {
+		src += read(lib) + "\n"
+	}
+	src += file
+	return &Script{
+		Name:   name,
+		Keys:   count(keysLine, file),
+		Args:   count(argvLine, file),
+		Source: src,
+		File:   file,
+		script: redis.NewScript(src),
+	}
+}
+
+func read(name string) string {
+	b, err := files.ReadFile(name + ".lua")
+	if err != nil {
+		panic(fmt.Sprintf("lua: embedded script %s missing: %v", name, err))
+	}
+	return string(b)
+}
+
+// count returns how many numbered header lines match re, requiring them to be
+// numbered 1, 2, … in order so a gap in the header is caught at start-up.
+func count(re *regexp.Regexp, src string) int {
+	n := 0
+	for _, m := range re.FindAllStringSubmatch(src, -1) {
+		if m[1] != fmt.Sprint(n+1) {
+			panic(fmt.Sprintf("lua: header line %s out of order", m[0]))
+		}
+		n++
+	}
+	return n
+}
+
+// Hash returns the script's SHA1, as EVALSHA names it.
+func (s *Script) Hash() string { return s.script.Hash() }
+
+// Run runs the script with EVALSHA, falling back to EVAL when the server
+// answers NOSCRIPT. It refuses a call whose key or argument count differs
+// from the header's.
+func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	if len(keys) != s.Keys || len(args) != s.Args {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(fmt.Errorf("lua: %s takes %d keys and %d args, called with %d and %d",
+			s.Name, s.Keys, s.Args, len(keys), len(args)))
+		return cmd
+	}
+	return s.script.Run(ctx, c, keys, args...)
+}

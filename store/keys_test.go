@@ -1,0 +1,26 @@
+package store
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/contstore/contstore/identity"
+)
+
+// Key names are the Redis schema: these must never change silently.
+func TestKeyNames(t *testing.T) {
+	k := keyspace{ns: "cont"}
+	owner, _ := identity.Agent("s:1", "a")
+	for _, c := range []struct{ got, want string }{
+		{k.tag(7), "{cont:07}"},
+		{k.tag(1000), "{cont:1000}"},
+		{k.owner(7, owner), "cont:{cont:07}:o:a:s%3A1:a"},
+		{k.seq(0), "cont:{cont:00}:seq"},
+		{k.lru(15), "cont:{cont:15}:lru"},
+		{k.acct(3), "cont:{cont:03}:acct"},
+		{k.meta(), "cont:{cont}:meta"},
+	} {
+		assert.Equal(t, c.want, c.got)
+	}
+}

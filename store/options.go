@@ -1,0 +1,148 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// ErrInvalidOptions is wrapped by every error about an option out of range.
+var ErrInvalidOptions = errors.New("store: invalid options")
+
+// Defaults applied to zero-valued [Options] fields.
+const (
+	DefaultNamespace     = "cont"
+	DefaultPartitions    = 16
+	DefaultTTL           = 30 * time.Minute
+	DefaultMaxOwners     = 10_000
+	DefaultMaxOwnerBytes = 2_000_000
+	DefaultMaxTotalBytes = 20_000_000
+	DefaultOpTimeout     = 200 * time.Millisecond
+)
+
+// Limits on options.
+const (
+	MaxPartitions      = 1024
+	maxNamespaceBytes  = 64
+	maxReplicaBytes    = 256
+	maxResponseIDBytes = 512
+)
+
+// Options configure a [Store]. A zero field takes its default; a negative or
+// otherwise invalid one makes the constructor fail with [ErrInvalidOptions].
+type Options struct {
+	// Namespace prefixes every Redis key. Default "cont". At most 64 bytes of
+	// printable UTF-8, no spaces, no '{' or '}'.
+	Namespace string
+	// Partitions spreads owners over this many hash tags. Default 16,
+	// 1..1024. It is fixed for a namespace.
+	Partitions int
+	// TTL is how long an owner's state lives without being touched. Default
+	// 30 minutes, at least a millisecond.
+	TTL time.Duration
+	// MaxOwners bounds how many owners keep state. Default 10,000.
+	MaxOwners int
+	// MaxOwnerBytes is the largest transcript (input and output, canonical
+	// bytes) a continuation may cover; larger turns are not continued.
+	// Default 2,000,000.
+	MaxOwnerBytes int64
+	// MaxTotalBytes bounds the bytes the store keeps. Default 20,000,000.
+	MaxTotalBytes int64
+	// Disabled makes every Reserve answer ReasonDisabled without touching
+	// the store.
+	Disabled bool
+	// Replica names this gateway replica; it is the origin recorded with
+	// responses whose socket names no replica. Default: random.
+	Replica string
+	// OpTimeout bounds each operation. Default 200ms.
+	OpTimeout time.Duration
+	// Now is the clock of the in-process backend. Default time.Now. The
+	// Redis backend always uses the server's clock.
+	Now func() time.Time
+}
+
+// withDefaults returns o with defaults filled in, or an error naming the
+// first invalid field.
+func (o Options) withDefaults() (Options, error) {
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if err := validNamespace(o.Namespace); err != nil {
+		return o, err
+	}
+	setDefault(&o.Partitions, DefaultPartitions)
+	setDefault(&o.TTL, DefaultTTL)
+	setDefault(&o.MaxOwners, DefaultMaxOwners)
+	setDefault(&o.MaxOwnerBytes, DefaultMaxOwnerBytes)
+	setDefault(&o.MaxTotalBytes, DefaultMaxTotalBytes)
+	setDefault(&o.OpTimeout, DefaultOpTimeout)
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Replica == "" {
+		o.Replica = randomReplica()
+	}
+	switch {
+	case o.Partitions < 1 || o.Partitions > MaxPartitions:
+		return o, fmt.Errorf("%w: Partitions is %d, want 1..%d", ErrInvalidOptions, o.Partitions, MaxPartitions)
+	case o.TTL < time.Millisecond:
+		return o, fmt.Errorf("%w: TTL is %v, want at least 1ms", ErrInvalidOptions, o.TTL)
+	case o.MaxOwners < o.Partitions:
+		return o, fmt.Errorf("%w: MaxOwners is %d, want at least Partitions (%d)", ErrInvalidOptions, o.MaxOwners, o.Partitions)
+	case o.MaxOwnerBytes < 1:
+		return o, fmt.Errorf("%w: MaxOwnerBytes is %d, want at least 1", ErrInvalidOptions, o.MaxOwnerBytes)
+	case o.MaxTotalBytes < int64(o.Partitions):
+		return o, fmt.Errorf("%w: MaxTotalBytes is %d, want at least Partitions (%d)", ErrInvalidOptions, o.MaxTotalBytes, o.Partitions)
+	case o.OpTimeout <= 0:
+		return o, fmt.Errorf("%w: OpTimeout is %v, want more than 0", ErrInvalidOptions, o.OpTimeout)
+	}
+	if err := validText("Replica", o.Replica, maxReplicaBytes); err != nil {
+		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	return o, nil
+}
+
+// setDefault replaces a zero value with def; negative values are left for
+// the range checks to refuse.
+func setDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v == 0 {
+		*v = def
+	}
+}
+
+func validNamespace(ns string) error {
+	if err := validText("Namespace", ns, maxNamespaceBytes); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	if strings.ContainsAny(ns, "{} ") {
+		return fmt.Errorf("%w: Namespace %q holds a space, '{' or '}'", ErrInvalidOptions, ns)
+	}
+	return nil
+}
+
+// validText checks a name that ends up in Redis: non-empty, bounded, valid
+// UTF-8 without control characters.
+func validText(field, s string, max int) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%s is empty", field)
+	case len(s) > max:
+		return fmt.Errorf("%s is %d bytes, more than %d", field, len(s), max)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s is not valid UTF-8", field)
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return fmt.Errorf("%s holds a control character", field)
+	}
+	return nil
+}
+
+func randomReplica() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "replica-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,340 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/lua"
+)
+
+// NewRedis returns a store whose state lives in Redis, shared by every
+// replica that opens the same namespace. client may be a *redis.Client or a
+// *redis.ClusterClient; the store makes no connections of its own.
+//
+// The first store to open a namespace records its schema version and
+// partition count there; NewRedis fails with ErrSchemaMismatch when they
+// differ from opts. When Redis cannot be reached, NewRedis still returns the
+// store (a gateway must start without Redis): the check then runs before the
+// first operation that reaches Redis, and operations fail open until it
+// passes.
+func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
+	}
+	return newStore(opts, func(o Options) (backend, error) {
+		r := &redisBackend{client: client, opts: o, keys: keyspace{ns: o.Namespace}}
+		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
+		defer cancel()
+		if err := r.checkSchema(ctx); errors.Is(err, ErrSchemaMismatch) {
+			return nil, err
+		}
+		return r, nil
+	})
+}
+
+type redisBackend struct {
+	client   redis.UniversalClient
+	opts     Options
+	keys     keyspace
+	verified atomic.Bool // the namespace's schema matches opts
+}
+
+// checkSchema records or compares the namespace's schema, once.
+func (r *redisBackend) checkSchema(ctx context.Context) error {
+	if r.verified.Load() {
+		return nil
+	}
+	got, err := lua.Schema.Run(ctx, r.client, []string{r.keys.meta()}, schemaVersion, r.opts.Partitions).StringSlice()
+	if err != nil {
+		return err
+	}
+	if len(got) != 2 {
+		return fmt.Errorf("%w: schema: %d elements, want 2", errBadReply, len(got))
+	}
+	if got[0] != strconv.Itoa(schemaVersion) || got[1] != strconv.Itoa(r.opts.Partitions) {
+		return fmt.Errorf("%w: namespace %q has schema %s with %s partitions; this store has schema %d with %d partitions",
+			ErrSchemaMismatch, r.opts.Namespace, got[0], got[1], schemaVersion, r.opts.Partitions)
+	}
+	r.verified.Store(true)
+	return nil
+}
+
+// run checks the schema, then runs script.
+func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []string, args ...any) *redis.Cmd {
+	if err := r.checkSchema(ctx); err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd
+	}
+	return script.Run(ctx, r.client, keys, args...)
+}
+
+// ownerKeys returns an owner's partition, state key, LRU and accounting keys.
+func (r *redisBackend) ownerKeys(owner identity.Owner) (p int, state, lru, acct string) {
+	p = owner.Partition(r.opts.Partitions)
+	return p, r.keys.owner(p, owner), r.keys.lru(p), r.keys.acct(p)
+}
+
+// limits returns the trailing arguments of the scripts that prune.
+func (r *redisBackend) limits() []any {
+	return []any{r.opts.partitionOwners(), r.opts.partitionBytes(), evictionBudget}
+}
+
+func (r *redisBackend) ttlMillis() int64 { return r.opts.TTL.Milliseconds() }
+
+func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size int64) (reserved, error) {
+	p, state, lru, acct := r.ownerKeys(owner)
+	args := append([]any{r.ttlMillis(), r.opts.Partitions, p, size}, r.limits()...)
+	reply, err := r.run(ctx, lua.Reserve, []string{state, r.keys.seq(p), lru, acct}, args...).Slice()
+	if err != nil {
+		return reserved{}, err
+	}
+	return decodeReserve(reply)
+}
+
+func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (Outcome, int, error) {
+	_, state, lru, acct := r.ownerKeys(owner)
+	args := append([]any{turn.String(), r.ttlMillis(), c.ResponseID, c.Origin.Replica,
+		strconv.FormatUint(c.Origin.ID, 10), c.Transcript.Items,
+		digestString(c.Transcript.Digest), digestString(c.Signature),
+		c.Transcript.Bytes, size}, r.limits()...)
+	reply, err := r.run(ctx, lua.Record, []string{state, lru, acct}, args...).Slice()
+	if err != nil {
+		return "", 0, err
+	}
+	return decodeRecord(reply)
+}
+
+func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
+	_, state, lru, acct := r.ownerKeys(owner)
+	n, err := r.run(ctx, lua.Abort, []string{state, lru, acct}, turn.String()).Int()
+	return n == 1, err
+}
+
+func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
+	_, state, _, _ := r.ownerKeys(owner)
+	cur, err := r.client.HGet(ctx, state, "t").Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	return cur == turn.String(), err
+}
+
+func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
+	_, state, lru, acct := r.ownerKeys(owner)
+	n, err := r.run(ctx, lua.Clear, []string{state, lru, acct}).Int()
+	return n == 1, err
+}
+
+func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State, error) {
+	_, state, lru, _ := r.ownerKeys(owner)
+	reply, err := r.run(ctx, lua.Inspect, []string{state, lru}).Slice()
+	if err != nil {
+		return State{}, err
+	}
+	return decodeInspect(reply)
+}
+
+func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
+	counts, err := r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.acct(p)},
+		append([]any{r.ttlMillis()}, r.limits()...)...).Int64Slice()
+	if err != nil {
+		return Evictions{}, err
+	}
+	if len(counts) != 3 {
+		return Evictions{}, fmt.Errorf("%w: prune: %d elements, want 3", errBadReply, len(counts))
+	}
+	return Evictions{TTL: counts[0], Owners: counts[1], Bytes: counts[2]}, nil
+}
+
+// stats reads every partition's LRU size and accounting in one pipeline
+// (one round trip per node on a cluster).
+func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
+	pipe := r.client.Pipeline()
+	cards := make([]*redis.IntCmd, r.opts.Partitions)
+	accts := make([]*redis.SliceCmd, r.opts.Partitions)
+	for p := range r.opts.Partitions {
+		cards[p] = pipe.ZCard(ctx, r.keys.lru(p))
+		accts[p] = pipe.HMGet(ctx, r.keys.acct(p), "bytes", "published", "ev:ttl", "ev:owners", "ev:bytes")
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]PartitionStats, r.opts.Partitions)
+	for p := range out {
+		v := accts[p].Val()
+		n := make([]int64, len(v))
+		for i, x := range v {
+			if x == nil {
+				continue
+			}
+			s, ok := x.(string)
+			var err error
+			if ok {
+				n[i], err = strconv.ParseInt(s, 10, 64)
+			}
+			if !ok || err != nil {
+				return nil, fmt.Errorf("%w: partition %d accounting: %v", errBadReply, p, x)
+			}
+		}
+		out[p] = PartitionStats{Partition: p, Owners: cards[p].Val(), StoredBytes: n[0], Published: n[1],
+			Evictions: Evictions{TTL: n[2], Owners: n[3], Bytes: n[4]}}
+	}
+	return out, nil
+}
+
+// errBadReply marks a Redis reply that does not have the shape a script's
+// header promises.
+var errBadReply = errors.New("store: malformed reply")
+
+// Digests travel and rest as signed decimal int64 strings: Redis keeps them
+// as compact integers and Lua never does arithmetic on them.
+func digestString(d uint64) string { return strconv.FormatInt(int64(d), 10) }
+
+func parseDigest(s string) (uint64, error) {
+	v, err := strconv.ParseInt(s, 10, 64)
+	return uint64(v), err
+}
+
+// decodeReserve decodes the reply of lua/reserve.lua.
+func decodeReserve(reply []any) (reserved, error) {
+	if len(reply) < 3 {
+		return reserved{}, fmt.Errorf("%w: reserve: %d elements, want at least 3", errBadReply, len(reply))
+	}
+	turn, err := replyUint(reply[0])
+	if err != nil || turn == 0 {
+		return reserved{}, fmt.Errorf("%w: reserve: turn %v", errBadReply, reply[0])
+	}
+	existed, ok1 := reply[1].(int64)
+	evicted, ok2 := reply[2].(int64)
+	if !ok1 || !ok2 || evicted < 0 {
+		return reserved{}, fmt.Errorf("%w: reserve: flags %v %v", errBadReply, reply[1], reply[2])
+	}
+	got := reserved{Turn: Turn(turn), Existed: existed == 1, Evicted: int(evicted)}
+	if len(reply) == 3 || reply[3] == nil {
+		return got, nil
+	}
+	names := []string{"r", "s", "i", "n", "d", "g", "b"}
+	if len(reply) != 3+len(names) {
+		return reserved{}, fmt.Errorf("%w: reserve: %d elements, want %d", errBadReply, len(reply), 3+len(names))
+	}
+	fields := make(map[string]string, len(names))
+	for i, name := range names {
+		s, ok := reply[3+i].(string)
+		if !ok {
+			return reserved{}, fmt.Errorf("%w: reserve: field %s is %T", errBadReply, name, reply[3+i])
+		}
+		fields[name] = s
+	}
+	c, err := decodeContinuation(fields)
+	if err != nil {
+		return reserved{}, fmt.Errorf("reserve: %w", err)
+	}
+	got.Prev = &c
+	return got, nil
+}
+
+// decodeRecord decodes the reply of lua/record.lua.
+func decodeRecord(reply []any) (Outcome, int, error) {
+	if len(reply) != 2 {
+		return "", 0, fmt.Errorf("%w: record: %d elements, want 2", errBadReply, len(reply))
+	}
+	status, ok1 := reply[0].(string)
+	evicted, ok2 := reply[1].(int64)
+	switch o := Outcome(status); {
+	case !ok1 || !ok2 || evicted < 0:
+		return "", 0, fmt.Errorf("%w: record: %v", errBadReply, reply)
+	case o == OutcomePublished || o == OutcomeStale || o == OutcomeGone:
+		return o, int(evicted), nil
+	default:
+		return "", 0, fmt.Errorf("%w: record: unexpected status %q", errBadReply, status)
+	}
+}
+
+// decodeInspect decodes the reply of lua/inspect.lua.
+func decodeInspect(reply []any) (State, error) {
+	if len(reply) == 0 {
+		return State{}, nil
+	}
+	if len(reply) != 2 {
+		return State{}, fmt.Errorf("%w: inspect: %d elements, want 2", errBadReply, len(reply))
+	}
+	flat, ok := reply[1].([]any)
+	if !ok || len(flat)%2 != 0 {
+		return State{}, fmt.Errorf("%w: inspect: fields %v", errBadReply, reply[1])
+	}
+	fields := make(map[string]string, len(flat)/2)
+	for i := 0; i < len(flat); i += 2 {
+		k, ok1 := flat[i].(string)
+		v, ok2 := flat[i+1].(string)
+		if !ok1 || !ok2 {
+			return State{}, fmt.Errorf("%w: inspect: field %v", errBadReply, flat[i])
+		}
+		fields[k] = v
+	}
+	turn, err := strconv.ParseUint(fields["t"], 10, 64)
+	if err != nil || turn == 0 {
+		return State{}, fmt.Errorf("%w: owner state: turn %q", errBadReply, fields["t"])
+	}
+	st := State{Exists: true, Turn: Turn(turn)}
+	if reply[0] != nil {
+		s, ok := reply[0].(string)
+		sc, err := strconv.ParseInt(s, 10, 64)
+		if !ok || err != nil {
+			return State{}, fmt.Errorf("%w: inspect: LRU score %v", errBadReply, reply[0])
+		}
+		st.UpdatedAt = score(sc).touched()
+	}
+	if _, ok := fields["r"]; !ok {
+		return st, nil
+	}
+	c, err := decodeContinuation(fields)
+	if err != nil {
+		return State{}, fmt.Errorf("owner state: %w", err)
+	}
+	st.setContinuation(c)
+	return st, nil
+}
+
+// decodeContinuation reads the continuation fields of an owner hash.
+func decodeContinuation(f map[string]string) (continuation, error) {
+	c := continuation{ResponseID: f["r"], Origin: Socket{Replica: f["s"]}}
+	var errs []error
+	parse := func(name string, fn func(string) error) {
+		if err := fn(f[name]); err != nil {
+			errs = append(errs, fmt.Errorf("field %s=%q", name, f[name]))
+		}
+	}
+	parse("i", func(s string) (err error) { c.Origin.ID, err = strconv.ParseUint(s, 10, 64); return })
+	parse("n", func(s string) (err error) { c.Transcript.Items, err = strconv.Atoi(s); return })
+	parse("d", func(s string) (err error) { c.Transcript.Digest, err = parseDigest(s); return })
+	parse("g", func(s string) (err error) { c.Signature, err = parseDigest(s); return })
+	parse("b", func(s string) (err error) { c.Transcript.Bytes, err = strconv.ParseInt(s, 10, 64); return })
+	if len(errs) > 0 {
+		return continuation{}, fmt.Errorf("%w: continuation: %w", errBadReply, errors.Join(errs...))
+	}
+	if c.ResponseID == "" || c.Transcript.Items < 0 || c.Transcript.Bytes < 0 {
+		return continuation{}, fmt.Errorf("%w: continuation: empty response id or negative size", errBadReply)
+	}
+	return c, nil
+}
+
+func replyUint(v any) (uint64, error) {
+	switch v := v.(type) {
+	case string:
+		return strconv.ParseUint(v, 10, 64)
+	case int64:
+		if v < 0 {
+			return 0, fmt.Errorf("negative %d", v)
+		}
+		return uint64(v), nil
+	default:
+		return 0, fmt.Errorf("type %T", v)
+	}
+}

@@ -1,0 +1,401 @@
+// Package store decides, for each request of a conversation owner, whether a
+// gateway may continue the upstream conversation with previous_response_id
+// and only the new input items, and shares that decision across gateway
+// replicas through Redis.
+//
+// A turn goes: [Store.Reserve] (which consumes whatever continuation the
+// owner had and returns a fencing turn token), forward the request upstream,
+// then [Store.Record] the response (published only if the turn is still the
+// owner's current one) or [Store.Abort] it. Each operation is one round trip
+// to Redis. [NewMemory] gives the same semantics in process, for a single
+// replica and as the reference model of the Redis backend.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/contstore/contstore/identity"
+)
+
+// ErrUnavailable is wrapped by every error caused by the backing store
+// (Redis down, slow past OpTimeout, a context that ended).
+var ErrUnavailable = errors.New("store: unavailable")
+
+// Turn is a fencing token: unique across owners and replicas, strictly
+// increasing per owner. 0 means "no turn".
+type Turn uint64
+
+// String returns the decimal token.
+func (t Turn) String() string { return strconv.FormatUint(uint64(t), 10) }
+
+// Socket names the upstream connection a response lives on.
+type Socket struct {
+	// Replica is the gateway replica holding the socket.
+	Replica string
+	// ID names the socket within the replica; 0 means "unknown".
+	ID uint64
+}
+
+// IsZero reports whether s names no socket.
+func (s Socket) IsZero() bool { return s == Socket{} }
+
+// Reason says why a reservation does not continue.
+type Reason string
+
+// Reasons, in the order Reserve checks them.
+const (
+	ReasonNone             Reason = ""
+	ReasonDisabled         Reason = "disabled"
+	ReasonMissingIdentity  Reason = "missing_identity"
+	ReasonMissingState     Reason = "missing_state"
+	ReasonSupersededTurn   Reason = "superseded_turn"
+	ReasonPromptChanged    Reason = "prompt_changed"
+	ReasonNotAppendOnly    Reason = "not_append_only"
+	ReasonEmptyDelta       Reason = "empty_delta"
+	ReasonFullContextRetry Reason = "full_context_retry"
+	ReasonStoreUnavailable Reason = "store_unavailable"
+)
+
+// Reservation is one turn of one owner, and the continuation it may use.
+type Reservation struct {
+	// Owner is the conversation thread; zero for a missing identity.
+	Owner identity.Owner
+	// Turn is the reserved turn; 0 when nothing was reserved.
+	Turn Turn
+	// PreviousResponseID is the response to continue from, when continuing.
+	PreviousResponseID string
+	// Delta holds the request's own items after the matched prefix, when
+	// continuing.
+	Delta []json.RawMessage
+	// DeltaCount is len(Delta) when continuing, else the full input length
+	// (0 for ReasonEmptyDelta).
+	DeltaCount int
+	// Origin is where the previous response lives; zero unless continuing.
+	Origin Socket
+	// Reason is ReasonNone exactly when continuing.
+	Reason Reason
+	// Err is the store error behind ReasonStoreUnavailable.
+	Err error
+
+	inputLen int // the request's full input length
+}
+
+// Continues reports whether the gateway may send PreviousResponseID and
+// Delta instead of the full input.
+func (r *Reservation) Continues() bool {
+	return r != nil && r.Reason == ReasonNone && r.PreviousResponseID != ""
+}
+
+// FullContextRetry returns a copy for resending the full context on the same
+// turn (after the upstream answered previous_response_not_found, or when the
+// origin socket is not held here): owner and turn kept, continuation dropped.
+// DeltaCount becomes the full input length.
+func (r *Reservation) FullContextRetry() *Reservation {
+	if r == nil {
+		return nil
+	}
+	return &Reservation{
+		Owner:      r.Owner,
+		Turn:       r.Turn,
+		DeltaCount: max(r.DeltaCount, r.inputLen),
+		Reason:     ReasonFullContextRetry,
+		inputLen:   r.inputLen,
+	}
+}
+
+// Result is what the upstream answered for a turn.
+type Result struct {
+	// ResponseID is the upstream's response id; empty publishes nothing.
+	ResponseID string
+	// Socket is where the response lives. An empty Replica means this
+	// store's replica; ID 0 publishes nothing.
+	Socket Socket
+	// Output holds the response's output items, appended to the transcript.
+	Output []json.RawMessage
+}
+
+// Outcome says what Record did.
+type Outcome string
+
+// Outcomes of Record.
+const (
+	// OutcomeIgnored: the reservation has no owner or no turn.
+	OutcomeIgnored Outcome = "ignored"
+	// OutcomePublished: the continuation is stored.
+	OutcomePublished Outcome = "published"
+	// OutcomeStale: the turn is not the owner's current turn; nothing changed.
+	OutcomeStale Outcome = "stale"
+	// OutcomeGone: the owner has no state (expired, evicted, cleared).
+	OutcomeGone Outcome = "gone"
+	// OutcomeDropped: the response cannot be continued (no response id, no
+	// socket, transcript over MaxOwnerBytes); the owner's state is removed
+	// if the turn was still current.
+	OutcomeDropped Outcome = "dropped"
+)
+
+// State is an owner's stored state, as Inspect reads it.
+type State struct {
+	// Exists: the owner has state. HasContinuation: a response is published.
+	Exists, HasContinuation bool
+	// Turn is the owner's current turn.
+	Turn Turn
+	// ResponseID and Origin describe the published response.
+	ResponseID string
+	Origin     Socket
+	// Items and TranscriptBytes describe the published transcript.
+	Items           int
+	TranscriptBytes int64
+	// UpdatedAt is when the state was last touched (server time on Redis).
+	UpdatedAt time.Time
+}
+
+func (st *State) setContinuation(c continuation) {
+	st.HasContinuation = true
+	st.ResponseID = c.ResponseID
+	st.Origin = c.Origin
+	st.Items = c.Transcript.Items
+	st.TranscriptBytes = c.Transcript.Bytes
+}
+
+// Store is a continuation store on Redis or in process. It is safe for
+// concurrent use.
+type Store struct {
+	opts    Options
+	backend backend
+}
+
+// continuation is what a published turn leaves for the next one.
+type continuation struct {
+	ResponseID string
+	Origin     Socket
+	Signature  uint64
+	Transcript Fingerprint
+}
+
+// reserved is what a backend's reserve returns: the new turn, whether the
+// owner had live state, the continuation it consumed (nil when none), and
+// how many owners the call evicted.
+type reserved struct {
+	Turn    Turn
+	Existed bool
+	Prev    *continuation
+	Evicted int
+}
+
+// backend is one storage of owner states with the store's semantics: the
+// in-process model (memory.go) and Redis (redis.go).
+type backend interface {
+	reserve(ctx context.Context, owner identity.Owner, size int64) (reserved, error)
+	publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (Outcome, int, error)
+	abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error)
+	isCurrent(ctx context.Context, owner identity.Owner, turn Turn) (bool, error)
+	clear(ctx context.Context, owner identity.Owner) (bool, error)
+	inspect(ctx context.Context, owner identity.Owner) (State, error)
+	prune(ctx context.Context, partition int) (Evictions, error)
+	stats(ctx context.Context) ([]PartitionStats, error)
+}
+
+func newStore(opts Options, open func(Options) (backend, error)) (*Store, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	b, err := open(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{opts: opts, backend: b}, nil
+}
+
+// WithReplica returns a store that shares s's state and options but names
+// replica as the origin of responses recorded without one. It lets one
+// process host several gateway replicas over one in-process backend.
+func (s *Store) WithReplica(replica string) *Store {
+	opts := s.opts
+	opts.Replica = replica
+	if replica == "" {
+		opts.Replica = randomReplica()
+	}
+	return &Store{opts: opts, backend: s.backend}
+}
+
+// Options returns the store's options with defaults filled in.
+func (s *Store) Options() Options { return s.opts }
+
+// Reserve reserves a new turn for owner and says whether req may continue
+// the owner's previous turn. It consumes the owner's continuation whatever
+// the answer. It never fails: a store failure gives ReasonStoreUnavailable
+// with Err set and no turn. A nil req counts as an empty request.
+func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request) *Reservation {
+	res := &Reservation{Owner: owner, DeltaCount: req.Len(), inputLen: req.Len()}
+	switch {
+	case s.opts.Disabled:
+		res.Reason = ReasonDisabled
+		return res
+	case owner.IsZero():
+		res.Reason = ReasonMissingIdentity
+		return res
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	got, err := s.backend.reserve(ctx, owner, freshStateBytes(owner))
+	if err != nil {
+		res.Reason = ReasonStoreUnavailable
+		res.Err = unavailable("reserve", err)
+		return res
+	}
+	res.Turn = got.Turn
+	prev := got.Prev
+	switch {
+	case !got.Existed:
+		res.Reason = ReasonMissingState
+	case prev == nil:
+		res.Reason = ReasonSupersededTurn
+	case prev.Signature != req.Signature():
+		res.Reason = ReasonPromptChanged
+	case prev.Transcript.Items > req.Len() || req.PrefixDigest(prev.Transcript.Items) != prev.Transcript.Digest:
+		res.Reason = ReasonNotAppendOnly
+	case prev.Transcript.Items == req.Len():
+		res.Reason = ReasonEmptyDelta
+		res.DeltaCount = 0
+	default:
+		res.PreviousResponseID = prev.ResponseID
+		res.Origin = prev.Origin
+		res.Delta = req.Input()[prev.Transcript.Items:]
+		res.DeltaCount = len(res.Delta)
+	}
+	return res
+}
+
+// Record publishes the upstream's answer to a reserved turn as the owner's
+// continuation, if the turn is still the owner's current one. req is the
+// request that was reserved (nil counts as empty). Invalid output items or
+// names give ErrInvalidRequest before anything is sent; store failures give
+// an error wrapping ErrUnavailable.
+func (s *Store) Record(ctx context.Context, res *Reservation, req *Request, out Result) (Outcome, error) {
+	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
+		return OutcomeIgnored, nil
+	}
+	if out.Socket.Replica == "" {
+		out.Socket.Replica = s.opts.Replica
+	}
+	if err := validResult(out); err != nil {
+		return "", err
+	}
+	fp, err := req.Transcript(out.Output)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	if out.ResponseID == "" || out.Socket.ID == 0 || fp.Bytes > s.opts.MaxOwnerBytes {
+		if _, err := s.backend.abort(ctx, res.Owner, res.Turn); err != nil {
+			return "", unavailable("record", err)
+		}
+		return OutcomeDropped, nil
+	}
+	c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
+	outcome, _, err := s.backend.publish(ctx, res.Owner, res.Turn, c, publishedStateBytes(res.Owner, c))
+	if err != nil {
+		return "", unavailable("record", err)
+	}
+	return outcome, nil
+}
+
+// Abort removes the owner's state if res is still its current turn, and
+// reports whether it did. A reservation without owner or turn does nothing.
+func (s *Store) Abort(ctx context.Context, res *Reservation) (bool, error) {
+	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
+		return false, nil
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	ok, err := s.backend.abort(ctx, res.Owner, res.Turn)
+	if err != nil {
+		return false, unavailable("abort", err)
+	}
+	return ok, nil
+}
+
+// IsCurrent reports whether res is still its owner's current turn. The
+// answer is advisory: another replica may reserve right after.
+func (s *Store) IsCurrent(ctx context.Context, res *Reservation) (bool, error) {
+	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
+		return false, nil
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	ok, err := s.backend.isCurrent(ctx, res.Owner, res.Turn)
+	if err != nil {
+		return false, unavailable("is-current", err)
+	}
+	return ok, nil
+}
+
+// Clear removes the owner's state whatever its turn. Clearing the zero
+// owner does nothing.
+func (s *Store) Clear(ctx context.Context, owner identity.Owner) error {
+	if owner.IsZero() {
+		return nil
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	if _, err := s.backend.clear(ctx, owner); err != nil {
+		return unavailable("clear", err)
+	}
+	return nil
+}
+
+// Inspect reads the owner's state without changing it, for operators and
+// tests.
+func (s *Store) Inspect(ctx context.Context, owner identity.Owner) (State, error) {
+	if owner.IsZero() {
+		return State{}, nil
+	}
+	ctx, cancel := s.opContext(ctx)
+	defer cancel()
+	st, err := s.backend.inspect(ctx, owner)
+	if err != nil {
+		return State{}, unavailable("inspect", err)
+	}
+	return st, nil
+}
+
+func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opts.OpTimeout)
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
+}
+
+func validResult(out Result) error {
+	if len(out.ResponseID) > maxResponseIDBytes {
+		return fmt.Errorf("%w: response id is %d bytes, more than %d", ErrInvalidRequest, len(out.ResponseID), maxResponseIDBytes)
+	}
+	if err := validText("socket replica", out.Socket.Replica, maxReplicaBytes); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return nil
+}
+
+// Stored-bytes estimates, the same on every backend: what one owner's state
+// costs in Redis (key name, hash, TTL and LRU entries) beyond its variable
+// strings.
+const (
+	freshStateOverhead     = 160
+	publishedStateOverhead = 64
+)
+
+func freshStateBytes(owner identity.Owner) int64 {
+	return freshStateOverhead + int64(len(owner.Key()))
+}
+
+func publishedStateBytes(owner identity.Owner, c continuation) int64 {
+	return freshStateBytes(owner) + publishedStateOverhead + int64(len(c.ResponseID)+len(c.Origin.Replica))
+}

@@ -1,0 +1,72 @@
+package store_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store"
+	"github.com/contstore/contstore/store/storetest"
+)
+
+func TestMemoryConformance(t *testing.T) {
+	// Stores opened in one namespace with the same options but the replica
+	// share one in-process backend, as replicas share one Redis.
+	shared := map[string]*store.Store{}
+	storetest.Run(t, func(t *testing.T, opts store.Options) *store.Store {
+		same := opts
+		same.Replica, same.Now = "", nil
+		key := fmt.Sprintf("%+v", same)
+		if s, ok := shared[key]; ok {
+			return s.WithReplica(opts.Replica)
+		}
+		s, err := store.NewMemory(opts)
+		require.NoError(t, err)
+		shared[key] = s
+		return s
+	})
+}
+
+func TestMiniredisConformance(t *testing.T) {
+	mr, _ := redistest.Miniredis(t)
+	followRealTime(t, mr)
+	storetest.Run(t, func(t *testing.T, opts store.Options) *store.Store {
+		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		redistest.CleanupNamespace(t, c, opts.Namespace)
+		s, err := store.NewRedis(c, opts)
+		require.NoError(t, err)
+		return s
+	})
+}
+
+// followRealTime keeps miniredis's clock (TIME and key expiry) moving with
+// the wall clock, as a real server's does: miniredis only expires keys when
+// told to with FastForward.
+func followRealTime(t testing.TB, mr *miniredis.Miniredis) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	last := time.Now()
+	mr.SetTime(last)
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tick.C:
+				mr.SetTime(now)
+				mr.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped })
+}

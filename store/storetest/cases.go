@@ -1,0 +1,476 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+var ctx = context.Background()
+
+func testDisabledAndMissingIdentity(t *testing.T, open Opener) {
+	r := req(t, "one", "two")
+	owner := mainOwner(t, "session-a")
+
+	disabled := open(t, store.Options{Disabled: true}).Reserve(ctx, owner, r)
+	assert.Equal(t, owner, disabled.Owner)
+	assert.Zero(t, disabled.Turn)
+	assert.Equal(t, 2, disabled.DeltaCount)
+	assert.Equal(t, store.ReasonDisabled, disabled.Reason)
+	assert.False(t, disabled.Continues())
+
+	s := open(t, store.Options{})
+	missing := s.Reserve(ctx, identity.Owner{}, r)
+	assert.True(t, missing.Owner.IsZero())
+	assert.Zero(t, missing.Turn)
+	assert.Equal(t, 2, missing.DeltaCount)
+	assert.Equal(t, store.ReasonMissingIdentity, missing.Reason)
+
+	nilReq := s.Reserve(ctx, identity.Owner{}, nil)
+	assert.Equal(t, 0, nilReq.DeltaCount)
+
+	first := s.Reserve(ctx, owner, r)
+	assert.Equal(t, store.ReasonMissingState, first.Reason, "the stateless calls left nothing behind")
+}
+
+func testSiblingsIndependent(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	one, two := agentOwner(t, "session-a", "agent-one"), agentOwner(t, "session-a", "agent-two")
+	r := req(t, "one")
+
+	first := s.Reserve(ctx, one, r)
+	second := s.Reserve(ctx, two, r)
+	require.NotEqual(t, first.Turn, second.Turn)
+	for _, c := range []struct {
+		res  *store.Reservation
+		id   string
+		sock uint64
+	}{{first, "resp_one", 11}, {second, "resp_two", 22}} {
+		out, err := s.Record(ctx, c.res, r, store.Result{ResponseID: c.id, Socket: socket(c.sock)})
+		require.NoError(t, err)
+		require.Equal(t, store.OutcomePublished, out)
+	}
+	assert.True(t, hasContinuation(t, s, one))
+	assert.True(t, hasContinuation(t, s, two))
+
+	next := req(t, "one", "two")
+	oneNext, twoNext := s.Reserve(ctx, one, next), s.Reserve(ctx, two, next)
+	assert.Equal(t, "resp_one", oneNext.PreviousResponseID)
+	assert.Equal(t, socket(11), oneNext.Origin)
+	assert.Equal(t, "resp_two", twoNext.PreviousResponseID)
+	assert.Equal(t, socket(22), twoNext.Origin)
+}
+
+func testOtherOwnerCannotInterfere(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	main, agent := mainOwner(t, "session-a"), agentOwner(t, "session-a", "agent-a")
+	r := req(t, "one")
+	mainRes, agentRes := s.Reserve(ctx, main, r), s.Reserve(ctx, agent, r)
+
+	out, err := s.Record(ctx, agentRes, r, store.Result{ResponseID: "resp_agent", Socket: socket(1)})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+	out, err = s.Record(ctx, mainRes, r, store.Result{ResponseID: "resp_main", Socket: socket(1)})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+
+	// The agent's turn token presented as the main owner's.
+	forged := &store.Reservation{Owner: main, Turn: agentRes.Turn}
+	aborted, err := s.Abort(ctx, forged)
+	require.NoError(t, err)
+	assert.False(t, aborted)
+	current, err := s.IsCurrent(ctx, forged)
+	require.NoError(t, err)
+	assert.False(t, current)
+	out, err = s.Record(ctx, forged, r, store.Result{ResponseID: "resp_forged", Socket: socket(1)})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeStale, out)
+
+	st, err := s.Inspect(ctx, main)
+	require.NoError(t, err)
+	assert.Equal(t, "resp_main", st.ResponseID)
+	assert.True(t, hasContinuation(t, s, agent))
+	next := s.Reserve(ctx, agent, req(t, "one", "two"))
+	assert.Equal(t, "resp_agent", next.PreviousResponseID)
+}
+
+func testMissingResponseIDDropsOnlyOwner(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner, sibling := mainOwner(t, "session-a"), agentOwner(t, "session-a", "agent-a")
+	r := req(t, "one")
+	publish(t, s, owner, r, "resp_main")
+	publish(t, s, sibling, r, "resp_agent")
+
+	res := s.Reserve(ctx, owner, r)
+	out, err := s.Record(ctx, res, r, store.Result{Socket: socket(1)})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeDropped, out)
+
+	st, err := s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.False(t, st.Exists, "the current owner's state is removed")
+	assert.True(t, hasContinuation(t, s, sibling))
+}
+
+func testZeroSocket(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-no-socket")
+	r := req(t, "one")
+	res := s.Reserve(ctx, owner, r)
+	out, err := s.Record(ctx, res, r, store.Result{ResponseID: "resp_without_socket", Socket: store.Socket{Replica: "replica-a"}})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeDropped, out)
+	assert.False(t, hasContinuation(t, s, owner))
+
+	next := s.Reserve(ctx, owner, req(t, "one", "two"))
+	assert.Empty(t, next.PreviousResponseID)
+	assert.True(t, next.Origin.IsZero())
+	assert.Equal(t, store.ReasonMissingState, next.Reason)
+}
+
+func testStaleTurn(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-a")
+	r := req(t, "one")
+	publish(t, s, owner, r, "resp_1")
+
+	stale := s.Reserve(ctx, owner, r)
+	current := s.Reserve(ctx, owner, r)
+	assert.Equal(t, store.ReasonSupersededTurn, current.Reason)
+	assert.Greater(t, current.Turn, stale.Turn)
+
+	out, err := s.Record(ctx, stale, r, store.Result{ResponseID: "resp_stale", Socket: socket(1)})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeStale, out)
+	assert.False(t, hasContinuation(t, s, owner))
+
+	ok, err := s.IsCurrent(ctx, stale)
+	require.NoError(t, err)
+	assert.False(t, ok)
+	ok, err = s.IsCurrent(ctx, current)
+	require.NoError(t, err)
+	assert.True(t, ok)
+
+	out, err = s.Record(ctx, current, r, store.Result{ResponseID: "resp_current", Socket: socket(1)})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomePublished, out)
+
+	aborted, err := s.Abort(ctx, stale)
+	require.NoError(t, err)
+	assert.False(t, aborted)
+	st, err := s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.Equal(t, "resp_current", st.ResponseID)
+	assert.Equal(t, current.Turn, st.Turn)
+
+	aborted, err = s.Abort(ctx, current)
+	require.NoError(t, err)
+	assert.True(t, aborted)
+	st, err = s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.False(t, st.Exists)
+}
+
+func testZeroOwnerOrTurn(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-a")
+	r := req(t, "one")
+	published := publish(t, s, owner, r, "resp_1")
+
+	for _, res := range []*store.Reservation{
+		nil,
+		{Turn: published.Turn},
+		{Owner: owner},
+	} {
+		out, err := s.Record(ctx, res, r, store.Result{ResponseID: "ignored", Socket: socket(1)})
+		require.NoError(t, err)
+		assert.Equal(t, store.OutcomeIgnored, out)
+		aborted, err := s.Abort(ctx, res)
+		require.NoError(t, err)
+		assert.False(t, aborted)
+		current, err := s.IsCurrent(ctx, res)
+		require.NoError(t, err)
+		assert.False(t, current)
+	}
+	require.NoError(t, s.Clear(ctx, identity.Owner{}))
+
+	st, err := s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.Equal(t, "resp_1", st.ResponseID)
+	assert.Equal(t, published.Turn, st.Turn)
+}
+
+func testAppendOnly(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-a")
+	first := req(t, "one")
+	res := s.Reserve(ctx, owner, first)
+	out, err := s.Record(ctx, res, first, store.Result{
+		ResponseID: "resp_1", Socket: socket(7), Output: raw(assistant("answer one")),
+	})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+
+	st, err := s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Items, "input and output items")
+	assert.Equal(t, socket(7), st.Origin)
+
+	appended := parse(t, body("", message("one"), assistant("answer one"), message("two"), message("three")))
+	next := s.Reserve(ctx, owner, appended)
+	require.True(t, next.Continues(), "reason %q", next.Reason)
+	assert.Equal(t, store.ReasonNone, next.Reason)
+	assert.Equal(t, "resp_1", next.PreviousResponseID)
+	assert.Equal(t, socket(7), next.Origin)
+	assert.Equal(t, 2, next.DeltaCount)
+	require.Len(t, next.Delta, 2)
+	assert.JSONEq(t, message("two"), string(next.Delta[0]))
+	assert.Equal(t, appended.Input()[3], next.Delta[1], "the delta is the request's own bytes")
+	assert.Greater(t, next.Turn, res.Turn)
+
+	retry := next.FullContextRetry()
+	assert.Equal(t, owner, retry.Owner)
+	assert.Equal(t, next.Turn, retry.Turn)
+	assert.Empty(t, retry.PreviousResponseID)
+	assert.Nil(t, retry.Delta)
+	assert.True(t, retry.Origin.IsZero())
+	assert.Equal(t, store.ReasonFullContextRetry, retry.Reason)
+	assert.Equal(t, 4, retry.DeltaCount)
+	assert.False(t, retry.Continues())
+
+	out, err = s.Record(ctx, retry, appended, store.Result{ResponseID: "resp_2", Socket: socket(8)})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomePublished, out, "a full-context retry records on the same turn")
+}
+
+func testPromptChanged(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-a")
+	publish(t, s, owner, req(t, "one"), "resp_1")
+	for _, extra := range []string{`"service_tier":"flex"`, `"instructions":"be brief"`, `"tools":[{"type":"function","name":"f"}]`} {
+		t.Run(extra, func(t *testing.T) {
+			publish(t, s, owner, req(t, "one"), "resp_1")
+			changed := parse(t, body(extra, message("one"), message("two")))
+			res := s.Reserve(ctx, owner, changed)
+			assert.Equal(t, store.ReasonPromptChanged, res.Reason)
+			assert.Empty(t, res.PreviousResponseID)
+			assert.Equal(t, 2, res.DeltaCount)
+			assert.NotZero(t, res.Turn)
+			assert.False(t, hasContinuation(t, s, owner), "the continuation is consumed")
+		})
+	}
+}
+
+func testNotAppendOnlyAndEmptyDelta(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-a")
+
+	publish(t, s, owner, req(t, "one", "two"), "resp_1")
+	edited := s.Reserve(ctx, owner, req(t, "one (edited)", "two", "three"))
+	assert.Equal(t, store.ReasonNotAppendOnly, edited.Reason)
+	assert.Equal(t, 3, edited.DeltaCount)
+
+	publish(t, s, owner, req(t, "one", "two"), "resp_2")
+	shorter := s.Reserve(ctx, owner, req(t, "one"))
+	assert.Equal(t, store.ReasonNotAppendOnly, shorter.Reason)
+
+	publish(t, s, owner, req(t, "one", "two"), "resp_3")
+	same := s.Reserve(ctx, owner, req(t, "one", "two"))
+	assert.Equal(t, store.ReasonEmptyDelta, same.Reason)
+	assert.Equal(t, 0, same.DeltaCount)
+	assert.Empty(t, same.PreviousResponseID)
+	assert.NotZero(t, same.Turn)
+	assert.Equal(t, 2, same.FullContextRetry().DeltaCount)
+}
+
+func testOwnerCap(t *testing.T, open Opener) {
+	s := open(t, store.Options{MaxOwnerBytes: 400})
+	owner := mainOwner(t, "session-big")
+	small := req(t, "one")
+	publish(t, s, owner, small, "resp_small")
+
+	res := s.Reserve(ctx, owner, small)
+	out, err := s.Record(ctx, res, small, store.Result{
+		ResponseID: "resp_big", Socket: socket(1),
+		Output: raw(assistant(fmt.Sprintf("%0400d", 0))),
+	})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeDropped, out)
+	assert.False(t, hasContinuation(t, s, owner))
+	st, err := s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.False(t, st.Exists)
+}
+
+func testTTL(t *testing.T, open Opener) {
+	const ttl = 300 * time.Millisecond
+	s := open(t, store.Options{TTL: ttl})
+	owner, other := mainOwner(t, "session-idle"), mainOwner(t, "session-busy")
+	publish(t, s, owner, req(t, "one"), "resp_1")
+	start := time.Now()
+	publish(t, s, other, req(t, "one"), "resp_1")
+	require.True(t, hasContinuation(t, s, owner), "state lives while younger than the TTL")
+
+	time.Sleep(2*ttl - time.Since(start))
+	res := s.Reserve(ctx, owner, req(t, "one", "two"))
+	assert.Equal(t, store.ReasonMissingState, res.Reason)
+	st, err := s.Inspect(ctx, other)
+	require.NoError(t, err)
+	assert.False(t, st.Exists)
+}
+
+func testCanonicalEquivalence(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner := mainOwner(t, "session-canon")
+	call := `{"type":"function_call","call_id":"c1","name":"lookup","arguments":"{\"city\":\"Paris\",\"days\":3}"}`
+	first := parse(t, `{"model":"gpt-test","tools":[{"type":"function","name":"lookup","strict":true}],"store":false,"input":[`+message("weather?")+`,`+call+`]}`)
+	publish(t, s, owner, first, "resp_1")
+
+	reordered := `{"arguments":"{ \"days\": 3, \"city\": \"Paris\" }","name":"lookup","call_id":"c1","type":"function_call"}`
+	second := parse(t, "{\n  \"store\" : false,\n  \"input\": [\n    "+
+		`{"content":[{"text":"weather?","type":"input_text"}],"role":"user","type":"message"}`+",\n    "+reordered+",\n    "+
+		`{"type":"function_call_output","call_id":"c1","output":"sunny"}`+
+		"\n  ],\n  \"tools\": [{\"strict\": true, \"name\": \"lookup\", \"type\": \"function\"}],\n  \"model\": \"gpt-test\"\n}")
+	res := s.Reserve(ctx, owner, second)
+	require.True(t, res.Continues(), "reason %q", res.Reason)
+	assert.Equal(t, "resp_1", res.PreviousResponseID)
+	assert.Equal(t, 1, res.DeltaCount)
+}
+
+func testClear(t *testing.T, open Opener) {
+	s := open(t, store.Options{})
+	owner, sibling := mainOwner(t, "session-a"), agentOwner(t, "session-a", "agent-a")
+	r := req(t, "one")
+	publish(t, s, owner, r, "resp_1")
+	publish(t, s, sibling, r, "resp_2")
+	inFlight := s.Reserve(ctx, owner, r)
+
+	require.NoError(t, s.Clear(ctx, owner))
+	st, err := s.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.False(t, st.Exists)
+	out, err := s.Record(ctx, inFlight, r, store.Result{ResponseID: "resp_late", Socket: socket(1)})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeGone, out)
+	assert.True(t, hasContinuation(t, s, sibling))
+	require.NoError(t, s.Clear(ctx, owner), "clearing nothing is fine")
+	assert.Equal(t, store.ReasonMissingState, s.Reserve(ctx, owner, r).Reason)
+}
+
+// testConcurrentTurns races 16 goroutines over two stores (two replicas) on
+// one owner and checks the history: every continuation offered names the
+// response of the turn reserved just before, which published; no record
+// publishes once a later reservation has completed; the final state is the
+// last publication.
+func testConcurrentTurns(t *testing.T, open Opener) {
+	const workers, turns = 16, 500
+	stores := []*store.Store{
+		open(t, store.Options{Replica: "replica-a"}),
+		open(t, store.Options{Replica: "replica-b"}),
+	}
+	owner := mainOwner(t, "session-race")
+	recorded := req(t, "one")     // what each turn records as its input
+	asked := req(t, "one", "two") // what each turn asks to continue with
+
+	type event struct {
+		res         *store.Reservation
+		reservedAt  time.Time // when Reserve returned
+		recordStart time.Time
+		outcome     store.Outcome
+		aborted     bool
+	}
+	var (
+		mu     sync.Mutex
+		events []*event
+		next   int
+	)
+	take := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		next++
+		return next <= turns
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			s := stores[w%len(stores)]
+			for i := 0; take(); i++ {
+				ev := &event{}
+				ev.res = s.Reserve(ctx, owner, asked)
+				ev.reservedAt = time.Now()
+				if ev.res.Err != nil {
+					t.Errorf("reserve: %v", ev.res.Err)
+					return
+				}
+				ev.recordStart = time.Now()
+				var err error
+				if (w+i)%5 == 0 {
+					ev.aborted, err = s.Abort(ctx, ev.res)
+				} else {
+					ev.outcome, err = s.Record(ctx, ev.res, recorded, store.Result{
+						ResponseID: "resp-" + ev.res.Turn.String(),
+						Socket:     store.Socket{ID: uint64(w + 1)},
+					})
+				}
+				if err != nil {
+					t.Errorf("record/abort: %v", err)
+					return
+				}
+				mu.Lock()
+				events = append(events, ev)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.Len(t, events, turns)
+
+	sort.Slice(events, func(i, j int) bool { return events[i].res.Turn < events[j].res.Turn })
+	for i, ev := range events {
+		require.NotZero(t, ev.res.Turn)
+		if i > 0 {
+			require.NotEqual(t, events[i-1].res.Turn, ev.res.Turn, "turn tokens are unique")
+		}
+	}
+	for i, ev := range events {
+		if ev.res.Continues() {
+			require.Positive(t, i, "the first turn has nothing to continue")
+			prev := events[i-1]
+			assert.Equal(t, "resp-"+prev.res.Turn.String(), ev.res.PreviousResponseID,
+				"turn %v continues from the turn reserved just before it", ev.res.Turn)
+			assert.Equal(t, store.OutcomePublished, prev.outcome)
+			assert.Equal(t, 1, ev.res.DeltaCount)
+		}
+		if ev.outcome == store.OutcomePublished && i+1 < len(events) {
+			later := events[i+1]
+			assert.False(t, later.reservedAt.Before(ev.recordStart),
+				"turn %v published although turn %v was reserved before its record started", ev.res.Turn, later.res.Turn)
+		}
+		if ev.aborted && i+1 < len(events) {
+			assert.False(t, events[i+1].reservedAt.Before(ev.recordStart), "an abort succeeded for a superseded turn")
+		}
+	}
+
+	last := events[len(events)-1]
+	st, err := stores[0].Inspect(ctx, owner)
+	require.NoError(t, err)
+	switch {
+	case last.outcome == store.OutcomePublished:
+		assert.True(t, st.HasContinuation)
+		assert.Equal(t, "resp-"+last.res.Turn.String(), st.ResponseID, "the final state is the last publication")
+		assert.Equal(t, last.res.Turn, st.Turn)
+	case last.aborted:
+		assert.False(t, st.Exists)
+	default:
+		t.Fatalf("the last turn neither published nor aborted: %+v", last)
+	}
+}

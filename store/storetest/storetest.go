@@ -1,0 +1,145 @@
+// Package storetest is the conformance suite every continuation-store
+// backend must pass: in process, miniredis, real Redis and Redis Cluster.
+package storetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// Opener returns a store for opts. Each test gives its own fresh
+// Options.Namespace, and may open several stores in it (as several replicas
+// would): stores opened with the same namespace must share their state. The
+// opener cleans the namespace up when t ends.
+type Opener func(t *testing.T, opts store.Options) *store.Store
+
+// Run runs every conformance test against the stores open returns.
+func Run(t *testing.T, open Opener) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ns := namespace()
+			c.run(t, func(t *testing.T, opts store.Options) *store.Store {
+				opts.Namespace = ns
+				return open(t, opts)
+			})
+		})
+	}
+}
+
+// namespace returns a fresh namespace: "st-" and 12 hex digits.
+func namespace() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "st-" + hex.EncodeToString(b[:])
+}
+
+var cases = []struct {
+	name string
+	run  func(*testing.T, Opener)
+}{
+	{"DisabledAndMissingIdentityAreStateless", testDisabledAndMissingIdentity},
+	{"SiblingAgentsReserveAndPublishIndependently", testSiblingsIndependent},
+	{"AnotherOwnersTurnCannotInterfere", testOtherOwnerCannotInterfere},
+	{"MissingResponseIDDropsOnlyTheCurrentOwner", testMissingResponseIDDropsOnlyOwner},
+	{"ZeroSocketPublishesNothingReusable", testZeroSocket},
+	{"StaleTurnCannotPublishAbortOrCheck", testStaleTurn},
+	{"ZeroOwnerOrTurnIsAHardNoop", testZeroOwnerOrTurn},
+	{"AppendOnlyContinuation", testAppendOnly},
+	{"ChangedPromptIsNotContinued", testPromptChanged},
+	{"EditedHistoryAndEmptyDelta", testNotAppendOnlyAndEmptyDelta},
+	{"TranscriptOverOwnerCapIsDropped", testOwnerCap},
+	{"IdleStateExpires", testTTL},
+	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence},
+	{"ClearRemovesStateWhateverTheTurn", testClear},
+	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns},
+}
+
+// Request builders.
+
+func message(text string) string {
+	return fmt.Sprintf(`{"type":"message","role":"user","content":[{"type":"input_text","text":%q}]}`, text)
+}
+
+func assistant(text string) string {
+	return fmt.Sprintf(`{"type":"message","role":"assistant","content":[{"type":"output_text","text":%q}]}`, text)
+}
+
+// body returns a request with the given extra top-level fields (a JSON
+// object's members, without braces) and input items.
+func body(extra string, items ...string) string {
+	fields := `"model":"gpt-test","store":false,"stream":true,"text":{"verbosity":"low"}`
+	if extra != "" {
+		fields += "," + extra
+	}
+	return fmt.Sprintf(`{%s,"input":[%s]}`, fields, strings.Join(items, ","))
+}
+
+func parse(t testing.TB, b string) *store.Request {
+	t.Helper()
+	r, err := store.ParseRequest([]byte(b))
+	require.NoError(t, err, b)
+	return r
+}
+
+func req(t testing.TB, texts ...string) *store.Request {
+	t.Helper()
+	items := make([]string, len(texts))
+	for i, s := range texts {
+		items[i] = message(s)
+	}
+	return parse(t, body("", items...))
+}
+
+func raw(items ...string) []json.RawMessage {
+	out := make([]json.RawMessage, len(items))
+	for i, s := range items {
+		out[i] = json.RawMessage(s)
+	}
+	return out
+}
+
+func mainOwner(t testing.TB, session string) identity.Owner {
+	t.Helper()
+	o, err := identity.Main(session)
+	require.NoError(t, err)
+	return o
+}
+
+func agentOwner(t testing.TB, session, agent string) identity.Owner {
+	t.Helper()
+	o, err := identity.Agent(session, agent)
+	require.NoError(t, err)
+	return o
+}
+
+func socket(id uint64) store.Socket { return store.Socket{Replica: "replica-a", ID: id} }
+
+// publish reserves a turn for owner and records response id on socket 1.
+func publish(t testing.TB, s *store.Store, owner identity.Owner, r *store.Request, id string) *store.Reservation {
+	t.Helper()
+	ctx := context.Background()
+	res := s.Reserve(ctx, owner, r)
+	require.NoError(t, res.Err)
+	require.NotZero(t, res.Turn)
+	out, err := s.Record(ctx, res, r, store.Result{ResponseID: id, Socket: socket(1)})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+	return res
+}
+
+func hasContinuation(t testing.TB, s *store.Store, owner identity.Owner) bool {
+	t.Helper()
+	st, err := s.Inspect(context.Background(), owner)
+	require.NoError(t, err)
+	return st.HasContinuation
+}
