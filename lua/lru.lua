@@ -14,7 +14,8 @@
 -- key Redis has already expired: the score still tells the bytes and the
 -- continuation to give back.
 --
--- The partition's accounting hash holds:
+-- The partition's hash holds:
+--   seq        the partition's turn sequence (reserve.lua)
 --   bytes      sum of the sizes of the LRU's entries
 --   published  number of the LRU's entries with published = 1
 --   ev:ttl, ev:owners, ev:bytes  evictions by cause, since the namespace began
@@ -45,36 +46,42 @@ local function unpack_score(score)
   return 0, low
 end
 
--- The accounting of one call: read once, changed in Lua, written once.
-local function open_account(acct_key)
-  local v = redis.call('HMGET', acct_key, 'bytes', 'published')
-  return {key = acct_key, bytes = tonumber(v[1] or '0'), published = tonumber(v[2] or '0'),
-    d_bytes = 0, d_published = 0, ttl = 0, owners = 0, over_bytes = 0}
+-- The partition's hash of one call: read once, changed in Lua, written
+-- once. Evictions are rare, so their counters are incremented apart.
+local function open_partition(part_key)
+  local v = redis.call('HMGET', part_key, 'seq', 'bytes', 'published')
+  return {key = part_key, seq = tonumber(v[1] or '0'), bytes = tonumber(v[2] or '0'),
+    published = tonumber(v[3] or '0'), changed = false,
+    evicted = {ttl = 0, owners = 0, bytes = 0}}
 end
 
-local function close_account(a)
-  if a.d_bytes ~= 0 then redis.call('HINCRBY', a.key, 'bytes', a.d_bytes) end
-  if a.d_published ~= 0 then redis.call('HINCRBY', a.key, 'published', a.d_published) end
-  if a.ttl > 0 then redis.call('HINCRBY', a.key, 'ev:ttl', a.ttl) end
-  if a.owners > 0 then redis.call('HINCRBY', a.key, 'ev:owners', a.owners) end
-  if a.over_bytes > 0 then redis.call('HINCRBY', a.key, 'ev:bytes', a.over_bytes) end
-  return a.ttl + a.owners + a.over_bytes
+-- close_partition writes back what changed and returns the number of
+-- evictions this call made.
+local function close_partition(a)
+  if a.changed then
+    redis.call('HSET', a.key, 'seq', fmt(a.seq), 'bytes', fmt(a.bytes), 'published', fmt(a.published))
+  end
+  return a.evicted.ttl + a.evicted.owners + a.evicted.bytes
+end
+
+-- count_eviction counts one eviction by cause ('ttl', 'owners', 'bytes').
+local function count_eviction(a, cause)
+  redis.call('HINCRBY', a.key, 'ev:' .. cause, 1)
+  a.evicted[cause] = a.evicted[cause] + 1
 end
 
 local function add_entry(a, score)
   local published, size = unpack_score(score)
   a.bytes = a.bytes + size
-  a.d_bytes = a.d_bytes + size
   a.published = a.published + published
-  a.d_published = a.d_published + published
+  a.changed = true
 end
 
 local function drop_entry(a, score)
   local published, size = unpack_score(score)
   a.bytes = a.bytes - size
-  a.d_bytes = a.d_bytes - size
   a.published = a.published - published
-  a.d_published = a.d_published - published
+  a.changed = true
 end
 
 -- forget removes key's LRU entry, if any, from the LRU and the accounting,
@@ -88,11 +95,18 @@ local function forget(a, lru_key, key)
   return score
 end
 
--- touch records key in the LRU as touched now.
+-- touch records key in the LRU as touched now, replacing its entry if it
+-- has one, and returns the previous entry's score (nil when none).
 local function touch(a, lru_key, key, ms, published, size)
+  local old = redis.call('ZSCORE', lru_key, key)
+  if old then
+    old = tonumber(old)
+    drop_entry(a, old)
+  end
   local score = pack_score(ms, published, size)
   redis.call('ZADD', lru_key, fmt(score), key)
   add_entry(a, score)
+  return old
 end
 
 local function evict(a, lru_key, key, score)
@@ -113,7 +127,7 @@ local function prune(a, lru_key, keep, ms, ttl_ms, max_owners, max_bytes, budget
   for i = 1, #idle, 2 do
     if idle[i] ~= keep then
       evict(a, lru_key, idle[i], tonumber(idle[i + 1]))
-      a.ttl = a.ttl + 1
+      count_eviction(a, 'ttl')
       done = done + 1
     end
   end
@@ -125,9 +139,9 @@ local function prune(a, lru_key, keep, ms, ttl_ms, max_owners, max_bytes, budget
     if not victim then break end
     evict(a, lru_key, victim, tonumber(score))
     if count > max_owners then
-      a.owners = a.owners + 1
+      count_eviction(a, 'owners')
     else
-      a.over_bytes = a.over_bytes + 1
+      count_eviction(a, 'bytes')
     end
     count = count - 1
     done = done + 1

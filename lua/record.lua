@@ -6,7 +6,7 @@
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:acct       hash  the partition's accounting
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part       hash  the partition's sequence and accounting
 -- ARGV[1]  the recording turn token, decimal string
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
 -- ARGV[3]  response id
@@ -37,12 +37,11 @@ if cur ~= ARGV[1] then
 end
 
 local ms = now_ms()
-local a = open_account(KEYS[3])
-forget(a, KEYS[2], KEYS[1])
+local a = open_partition(KEYS[3])
 redis.call('HSET', KEYS[1],
   'r', ARGV[3], 's', ARGV[4], 'i', ARGV[5],
   'n', ARGV[6], 'd', ARGV[7], 'g', ARGV[8], 'b', ARGV[9])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 touch(a, KEYS[2], KEYS[1], ms, 1, tonumber(ARGV[10]))
 prune(a, KEYS[2], KEYS[1], ms, tonumber(ARGV[2]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]))
-return {'published', close_account(a)}
+return {'published', close_partition(a)}

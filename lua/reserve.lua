@@ -8,16 +8,15 @@
 -- published.
 --
 -- Turn token = seq * partitions + partition, where seq is the largest of
---   the partition's stored sequence + 1,
+--   the partition's sequence + 1,
 --   the server clock in ticks of 1/8 ms since 2025-01-01T00:00:00Z,
 --   the owner's current turn's seq + 1,
 -- so tokens keep increasing per owner even when the sequence key is lost.
 -- Every number stays below 2^53.
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash    the owner's state
--- KEYS[2]  <ns>:{<ns>:<pp>}:seq        string  the partition's turn sequence
--- KEYS[3]  <ns>:{<ns>:<pp>}:lru        zset    the partition's LRU (lru.lua)
--- KEYS[4]  <ns>:{<ns>:<pp>}:acct       hash    the partition's accounting
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
+-- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part       hash  the partition's sequence and accounting
 -- ARGV[1]  idle TTL of an owner's state, milliseconds
 -- ARGV[2]  partition count of the namespace
 -- ARGV[3]  this owner's partition, 0-based
@@ -47,8 +46,9 @@ local ticks = (tonumber(t[1]) - EPOCH_S) * 1000 * TICKS_PER_MS
 
 local old = redis.call('HMGET', KEYS[1], 't', 'r', 's', 'i', 'n', 'd', 'g', 'b')
 local parts = tonumber(ARGV[2])
+local a = open_partition(KEYS[3])
 
-local seq = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+local seq = a.seq + 1
 if ticks > seq then seq = ticks end
 if old[1] then
   local owner_next = math.floor(tonumber(old[1]) / parts) + 1
@@ -59,18 +59,17 @@ if turn >= 9007199254740992 then
   return redis.error_reply('ERR turn overflow')
 end
 local turn_s = fmt(turn)
-redis.call('SET', KEYS[2], fmt(seq))
+a.seq = seq
+a.changed = true
 
-local a = open_account(KEYS[4])
-if forget(a, KEYS[3], KEYS[1]) and not old[1] then
-  a.ttl = a.ttl + 1 -- it had expired before anything pruned it
-end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 't', turn_s)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-touch(a, KEYS[3], KEYS[1], ms, 0, tonumber(ARGV[4]))
-prune(a, KEYS[3], KEYS[1], ms, tonumber(ARGV[1]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
-local evicted = close_account(a)
+if touch(a, KEYS[2], KEYS[1], ms, 0, tonumber(ARGV[4])) and not old[1] then
+  count_eviction(a, 'ttl') -- it had expired before anything pruned it
+end
+prune(a, KEYS[2], KEYS[1], ms, tonumber(ARGV[1]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+local evicted = close_partition(a)
 
 local existed = 0
 if old[1] then existed = 1 end

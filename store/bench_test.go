@@ -11,7 +11,7 @@ import (
 )
 
 func BenchmarkReserveRecord(b *testing.B) {
-	for _, n := range []int{10_000} {
+	for _, n := range []int{10_000, 1_000_000} {
 		owners := storetest.Owners(b, n)
 		for _, parallel := range []bool{false, true} {
 			b.Run(fmt.Sprintf("memory/owners=%d/parallel=%v", n, parallel), func(b *testing.B) {

@@ -12,9 +12,8 @@ import (
 //
 //	<ns>:{<ns>}:meta                hash    schema version and partition count
 //	<ns>:{<ns>:<pp>}:o:<owner key>  hash    one owner's state
-//	<ns>:{<ns>:<pp>}:seq            string  the partition's turn sequence
 //	<ns>:{<ns>:<pp>}:lru            zset    owner state keys by last touch
-//	<ns>:{<ns>:<pp>}:acct           hash    stored bytes, continuations, evictions
+//	<ns>:{<ns>:<pp>}:part           hash    turn sequence, stored bytes, continuations, evictions
 //
 // <pp> is the partition number in decimal, at least two digits.
 type keyspace struct {
@@ -33,14 +32,12 @@ func (k keyspace) owner(p int, o identity.Owner) string {
 	return k.partitionKey(p, "o:"+o.Key())
 }
 
-// seq returns the key of partition p's turn sequence.
-func (k keyspace) seq(p int) string { return k.partitionKey(p, "seq") }
-
 // lru returns the key of partition p's LRU.
 func (k keyspace) lru(p int) string { return k.partitionKey(p, "lru") }
 
-// acct returns the key of partition p's accounting hash.
-func (k keyspace) acct(p int) string { return k.partitionKey(p, "acct") }
+// part returns the key of partition p's hash: its turn sequence and
+// accounting.
+func (k keyspace) part(p int) string { return k.partitionKey(p, "part") }
 
 // meta returns the key of the namespace's schema hash.
 func (k keyspace) meta() string { return k.ns + ":{" + k.ns + "}:meta" }

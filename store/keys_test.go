@@ -16,9 +16,8 @@ func TestKeyNames(t *testing.T) {
 		{k.tag(7), "{cont:07}"},
 		{k.tag(1000), "{cont:1000}"},
 		{k.owner(7, owner), "cont:{cont:07}:o:a:s%3A1:a"},
-		{k.seq(0), "cont:{cont:00}:seq"},
 		{k.lru(15), "cont:{cont:15}:lru"},
-		{k.acct(3), "cont:{cont:03}:acct"},
+		{k.part(3), "cont:{cont:03}:part"},
 		{k.meta(), "cont:{cont}:meta"},
 	} {
 		assert.Equal(t, c.want, c.got)

@@ -5,22 +5,6 @@ import (
 	"errors"
 )
 
-// Limits
-//
-// Each of the Partitions partitions keeps at most MaxOwners/Partitions owners
-// and MaxTotalBytes/Partitions stored bytes, each rounded down, and evicts
-// on its own: first states idle longer than TTL, then the least recently
-// touched while over either limit, at most evictionBudget per operation
-// (what is left goes on the next one). The global limits are therefore
-// approximate: owners are spread over partitions by hash, so one partition
-// fills while another has room. With the default 16 partitions and 10,000
-// owners (625 each), the store starts evicting once the fullest partition
-// holds 625 owners; with uniform hashing that happens at roughly 88–92% of
-// MaxOwners in total, and the total never exceeds the limit (plus at most
-// one owner per partition while an operation runs). The same holds for
-// bytes. Stored bytes are an estimate of what each owner's state costs in
-// Redis (key, hash, TTL and LRU entries), the same on every backend.
-
 // evictionBudget bounds the evictions one operation makes, so no script
 // runs long.
 const evictionBudget = 64

@@ -76,9 +76,9 @@ func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []strin
 }
 
 // ownerKeys returns an owner's partition, state key, LRU and accounting keys.
-func (r *redisBackend) ownerKeys(owner identity.Owner) (p int, state, lru, acct string) {
+func (r *redisBackend) ownerKeys(owner identity.Owner) (p int, state, lru, part string) {
 	p = owner.Partition(r.opts.Partitions)
-	return p, r.keys.owner(p, owner), r.keys.lru(p), r.keys.acct(p)
+	return p, r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)
 }
 
 // limits returns the trailing arguments of the scripts that prune.
@@ -89,9 +89,9 @@ func (r *redisBackend) limits() []any {
 func (r *redisBackend) ttlMillis() int64 { return r.opts.TTL.Milliseconds() }
 
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size int64) (reserved, error) {
-	p, state, lru, acct := r.ownerKeys(owner)
+	p, state, lru, part := r.ownerKeys(owner)
 	args := append([]any{r.ttlMillis(), r.opts.Partitions, p, size}, r.limits()...)
-	reply, err := r.run(ctx, lua.Reserve, []string{state, r.keys.seq(p), lru, acct}, args...).Slice()
+	reply, err := r.run(ctx, lua.Reserve, []string{state, lru, part}, args...).Slice()
 	if err != nil {
 		return reserved{}, err
 	}
@@ -99,12 +99,12 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size i
 }
 
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (Outcome, int, error) {
-	_, state, lru, acct := r.ownerKeys(owner)
+	_, state, lru, part := r.ownerKeys(owner)
 	args := append([]any{turn.String(), r.ttlMillis(), c.ResponseID, c.Origin.Replica,
 		strconv.FormatUint(c.Origin.ID, 10), c.Transcript.Items,
 		digestString(c.Transcript.Digest), digestString(c.Signature),
 		c.Transcript.Bytes, size}, r.limits()...)
-	reply, err := r.run(ctx, lua.Record, []string{state, lru, acct}, args...).Slice()
+	reply, err := r.run(ctx, lua.Record, []string{state, lru, part}, args...).Slice()
 	if err != nil {
 		return "", 0, err
 	}
@@ -112,8 +112,8 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 }
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
-	_, state, lru, acct := r.ownerKeys(owner)
-	n, err := r.run(ctx, lua.Abort, []string{state, lru, acct}, turn.String()).Int()
+	_, state, lru, part := r.ownerKeys(owner)
+	n, err := r.run(ctx, lua.Abort, []string{state, lru, part}, turn.String()).Int()
 	return n == 1, err
 }
 
@@ -127,8 +127,8 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 }
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
-	_, state, lru, acct := r.ownerKeys(owner)
-	n, err := r.run(ctx, lua.Clear, []string{state, lru, acct}).Int()
+	_, state, lru, part := r.ownerKeys(owner)
+	n, err := r.run(ctx, lua.Clear, []string{state, lru, part}).Int()
 	return n == 1, err
 }
 
@@ -142,7 +142,7 @@ func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State
 }
 
 func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
-	counts, err := r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.acct(p)},
+	counts, err := r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.part(p)},
 		append([]any{r.ttlMillis()}, r.limits()...)...).Int64Slice()
 	if err != nil {
 		return Evictions{}, err
@@ -158,17 +158,17 @@ func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
 func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
 	pipe := r.client.Pipeline()
 	cards := make([]*redis.IntCmd, r.opts.Partitions)
-	accts := make([]*redis.SliceCmd, r.opts.Partitions)
+	parts := make([]*redis.SliceCmd, r.opts.Partitions)
 	for p := range r.opts.Partitions {
 		cards[p] = pipe.ZCard(ctx, r.keys.lru(p))
-		accts[p] = pipe.HMGet(ctx, r.keys.acct(p), "bytes", "published", "ev:ttl", "ev:owners", "ev:bytes")
+		parts[p] = pipe.HMGet(ctx, r.keys.part(p), "bytes", "published", "ev:ttl", "ev:owners", "ev:bytes")
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	out := make([]PartitionStats, r.opts.Partitions)
 	for p := range out {
-		v := accts[p].Val()
+		v := parts[p].Val()
 		n := make([]int64, len(v))
 		for i, x := range v {
 			if x == nil {

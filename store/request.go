@@ -32,9 +32,9 @@ func requestChainNext(prev, digest uint64) uint64 {
 // Request is a parsed Responses-style request body: its input items with
 // their digests, and the signature of everything else.
 //
-// Each input item i has the digest d_i = xxhash64(canonical item), where the
-// canonical item is its canonical JSON form with the function_call rule (see
-// Canonical). The chain digest of the first k items is
+// The k-th input item, counting from 1, has the digest d_k = xxhash64 of its
+// canonical form, which is its canonical JSON with the function_call rule
+// (see Canonical). The chain digest of the first k items is
 //
 //	h(0) = xxhash64("contstore/chain/v1")
 //	h(k) = xxhash64(le64(h(k-1)) || le64(d_k))
@@ -218,8 +218,8 @@ func (r *Request) TranscriptBytes() int64 {
 	return r.bytes
 }
 
-// ItemDigest returns the digest d_i of input item i. It panics if i is out of
-// range.
+// ItemDigest returns the digest of input item i, counting from 0: d_(i+1) in
+// the chain formula of Request. It panics if i is out of range.
 func (r *Request) ItemDigest(i int) uint64 {
 	if r == nil {
 		return []uint64(nil)[i]

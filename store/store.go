@@ -1,14 +1,3 @@
-// Package store decides, for each request of a conversation owner, whether a
-// gateway may continue the upstream conversation with previous_response_id
-// and only the new input items, and shares that decision across gateway
-// replicas through Redis.
-//
-// A turn goes: [Store.Reserve] (which consumes whatever continuation the
-// owner had and returns a fencing turn token), forward the request upstream,
-// then [Store.Record] the response (published only if the turn is still the
-// owner's current one) or [Store.Abort] it. Each operation is one round trip
-// to Redis. [NewMemory] gives the same semantics in process, for a single
-// replica and as the reference model of the Redis backend.
 package store
 
 import (
@@ -198,6 +187,7 @@ type backend interface {
 	inspect(ctx context.Context, owner identity.Owner) (State, error)
 	prune(ctx context.Context, partition int) (Evictions, error)
 	stats(ctx context.Context) ([]PartitionStats, error)
+	audit(ctx context.Context) (Audit, error)
 }
 
 func newStore(opts Options, open func(Options) (backend, error)) (*Store, error) {
@@ -385,11 +375,11 @@ func validResult(out Result) error {
 }
 
 // Stored-bytes estimates, the same on every backend: what one owner's state
-// costs in Redis (key name, hash, TTL and LRU entries) beyond its variable
-// strings.
+// costs in Redis 7 (key name, hash, TTL and LRU entries, allocator rounding)
+// beyond its variable strings, calibrated with BenchmarkMemoryPerOwner.
 const (
-	freshStateOverhead     = 160
-	publishedStateOverhead = 64
+	freshStateOverhead     = 272
+	publishedStateOverhead = 88
 )
 
 func freshStateBytes(owner identity.Owner) int64 {

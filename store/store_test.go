@@ -70,3 +70,21 @@ func followRealTime(t testing.TB, mr *miniredis.Miniredis) {
 	}()
 	t.Cleanup(func() { close(done); <-stopped })
 }
+
+// The Redis scripts on miniredis, with its clock moved in step, behave as
+// the in-process model, limits and evictions included.
+func TestMiniredisMatchesTheModel(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	storetest.CheckModel(t, storetest.ModelConfig{
+		Options: store.Options{Partitions: 2, TTL: 10*time.Second + 7*time.Millisecond, MaxOwners: 6, MaxTotalBytes: 1400},
+		Open: func(t *testing.T, opts store.Options) *store.Store {
+			s, err := store.NewRedis(c, opts)
+			require.NoError(t, err)
+			return s
+		},
+		Advance: func(now time.Time, d time.Duration) {
+			mr.SetTime(now)
+			mr.FastForward(d)
+		},
+	})
+}

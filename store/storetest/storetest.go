@@ -62,6 +62,11 @@ var cases = []struct {
 	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence},
 	{"ClearRemovesStateWhateverTheTurn", testClear},
 	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns},
+	{"EvictionKeepsTheMostRecentlyTouched", testEvictionKeepsMostRecent},
+	{"TouchMovesAnOwnerToTheBack", testTouchMovesToTheBack},
+	{"ByteBudgetEvictsOldestFirst", testByteBudgetEvictsOldest},
+	{"SweepPrunesIdleStates", testSweepPrunesIdleStates},
+	{"WritingPrunesIdleStates", testWritingPrunesIdleStates},
 }
 
 // Request builders.

@@ -1,0 +1,209 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/identity"
+)
+
+// Audit is the result of [Store.Audit]: the live owner states found and
+// every discrepancy between them, the LRU and the accounting.
+type Audit struct {
+	// Owners counts live owner states.
+	Owners int64
+	// Problems describes each discrepancy; empty when the store is sound.
+	Problems []string
+}
+
+// Audit compares every partition's LRU and accounting with the owner states
+// it holds and checks the limits: the stored bytes equal the sum of the
+// LRU entries' sizes, the LRU holds exactly the live states (each in its own
+// partition), the published count matches the states holding a
+// continuation, and neither limit is exceeded. Run it after Sweep on a
+// namespace no one is writing to; it reads every key (O(n)), so it is an
+// operator's tool, not a hot-path call.
+func (s *Store) Audit(ctx context.Context) (Audit, error) {
+	a, err := s.backend.audit(ctx)
+	if err != nil {
+		return Audit{}, unavailable("audit", err)
+	}
+	return a, nil
+}
+
+// auditEntry is one LRU entry as an audit sees it.
+type auditEntry struct {
+	key          string
+	score        score
+	live         bool // the state exists
+	hasContinuer bool // the state holds a continuation
+}
+
+// checkPartition appends the problems of partition p to a.
+func (o Options) checkPartition(a *Audit, p int, entries []auditEntry, liveKeys []string, bytes, published int64, keyOf func(identity.Owner) string) {
+	problem := func(format string, args ...any) {
+		a.Problems = append(a.Problems, fmt.Sprintf("partition %d: ", p)+fmt.Sprintf(format, args...))
+	}
+	var sumBytes, sumPublished int64
+	inLRU := map[string]bool{}
+	for _, e := range entries {
+		inLRU[e.key] = true
+		sumBytes += e.score.size()
+		if e.score.published() {
+			sumPublished++
+		}
+		if !e.live {
+			problem("LRU entry %q has no live state", e.key)
+		} else if e.hasContinuer != e.score.published() {
+			problem("LRU entry %q says published=%v, the state says %v", e.key, e.score.published(), e.hasContinuer)
+		}
+	}
+	for _, k := range liveKeys {
+		a.Owners++
+		if !inLRU[k] {
+			problem("state %q is missing from the LRU", k)
+		}
+		if owner, ok := ownerFromKey(k); !ok || keyOf(owner) != k {
+			problem("state %q does not belong to this partition", k)
+		}
+	}
+	if sumBytes != bytes {
+		problem("stored bytes are %d, the LRU entries sum to %d", bytes, sumBytes)
+	}
+	if sumPublished != published {
+		problem("published count is %d, the LRU entries hold %d", published, sumPublished)
+	}
+	if n := int64(len(entries)); n > int64(o.partitionOwners()) {
+		problem("%d owners, over the limit of %d", n, o.partitionOwners())
+	}
+	if bytes > o.partitionBytes() {
+		problem("%d stored bytes, over the limit of %d", bytes, o.partitionBytes())
+	}
+}
+
+// ownerFromKey parses the owner out of a state key "<prefix>:o:<owner key>".
+func ownerFromKey(key string) (identity.Owner, bool) {
+	i := strings.Index(key, "}:o:")
+	if i < 0 {
+		return identity.Owner{}, false
+	}
+	o, err := identity.ParseKey(key[i+len("}:o:"):])
+	return o, err == nil
+}
+
+func (m *memory) audit(context.Context) (Audit, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var a Audit
+	now := m.opts.Now()
+	keys := keyspace{ns: m.opts.Namespace}
+	// Named as in Redis, so that a state filed under the wrong partition
+	// shows.
+	keyOf := func(o identity.Owner) string { return keys.owner(o.Partition(m.opts.Partitions), o) }
+	for i := range m.parts {
+		p := &m.parts[i]
+		var entries []auditEntry
+		var live []string
+		for _, st := range p.lru {
+			alive := !m.expired(st, now) && p.owners[st.owner] == st
+			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, hasContinuer: st.cont != nil})
+		}
+		for owner, st := range p.owners {
+			if !m.expired(st, now) {
+				live = append(live, keys.owner(i, owner))
+			}
+		}
+		sort.Strings(live)
+		m.opts.checkPartition(&a, i, entries, live, p.bytes, p.published, keyOf)
+	}
+	return a, nil
+}
+
+func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
+	var a Audit
+	for p := range r.opts.Partitions {
+		node := redis.Cmdable(r.client)
+		if cc, ok := r.client.(*redis.ClusterClient); ok {
+			n, err := cc.MasterForKey(ctx, r.keys.lru(p))
+			if err != nil {
+				return Audit{}, err
+			}
+			node = n
+		}
+		live, err := scanKeys(ctx, node, globEscape(r.keys.partitionKey(p, "o:"))+"*")
+		if err != nil {
+			return Audit{}, err
+		}
+		zs, err := node.ZRangeWithScores(ctx, r.keys.lru(p), 0, -1).Result()
+		if err != nil {
+			return Audit{}, err
+		}
+		acct, err := node.HMGet(ctx, r.keys.part(p), "bytes", "published").Result()
+		if err != nil {
+			return Audit{}, err
+		}
+		entries := make([]auditEntry, len(zs))
+		pipe := node.Pipeline()
+		fields := make([]*redis.SliceCmd, len(zs))
+		for i, z := range zs {
+			key, _ := z.Member.(string)
+			entries[i] = auditEntry{key: key, score: score(z.Score)}
+			fields[i] = pipe.HMGet(ctx, key, "t", "r")
+		}
+		if len(zs) > 0 {
+			if _, err := pipe.Exec(ctx); err != nil {
+				return Audit{}, err
+			}
+		}
+		for i := range entries {
+			v := fields[i].Val()
+			entries[i].live = len(v) == 2 && v[0] != nil
+			entries[i].hasContinuer = len(v) == 2 && v[1] != nil
+		}
+		r.opts.checkPartition(&a, p, entries, live, parseCount(acct, 0), parseCount(acct, 1), func(o identity.Owner) string {
+			return r.keys.owner(p, o)
+		})
+	}
+	return a, nil
+}
+
+func parseCount(v []any, i int) int64 {
+	if i >= len(v) {
+		return 0
+	}
+	s, _ := v[i].(string)
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
+}
+
+func scanKeys(ctx context.Context, c redis.Cmdable, pattern string) ([]string, error) {
+	var out []string
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, keys...)
+		if cursor = next; cursor == 0 {
+			return out, nil
+		}
+	}
+}
+
+// globEscape quotes the characters MATCH patterns treat specially.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,111 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store"
+)
+
+func TestInvalidOptionsAreRefusedNamingTheField(t *testing.T) {
+	for _, c := range []struct {
+		opts store.Options
+		want string
+	}{
+		{store.Options{Namespace: "a{b"}, "Namespace"},
+		{store.Options{Namespace: "a b"}, "Namespace"},
+		{store.Options{Namespace: "a\nb"}, "Namespace"},
+		{store.Options{Partitions: -1}, "Partitions is -1"},
+		{store.Options{Partitions: 1025}, "Partitions is 1025"},
+		{store.Options{TTL: -time.Second}, "TTL"},
+		{store.Options{TTL: time.Microsecond}, "TTL"},
+		{store.Options{MaxOwners: -5}, "MaxOwners"},
+		{store.Options{MaxOwners: 8}, "MaxOwners is 8, want at least Partitions (16)"},
+		{store.Options{MaxOwnerBytes: -1}, "MaxOwnerBytes"},
+		{store.Options{MaxTotalBytes: 3}, "MaxTotalBytes"},
+		{store.Options{OpTimeout: -1}, "OpTimeout"},
+		{store.Options{Replica: string([]byte{0xff})}, "Replica"},
+	} {
+		t.Run(c.want, func(t *testing.T) {
+			_, err := store.NewMemory(c.opts)
+			require.ErrorIs(t, err, store.ErrInvalidOptions)
+			assert.Contains(t, err.Error(), c.want)
+			_, err = store.NewRedis(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), c.opts)
+			require.ErrorIs(t, err, store.ErrInvalidOptions)
+		})
+	}
+	_, err := store.NewRedis(nil, store.Options{})
+	require.ErrorIs(t, err, store.ErrInvalidOptions)
+}
+
+func TestDefaults(t *testing.T) {
+	s, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	o := s.Options()
+	assert.Equal(t, "cont", o.Namespace)
+	assert.Equal(t, 16, o.Partitions)
+	assert.Equal(t, 30*time.Minute, o.TTL)
+	assert.Equal(t, 10_000, o.MaxOwners)
+	assert.Equal(t, int64(2_000_000), o.MaxOwnerBytes)
+	assert.Equal(t, int64(20_000_000), o.MaxTotalBytes)
+	assert.Equal(t, 200*time.Millisecond, o.OpTimeout)
+	assert.NotEmpty(t, o.Replica)
+}
+
+func TestPartitionCountIsFixedPerNamespace(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	_, err := store.NewRedis(c, store.Options{Namespace: "fixed"})
+	require.NoError(t, err)
+	_, err = store.NewRedis(c, store.Options{Namespace: "fixed", Partitions: 16})
+	require.NoError(t, err, "the same count opens")
+	_, err = store.NewRedis(c, store.Options{Namespace: "fixed", Partitions: 8})
+	require.ErrorIs(t, err, store.ErrSchemaMismatch)
+	assert.Contains(t, err.Error(), "16 partitions")
+	assert.Contains(t, err.Error(), "8 partitions")
+	_, err = store.NewRedis(c, store.Options{Namespace: "other", Partitions: 8})
+	require.NoError(t, err, "another namespace is free")
+	assert.Equal(t, "16", mr.HGet("fixed:{fixed}:meta", "partitions"))
+}
+
+// A gateway starts even when Redis is down: the store fails open, and checks
+// the namespace once Redis answers.
+func TestUnreachableRedisFailsOpen(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer c.Close()
+	s, err := store.NewRedis(c, store.Options{OpTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	owner, _ := identity.Main("s")
+	r, err := store.ParseRequest([]byte(`{"input":["a","b"]}`))
+	require.NoError(t, err)
+	res := s.Reserve(context.Background(), owner, r)
+	assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
+	assert.ErrorIs(t, res.Err, store.ErrUnavailable)
+	assert.Zero(t, res.Turn)
+	assert.Equal(t, 2, res.DeltaCount)
+	_, err = s.Inspect(context.Background(), owner)
+	assert.ErrorIs(t, err, store.ErrUnavailable)
+	_, err = s.Stats(context.Background())
+	assert.ErrorIs(t, err, store.ErrUnavailable)
+}
+
+func TestSchemaIsCheckedOnceRedisAnswers(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	_, err := store.NewRedis(c, store.Options{Namespace: "late", Partitions: 4})
+	require.NoError(t, err)
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	s, err := store.NewRedis(c, store.Options{Namespace: "late", Partitions: 2, OpTimeout: 50 * time.Millisecond})
+	require.NoError(t, err, "not refused while Redis cannot answer")
+	mr.SetError("")
+	owner, _ := identity.Main("s")
+	res := s.Reserve(context.Background(), owner, nil)
+	assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
+	assert.ErrorIs(t, res.Err, store.ErrSchemaMismatch)
+	assert.Empty(t, mr.Keys()[1:], "nothing but the schema was written: %v", mr.Keys())
+}

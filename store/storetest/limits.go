@@ -1,0 +1,150 @@
+package storetest
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// numbered returns n main owners whose keys sort in creation order and have
+// equal lengths, so the LRU order among states touched within the same
+// millisecond is still their touch order.
+func numbered(t testing.TB, prefix string, n int) []identity.Owner {
+	out := make([]identity.Owner, n)
+	for i := range out {
+		out[i] = mainOwner(t, fmt.Sprintf("%s-%05d", prefix, i))
+	}
+	return out
+}
+
+func exists(t testing.TB, s *store.Store, o identity.Owner) bool {
+	t.Helper()
+	st, err := s.Inspect(ctx, o)
+	require.NoError(t, err)
+	return st.Exists
+}
+
+func stats(t testing.TB, s *store.Store) store.Stats {
+	t.Helper()
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	return st
+}
+
+func testEvictionKeepsMostRecent(t *testing.T, open Opener) {
+	s := open(t, store.Options{Partitions: 1, MaxOwners: 100})
+	owners := numbered(t, "lru", 150)
+	r := req(t, "one")
+	for _, o := range owners {
+		require.NoError(t, s.Reserve(ctx, o, r).Err)
+	}
+	for i, o := range owners {
+		assert.Equal(t, i >= 50, exists(t, s, o), "owner %d", i)
+	}
+	st := stats(t, s)
+	assert.Equal(t, int64(100), st.Total.Owners)
+	assert.Equal(t, int64(50), st.Total.Evictions.Owners)
+	assert.Zero(t, st.Total.Evictions.TTL+st.Total.Evictions.Bytes)
+	assert.Equal(t, 100, st.OwnerLimit)
+}
+
+func testTouchMovesToTheBack(t *testing.T, open Opener) {
+	s := open(t, store.Options{Partitions: 1, MaxOwners: 3})
+	owners := numbered(t, "touch", 4)
+	r := req(t, "one")
+	first := publish(t, s, owners[0], r, "resp_0")
+	publish(t, s, owners[1], r, "resp_1")
+	publish(t, s, owners[2], r, "resp_2")
+	// Touch the oldest again, a few milliseconds later so the LRU (which
+	// has millisecond resolution) sees it: the next eviction takes owners[1].
+	time.Sleep(10 * time.Millisecond)
+	out, err := s.Record(ctx, first, r, store.Result{ResponseID: "resp_0b", Socket: socket(1)})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+	publish(t, s, owners[3], r, "resp_3")
+	assert.True(t, exists(t, s, owners[0]))
+	assert.False(t, exists(t, s, owners[1]))
+	assert.True(t, exists(t, s, owners[2]))
+	assert.True(t, exists(t, s, owners[3]))
+	assert.Equal(t, int64(3), stats(t, s).Total.Published)
+}
+
+func testByteBudgetEvictsOldest(t *testing.T, open Opener) {
+	probe := open(t, store.Options{Partitions: 1})
+	owners := numbered(t, "bytes", 10)
+	r := req(t, "one")
+	publish(t, probe, owners[0], r, "resp_probe")
+	one := stats(t, probe).Total.StoredBytes
+	require.Positive(t, one)
+	require.NoError(t, probe.Clear(ctx, owners[0]))
+	require.Zero(t, stats(t, probe).Total.StoredBytes, "clearing gives the bytes back")
+
+	// Room for four published owners.
+	s := open(t, store.Options{Partitions: 1, MaxTotalBytes: 4*one + one/2})
+	for i, o := range owners {
+		publish(t, s, o, r, fmt.Sprintf("resp_%05d", i)[:len("resp_probe")])
+	}
+	for i, o := range owners {
+		assert.Equal(t, i >= 6, exists(t, s, o), "owner %d", i)
+	}
+	st := stats(t, s)
+	assert.Equal(t, int64(4), st.Total.Owners)
+	assert.Equal(t, 4*one, st.Total.StoredBytes)
+	assert.Equal(t, int64(6), st.Total.Evictions.Bytes)
+	assert.LessOrEqual(t, st.Total.StoredBytes, st.ByteLimit)
+}
+
+func testSweepPrunesIdleStates(t *testing.T, open Opener) {
+	const ttl = 300 * time.Millisecond
+	s := open(t, store.Options{Partitions: 4, TTL: ttl})
+	owners := numbered(t, "sweep", 20)
+	r := req(t, "one")
+	start := time.Now()
+	for _, o := range owners {
+		publish(t, s, o, r, "resp_1")
+	}
+	before := stats(t, s)
+	require.Equal(t, int64(20), before.Total.Owners)
+	require.Equal(t, int64(20), before.Total.Published)
+	require.Len(t, before.Partitions, 4)
+
+	time.Sleep(2*ttl - time.Since(start))
+	assert.Equal(t, int64(20), stats(t, s).Total.Owners, "idle states stay counted until pruned")
+	swept, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(20), swept.Evicted.TTL)
+	after := stats(t, s)
+	assert.Zero(t, after.Total.Owners)
+	assert.Zero(t, after.Total.StoredBytes)
+	assert.Zero(t, after.Total.Published)
+	assert.Equal(t, int64(20), after.Total.Evictions.TTL)
+
+	again, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, again.Evicted.Total())
+}
+
+func testWritingPrunesIdleStates(t *testing.T, open Opener) {
+	const ttl = 300 * time.Millisecond
+	s := open(t, store.Options{Partitions: 1, TTL: ttl})
+	owners := numbered(t, "idle", 5)
+	r := req(t, "one")
+	start := time.Now()
+	for _, o := range owners {
+		publish(t, s, o, r, "resp_1")
+	}
+	time.Sleep(2*ttl - time.Since(start))
+	// Reserving an idle owner again finds its state gone and counts it.
+	res := s.Reserve(ctx, owners[0], r)
+	assert.Equal(t, store.ReasonMissingState, res.Reason)
+	st := stats(t, s)
+	assert.Equal(t, int64(1), st.Total.Owners, "the write pruned every idle state")
+	assert.Equal(t, int64(5), st.Total.Evictions.TTL)
+	assert.Zero(t, st.Total.Published)
+}
