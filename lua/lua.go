@@ -1,5 +1,5 @@
-// Package lua holds the Redis scripts of the continuation store, one file a
-// script, embedded at build time.
+// Package lua holds the Redis scripts of the continuation store and the
+// session store, one file a script, embedded at build time.
 //
 // Each script starts with a header naming its purpose, every KEYS[i] with its
 // key pattern and Redis type, every ARGV[i] with its units, and every reply.
@@ -23,8 +23,11 @@ var files embed.FS
 type Script struct {
 	// Name is the file name without ".lua".
 	Name string
-	// Keys and Args are the number of KEYS and ARGV entries the header names.
+	// Keys and Args are the number of KEYS and ARGV entries the header
+	// names. When Variadic, the header's last ARGV line reads "ARGV[n+]"
+	// and the script takes Args or more arguments.
 	Keys, Args int
+	Variadic   bool
 	// Source is the script as sent to Redis: the file, after the shared
 	// functions of lru.lua when it uses them.
 	Source string
@@ -43,14 +46,20 @@ var (
 	Inspect = load("inspect")
 	Prune   = load("prune", "lru")
 	Schema  = load("schema")
+
+	SessionSave = load("session_save")
+	SessionLoad = load("session_load")
 )
 
 // All lists every script, for tests and tools.
-func All() []*Script { return []*Script{Reserve, Record, Abort, Clear, Inspect, Prune, Schema} }
+func All() []*Script {
+	return []*Script{Reserve, Record, Abort, Clear, Inspect, Prune, Schema, SessionSave, SessionLoad}
+}
 
 var (
 	keysLine = regexp.MustCompile(`(?m)^-- KEYS\[(\d+)\]`)
-	argvLine = regexp.MustCompile(`(?m)^-- ARGV\[(\d+)\]`)
+	argvLine = regexp.MustCompile(`(?m)^-- ARGV\[(\d+)\+?\]`)
+	variadic = regexp.MustCompile(`(?m)^-- ARGV\[\d+\+\]`)
 )
 
 // load reads name.lua, placing the named libraries' functions before it.
@@ -61,14 +70,19 @@ func load(name string, libs ...string) *Script {
 		src += read(lib) + "\n"
 	}
 	src += file
-	return &Script{
-		Name:   name,
-		Keys:   count(keysLine, file),
-		Args:   count(argvLine, file),
-		Source: src,
-		File:   file,
-		script: redis.NewScript(src),
+	s := &Script{
+		Name:     name,
+		Keys:     count(keysLine, file),
+		Args:     count(argvLine, file),
+		Variadic: variadic.MatchString(file),
+		Source:   src,
+		File:     file,
+		script:   redis.NewScript(src),
 	}
+	if s.Variadic {
+		s.Args-- // "ARGV[n+]" may be empty
+	}
+	return s
 }
 
 func read(name string) string {
@@ -99,10 +113,14 @@ func (s *Script) Hash() string { return s.script.Hash() }
 // answers NOSCRIPT. It refuses a call whose key or argument count differs
 // from the header's.
 func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
-	if len(keys) != s.Keys || len(args) != s.Args {
+	if len(keys) != s.Keys || len(args) < s.Args || (!s.Variadic && len(args) > s.Args) {
+		more := ""
+		if s.Variadic {
+			more = " or more"
+		}
 		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(fmt.Errorf("lua: %s takes %d keys and %d args, called with %d and %d",
-			s.Name, s.Keys, s.Args, len(keys), len(args)))
+		cmd.SetErr(fmt.Errorf("lua: %s takes %d keys and %d args%s, called with %d and %d",
+			s.Name, s.Keys, s.Args, more, len(keys), len(args)))
 		return cmd
 	}
 	return s.script.Run(ctx, c, keys, args...)

@@ -16,7 +16,7 @@ import (
 
 // Every script's header names its purpose, keys, arguments and replies.
 func TestHeadersDescribeTheContract(t *testing.T) {
-	keyPattern := regexp.MustCompile(`(?m)^-- KEYS\[\d+\]\s+<ns>:\{<ns>(:<pp>)?\}:\S+\s+(hash|string|zset)\s+\S`)
+	keyPattern := regexp.MustCompile(`(?m)^-- KEYS\[\d+\]\s+<ns>:\{<ns>(:<pp>|:<id>)?\}:\S+\s+(hash|string|zset|list)\s+\S`)
 	for _, s := range lua.All() {
 		t.Run(s.Name, func(t *testing.T) {
 			assert.True(t, strings.HasPrefix(s.File, "-- "+s.Name+".lua: "), "first line names the script")
@@ -56,4 +56,10 @@ func TestRunRefusesAWrongKeyOrArgumentCount(t *testing.T) {
 	n, err := lua.Clear.Run(ctx, c, []string{"ns:{ns:00}:o:m:x", "ns:{ns:00}:lru", "ns:{ns:00}:acct"}).Int()
 	require.NoError(t, err)
 	assert.Zero(t, n)
+}
+
+func TestVariadicScriptsTakeTrailingArguments(t *testing.T) {
+	assert.True(t, lua.SessionSave.Variadic)
+	assert.Equal(t, 5, lua.SessionSave.Args)
+	assert.False(t, lua.Reserve.Variadic)
 }

@@ -3,9 +3,7 @@ package store_test
 import (
 	"fmt"
 	"testing"
-	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
@@ -34,7 +32,7 @@ func TestMemoryConformance(t *testing.T) {
 
 func TestMiniredisConformance(t *testing.T) {
 	mr, _ := redistest.Miniredis(t)
-	followRealTime(t, mr)
+	redistest.FollowRealTime(t, mr)
 	storetest.Run(t, func(t *testing.T, opts store.Options) *store.Store {
 		c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 		t.Cleanup(func() { _ = c.Close() })
@@ -42,49 +40,5 @@ func TestMiniredisConformance(t *testing.T) {
 		s, err := store.NewRedis(c, opts)
 		require.NoError(t, err)
 		return s
-	})
-}
-
-// followRealTime keeps miniredis's clock (TIME and key expiry) moving with
-// the wall clock, as a real server's does: miniredis only expires keys when
-// told to with FastForward.
-func followRealTime(t testing.TB, mr *miniredis.Miniredis) {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	last := time.Now()
-	mr.SetTime(last)
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-tick.C:
-				mr.SetTime(now)
-				mr.FastForward(now.Sub(last))
-				last = now
-			}
-		}
-	}()
-	t.Cleanup(func() { close(done); <-stopped })
-}
-
-// The Redis scripts on miniredis, with its clock moved in step, behave as
-// the in-process model, limits and evictions included.
-func TestMiniredisMatchesTheModel(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	storetest.CheckModel(t, storetest.ModelConfig{
-		Options: store.Options{Partitions: 2, TTL: 10*time.Second + 7*time.Millisecond, MaxOwners: 6, MaxTotalBytes: 1400},
-		Open: func(t *testing.T, opts store.Options) *store.Store {
-			s, err := store.NewRedis(c, opts)
-			require.NoError(t, err)
-			return s
-		},
-		Advance: func(now time.Time, d time.Duration) {
-			mr.SetTime(now)
-			mr.FastForward(d)
-		},
 	})
 }

@@ -317,3 +317,29 @@ func escapeGlob(s string) string {
 	}
 	return sb.String()
 }
+
+// FollowRealTime keeps a miniredis clock (TIME and key expiry) moving with
+// the wall clock, as a real server's does: miniredis only expires keys when
+// told to with FastForward. It stops when the test ends.
+func FollowRealTime(t testing.TB, mr *miniredis.Miniredis) {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	last := time.Now()
+	mr.SetTime(last)
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tick.C:
+				mr.SetTime(now)
+				mr.FastForward(now.Sub(last))
+				last = now
+			}
+		}
+	}()
+	t.Cleanup(func() { close(done); <-stopped })
+}

@@ -1,0 +1,113 @@
+package session_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/session"
+)
+
+var ctx = context.Background()
+
+func TestCorruptSessionIsReportedByName(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: "ns"})
+	require.NoError(t, err)
+	for name, fields := range map[string][]string{
+		"bad-json":      {"v", "3", "d", `{"id":`},
+		"wrong-id":      {"v", "1", "d", `{"id":"someone-else"}`},
+		"bad-version":   {"v", "x", "d", `{"id":"bad-version"}`},
+		"short-journal": {"v", "1", "h", `{"id":"short-journal"}`, "n", "4"},
+		"no-document":   {"v", "1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			mr.HSet("ns:{ns:"+name+"}:head", fields...)
+			_, err := st.Load(ctx, name)
+			require.ErrorIs(t, err, session.ErrCorrupt)
+			assert.Contains(t, err.Error(), fmt.Sprintf("%q", name))
+		})
+	}
+}
+
+// countingHook sums the bytes of the arguments of every script call.
+type countingHook struct{ bytes atomic.Int64 }
+
+func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		for _, a := range cmd.Args() {
+			switch v := a.(type) {
+			case string:
+				h.bytes.Add(int64(len(v)))
+			case []byte:
+				h.bytes.Add(int64(len(v)))
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A journal save of a long session sends the new messages, not the history.
+func TestJournalSavesWriteOnlyNewMessages(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	hook := &countingHook{}
+	c.AddHook(hook)
+	st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: "j", Mode: session.Journal})
+	require.NoError(t, err)
+	s := session.New("m", "", "")
+	for i := range 2000 {
+		s.Messages = append(s.Messages, json.RawMessage(fmt.Sprintf(`{"role":"user","content":"message %d of a long history, padded to look like a real one"}`, i)))
+	}
+	history := int64(0)
+	for _, m := range s.Messages {
+		history += int64(len(m))
+	}
+	require.NoError(t, st.Save(ctx, s))
+	first := hook.bytes.Swap(0) // EVALSHA, then EVAL after NOSCRIPT
+
+	perSave := make([]int64, 5)
+	for i := range perSave {
+		s.Messages = append(s.Messages, json.RawMessage(fmt.Sprintf(`{"role":"assistant","content":"reply %d"}`, i)))
+		require.NoError(t, st.Save(ctx, s))
+		perSave[i] = hook.bytes.Swap(0)
+	}
+	t.Logf("history %d bytes; first save sent %d, appends %v", history, first, perSave)
+	for _, n := range perSave {
+		assert.Less(t, n, history/100, "an append sends a small fraction of the history")
+	}
+	got, err := st.Load(ctx, s.ID)
+	require.NoError(t, err)
+	assert.Len(t, got.Messages, 2005)
+
+	// An edit of history rewrites: it sends everything again.
+	s.Messages[0] = json.RawMessage(`{"role":"user","content":"edited"}`)
+	require.NoError(t, st.Save(ctx, s))
+	assert.Greater(t, hook.bytes.Swap(0), history)
+	got, err = st.Load(ctx, s.ID)
+	require.NoError(t, err)
+	assert.Equal(t, `{"role":"user","content":"edited"}`, string(got.Messages[0]))
+}
+
+func TestStoreOptionsAreValidated(t *testing.T) {
+	for _, o := range []session.StoreOptions{
+		{Namespace: "a{b"}, {Mode: 7}, {TTL: -1}, {MinReplicas: -1}, {OpTimeout: -1},
+	} {
+		_, err := session.NewMemoryStore(o)
+		assert.ErrorIs(t, err, session.ErrInvalid, "%+v", o)
+		_, err = session.NewRedisStore(redis.NewClient(&redis.Options{}), o)
+		assert.ErrorIs(t, err, session.ErrInvalid, "%+v", o)
+	}
+	_, err := session.NewRedisStore(nil, session.StoreOptions{})
+	assert.ErrorIs(t, err, session.ErrInvalid)
+}

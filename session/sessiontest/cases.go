@@ -1,0 +1,413 @@
+package sessiontest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/session"
+)
+
+func testRoundTrip(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	s := session.New("model-a", "high", "be brief")
+	s.Name, s.ParentSession = "name", "parent"
+	s.Messages = []json.RawMessage{msg("user", "hello <world> & more"), json.RawMessage(`{"role": "assistant",  "content": [{"type":"output_text","text":"hi"}]}`)}
+	s.Tokens = session.Tokens{Input: 1, Output: 2, CacheRead: 3, CacheCreation: 4}
+	s.Cost, s.KeepWarmCost = 0.5, 0.25
+	s.KeepWarmTokens = session.Tokens{Input: 1}
+	s.AutoTitle()
+	require.Equal(t, "hello <world> & more", s.Title)
+
+	require.Zero(t, s.Version)
+	require.NoError(t, st.Save(ctx, s))
+	assert.Equal(t, uint64(1), s.Version)
+	got := load(t, st, s.ID)
+	same(t, s, got)
+	assert.Equal(t, uint64(1), got.Version)
+	assert.Equal(t, `{"role":"assistant","content":[{"type":"output_text","text":"hi"}]}`, string(got.Messages[1]), "messages load compact")
+
+	// Saving the loaded copy appends; saving the original again conflicts.
+	got.Messages = append(got.Messages, msg("user", "more"))
+	require.NoError(t, st.Save(ctx, got))
+	assert.Equal(t, uint64(2), got.Version)
+	assert.ErrorIs(t, st.Save(ctx, s), session.ErrConflict)
+	assert.Len(t, load(t, st, s.ID).Messages, 3)
+
+	// Any other change rewrites.
+	got.Messages = got.Messages[1:]
+	require.NoError(t, st.Save(ctx, got))
+	same(t, got, load(t, st, s.ID))
+}
+
+func testModesLoadIdentically(t *testing.T, open Opener) {
+	s := session.New("m", "", "")
+	s.Messages = messages(5, "line")
+	var loaded []*session.Session
+	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
+		st := open(t, session.StoreOptions{Mode: mode, Namespace: namespace()})
+		c := s.Clone()
+		require.NoError(t, st.Save(ctx, c))
+		loaded = append(loaded, load(t, st, s.ID))
+	}
+	same(t, loaded[0], loaded[1])
+	assert.Equal(t, loaded[0].Messages, loaded[1].Messages)
+}
+
+func testNotFound(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	_, err := st.Load(ctx, "no-such-session")
+	assert.ErrorIs(t, err, session.ErrNotFound)
+	assert.Contains(t, err.Error(), "no-such-session")
+}
+
+func testDelete(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	s := session.New("m", "", "")
+	s.Messages = messages(3, "x")
+	require.NoError(t, st.Save(ctx, s))
+	require.NoError(t, st.Delete(ctx, s.ID))
+	_, err := st.Load(ctx, s.ID)
+	assert.ErrorIs(t, err, session.ErrNotFound)
+	require.NoError(t, st.Delete(ctx, s.ID), "deleting a missing session is fine")
+}
+
+func testInvalidInput(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	s := session.New("m", "", "")
+	s.Messages = messages(2, "kept")
+	require.NoError(t, st.Save(ctx, s))
+
+	bad := s.Clone()
+	bad.Messages = append(bad.Messages, json.RawMessage(`{"broken"`))
+	assert.ErrorIs(t, st.Save(ctx, bad), session.ErrInvalid)
+	for _, id := range []string{"", "a{b}", "x\ny", strings.Repeat("x", session.MaxIDBytes+1)} {
+		_, err := st.Load(ctx, id)
+		assert.ErrorIs(t, err, session.ErrInvalid, "id %q", id)
+		assert.ErrorIs(t, st.Delete(ctx, id), session.ErrInvalid)
+	}
+	assert.ErrorIs(t, st.Save(ctx, nil), session.ErrInvalid)
+	same(t, s, load(t, st, s.ID))
+}
+
+func testOneHeadWins(t *testing.T, open Opener) {
+	a, b := open(t, session.StoreOptions{}), open(t, session.StoreOptions{})
+	s := session.New("m", "", "")
+	s.Messages = messages(2, "base")
+	require.NoError(t, a.Save(ctx, s))
+
+	ra, rb := load(t, a, s.ID), load(t, b, s.ID)
+	ra.Messages = append(ra.Messages, msg("assistant", "from replica a"))
+	rb.Messages = append(rb.Messages, msg("assistant", "from replica b"), msg("user", "and more"))
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i, c := range []struct {
+		st session.Store
+		s  *session.Session
+	}{{a, ra}, {b, rb}} {
+		wg.Go(func() { errs[i] = c.st.Save(ctx, c.s) })
+	}
+	wg.Wait()
+	require.True(t, (errs[0] == nil) != (errs[1] == nil), "exactly one save wins: %v", errs)
+	winner, loser := ra, rb
+	if errs[0] != nil {
+		winner, loser = rb, ra
+		require.ErrorIs(t, errs[0], session.ErrConflict)
+	} else {
+		require.ErrorIs(t, errs[1], session.ErrConflict)
+	}
+	got := load(t, b, s.ID)
+	same(t, winner, got)
+	assert.Equal(t, winner.Messages, got.Messages, "byte for byte")
+	assert.NotEqual(t, loser.Messages, got.Messages)
+	assert.Equal(t, uint64(2), got.Version)
+}
+
+func testConcurrentWriters(t *testing.T, open Opener) {
+	const writers, rounds = 8, 1000
+	stores := []session.Store{open(t, session.StoreOptions{}), open(t, session.StoreOptions{})}
+	s := session.New("m", "", "")
+	s.Messages = messages(1, "start")
+	require.NoError(t, stores[0].Save(ctx, s))
+
+	var mu sync.Mutex
+	next := 0
+	take := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		next++
+		return next
+	}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			st := stores[w%len(stores)]
+			for n := take(); n <= rounds; n = take() {
+				for {
+					cur, err := st.Load(ctx, s.ID)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					cur.Messages = append(cur.Messages, msg("user", fmt.Sprintf("update %d", n)))
+					err = st.Save(ctx, cur)
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, session.ErrConflict) {
+						t.Error(err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := load(t, stores[1], s.ID)
+	require.Len(t, got.Messages, rounds+1, "no update was lost")
+	assert.Equal(t, uint64(rounds+1), got.Version)
+	seen := map[string]bool{}
+	for _, m := range got.Messages {
+		seen[string(m)] = true
+	}
+	for n := 1; n <= rounds; n++ {
+		assert.True(t, seen[string(msg("user", fmt.Sprintf("update %d", n)))], "update %d", n)
+	}
+}
+
+func testTTL(t *testing.T, open Opener) {
+	const ttl = 300 * time.Millisecond
+	st := open(t, session.StoreOptions{TTL: ttl})
+	s := session.New("m", "", "")
+	s.Messages = messages(2, "x")
+	start := time.Now()
+	require.NoError(t, st.Save(ctx, s))
+	load(t, st, s.ID)
+	time.Sleep(2*ttl - time.Since(start))
+	_, err := st.Load(ctx, s.ID)
+	assert.ErrorIs(t, err, session.ErrNotFound)
+}
+
+// Seed: context_head_ack_follows_durable_write_and_adoption.
+func testAckFollowsDurableWrite(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	old, candidate := fixture()
+	require.NoError(t, st.Save(ctx, old))
+	candidate.Version = old.Version
+	current := old.Clone()
+	expected, err := json.Marshal(candidate)
+	require.NoError(t, err)
+
+	var head session.ContextHead
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- head.Persist(ctx, func(ctx context.Context, s *session.Session) error {
+			close(started)
+			<-release
+			return st.SaveDurable(ctx, s)
+		}, current, old.ID, candidate)
+	}()
+	<-started
+	select {
+	case err := <-done:
+		t.Fatalf("acknowledged before the write completed: %v", err)
+	default:
+	}
+	assert.True(t, head.IsBlocked(old.ID), "latched while the write is in flight")
+	close(release)
+	require.NoError(t, <-done)
+
+	got, err := json.Marshal(current)
+	require.NoError(t, err)
+	assert.JSONEq(t, string(expected), string(got), "the candidate is adopted")
+	assert.False(t, head.IsBlocked(current.ID))
+	loaded := load(t, st, old.ID)
+	assert.Equal(t, candidate.Messages, loaded.Messages)
+	assert.Equal(t, "host authority", loaded.SystemPrompt)
+	assert.Equal(t, "synthetic-name", loaded.Name)
+	assert.Equal(t, uint64(23), loaded.Tokens.Input)
+	assert.Equal(t, uint64(7), loaded.Tokens.Output)
+	assert.Equal(t, current.AbortContext, loaded.AbortContext)
+}
+
+// Seed: context_head_identity_mismatch_never_writes_or_adopts.
+func testIdentityMismatch(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	old, candidate := fixture()
+	require.NoError(t, st.Save(ctx, old))
+	current := old.Clone()
+	before, err := json.Marshal(current)
+	require.NoError(t, err)
+
+	var head session.ContextHead
+	err = head.Persist(ctx, func(context.Context, *session.Session) error {
+		panic("identity rejection must not reach persistence")
+	}, current, "another-session", candidate)
+	require.ErrorIs(t, err, session.ErrIdentityMismatch)
+	require.ErrorIs(t, err, session.ErrInvalid)
+	after, err := json.Marshal(current)
+	require.NoError(t, err)
+	assert.JSONEq(t, string(before), string(after), "nothing adopted")
+	assert.True(t, head.IsBlocked(old.ID))
+	assert.False(t, head.IsBlocked("new-session"), "the latch is for this session only")
+	same(t, old, load(t, st, old.ID))
+
+	err = head.Persist(ctx, st.SaveDurable, current, old.ID, candidate)
+	assert.ErrorIs(t, err, session.ErrHeadBlocked, "latched until reloaded")
+}
+
+// Seed: cache_totals_survive_save_and_resume.
+func testCacheTotals(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	s := session.New("synthetic-model", "low", "")
+	s.Messages = []json.RawMessage{msg("user", "q")}
+	conv := session.Resume(s, session.Deps{Store: st, Prices: session.Prices{"synthetic-model": {Input: 1, Output: 2, CacheRead: 0.1, CacheWrite5m: 1.25, CacheWrite1h: 2}}})
+	cost, known := conv.AddUsage(session.Usage{Model: "synthetic-model", Input: 120, Output: 40, CacheRead: 85_679, CacheCreation: 6_250})
+	require.True(t, known)
+	assert.InDelta(t, (120*1+40*2+85_679*0.1+6_250*1.25)/1e6, cost, 1e-12)
+	conv.KeepWarmTokens.CacheRead = 4_000
+	conv.KeepWarmTokens.CacheCreation = 9_999 // a stale label, above its total
+	saved, ok := conv.PrepareSave()
+	require.True(t, ok, "a non-empty history saves")
+	assert.Equal(t, uint64(85_679), saved.Tokens.CacheRead)
+	assert.Equal(t, uint64(6_250), saved.Tokens.CacheCreation)
+	wrote, err := conv.Save(ctx)
+	require.NoError(t, err)
+	require.True(t, wrote)
+
+	resumed := session.Resume(load(t, st, s.ID), session.Deps{Store: st})
+	assert.Equal(t, uint64(85_679), resumed.Tokens.CacheRead)
+	assert.Equal(t, uint64(6_250), resumed.Tokens.CacheCreation)
+	assert.Equal(t, uint64(4_000), resumed.KeepWarmTokens.CacheRead)
+	assert.Equal(t, uint64(6_250), resumed.KeepWarmTokens.CacheCreation, "clamped under its total")
+	wire := resumed.Snapshot()
+	assert.Equal(t, uint64(85_679), wire.Tokens.CacheRead)
+	assert.Equal(t, uint64(6_250), wire.Tokens.CacheCreation)
+}
+
+// Seed: from_resumed_migrates_a_legacy_abort_context.
+func testLegacyAbortMigration(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	legacy := session.New("synthetic-model", "low", "")
+	legacy.Messages = []json.RawMessage{msg("user", "do X")}
+	legacy.AbortContext = "(System note — ABORT CONTEXT: …)"
+	require.NoError(t, st.Save(ctx, legacy))
+
+	conv := session.Resume(load(t, st, legacy.ID), session.Deps{Store: st})
+	assert.Empty(t, conv.Session.AbortContext)
+	require.Len(t, conv.Messages, 2)
+	var marker struct{ Role, Content string }
+	require.NoError(t, json.Unmarshal(conv.Messages[1], &marker))
+	assert.Equal(t, session.InterruptionMarker, marker.Content)
+	assert.Equal(t, conv.Session.Messages, conv.Messages)
+
+	again := session.Resume(conv.Session.Clone(), session.Deps{Store: st})
+	assert.Equal(t, conv.Messages, again.Messages, "idempotent")
+	_, err := conv.Save(ctx)
+	require.NoError(t, err)
+	reloaded := session.Resume(load(t, st, legacy.ID), session.Deps{Store: st})
+	assert.Equal(t, conv.Messages, reloaded.Messages, "a saved migration is not repeated")
+}
+
+// Seed: context_head_post_publish_error_is_not_rollback_or_success.
+func testErrorAfterPublication(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	old, candidate := fixture()
+	require.NoError(t, st.Save(ctx, old))
+	candidate.Version = old.Version
+	conv := session.Resume(load(t, st, old.ID), session.Deps{Store: st})
+	expected := candidate.Messages
+
+	err := conv.Head.Persist(ctx, func(ctx context.Context, s *session.Session) error {
+		if err := st.SaveDurable(ctx, s); err != nil {
+			return err
+		}
+		return errors.New("synthetic error after publication")
+	}, conv.Session, old.ID, candidate)
+	require.Error(t, err)
+	assert.True(t, conv.Head.IsBlocked(conv.Session.ID))
+	assert.Equal(t, expected, conv.Session.Messages, "adopted as conservative recovery state")
+	assert.Equal(t, expected, load(t, st, old.ID).Messages)
+
+	// Stale repair data must not be saved over the published head.
+	conv.Messages = []json.RawMessage{msg("user", "stale")}
+	wrote, err := conv.Save(ctx)
+	require.NoError(t, err)
+	assert.False(t, wrote, "a latched head refuses ordinary saves")
+	assert.Equal(t, expected, conv.Session.Messages)
+	assert.Equal(t, expected, load(t, st, old.ID).Messages)
+
+	resumed := session.Resume(load(t, st, old.ID), session.Deps{Store: st})
+	assert.False(t, resumed.Head.IsBlocked(resumed.Session.ID), "reloading clears the latch")
+}
+
+// Seed: context_head_dropped_write_future_latches_without_mutating_old_head.
+func testInterruptedSave(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	old, candidate := fixture()
+	require.NoError(t, st.Save(ctx, old))
+	current := old.Clone()
+	before, err := json.Marshal(current)
+	require.NoError(t, err)
+
+	var head session.ContextHead
+	cctx, cancel := context.WithCancel(ctx)
+	started := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- head.Persist(cctx, func(ctx context.Context, s *session.Session) error {
+			close(started)
+			<-ctx.Done() // the write never happens
+			return ctx.Err()
+		}, current, old.ID, candidate)
+	}()
+	<-started
+	assert.True(t, head.IsBlocked(old.ID), "latched before the write starts")
+	same(t, old, load(t, st, old.ID))
+	after, err := json.Marshal(current)
+	require.NoError(t, err)
+	assert.JSONEq(t, string(before), string(after), "the old head is untouched while the write is in flight")
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	assert.True(t, head.IsBlocked(old.ID), "still latched after the interruption")
+	same(t, old, load(t, st, old.ID))
+}
+
+// clearRecorder records the owners whose continuation is cleared.
+type clearRecorder struct{ owners []identity.Owner }
+
+func (c *clearRecorder) Clear(_ context.Context, o identity.Owner) error {
+	c.owners = append(c.owners, o)
+	return nil
+}
+
+func testClear(t *testing.T, open Opener) {
+	st := open(t, session.StoreOptions{})
+	cleared := &clearRecorder{}
+	conv := session.NewConversation(session.New("model-x", "high", "sys"), session.Deps{Store: st, Continuations: cleared})
+	conv.Messages = messages(2, "hello")
+	conv.AddUsage(session.Usage{Model: "unknown", Input: 10})
+	oldID := conv.Session.ID
+	require.NoError(t, conv.Clear(ctx))
+
+	assert.Len(t, load(t, st, oldID).Messages, 2, "the old session was saved")
+	assert.NotEqual(t, oldID, conv.Session.ID)
+	assert.Equal(t, "model-x", conv.Session.Model)
+	assert.Equal(t, "high", conv.Session.ThinkingLevel)
+	assert.Equal(t, "sys", conv.Session.SystemPrompt)
+	assert.Empty(t, conv.Messages)
+	assert.Zero(t, conv.Tokens)
+	oldOwner, _ := identity.Main(oldID)
+	newOwner, _ := identity.Main(conv.Session.ID)
+	assert.Equal(t, []identity.Owner{oldOwner, newOwner}, cleared.owners)
+}

@@ -1,0 +1,115 @@
+// Package sessiontest is the conformance suite every session store passes:
+// in process, miniredis, real Redis and Redis Cluster.
+package sessiontest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/session"
+)
+
+// Opener returns a store for opts. Each test gives its own fresh
+// Options.Namespace and may open several stores in it (as replicas would):
+// they must share their sessions. The opener cleans the namespace up.
+type Opener func(t *testing.T, opts session.StoreOptions) session.Store
+
+// Run runs every conformance test in both persistence modes.
+func Run(t *testing.T, open Opener) {
+	t.Run("ModesLoadIdentically", func(t *testing.T) { testModesLoadIdentically(t, open) })
+	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
+		t.Run(mode.String(), func(t *testing.T) {
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					ns := namespace()
+					c.run(t, func(t *testing.T, opts session.StoreOptions) session.Store {
+						opts.Namespace, opts.Mode = ns, mode
+						return open(t, opts)
+					})
+				})
+			}
+		})
+	}
+}
+
+var ctx = context.Background()
+
+var cases = []struct {
+	name string
+	run  func(*testing.T, Opener)
+}{
+	{"SaveAndLoadRoundTrip", testRoundTrip},
+	{"MissingSessionIsNotFound", testNotFound},
+	{"DeleteRemovesTheSession", testDelete},
+	{"InvalidInputWritesNothing", testInvalidInput},
+	{"OneOfTwoConcurrentHeadsWins", testOneHeadWins},
+	{"ConcurrentWritersLoseNoUpdate", testConcurrentWriters},
+	{"IdleSessionExpires", testTTL},
+	{"DurableAckFollowsWriteAndAdoption", testAckFollowsDurableWrite},
+	{"IdentityMismatchNeverWritesOrAdopts", testIdentityMismatch},
+	{"CacheTotalsSurviveSaveAndResume", testCacheTotals},
+	{"LegacyAbortMigrationIsIdempotent", testLegacyAbortMigration},
+	{"ErrorAfterPublicationIsNeitherRollbackNorSuccess", testErrorAfterPublication},
+	{"InterruptedSaveLatchesWithoutTouchingTheOldHead", testInterruptedSave},
+	{"ClearStartsAFreshSession", testClear},
+}
+
+func namespace() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "sess-" + hex.EncodeToString(b[:])
+}
+
+func msg(role, text string) json.RawMessage {
+	b, _ := json.Marshal(map[string]string{"role": role, "content": text})
+	return b
+}
+
+// fixture returns a stored-looking session and a candidate head for it, as
+// the seed's context-head tests use.
+func fixture() (old, candidate *session.Session) {
+	old = session.New("synthetic-model", "medium", "host authority")
+	old.ID = "synthetic-context-head-" + namespace()
+	old.Name = "synthetic-name"
+	old.Title = "original title"
+	old.ParentSession = "synthetic-parent"
+	old.Messages = []json.RawMessage{msg("user", "old head")}
+	candidate = old.Clone()
+	candidate.Messages = []json.RawMessage{msg("user", "candidate")}
+	candidate.Tokens.Input = 23
+	candidate.Tokens.Output = 7
+	candidate.Cost = 0.125
+	candidate.AbortContext = "latest synthetic abort context"
+	return old, candidate
+}
+
+// same asserts two sessions hold the same stored fields.
+func same(t testing.TB, want, got *session.Session) {
+	t.Helper()
+	w, err := json.Marshal(want)
+	require.NoError(t, err)
+	g, err := json.Marshal(got)
+	require.NoError(t, err)
+	require.JSONEq(t, string(w), string(g))
+}
+
+func load(t testing.TB, s session.Store, id string) *session.Session {
+	t.Helper()
+	got, err := s.Load(ctx, id)
+	require.NoError(t, err)
+	return got
+}
+
+func messages(n int, prefix string) []json.RawMessage {
+	out := make([]json.RawMessage, n)
+	for i := range out {
+		out[i] = msg("user", fmt.Sprintf("%s %d", prefix, i))
+	}
+	return out
+}
