@@ -56,15 +56,19 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	push := s.Messages
+	from := 0
 	args[1] = "rewrite"
 	if !rewrite && s.Version > 0 && s.saved.extendedBy(s.Messages) {
 		args[1] = "append"
-		push = s.Messages[s.saved.count:]
+		from = s.saved.count
 	}
 	args = append(args, doc, len(s.Messages))
-	for _, m := range push {
-		args = append(args, compactMessage(m))
+	for _, m := range s.Messages[from:] {
+		b, err := compactMessage(m)
+		if err != nil {
+			return nil, invalidMessage(s, from, err)
+		}
+		args = append(args, b)
 	}
 	return args, nil
 }

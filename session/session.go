@@ -184,17 +184,22 @@ func ValidID(id string) error {
 	return nil
 }
 
+// validSession checks what a save needs before encoding; the encoders
+// check the messages (invalidMessage names the first bad one).
 func validSession(s *Session) error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalid)
 	}
-	if err := ValidID(s.ID); err != nil {
-		return err
-	}
-	for i, m := range s.Messages {
+	return ValidID(s.ID)
+}
+
+// invalidMessage returns an error naming the first message of s from index
+// from on that is not valid JSON, or cause when all are.
+func invalidMessage(s *Session, from int, cause error) error {
+	for i, m := range s.Messages[from:] {
 		if !json.Valid(m) {
-			return fmt.Errorf("%w: session %q: message %d is not valid JSON", ErrInvalid, s.ID, i)
+			return fmt.Errorf("%w: session %q: message %d is not valid JSON", ErrInvalid, s.ID, from+i)
 		}
 	}
-	return nil
+	return fmt.Errorf("%w: session %q: %v", ErrInvalid, s.ID, cause)
 }

@@ -104,18 +104,19 @@ func encodeSession(s *Session) ([]byte, error) {
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(s); err != nil {
-		return nil, fmt.Errorf("%w: session %q: %v", ErrInvalid, s.ID, err)
+		return nil, invalidMessage(s, 0, err)
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
-// compactMessage returns m as encodeSession stores it.
-func compactMessage(m json.RawMessage) []byte {
+// compactMessage returns m as encodeSession stores it, or an error when m
+// is not valid JSON.
+func compactMessage(m json.RawMessage) ([]byte, error) {
 	var b bytes.Buffer
-	if json.Compact(&b, m) != nil {
-		return m // validSession refuses invalid messages before this
+	if err := json.Compact(&b, m); err != nil {
+		return nil, err
 	}
-	return b.Bytes()
+	return b.Bytes(), nil
 }
 
 // decodeSession decodes a stored session, naming it when it does not decode.
