@@ -41,6 +41,8 @@ local a = open_partition(KEYS[3])
 redis.call('HSET', KEYS[1],
   'r', ARGV[3], 's', ARGV[4], 'i', ARGV[5],
   'n', ARGV[6], 'd', ARGV[7], 'g', ARGV[8], 'b', ARGV[9])
+-- The reservation's retry answer (reserve.lua) is no longer needed.
+redis.call('HDEL', KEYS[1], 'q', 'x', 'pr', 'ps', 'pi', 'pn', 'pd', 'pg', 'pb')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 touch(a, KEYS[2], KEYS[1], ms, 1, tonumber(ARGV[10]))
 prune(a, KEYS[2], KEYS[1], ms, tonumber(ARGV[2]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]))

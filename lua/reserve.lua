@@ -11,8 +11,13 @@
 --   the partition's sequence + 1,
 --   the server clock in ticks of 1/8 ms since 2025-01-01T00:00:00Z,
 --   the owner's current turn's seq + 1,
--- so tokens keep increasing per owner even when the sequence key is lost.
+-- so tokens keep increasing per owner even when the sequence is lost.
 -- Every number stays below 2^53.
+--
+-- A client may send the same call twice (go-redis retries a command whose
+-- reply timed out). The fresh state keeps the call's nonce and its answer
+-- until the turn records, so a second run with the same nonce returns the
+-- first run's answer instead of consuming the owner's state again.
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
@@ -24,6 +29,7 @@
 -- ARGV[5]  the partition's owner limit
 -- ARGV[6]  the partition's stored-bytes limit
 -- ARGV[7]  most evictions this call may make
+-- ARGV[8]  the call's nonce (hex string)
 --
 -- Reply: array
 --   [1] the new turn token, decimal string
@@ -44,7 +50,12 @@ local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ticks = (tonumber(t[1]) - EPOCH_S) * 1000 * TICKS_PER_MS
   + math.floor(tonumber(t[2]) * TICKS_PER_MS / 1000)
 
-local old = redis.call('HMGET', KEYS[1], 't', 'r', 's', 'i', 'n', 'd', 'g', 'b')
+local old = redis.call('HMGET', KEYS[1], 't', 'r', 's', 'i', 'n', 'd', 'g', 'b',
+  'q', 'x', 'pr', 'ps', 'pi', 'pn', 'pd', 'pg', 'pb')
+if old[9] == ARGV[8] then
+  -- A repeated call: answer as the first run did.
+  return {old[1], tonumber(old[10]), 0, old[11], old[12], old[13], old[14], old[15], old[16], old[17]}
+end
 local parts = tonumber(ARGV[2])
 local a = open_partition(KEYS[3])
 
@@ -62,8 +73,15 @@ local turn_s = fmt(turn)
 a.seq = seq
 a.changed = true
 
+local existed = 0
+if old[1] then existed = 1 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 't', turn_s)
+if old[2] then
+  redis.call('HSET', KEYS[1], 't', turn_s, 'q', ARGV[8], 'x', existed,
+    'pr', old[2], 'ps', old[3], 'pi', old[4], 'pn', old[5], 'pd', old[6], 'pg', old[7], 'pb', old[8])
+else
+  redis.call('HSET', KEYS[1], 't', turn_s, 'q', ARGV[8], 'x', existed)
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 if touch(a, KEYS[2], KEYS[1], ms, 0, tonumber(ARGV[4])) and not old[1] then
   count_eviction(a, 'ttl') -- it had expired before anything pruned it
@@ -71,6 +89,4 @@ end
 prune(a, KEYS[2], KEYS[1], ms, tonumber(ARGV[1]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
 local evicted = close_partition(a)
 
-local existed = 0
-if old[1] then existed = 1 end
 return {turn_s, existed, evicted, old[2], old[3], old[4], old[5], old[6], old[7], old[8]}

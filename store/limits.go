@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"errors"
+
+	"github.com/contstore/contstore/identity"
 )
 
 // evictionBudget bounds the evictions one operation makes, so no script
@@ -65,6 +67,8 @@ type Stats struct {
 	// MaxTotalBytes.
 	OwnerLimit int
 	ByteLimit  int64
+	// Breaker is this store's circuit breaker.
+	Breaker BreakerStatus
 }
 
 // SweepResult says what Sweep evicted.
@@ -79,11 +83,11 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	var out SweepResult
 	for p := range s.opts.Partitions {
 		for {
-			pctx, cancel := s.opContext(ctx)
-			ev, err := s.backend.prune(pctx, p)
-			cancel()
+			ev, err := run(ctx, s, OpSweep, identity.Owner{}, func(ctx context.Context) (Evictions, error) {
+				return s.backend.prune(ctx, p)
+			})
 			if err != nil {
-				return out, unavailable("sweep", err)
+				return out, err
 			}
 			out.Evicted.add(ev)
 			if ev.Total() < evictionBudget {
@@ -96,13 +100,11 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 
 // Stats reads every partition's counters.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	parts, err := s.backend.stats(ctx)
+	parts, err := run(ctx, s, OpStats, identity.Owner{}, s.backend.stats)
 	if err != nil {
-		return Stats{}, unavailable("stats", err)
+		return Stats{}, err
 	}
-	st := Stats{Partitions: parts, OwnerLimit: s.opts.partitionOwners(), ByteLimit: s.opts.partitionBytes()}
+	st := Stats{Partitions: parts, OwnerLimit: s.opts.partitionOwners(), ByteLimit: s.opts.partitionBytes(), Breaker: s.Breaker()}
 	for _, p := range parts {
 		st.Total.add(p)
 	}

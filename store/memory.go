@@ -14,7 +14,7 @@ import (
 // Options.Now. It suits a single gateway replica and is the reference model
 // of the Redis backend. Eviction costs O(log n) per state.
 func NewMemory(opts Options) (*Store, error) {
-	return newStore(opts, func(o Options) (backend, error) {
+	return newStore(opts, true, func(o Options) (backend, error) {
 		m := &memory{opts: o, parts: make([]memPartition, o.Partitions)}
 		for i := range m.parts {
 			m.parts[i].owners = make(map[identity.Owner]*memOwner)
@@ -123,7 +123,7 @@ func (m *memory) pruneOne(p *memPartition, keep *memOwner, now time.Time) Evicti
 	return ev
 }
 
-func (m *memory) reserve(_ context.Context, owner identity.Owner, size int64) (reserved, error) {
+func (m *memory) reserve(_ context.Context, owner identity.Owner, size int64, _ uint64) (reserved, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.opts.Now()
@@ -146,20 +146,20 @@ func (m *memory) reserve(_ context.Context, owner identity.Owner, size int64) (r
 	return got, nil
 }
 
-func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (Outcome, int, error) {
+func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (published, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.opts.Now()
 	p, st := m.live(owner, now)
 	switch {
 	case st == nil:
-		return OutcomeGone, 0, nil
+		return published{Outcome: OutcomeGone}, nil
 	case st.turn != turn:
-		return OutcomeStale, 0, nil
+		return published{Outcome: OutcomeStale}, nil
 	}
 	st.cont = &c
 	p.touch(st, packScore(now, true, size))
-	return OutcomePublished, int(m.pruneOne(p, st, now).Total()), nil
+	return published{Outcome: OutcomePublished, Evicted: int(m.pruneOne(p, st, now).Total())}, nil
 }
 
 func (m *memory) abort(_ context.Context, owner identity.Owner, turn Turn) (bool, error) {

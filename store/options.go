@@ -23,6 +23,9 @@ const (
 	DefaultMaxOwnerBytes = 2_000_000
 	DefaultMaxTotalBytes = 20_000_000
 	DefaultOpTimeout     = 200 * time.Millisecond
+
+	DefaultBreakerFailures = 5
+	DefaultBreakerCooldown = time.Second
 )
 
 // Limits on options.
@@ -61,9 +64,19 @@ type Options struct {
 	Replica string
 	// OpTimeout bounds each operation. Default 200ms.
 	OpTimeout time.Duration
-	// Now is the clock of the in-process backend. Default time.Now. The
-	// Redis backend always uses the server's clock.
+	// Now is the clock of the in-process backend and of the circuit
+	// breaker. Default time.Now. The Redis backend's state always uses the
+	// server's clock.
 	Now func() time.Time
+	// BreakerFailures is how many consecutive failed operations open the
+	// circuit breaker; while open, operations fail at once (Reserve fails
+	// open) without calling Redis. Default 5; -1 disables the breaker.
+	BreakerFailures int
+	// BreakerCooldown is how long the breaker stays open before it lets one
+	// probe operation through. Default 1s.
+	BreakerCooldown time.Duration
+	// Observer, when set, sees every operation and breaker change.
+	Observer Observer
 }
 
 // withDefaults returns o with defaults filled in, or an error naming the
@@ -81,6 +94,8 @@ func (o Options) withDefaults() (Options, error) {
 	setDefault(&o.MaxOwnerBytes, DefaultMaxOwnerBytes)
 	setDefault(&o.MaxTotalBytes, DefaultMaxTotalBytes)
 	setDefault(&o.OpTimeout, DefaultOpTimeout)
+	setDefault(&o.BreakerFailures, DefaultBreakerFailures)
+	setDefault(&o.BreakerCooldown, DefaultBreakerCooldown)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -100,6 +115,13 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: MaxTotalBytes is %d, want at least Partitions (%d)", ErrInvalidOptions, o.MaxTotalBytes, o.Partitions)
 	case o.OpTimeout <= 0:
 		return o, fmt.Errorf("%w: OpTimeout is %v, want more than 0", ErrInvalidOptions, o.OpTimeout)
+	case o.BreakerFailures < -1:
+		return o, fmt.Errorf("%w: BreakerFailures is %d, want -1 (off) or more than 0", ErrInvalidOptions, o.BreakerFailures)
+	case o.BreakerCooldown < 0:
+		return o, fmt.Errorf("%w: BreakerCooldown is %v, want at least 0", ErrInvalidOptions, o.BreakerCooldown)
+	}
+	if o.BreakerFailures == -1 {
+		o.BreakerFailures = 0 // the breaker never opens
 	}
 	if err := validText("Replica", o.Replica, maxReplicaBytes); err != nil {
 		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)

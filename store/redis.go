@@ -27,12 +27,18 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
 	}
-	return newStore(opts, func(o Options) (backend, error) {
+	return newStore(opts, false, func(o Options) (backend, error) {
 		r := &redisBackend{client: client, opts: o, keys: keyspace{ns: o.Namespace}}
 		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
 		defer cancel()
-		if err := r.checkSchema(ctx); errors.Is(err, ErrSchemaMismatch) {
-			return nil, err
+		checked := make(chan error, 1)
+		go func() { checked <- r.checkSchema(ctx) }() // bounded even if the client ignores ctx
+		select {
+		case err := <-checked:
+			if errors.Is(err, ErrSchemaMismatch) {
+				return nil, err
+			}
+		case <-ctx.Done():
 		}
 		return r, nil
 	})
@@ -88,9 +94,10 @@ func (r *redisBackend) limits() []any {
 
 func (r *redisBackend) ttlMillis() int64 { return r.opts.TTL.Milliseconds() }
 
-func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size int64) (reserved, error) {
+func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size int64, nonce uint64) (reserved, error) {
 	p, state, lru, part := r.ownerKeys(owner)
 	args := append([]any{r.ttlMillis(), r.opts.Partitions, p, size}, r.limits()...)
+	args = append(args, strconv.FormatUint(nonce, 16))
 	reply, err := r.run(ctx, lua.Reserve, []string{state, lru, part}, args...).Slice()
 	if err != nil {
 		return reserved{}, err
@@ -98,7 +105,7 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size i
 	return decodeReserve(reply)
 }
 
-func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (Outcome, int, error) {
+func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (published, error) {
 	_, state, lru, part := r.ownerKeys(owner)
 	args := append([]any{turn.String(), r.ttlMillis(), c.ResponseID, c.Origin.Replica,
 		strconv.FormatUint(c.Origin.ID, 10), c.Transcript.Items,
@@ -106,7 +113,7 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 		c.Transcript.Bytes, size}, r.limits()...)
 	reply, err := r.run(ctx, lua.Record, []string{state, lru, part}, args...).Slice()
 	if err != nil {
-		return "", 0, err
+		return published{}, err
 	}
 	return decodeRecord(reply)
 }
@@ -241,19 +248,19 @@ func decodeReserve(reply []any) (reserved, error) {
 }
 
 // decodeRecord decodes the reply of lua/record.lua.
-func decodeRecord(reply []any) (Outcome, int, error) {
+func decodeRecord(reply []any) (published, error) {
 	if len(reply) != 2 {
-		return "", 0, fmt.Errorf("%w: record: %d elements, want 2", errBadReply, len(reply))
+		return published{}, fmt.Errorf("%w: record: %d elements, want 2", errBadReply, len(reply))
 	}
 	status, ok1 := reply[0].(string)
 	evicted, ok2 := reply[1].(int64)
 	switch o := Outcome(status); {
 	case !ok1 || !ok2 || evicted < 0:
-		return "", 0, fmt.Errorf("%w: record: %v", errBadReply, reply)
+		return published{}, fmt.Errorf("%w: record: %v", errBadReply, reply)
 	case o == OutcomePublished || o == OutcomeStale || o == OutcomeGone:
-		return o, int(evicted), nil
+		return published{Outcome: o, Evicted: int(evicted)}, nil
 	default:
-		return "", 0, fmt.Errorf("%w: record: unexpected status %q", errBadReply, status)
+		return published{}, fmt.Errorf("%w: record: unexpected status %q", errBadReply, status)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -156,6 +157,8 @@ func (st *State) setContinuation(c continuation) {
 type Store struct {
 	opts    Options
 	backend backend
+	breaker *breaker
+	inline  bool // the backend never blocks: no goroutine per call
 }
 
 // continuation is what a published turn leaves for the next one.
@@ -176,11 +179,19 @@ type reserved struct {
 	Evicted int
 }
 
+// published is what a backend's publish returns.
+type published struct {
+	Outcome Outcome
+	Evicted int
+}
+
 // backend is one storage of owner states with the store's semantics: the
-// in-process model (memory.go) and Redis (redis.go).
+// in-process model (memory.go) and Redis (redis.go). reserve takes a nonce
+// that names the call: run twice with the same nonce (a client's retry), it
+// answers the first run's answer again.
 type backend interface {
-	reserve(ctx context.Context, owner identity.Owner, size int64) (reserved, error)
-	publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (Outcome, int, error)
+	reserve(ctx context.Context, owner identity.Owner, size int64, nonce uint64) (reserved, error)
+	publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (published, error)
 	abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error)
 	isCurrent(ctx context.Context, owner identity.Owner, turn Turn) (bool, error)
 	clear(ctx context.Context, owner identity.Owner) (bool, error)
@@ -190,7 +201,7 @@ type backend interface {
 	audit(ctx context.Context) (Audit, error)
 }
 
-func newStore(opts Options, open func(Options) (backend, error)) (*Store, error) {
+func newStore(opts Options, inline bool, open func(Options) (backend, error)) (*Store, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -199,29 +210,36 @@ func newStore(opts Options, open func(Options) (backend, error)) (*Store, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, backend: b}, nil
+	return &Store{opts: opts, backend: b, inline: inline,
+		breaker: newBreaker(opts.BreakerFailures, opts.BreakerCooldown, opts.Now)}, nil
 }
 
-// WithReplica returns a store that shares s's state and options but names
-// replica as the origin of responses recorded without one. It lets one
-// process host several gateway replicas over one in-process backend.
+// WithReplica returns a store that shares s's state, options and circuit
+// breaker but names replica as the origin of responses recorded without
+// one. It lets one process host several gateway replicas over one
+// in-process backend.
 func (s *Store) WithReplica(replica string) *Store {
-	opts := s.opts
-	opts.Replica = replica
+	c := *s
+	c.opts.Replica = replica
 	if replica == "" {
-		opts.Replica = randomReplica()
+		c.opts.Replica = randomReplica()
 	}
-	return &Store{opts: opts, backend: s.backend}
+	return &c
 }
 
 // Options returns the store's options with defaults filled in.
 func (s *Store) Options() Options { return s.opts }
 
+// Breaker returns the circuit breaker's status.
+func (s *Store) Breaker() BreakerStatus { return s.breaker.snapshot() }
+
 // Reserve reserves a new turn for owner and says whether req may continue
 // the owner's previous turn. It consumes the owner's continuation whatever
-// the answer. It never fails: a store failure gives ReasonStoreUnavailable
-// with Err set and no turn. A nil req counts as an empty request.
+// the answer. It never fails and returns within OpTimeout: a store failure
+// gives ReasonStoreUnavailable with Err set and no turn. A nil req counts as
+// an empty request.
 func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request) *Reservation {
+	start := time.Now()
 	res := &Reservation{Owner: owner, DeltaCount: req.Len(), inputLen: req.Len()}
 	switch {
 	case s.opts.Disabled:
@@ -231,12 +249,14 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request)
 		res.Reason = ReasonMissingIdentity
 		return res
 	}
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	got, err := s.backend.reserve(ctx, owner, freshStateBytes(owner))
+	nonce := rand.Uint64()
+	got, err := call(ctx, s, func(ctx context.Context) (reserved, error) {
+		return s.backend.reserve(ctx, owner, freshStateBytes(owner), nonce)
+	})
 	if err != nil {
 		res.Reason = ReasonStoreUnavailable
 		res.Err = unavailable("reserve", err)
+		s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Err: res.Err}, start)
 		return res
 	}
 	res.Turn = got.Turn
@@ -259,6 +279,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request)
 		res.Delta = req.Input()[prev.Transcript.Items:]
 		res.DeltaCount = len(res.Delta)
 	}
+	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
 	return res
 }
 
@@ -271,6 +292,7 @@ func (s *Store) Record(ctx context.Context, res *Reservation, req *Request, out 
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return OutcomeIgnored, nil
 	}
+	start := time.Now()
 	if out.Socket.Replica == "" {
 		out.Socket.Replica = s.opts.Replica
 	}
@@ -281,20 +303,24 @@ func (s *Store) Record(ctx context.Context, res *Reservation, req *Request, out 
 	if err != nil {
 		return "", err
 	}
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
+	var got published
 	if out.ResponseID == "" || out.Socket.ID == 0 || fp.Bytes > s.opts.MaxOwnerBytes {
-		if _, err := s.backend.abort(ctx, res.Owner, res.Turn); err != nil {
-			return "", unavailable("record", err)
-		}
-		return OutcomeDropped, nil
+		got.Outcome = OutcomeDropped
+		_, err = call(ctx, s, func(ctx context.Context) (bool, error) {
+			return s.backend.abort(ctx, res.Owner, res.Turn)
+		})
+	} else {
+		c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
+		got, err = call(ctx, s, func(ctx context.Context) (published, error) {
+			return s.backend.publish(ctx, res.Owner, res.Turn, c, publishedStateBytes(res.Owner, c))
+		})
 	}
-	c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
-	outcome, _, err := s.backend.publish(ctx, res.Owner, res.Turn, c, publishedStateBytes(res.Owner, c))
 	if err != nil {
-		return "", unavailable("record", err)
+		err = unavailable("record", err)
+		got.Outcome = ""
 	}
-	return outcome, nil
+	s.observe(Event{Op: OpRecord, Owner: res.Owner, Outcome: got.Outcome, Err: err, Evicted: got.Evicted}, start)
+	return got.Outcome, err
 }
 
 // Abort removes the owner's state if res is still its current turn, and
@@ -303,13 +329,9 @@ func (s *Store) Abort(ctx context.Context, res *Reservation) (bool, error) {
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return false, nil
 	}
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	ok, err := s.backend.abort(ctx, res.Owner, res.Turn)
-	if err != nil {
-		return false, unavailable("abort", err)
-	}
-	return ok, nil
+	return run(ctx, s, OpAbort, res.Owner, func(ctx context.Context) (bool, error) {
+		return s.backend.abort(ctx, res.Owner, res.Turn)
+	})
 }
 
 // IsCurrent reports whether res is still its owner's current turn. The
@@ -318,13 +340,9 @@ func (s *Store) IsCurrent(ctx context.Context, res *Reservation) (bool, error) {
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return false, nil
 	}
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	ok, err := s.backend.isCurrent(ctx, res.Owner, res.Turn)
-	if err != nil {
-		return false, unavailable("is-current", err)
-	}
-	return ok, nil
+	return run(ctx, s, OpIsCurrent, res.Owner, func(ctx context.Context) (bool, error) {
+		return s.backend.isCurrent(ctx, res.Owner, res.Turn)
+	})
 }
 
 // Clear removes the owner's state whatever its turn. Clearing the zero
@@ -333,12 +351,10 @@ func (s *Store) Clear(ctx context.Context, owner identity.Owner) error {
 	if owner.IsZero() {
 		return nil
 	}
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	if _, err := s.backend.clear(ctx, owner); err != nil {
-		return unavailable("clear", err)
-	}
-	return nil
+	_, err := run(ctx, s, OpClear, owner, func(ctx context.Context) (bool, error) {
+		return s.backend.clear(ctx, owner)
+	})
+	return err
 }
 
 // Inspect reads the owner's state without changing it, for operators and
@@ -347,17 +363,21 @@ func (s *Store) Inspect(ctx context.Context, owner identity.Owner) (State, error
 	if owner.IsZero() {
 		return State{}, nil
 	}
-	ctx, cancel := s.opContext(ctx)
-	defer cancel()
-	st, err := s.backend.inspect(ctx, owner)
-	if err != nil {
-		return State{}, unavailable("inspect", err)
-	}
-	return st, nil
+	return run(ctx, s, OpInspect, owner, func(ctx context.Context) (State, error) {
+		return s.backend.inspect(ctx, owner)
+	})
 }
 
-func (s *Store) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.opts.OpTimeout)
+// run is call for the operations whose event carries no decision: it wraps
+// errors in ErrUnavailable and reports the event.
+func run[T any](ctx context.Context, s *Store, op Op, owner identity.Owner, fn func(context.Context) (T, error)) (T, error) {
+	start := time.Now()
+	v, err := call(ctx, s, fn)
+	if err != nil {
+		err = unavailable(string(op), err)
+	}
+	s.observe(Event{Op: op, Owner: owner, Err: err}, start)
+	return v, err
 }
 
 func unavailable(op string, err error) error {

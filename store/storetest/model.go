@@ -180,7 +180,8 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 			rt.Fatal(err1, err2)
 		}
 		eq("sweep", ms, ss)
-		eq("stats after sweep", stats(model), stats(sut))
+		ms2, ss2 := stats(model), stats(sut)
+		eq("stats after sweep", ms2.Partitions, ss2.Partitions)
 		for _, s := range []*store.Store{model, sut} {
 			a, err := s.Audit(ctx)
 			if err != nil {

@@ -1,0 +1,197 @@
+package store_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store"
+)
+
+// blackHole accepts connections and never answers, as a Redis behind a
+// dead network path looks to a client. It returns a client for it, closed
+// when the test ends after the black hole drops its connections (so the
+// client's blocked reads end at once).
+func blackHole(t *testing.T, opts redis.Options) *redis.Client {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	opts.Addr = l.Addr().String()
+	client := redis.NewClient(&opts)
+	t.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		_ = client.Close()
+	})
+	return client
+}
+
+// recorder is an Observer that keeps what it sees.
+type recorder struct {
+	mu       sync.Mutex
+	events   []store.Event
+	breakers []store.BreakerState
+}
+
+func (r *recorder) Observe(e store.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recorder) BreakerChanged(s store.BreakerStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.breakers = append(r.breakers, s.State)
+}
+
+func (r *recorder) states() []store.BreakerState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]store.BreakerState(nil), r.breakers...)
+}
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// A client configured against every recommendation (no context deadlines,
+// a 10s read timeout, retries) cannot hold a Reserve past OpTimeout; after
+// five failures the breaker answers at once, then lets a probe through.
+func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
+	c := blackHole(t, redis.Options{ContextTimeoutEnabled: false,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 3, DialTimeout: 10 * time.Second})
+	obs := &recorder{}
+	clk := &clock{now: time.Now()}
+	const opTimeout = 100 * time.Millisecond
+	s, err := store.NewRedis(c, store.Options{OpTimeout: opTimeout, Observer: obs, Now: clk.Now})
+	require.NoError(t, err, "Redis not answering does not stop a gateway from starting")
+	owner, _ := identity.Main("s")
+	r, err := store.ParseRequest([]byte(`{"input":["a","b","c"]}`))
+	require.NoError(t, err)
+
+	for i := range 5 {
+		start := time.Now()
+		res := s.Reserve(context.Background(), owner, r)
+		elapsed := time.Since(start)
+		assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
+		assert.ErrorIs(t, res.Err, store.ErrUnavailable)
+		assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+		assert.Equal(t, 3, res.DeltaCount)
+		assert.Less(t, elapsed, opTimeout+150*time.Millisecond, "call %d took %v", i, elapsed)
+	}
+	assert.Equal(t, []store.BreakerState{store.BreakerOpen}, obs.states())
+	assert.Equal(t, store.BreakerOpen, s.Breaker().State)
+
+	start := time.Now()
+	res := s.Reserve(context.Background(), owner, r)
+	assert.Less(t, time.Since(start), 20*time.Millisecond, "an open breaker answers at once")
+	assert.ErrorIs(t, res.Err, store.ErrBreakerOpen)
+	_, err = s.Inspect(context.Background(), owner)
+	assert.ErrorIs(t, err, store.ErrBreakerOpen)
+
+	clk.Add(time.Second) // the cooldown: one probe goes through, fails, reopens
+	res = s.Reserve(context.Background(), owner, r)
+	assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerOpen}, obs.states())
+	assert.Equal(t, int64(2), s.Breaker().Opens)
+
+	var reserves int
+	for _, e := range obs.events {
+		if e.Op == store.OpReserve {
+			reserves++
+			assert.Equal(t, store.ReasonStoreUnavailable, e.Reason)
+			assert.Error(t, e.Err)
+		}
+	}
+	assert.Equal(t, 7, reserves, "the observer saw every reservation")
+}
+
+// Once Redis answers again, the probe closes the breaker.
+func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	obs := &recorder{}
+	clk := &clock{now: time.Now()}
+	s, err := store.NewRedis(c, store.Options{OpTimeout: 100 * time.Millisecond, Observer: obs, Now: clk.Now, BreakerFailures: 2})
+	require.NoError(t, err)
+	owner, _ := identity.Main("s")
+	ctx := context.Background()
+
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	for range 2 {
+		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
+	}
+	assert.Equal(t, store.BreakerOpen, s.Breaker().State)
+	mr.SetError("")
+	assert.ErrorIs(t, s.Reserve(ctx, owner, nil).Err, store.ErrBreakerOpen, "still cooling down")
+	clk.Add(time.Second)
+	assert.Equal(t, store.ReasonMissingState, s.Reserve(ctx, owner, nil).Reason, "the probe reaches Redis")
+	assert.Equal(t, store.BreakerClosed, s.Breaker().State)
+	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerClosed}, obs.states())
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, store.BreakerClosed, st.Breaker.State)
+	assert.Equal(t, int64(1), st.Breaker.Opens)
+}
+
+// A caller that cancels its own context does not count against Redis.
+func TestCallerCancellationDoesNotOpenTheBreaker(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	s, err := store.NewRedis(c, store.Options{BreakerFailures: 1})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	owner, _ := identity.Main("s")
+	for range 3 {
+		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
+	}
+	assert.Equal(t, store.BreakerClosed, s.Breaker().State)
+}
+
+func TestBreakerCanBeTurnedOff(t *testing.T) {
+	c := blackHole(t, redis.Options{MaxRetries: -1})
+	s, err := store.NewRedis(c, store.Options{OpTimeout: 20 * time.Millisecond, BreakerFailures: -1})
+	require.NoError(t, err)
+	owner, _ := identity.Main("s")
+	for range 8 {
+		assert.ErrorIs(t, s.Reserve(context.Background(), owner, nil).Err, context.DeadlineExceeded)
+	}
+	assert.Equal(t, store.BreakerClosed, s.Breaker().State)
+}

@@ -1,0 +1,230 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/contstore/contstore/identity"
+)
+
+// ErrBreakerOpen is wrapped (with ErrUnavailable) by operations refused
+// while the circuit breaker is open.
+var ErrBreakerOpen = errors.New("store: circuit breaker open")
+
+// Op names a store operation, as observers see it.
+type Op string
+
+// Operations.
+const (
+	OpReserve   Op = "reserve"
+	OpRecord    Op = "record"
+	OpAbort     Op = "abort"
+	OpIsCurrent Op = "is_current"
+	OpClear     Op = "clear"
+	OpInspect   Op = "inspect"
+	OpSweep     Op = "sweep"
+	OpStats     Op = "stats"
+)
+
+// Event describes one finished operation.
+type Event struct {
+	Op    Op
+	Owner identity.Owner
+	// Reason is Reserve's answer; Outcome is Record's.
+	Reason  Reason
+	Outcome Outcome
+	// Latency is the operation's duration as the caller saw it.
+	Latency time.Duration
+	// Err is the operation's error (for Reserve, the error behind
+	// ReasonStoreUnavailable).
+	Err error
+	// Evicted counts the owners the operation evicted.
+	Evicted int
+}
+
+// Observer sees every operation and every change of the circuit breaker.
+// Its methods are called synchronously after the operation, outside any
+// lock of the store: they must be fast and safe for concurrent use.
+type Observer interface {
+	Observe(Event)
+	BreakerChanged(BreakerStatus)
+}
+
+// BreakerState is the state of the circuit breaker.
+type BreakerState string
+
+// Breaker states.
+const (
+	// BreakerClosed: operations reach the backend.
+	BreakerClosed BreakerState = "closed"
+	// BreakerOpen: operations fail at once with ErrBreakerOpen.
+	BreakerOpen BreakerState = "open"
+	// BreakerHalfOpen: one probe operation may reach the backend; its
+	// result closes or reopens the breaker.
+	BreakerHalfOpen BreakerState = "half_open"
+)
+
+// BreakerStatus describes the circuit breaker.
+type BreakerStatus struct {
+	State BreakerState
+	// ConsecutiveFailures counts failures since the last success.
+	ConsecutiveFailures int
+	// Opens counts how often the breaker opened since the store started.
+	Opens int64
+	// Since is when the breaker entered State.
+	Since time.Time
+}
+
+// breaker stops calling a failing backend: after threshold consecutive
+// failures it opens for cooldown, then lets one probe through.
+type breaker struct {
+	threshold int // 0: never opens
+	cooldown  time.Duration
+	now       func() time.Time
+
+	mu      sync.Mutex
+	status  BreakerStatus
+	probing bool
+}
+
+func newBreaker(threshold int, cooldown time.Duration, now func() time.Time) *breaker {
+	return &breaker{threshold: threshold, cooldown: cooldown, now: now,
+		status: BreakerStatus{State: BreakerClosed, Since: now()}}
+}
+
+// allow reports whether an operation may reach the backend, and the new
+// status when that changed it.
+func (b *breaker) allow() (bool, *BreakerStatus) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch b.status.State {
+	case BreakerOpen:
+		if b.now().Sub(b.status.Since) < b.cooldown {
+			return false, nil
+		}
+		b.set(BreakerHalfOpen)
+		b.probing = true
+		st := b.status
+		return true, &st
+	case BreakerHalfOpen:
+		if b.probing {
+			return false, nil
+		}
+		b.probing = true
+	}
+	return true, nil
+}
+
+// outcome is what an operation tells the breaker.
+type outcome int
+
+const (
+	succeeded outcome = iota
+	failed
+	abandoned // the caller gave up first: says nothing about the backend
+)
+
+// done records an operation's outcome and returns the new status when it
+// changed.
+func (b *breaker) done(o outcome) *BreakerStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing = false
+	if o == abandoned {
+		return nil
+	}
+	before := b.status.State
+	if o == succeeded {
+		b.status.ConsecutiveFailures = 0
+		if before != BreakerClosed {
+			b.set(BreakerClosed)
+		}
+	} else {
+		b.status.ConsecutiveFailures++
+		if b.threshold > 0 && (before == BreakerHalfOpen || (before == BreakerClosed && b.status.ConsecutiveFailures >= b.threshold)) {
+			b.set(BreakerOpen)
+			b.status.Opens++
+		}
+	}
+	if b.status.State == before {
+		return nil
+	}
+	st := b.status
+	return &st
+}
+
+func (b *breaker) set(s BreakerState) {
+	b.status.State = s
+	b.status.Since = b.now()
+}
+
+func (b *breaker) snapshot() BreakerStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.status
+}
+
+// call runs fn against the backend through the breaker, and returns within
+// OpTimeout whatever fn does: on Redis, fn runs on its own goroutine, so a
+// client that ignores context deadlines (go-redis without
+// ContextTimeoutEnabled) or retries cannot hold the caller; the goroutine
+// finishes in the background.
+func call[T any](ctx context.Context, s *Store, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	ok, changed := s.breaker.allow()
+	s.notifyBreaker(changed)
+	if !ok {
+		return zero, ErrBreakerOpen
+	}
+	opCtx, cancel := context.WithTimeout(ctx, s.opts.OpTimeout)
+	defer cancel()
+	type result struct {
+		v   T
+		err error
+	}
+	var r result
+	if s.inline {
+		r.v, r.err = fn(opCtx)
+	} else {
+		done := make(chan result, 1)
+		go func() {
+			v, err := fn(opCtx)
+			done <- result{v, err}
+		}()
+		select {
+		case r = <-done:
+		case <-opCtx.Done():
+			select {
+			case r = <-done:
+			default:
+				r = result{zero, fmt.Errorf("no answer within %v: %w", s.opts.OpTimeout, opCtx.Err())}
+			}
+		}
+	}
+	o := succeeded
+	switch {
+	case r.err != nil && ctx.Err() != nil:
+		o = abandoned
+	case r.err != nil:
+		o = failed
+	}
+	s.notifyBreaker(s.breaker.done(o))
+	return r.v, r.err
+}
+
+func (s *Store) notifyBreaker(st *BreakerStatus) {
+	if st != nil && s.opts.Observer != nil {
+		s.opts.Observer.BreakerChanged(*st)
+	}
+}
+
+// observe reports a finished operation.
+func (s *Store) observe(ev Event, start time.Time) {
+	if s.opts.Observer != nil {
+		ev.Latency = time.Since(start)
+		s.opts.Observer.Observe(ev)
+	}
+}
