@@ -24,7 +24,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -34,6 +33,9 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/internal/embedded"
+	"github.com/contstore/contstore/internal/rediskeys"
 )
 
 // Names of the environment variables read by this package.
@@ -245,101 +247,14 @@ func CleanupNamespace(t testing.TB, c redis.UniversalClient, ns string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		if err := deletePrefix(ctx, c, ns); err != nil {
+		if err := rediskeys.DeletePrefix(ctx, c, ns); err != nil {
 			t.Errorf("deleting keys of namespace %q: %v", ns, err)
 		}
 	})
 }
 
-// deletePrefix removes all keys starting with prefix.
-func deletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) error {
-	pattern := escapeGlob(prefix) + "*"
-	switch cc := c.(type) {
-	case *redis.ClusterClient:
-		return cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-			return deleteMatching(ctx, n, pattern)
-		})
-	case *redis.Ring:
-		return cc.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-			return deleteMatching(ctx, n, pattern)
-		})
-	default:
-		return deleteMatching(ctx, c, pattern)
-	}
-}
-
-// deleteMatching scans one server for pattern and unlinks what it finds.
-// Keys are unlinked one per command (pipelined) because on a cluster node a
-// single multi-key UNLINK over different slots is refused with CROSSSLOT.
-func deleteMatching(ctx context.Context, c redis.Cmdable, pattern string) error {
-	var cursor uint64
-	for {
-		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return fmt.Errorf("SCAN MATCH %s: %w", pattern, err)
-		}
-		if len(keys) > 0 {
-			cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			if err != nil {
-				var errs []error
-				for _, cmd := range cmds {
-					if cmd.Err() != nil {
-						errs = append(errs, cmd.Err())
-					}
-				}
-				if len(errs) == 0 {
-					errs = append(errs, err)
-				}
-				return fmt.Errorf("UNLINK: %w", errors.Join(errs...))
-			}
-		}
-		cursor = next
-		if cursor == 0 {
-			return nil
-		}
-	}
-}
-
-// escapeGlob quotes the characters that are special in a Redis MATCH pattern.
-func escapeGlob(s string) string {
-	var sb strings.Builder
-	for _, r := range s {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			sb.WriteByte('\\')
-		}
-		sb.WriteRune(r)
-	}
-	return sb.String()
-}
-
 // FollowRealTime keeps a miniredis clock (TIME and key expiry) moving with
-// the wall clock, as a real server's does: miniredis only expires keys when
-// told to with FastForward. It stops when the test ends.
+// the wall clock, as a real server's does, until the test ends.
 func FollowRealTime(t testing.TB, mr *miniredis.Miniredis) {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	last := time.Now()
-	mr.SetTime(last)
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case now := <-tick.C:
-				mr.SetTime(now)
-				mr.FastForward(now.Sub(last))
-				last = now
-			}
-		}
-	}()
-	t.Cleanup(func() { close(done); <-stopped })
+	t.Cleanup(embedded.FollowRealTime(mr))
 }

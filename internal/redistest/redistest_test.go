@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/rediskeys"
 )
 
 var validNamespace = regexp.MustCompile(`^[A-Za-z0-9-]{1,24}$`)
@@ -131,10 +133,6 @@ func TestLookupSkipOrFail(t *testing.T) {
 	assert.NotContains(t, out, "reached end of helper", out)
 }
 
-func TestEscapeGlob(t *testing.T) {
-	assert.Equal(t, `a\*b\?c\[d\]e\\f{g}:h`, escapeGlob(`a*b?c[d]e\f{g}:h`))
-}
-
 func TestMiniredis(t *testing.T) {
 	m, c := Miniredis(t)
 	ctx := context.Background()
@@ -155,16 +153,8 @@ func TestCleanupNamespaceMiniredis(t *testing.T) {
 	m.Set(other+":keep", "x")
 	m.Set("unrelated", "x")
 
-	require.NoError(t, deletePrefix(ctx, c, ns))
+	require.NoError(t, rediskeys.DeletePrefix(ctx, c, ns))
 	assert.Equal(t, []string{other + ":keep", "unrelated"}, m.Keys())
-}
-
-func TestCleanupNamespaceGlobCharacters(t *testing.T) {
-	m, c := Miniredis(t)
-	m.Set("a*:1", "x")
-	m.Set("ab:1", "x")
-	require.NoError(t, deletePrefix(context.Background(), c, "a*"))
-	assert.Equal(t, []string{"ab:1"}, m.Keys())
 }
 
 func TestCleanupNamespaceEmpty(t *testing.T) {
@@ -197,7 +187,7 @@ func TestCleanupNamespaceStandalone(t *testing.T) {
 	require.NoError(t, c.Set(ctx, keep, "x", 0).Err())
 	CleanupNamespace(t, c, keep)
 
-	require.NoError(t, deletePrefix(ctx, c, ns))
+	require.NoError(t, rediskeys.DeletePrefix(ctx, c, ns))
 	n, err := c.Exists(ctx, fmt.Sprintf("%s:0", ns), fmt.Sprintf("%s:49", ns)).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n)
@@ -232,6 +222,6 @@ func TestCleanupNamespaceCluster(t *testing.T) {
 		return total
 	}
 	require.Equal(t, n, countKeys())
-	require.NoError(t, deletePrefix(ctx, c, ns))
+	require.NoError(t, rediskeys.DeletePrefix(ctx, c, ns))
 	assert.Zero(t, countKeys())
 }
