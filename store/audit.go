@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/rediskeys"
 )
 
 // Audit is the result of [Store.Audit]: the live owner states found and
@@ -135,7 +136,11 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 			}
 			node = n
 		}
-		live, err := scanKeys(ctx, node, globEscape(r.keys.partitionKey(p, "o:"))+"*")
+		var live []string
+		err := rediskeys.Scan(ctx, node, rediskeys.EscapeGlob(r.keys.partitionKey(p, "o:"))+"*", func(keys []string) error {
+			live = append(live, keys...)
+			return nil
+		})
 		if err != nil {
 			return Audit{}, err
 		}
@@ -179,31 +184,4 @@ func parseCount(v []any, i int) int64 {
 	s, _ := v[i].(string)
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
-}
-
-func scanKeys(ctx context.Context, c redis.Cmdable, pattern string) ([]string, error) {
-	var out []string
-	var cursor uint64
-	for {
-		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, keys...)
-		if cursor = next; cursor == 0 {
-			return out, nil
-		}
-	}
-}
-
-// globEscape quotes the characters MATCH patterns treat specially.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		if strings.ContainsRune(`*?[]\`, r) {
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
 }

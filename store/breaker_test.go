@@ -118,7 +118,12 @@ func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 		assert.Less(t, elapsed, opTimeout+150*time.Millisecond, "call %d took %v", i, elapsed)
 	}
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen}, obs.states())
-	assert.Equal(t, store.BreakerOpen, s.Breaker().State)
+	breaker := func() store.BreakerStatus { return s.Breakers()[owner.Partition(16)] }
+	assert.Equal(t, store.BreakerOpen, breaker().State)
+	other, _ := identity.Main("another-partition")
+	require.NotEqual(t, owner.Partition(16), other.Partition(16))
+	assert.ErrorIs(t, s.Reserve(context.Background(), other, r).Err, context.DeadlineExceeded,
+		"another partition's breaker is still closed: the call reaches Redis")
 
 	start := time.Now()
 	res := s.Reserve(context.Background(), owner, r)
@@ -131,7 +136,7 @@ func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 	res = s.Reserve(context.Background(), owner, r)
 	assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerOpen}, obs.states())
-	assert.Equal(t, int64(2), s.Breaker().Opens)
+	assert.Equal(t, int64(2), breaker().Opens)
 
 	var reserves int
 	for _, e := range obs.events {
@@ -141,7 +146,7 @@ func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 			assert.Error(t, e.Err)
 		}
 	}
-	assert.Equal(t, 7, reserves, "the observer saw every reservation")
+	assert.Equal(t, 8, reserves, "the observer saw every reservation")
 }
 
 // Once Redis answers again, the probe closes the breaker.
@@ -158,17 +163,19 @@ func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
 	for range 2 {
 		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
 	}
-	assert.Equal(t, store.BreakerOpen, s.Breaker().State)
+	breaker := func() store.BreakerStatus { return s.Breakers()[owner.Partition(16)] }
+	assert.Equal(t, store.BreakerOpen, breaker().State)
 	mr.SetError("")
 	assert.ErrorIs(t, s.Reserve(ctx, owner, nil).Err, store.ErrBreakerOpen, "still cooling down")
 	clk.Add(time.Second)
 	assert.Equal(t, store.ReasonMissingState, s.Reserve(ctx, owner, nil).Reason, "the probe reaches Redis")
-	assert.Equal(t, store.BreakerClosed, s.Breaker().State)
+	assert.Equal(t, store.BreakerClosed, breaker().State)
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerClosed}, obs.states())
 	st, err := s.Stats(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, store.BreakerClosed, st.Breaker.State)
-	assert.Equal(t, int64(1), st.Breaker.Opens)
+	require.Len(t, st.Breakers, 16)
+	assert.Equal(t, store.BreakerClosed, st.Breakers[owner.Partition(16)].State)
+	assert.Equal(t, int64(1), st.Breakers[owner.Partition(16)].Opens)
 }
 
 // A caller that cancels its own context does not count against Redis.
@@ -182,7 +189,7 @@ func TestCallerCancellationDoesNotOpenTheBreaker(t *testing.T) {
 	for range 3 {
 		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
 	}
-	assert.Equal(t, store.BreakerClosed, s.Breaker().State)
+	assert.Equal(t, store.BreakerClosed, s.Breakers()[owner.Partition(16)].State)
 }
 
 func TestBreakerCanBeTurnedOff(t *testing.T) {
@@ -193,5 +200,5 @@ func TestBreakerCanBeTurnedOff(t *testing.T) {
 	for range 8 {
 		assert.ErrorIs(t, s.Reserve(context.Background(), owner, nil).Err, context.DeadlineExceeded)
 	}
-	assert.Equal(t, store.BreakerClosed, s.Breaker().State)
+	assert.Equal(t, store.BreakerClosed, s.Breakers()[owner.Partition(16)].State)
 }

@@ -67,9 +67,12 @@ const (
 	BreakerHalfOpen BreakerState = "half_open"
 )
 
-// BreakerStatus describes the circuit breaker.
+// BreakerStatus describes one partition's circuit breaker. Each partition
+// has its own, so that on a Cluster a failed master stops only the
+// partitions it serves.
 type BreakerStatus struct {
-	State BreakerState
+	Partition int
+	State     BreakerState
 	// ConsecutiveFailures counts failures since the last success.
 	ConsecutiveFailures int
 	// Opens counts how often the breaker opened since the store started.
@@ -90,9 +93,9 @@ type breaker struct {
 	probing bool
 }
 
-func newBreaker(threshold int, cooldown time.Duration, now func() time.Time) *breaker {
+func newBreaker(partition, threshold int, cooldown time.Duration, now func() time.Time) *breaker {
 	return &breaker{threshold: threshold, cooldown: cooldown, now: now,
-		status: BreakerStatus{State: BreakerClosed, Since: now()}}
+		status: BreakerStatus{Partition: partition, State: BreakerClosed, Since: now()}}
 }
 
 // allow reports whether an operation may reach the backend, and the new
@@ -167,14 +170,15 @@ func (b *breaker) snapshot() BreakerStatus {
 	return b.status
 }
 
-// call runs fn against the backend through the breaker, and returns within
-// OpTimeout whatever fn does: on Redis, fn runs on its own goroutine, so a
-// client that ignores context deadlines (go-redis without
-// ContextTimeoutEnabled) or retries cannot hold the caller; the goroutine
-// finishes in the background.
-func call[T any](ctx context.Context, s *Store, fn func(context.Context) (T, error)) (T, error) {
+// call runs fn against partition p of the backend through that
+// partition's breaker (no breaker when p < 0), and returns within OpTimeout
+// whatever fn does: on Redis, fn runs on its own goroutine, so a client that
+// ignores context deadlines (go-redis without ContextTimeoutEnabled) or
+// retries cannot hold the caller; the goroutine finishes in the background.
+func call[T any](ctx context.Context, s *Store, p int, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
-	ok, changed := s.breaker.allow()
+	b := s.breakers.of(p)
+	ok, changed := b.allow()
 	s.notifyBreaker(changed)
 	if !ok {
 		return zero, ErrBreakerOpen
@@ -211,8 +215,29 @@ func call[T any](ctx context.Context, s *Store, fn func(context.Context) (T, err
 	case r.err != nil:
 		o = failed
 	}
-	s.notifyBreaker(s.breaker.done(o))
+	s.notifyBreaker(b.done(o))
 	return r.v, r.err
+}
+
+// breakers holds one breaker per partition.
+type breakers []*breaker
+
+// noBreaker never opens: operations that span partitions use it.
+var noBreaker = newBreaker(-1, 0, 0, time.Now)
+
+func newBreakers(o Options) breakers {
+	bs := make(breakers, o.Partitions)
+	for p := range bs {
+		bs[p] = newBreaker(p, o.BreakerFailures, o.BreakerCooldown, o.Now)
+	}
+	return bs
+}
+
+func (bs breakers) of(p int) *breaker {
+	if p < 0 {
+		return noBreaker
+	}
+	return bs[p]
 }
 
 func (s *Store) notifyBreaker(st *BreakerStatus) {

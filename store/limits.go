@@ -67,8 +67,8 @@ type Stats struct {
 	// MaxTotalBytes.
 	OwnerLimit int
 	ByteLimit  int64
-	// Breaker is this store's circuit breaker.
-	Breaker BreakerStatus
+	// Breakers are this store's circuit breakers, one per partition.
+	Breakers []BreakerStatus
 }
 
 // SweepResult says what Sweep evicted.
@@ -104,7 +104,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st := Stats{Partitions: parts, OwnerLimit: s.opts.partitionOwners(), ByteLimit: s.opts.partitionBytes(), Breaker: s.Breaker()}
+	st := Stats{Partitions: parts, OwnerLimit: s.opts.partitionOwners(), ByteLimit: s.opts.partitionBytes(), Breakers: s.Breakers()}
 	for _, p := range parts {
 		st.Total.add(p)
 	}

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -104,8 +105,27 @@ func TestSchemaIsCheckedOnceRedisAnswers(t *testing.T) {
 	require.NoError(t, err, "not refused while Redis cannot answer")
 	mr.SetError("")
 	owner, _ := identity.Main("s")
-	res := s.Reserve(context.Background(), owner, nil)
-	assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
-	assert.ErrorIs(t, res.Err, store.ErrSchemaMismatch)
-	assert.Empty(t, mr.Keys()[1:], "nothing but the schema was written: %v", mr.Keys())
+	// The check runs again in the background; once it has, the store
+	// refuses every operation.
+	assert.Eventually(t, func() bool {
+		res := s.Reserve(context.Background(), owner, nil)
+		return errors.Is(res.Err, store.ErrSchemaMismatch) && res.Reason == store.ReasonStoreUnavailable
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// A namespace whose data Redis lost (a restart without persistence) is
+// recorded again by the stores still running, so a store with another
+// partition count is refused again.
+func TestSchemaIsRecordedAgainAfterDataLoss(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	s, err := store.NewRedis(c, store.Options{Namespace: "lost", Partitions: 4})
+	require.NoError(t, err)
+	mr.FlushAll()
+	owner, _ := identity.Main("s")
+	assert.Eventually(t, func() bool {
+		s.Reserve(context.Background(), owner, nil)
+		return mr.Exists("lost:{lost}:meta")
+	}, 10*time.Second, 50*time.Millisecond)
+	_, err = store.NewRedis(c, store.Options{Namespace: "lost", Partitions: 8})
+	assert.ErrorIs(t, err, store.ErrSchemaMismatch)
 }

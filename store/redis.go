@@ -5,7 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -20,9 +21,10 @@ import (
 // The first store to open a namespace records its schema version and
 // partition count there; NewRedis fails with ErrSchemaMismatch when they
 // differ from opts. When Redis cannot be reached, NewRedis still returns the
-// store (a gateway must start without Redis): the check then runs before the
-// first operation that reaches Redis, and operations fail open until it
-// passes.
+// store (a gateway must start without Redis) and the check runs again in
+// the background until it succeeds. Running stores repeat it every few
+// seconds, so a namespace whose data Redis lost is recorded again, and a
+// store that finds a mismatch fails every operation open until it matches.
 func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
@@ -44,36 +46,81 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	})
 }
 
+// How often a store checks its namespace's schema again, and how soon it
+// retries a check that could not reach Redis.
+const (
+	schemaRecheck = 5 * time.Second
+	schemaRetry   = time.Second
+)
+
 type redisBackend struct {
-	client   redis.UniversalClient
-	opts     Options
-	keys     keyspace
-	verified atomic.Bool // the namespace's schema matches opts
+	client redis.UniversalClient
+	opts   Options
+	keys   keyspace
+	schema schemaGuard
 }
 
-// checkSchema records or compares the namespace's schema, once.
+// schemaGuard remembers the last schema check: when it ran and whether it
+// found a mismatch.
+type schemaGuard struct {
+	mu       sync.Mutex
+	passedAt time.Time // last check that reached Redis and matched
+	tried    time.Time // last check started
+	running  bool
+	mismatch error // the last check's ErrSchemaMismatch, or nil
+}
+
+// checkSchema records or compares the namespace's schema now.
 func (r *redisBackend) checkSchema(ctx context.Context) error {
-	if r.verified.Load() {
-		return nil
-	}
+	r.schema.mu.Lock()
+	r.schema.tried = time.Now()
+	r.schema.mu.Unlock()
 	got, err := lua.Schema.Run(ctx, r.client, []string{r.keys.meta()}, schemaVersion, r.opts.Partitions).StringSlice()
+	if err == nil && len(got) != 2 {
+		err = fmt.Errorf("%w: schema: %d elements, want 2", errBadReply, len(got))
+	}
 	if err != nil {
 		return err
 	}
-	if len(got) != 2 {
-		return fmt.Errorf("%w: schema: %d elements, want 2", errBadReply, len(got))
-	}
+	var mismatch error
 	if got[0] != strconv.Itoa(schemaVersion) || got[1] != strconv.Itoa(r.opts.Partitions) {
-		return fmt.Errorf("%w: namespace %q has schema %s with %s partitions; this store has schema %d with %d partitions",
+		mismatch = fmt.Errorf("%w: namespace %q has schema %s with %s partitions; this store has schema %d with %d partitions",
 			ErrSchemaMismatch, r.opts.Namespace, got[0], got[1], schemaVersion, r.opts.Partitions)
 	}
-	r.verified.Store(true)
-	return nil
+	r.schema.mu.Lock()
+	defer r.schema.mu.Unlock()
+	r.schema.mismatch = mismatch
+	if mismatch == nil {
+		r.schema.passedAt = time.Now()
+	}
+	return mismatch
 }
 
-// run checks the schema, then runs script.
+// schemaError returns the mismatch the last check found, and starts a check
+// in the background when the last one is stale. Operations never wait for
+// it: while Redis cannot be reached for the check, they proceed.
+func (r *redisBackend) schemaError() error {
+	g := &r.schema
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := time.Now()
+	if !g.running && now.Sub(g.passedAt) >= schemaRecheck && now.Sub(g.tried) >= schemaRetry {
+		g.running = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), r.opts.OpTimeout)
+			defer cancel()
+			_ = r.checkSchema(ctx)
+			g.mu.Lock()
+			g.running = false
+			g.mu.Unlock()
+		}()
+	}
+	return g.mismatch
+}
+
+// run refuses to run script while the namespace's schema mismatches.
 func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []string, args ...any) *redis.Cmd {
-	if err := r.checkSchema(ctx); err != nil {
+	if err := r.schemaError(); err != nil {
 		cmd := redis.NewCmd(ctx)
 		cmd.SetErr(err)
 		return cmd

@@ -155,10 +155,10 @@ func (st *State) setContinuation(c continuation) {
 // Store is a continuation store on Redis or in process. It is safe for
 // concurrent use.
 type Store struct {
-	opts    Options
-	backend backend
-	breaker *breaker
-	inline  bool // the backend never blocks: no goroutine per call
+	opts     Options
+	backend  backend
+	breakers breakers
+	inline   bool // the backend never blocks: no goroutine per call
 }
 
 // continuation is what a published turn leaves for the next one.
@@ -210,12 +210,11 @@ func newStore(opts Options, inline bool, open func(Options) (backend, error)) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, backend: b, inline: inline,
-		breaker: newBreaker(opts.BreakerFailures, opts.BreakerCooldown, opts.Now)}, nil
+	return &Store{opts: opts, backend: b, inline: inline, breakers: newBreakers(opts)}, nil
 }
 
 // WithReplica returns a store that shares s's state, options and circuit
-// breaker but names replica as the origin of responses recorded without
+// breakers but names replica as the origin of responses recorded without
 // one. It lets one process host several gateway replicas over one
 // in-process backend.
 func (s *Store) WithReplica(replica string) *Store {
@@ -230,8 +229,17 @@ func (s *Store) WithReplica(replica string) *Store {
 // Options returns the store's options with defaults filled in.
 func (s *Store) Options() Options { return s.opts }
 
-// Breaker returns the circuit breaker's status.
-func (s *Store) Breaker() BreakerStatus { return s.breaker.snapshot() }
+// Breakers returns the status of every partition's circuit breaker.
+func (s *Store) Breakers() []BreakerStatus {
+	out := make([]BreakerStatus, len(s.breakers))
+	for i, b := range s.breakers {
+		out[i] = b.snapshot()
+	}
+	return out
+}
+
+// partition returns the owner's partition.
+func (s *Store) partition(owner identity.Owner) int { return owner.Partition(s.opts.Partitions) }
 
 // Reserve reserves a new turn for owner and says whether req may continue
 // the owner's previous turn. It consumes the owner's continuation whatever
@@ -250,7 +258,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request)
 		return res
 	}
 	nonce := rand.Uint64()
-	got, err := call(ctx, s, func(ctx context.Context) (reserved, error) {
+	got, err := call(ctx, s, s.partition(owner), func(ctx context.Context) (reserved, error) {
 		return s.backend.reserve(ctx, owner, freshStateBytes(owner), nonce)
 	})
 	if err != nil {
@@ -306,12 +314,12 @@ func (s *Store) Record(ctx context.Context, res *Reservation, req *Request, out 
 	var got published
 	if out.ResponseID == "" || out.Socket.ID == 0 || fp.Bytes > s.opts.MaxOwnerBytes {
 		got.Outcome = OutcomeDropped
-		_, err = call(ctx, s, func(ctx context.Context) (bool, error) {
+		_, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (bool, error) {
 			return s.backend.abort(ctx, res.Owner, res.Turn)
 		})
 	} else {
 		c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
-		got, err = call(ctx, s, func(ctx context.Context) (published, error) {
+		got, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {
 			return s.backend.publish(ctx, res.Owner, res.Turn, c, publishedStateBytes(res.Owner, c))
 		})
 	}
@@ -369,10 +377,15 @@ func (s *Store) Inspect(ctx context.Context, owner identity.Owner) (State, error
 }
 
 // run is call for the operations whose event carries no decision: it wraps
-// errors in ErrUnavailable and reports the event.
+// errors in ErrUnavailable and reports the event. Operations of an owner go
+// through its partition's breaker; the others (zero owner) through none.
 func run[T any](ctx context.Context, s *Store, op Op, owner identity.Owner, fn func(context.Context) (T, error)) (T, error) {
 	start := time.Now()
-	v, err := call(ctx, s, fn)
+	p := -1
+	if !owner.IsZero() {
+		p = s.partition(owner)
+	}
+	v, err := call(ctx, s, p, fn)
 	if err != nil {
 		err = unavailable(string(op), err)
 	}
