@@ -1,0 +1,400 @@
+// Command contbench load-tests a continuation store deployment and checks
+// every decision it makes.
+//
+// It simulates gateway replicas serving many conversations, each with a main
+// thread and sub-agents, drives the store exactly as a gateway does (reserve,
+// send upstream, record or abort), and checks every reservation and record
+// against the simulator's ground truth. The report gives throughput, latency
+// percentiles, the continuation hit rate, the input saved upstream, Redis
+// memory and server time per script, and the correctness violations found,
+// which must be zero: any violation makes the exit status 1.
+//
+// With no target, contbench runs against an embedded Redis (miniredis), whose
+// figures say nothing about a real server. Point it at a deployment with
+// -redis redis://host:6379/0 or -cluster host:port,host:port, or use
+// -backend memory for the in-process store. Every key it writes lives in a
+// fresh namespace, removed at the end unless -keep is given.
+//
+// Exit status: 0 when the run found no violation, 1 when it found some,
+// 2 for bad flags or a target that cannot be used, 130 when interrupted.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/store"
+)
+
+// Exit statuses.
+const (
+	exitOK          = 0
+	exitViolations  = 1
+	exitUsage       = 2
+	exitInterrupted = 130
+)
+
+// defaultTurns bounds a run when neither -turns nor -duration is given.
+const defaultTurns = 20000
+
+// main runs the command until it ends or is interrupted.
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole command: it parses args, runs the benchmark and returns
+// the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseConfig(args, stderr)
+	var usage *usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "contbench: %v (see contbench -h)\n", err)
+		return exitUsage
+	case err != nil: // the flag package has printed it
+		return exitUsage
+	}
+	return execute(ctx, cfg, stdout, stderr)
+}
+
+// upstreamMode says which upstream connections can continue a response.
+type upstreamMode string
+
+// Upstream modes.
+const (
+	// sameSocket: store=false, only the socket that produced a response
+	// can continue it, and only while it is that socket's latest.
+	sameSocket upstreamMode = "same-socket"
+	// anySocket: store=true, any socket can continue any response.
+	anySocket upstreamMode = "any"
+)
+
+// routing says how the load balancer spreads turns over replicas.
+type routing string
+
+// Routing policies.
+const (
+	roundRobin routing = "round-robin"
+	random     routing = "random"
+	sticky     routing = "sticky"
+)
+
+// backendMemory selects the in-process store shared by all replicas.
+const backendMemory = "memory"
+
+// rates are the workload's per-turn probabilities.
+type rates struct {
+	promptChange, edit, concurrent, abort, noID, socketLoss, idle float64
+}
+
+// config is a parsed and validated command line.
+type config struct {
+	redisURL      string
+	cluster       []string
+	backend       string
+	partitions    int
+	ttl           time.Duration
+	maxOwners     int
+	maxTotalBytes int64
+	opTimeout     time.Duration
+	namespace     string
+	keep          bool
+
+	replicas      int
+	conversations int
+	agents        int
+	concurrency   int
+	sockets       int
+	duration      time.Duration
+	turns         int64
+	upstream      upstreamMode
+	routing       routing
+	forward       bool
+	rates         rates
+	seed          uint64
+
+	compare   bool
+	calibrate bool
+	jsonPath  string
+	quiet     bool
+
+	// wrapStore, when set, wraps each replica's store; tests use it to put
+	// a faulty store in front of the real one.
+	wrapStore func(gatewayStore) gatewayStore
+}
+
+// usageError is a flag whose value is out of range.
+type usageError struct {
+	flag, msg string
+}
+
+// Error names the flag and what is wrong with it.
+func (e *usageError) Error() string {
+	if e.flag == "" {
+		return e.msg
+	}
+	return "-" + e.flag + ": " + e.msg
+}
+
+// parseConfig parses and validates args.
+func parseConfig(args []string, stderr io.Writer) (*config, error) {
+	cfg := &config{}
+	var cluster, upstream, route string
+	fs := flag.NewFlagSet("contbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: contbench [flags]\n\n"+
+			"Simulates gateway replicas driving a continuation store, checks every\n"+
+			"decision against ground truth and reports what the deployment delivers.\n"+
+			"With no -redis, -cluster or -backend it uses an embedded Redis.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+
+	fs.StringVar(&cfg.redisURL, "redis", "", "standalone Redis `URL` to test, e.g. redis://127.0.0.1:6379/0")
+	fs.StringVar(&cluster, "cluster", "", "Redis Cluster seed `nodes` to test, host:port,host:port,...")
+	fs.StringVar(&cfg.backend, "backend", "redis", "store backend: redis (the -redis or -cluster target, else an embedded Redis) or memory (one in-process store shared by all replicas)")
+	fs.IntVar(&cfg.partitions, "partitions", store.DefaultPartitions, "store partitions (1..1024)")
+	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "idle TTL of an owner's state")
+	fs.IntVar(&cfg.maxOwners, "max-owners", 100000, "most owners the store keeps")
+	fs.Int64Var(&cfg.maxTotalBytes, "max-total-bytes", 1<<30, "most bytes the store keeps")
+	fs.DurationVar(&cfg.opTimeout, "op-timeout", store.DefaultOpTimeout, "bound on each store operation")
+	fs.StringVar(&cfg.namespace, "namespace", "", "Redis key namespace; it must hold no continuation state yet (default: a fresh contbench-<random> one)")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the namespace's keys after the run")
+
+	fs.IntVar(&cfg.replicas, "replicas", 4, "gateway replicas, each with its own Redis client and store")
+	fs.IntVar(&cfg.conversations, "conversations", 200, "conversations (sessions)")
+	fs.IntVar(&cfg.agents, "agents", 1, "sub-agent owners per conversation besides the main thread")
+	fs.IntVar(&cfg.concurrency, "concurrency", 16, "concurrent turns (workers)")
+	fs.IntVar(&cfg.sockets, "sockets", 64, "upstream sockets per replica")
+	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long (0: no time limit)")
+	fs.Int64Var(&cfg.turns, "turns", defaultTurns, "stop after this many turns (0: no limit; the default applies only without -duration)")
+	fs.StringVar(&upstream, "upstream", string(sameSocket), "upstream continuation rule: same-socket (store=false: only the socket holding the latest response) or any (store=true)")
+	fs.StringVar(&route, "routing", string(roundRobin), "how turns reach replicas: round-robin, random or sticky")
+	fs.BoolVar(&cfg.forward, "forward", false, "forward a continuation to the replica holding its origin socket instead of sending the full context")
+
+	fs.Float64Var(&cfg.rates.promptChange, "prompt-change", 0.02, "probability per turn that the owner's prompt fields change")
+	fs.Float64Var(&cfg.rates.edit, "edit", 0.02, "probability per turn that the client edits an earlier item")
+	fs.Float64Var(&cfg.rates.concurrent, "concurrent", 0.02, "probability per turn of two concurrent requests for the owner")
+	fs.Float64Var(&cfg.rates.abort, "abort", 0.02, "probability per turn that the upstream fails and the turn is aborted")
+	fs.Float64Var(&cfg.rates.noID, "no-id", 0.01, "probability per turn that the response id is lost")
+	fs.Float64Var(&cfg.rates.socketLoss, "socket-loss", 0.02, "probability per turn that the upstream socket reconnects and forgets its response")
+	fs.Float64Var(&cfg.rates.idle, "idle", 0.002, "probability per turn of an idle gap longer than the TTL after it")
+	fs.Uint64Var(&cfg.seed, "seed", 1, "random seed of the workload")
+
+	fs.BoolVar(&cfg.compare, "compare", false, "run the same workload again with one in-process store per replica and report both")
+	fs.BoolVar(&cfg.calibrate, "calibrate", false, "measure the Redis PING and no-op script ceilings with the same clients and concurrency")
+	fs.StringVar(&cfg.jsonPath, "json", "", "also write the report as JSON to `file`")
+	fs.BoolVar(&cfg.quiet, "quiet", false, "print the report only: no progress, no notes on stderr")
+
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, &usageError{"", fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["duration"] && !set["turns"] {
+		cfg.turns = 0
+	}
+	cfg.upstream = upstreamMode(upstream)
+	cfg.routing = routing(route)
+	if cluster != "" {
+		cfg.cluster = strings.Split(cluster, ",")
+	}
+	if cfg.namespace == "" && !set["namespace"] {
+		cfg.namespace = freshNamespace()
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// validate checks every value, naming the first flag out of range.
+func (c *config) validate() error {
+	bad := func(name, format string, args ...any) error {
+		return &usageError{name, fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.redisURL != "" && len(c.cluster) > 0:
+		return bad("cluster", "give -redis or -cluster, not both")
+	case c.backend != "redis" && c.backend != backendMemory:
+		return bad("backend", "is %q, want redis or memory", c.backend)
+	case c.backend == backendMemory && (c.redisURL != "" || len(c.cluster) > 0):
+		return bad("backend", "memory takes no -redis or -cluster target")
+	case c.partitions < 1 || c.partitions > store.MaxPartitions:
+		return bad("partitions", "is %d, want 1..%d", c.partitions, store.MaxPartitions)
+	case c.ttl < time.Millisecond:
+		return bad("ttl", "is %v, want at least 1ms", c.ttl)
+	case c.maxOwners < c.partitions:
+		return bad("max-owners", "is %d, want at least -partitions (%d)", c.maxOwners, c.partitions)
+	case c.maxTotalBytes < int64(c.partitions):
+		return bad("max-total-bytes", "is %d, want at least -partitions (%d)", c.maxTotalBytes, c.partitions)
+	case c.opTimeout <= 0:
+		return bad("op-timeout", "is %v, want more than 0", c.opTimeout)
+	case c.replicas < 1 || c.replicas > 1000:
+		return bad("replicas", "is %d, want 1..1000", c.replicas)
+	case c.conversations < 1 || c.conversations > 10_000_000:
+		return bad("conversations", "is %d, want 1..10000000", c.conversations)
+	case c.agents < 0 || c.agents > 1000:
+		return bad("agents", "is %d, want 0..1000", c.agents)
+	case c.concurrency < 1 || c.concurrency > 10000:
+		return bad("concurrency", "is %d, want 1..10000", c.concurrency)
+	case c.sockets < 1 || c.sockets > 1_000_000:
+		return bad("sockets", "is %d, want 1..1000000", c.sockets)
+	case c.duration < 0:
+		return bad("duration", "is %v, want 0 (no limit) or more", c.duration)
+	case c.turns < 0:
+		return bad("turns", "is %d, want 0 (no limit) or more", c.turns)
+	case c.duration == 0 && c.turns == 0:
+		return bad("turns", "and -duration are both 0: the run would never end")
+	case c.upstream != sameSocket && c.upstream != anySocket:
+		return bad("upstream", "is %q, want same-socket or any", c.upstream)
+	case c.routing != roundRobin && c.routing != random && c.routing != sticky:
+		return bad("routing", "is %q, want round-robin, random or sticky", c.routing)
+	}
+	for _, r := range []struct {
+		name string
+		v    float64
+	}{
+		{"prompt-change", c.rates.promptChange}, {"edit", c.rates.edit}, {"concurrent", c.rates.concurrent},
+		{"abort", c.rates.abort}, {"no-id", c.rates.noID}, {"socket-loss", c.rates.socketLoss}, {"idle", c.rates.idle},
+	} {
+		if !(r.v >= 0 && r.v <= 1) {
+			return bad(r.name, "is %v, want a probability in 0..1", r.v)
+		}
+	}
+	if c.redisURL != "" {
+		if _, err := redis.ParseURL(c.redisURL); err != nil {
+			return bad("redis", "%v", err)
+		}
+	}
+	for _, addr := range c.cluster {
+		if _, _, err := net.SplitHostPort(addr); err != nil || strings.TrimSpace(addr) != addr {
+			return bad("cluster", "%q is not host:port", addr)
+		}
+	}
+	if c.namespace == "" {
+		return bad("namespace", "is empty")
+	}
+	// The store knows what a namespace may hold.
+	if _, err := store.NewMemory(store.Options{Namespace: c.namespace}); err != nil {
+		return bad("namespace", "%v", err)
+	}
+	return nil
+}
+
+// freshNamespace returns a namespace no earlier run used.
+func freshNamespace() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "contbench-" + hex.EncodeToString(b[:])
+}
+
+// storeOptions returns the options of the store of the named replica.
+func (c *config) storeOptions(replica string) store.Options {
+	return store.Options{
+		Namespace:     c.namespace,
+		Partitions:    c.partitions,
+		TTL:           c.ttl,
+		MaxOwners:     c.maxOwners,
+		MaxTotalBytes: c.maxTotalBytes,
+		OpTimeout:     c.opTimeout,
+		Replica:       replica,
+	}
+}
+
+// replicaName names the i-th replica, counting from 0.
+func replicaName(i int) string { return fmt.Sprintf("replica-%d", i+1) }
+
+// execute runs the benchmark described by cfg and returns the exit status.
+func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
+	notes := io.Writer(stderr)
+	if cfg.quiet {
+		notes = io.Discard
+	}
+	tgt, err := openTarget(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "contbench: %v\n", err)
+		return exitUsage
+	}
+	defer func() {
+		if err := tgt.close(ctx, cfg.keep); err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+		}
+	}()
+	if tgt.embedded {
+		fmt.Fprintln(notes, "contbench: no -redis or -cluster given: using an embedded Redis (miniredis), whose figures are not representative of a real server")
+	}
+
+	rep := newReport(cfg, tgt)
+	before, sampleErr := tgt.sample(ctx)
+	if err := tgt.connect(ctx, cfg); err != nil {
+		fmt.Fprintf(stderr, "contbench: %v\n", err)
+		return exitUsage
+	}
+	rep.Run = simulate(ctx, cfg, tgt.stores, true, "shared store", notes)
+	switch {
+	case ctx.Err() != nil:
+	case tgt.embedded:
+		rep.note("figures from the embedded Redis (miniredis) are not representative of a real server; " +
+			"Redis memory and server time per script are not measured on it")
+	case sampleErr != nil:
+		rep.note("Redis figures unavailable: %v", sampleErr)
+	case tgt.hasServerInfo():
+		measureServer(ctx, cfg, tgt, before, rep)
+	}
+	if r := rep.Run; r.Misses[missOriginElsewhere] > r.Turns/4 {
+		rep.note("%d turns could have continued on another replica's socket: -forward (or sticky routing) lets them",
+			r.Misses[missOriginElsewhere])
+	}
+	if cfg.calibrate && ctx.Err() == nil {
+		rep.Calibrate = calibrate(ctx, cfg, tgt, rep)
+	}
+	if cfg.compare && ctx.Err() == nil {
+		perReplica, err := memoryStores(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+			return exitUsage
+		}
+		cmp := simulate(ctx, cfg, perReplica, false, "per-replica memory", notes)
+		rep.Compare = &cmp
+		rep.note("the per-replica column is what gateways with in-process stores would do; its violations do not change the exit status")
+	}
+
+	rep.write(stdout)
+	if cfg.jsonPath != "" {
+		if err := rep.writeJSON(cfg.jsonPath); err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+			return exitUsage
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintln(stderr, "contbench: interrupted")
+		return exitInterrupted
+	case rep.Run.Violations > 0:
+		fmt.Fprintf(stderr, "contbench: %d oracle violations: the store answered what ground truth does not allow (see the report)\n", rep.Run.Violations)
+		return exitViolations
+	}
+	return exitOK
+}

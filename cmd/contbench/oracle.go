@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/contstore/contstore/store"
+)
+
+// maxExamples is how many violations a report describes.
+const maxExamples = 5
+
+// violation is one answer of the store that ground truth does not allow.
+type violation struct {
+	Kind     string `json:"kind"`
+	Owner    string `json:"owner"`
+	Turn     int    `json:"turn"`
+	Replica  string `json:"replica"`
+	Expected string `json:"expected"`
+	Got      string `json:"got"`
+}
+
+// offer is a continuation ground truth allows the store to offer: the
+// response last published for an owner, with the transcript (its input
+// and output) and the prompt it covers.
+type offer struct {
+	id        string
+	items     []json.RawMessage
+	promptGen int
+}
+
+// oracle checks the store's answers against ground truth and collects the
+// violations.
+type oracle struct {
+	issued *responses
+	owners []*owner
+
+	mu       sync.Mutex
+	count    int64
+	examples []violation
+}
+
+// report records v.
+func (c *oracle) report(v violation) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.count++
+	if len(c.examples) < maxExamples {
+		c.examples = append(c.examples, v)
+	}
+}
+
+// violation starts a violation about o's current turn on replica rep.
+func (c *oracle) violation(o *owner, rep *replica, kind string) violation {
+	return violation{Kind: kind, Owner: o.id.String(), Turn: o.turns, Replica: rep.name}
+}
+
+// checkReserve checks the reservation res of o's request input on replica
+// rep, and consumes o's offer as the store consumes the owner's
+// continuation. It reports whether res may be used as it is: false for a
+// continuation ground truth does not allow.
+//
+// Not continuing when the truth would allow it is no violation (the state
+// may have been evicted); a continuation is allowed only if its response
+// is the last one published for o since o's previous reservation, the
+// prompt is unchanged since, the transcript it covers is a strict prefix
+// of input, and the delta is exactly the rest of input.
+func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, res *store.Reservation) bool {
+	off, idle := o.offer, o.idle
+	o.idle = false
+	if res.Reason == store.ReasonStoreUnavailable {
+		// The reservation may or may not have reached the store: the
+		// continuation may still be there.
+		return true
+	}
+	o.offer = nil
+	if !res.Continues() {
+		if idle && res.Reason != store.ReasonMissingState {
+			v := c.violation(o, rep, "state outlived its TTL")
+			v.Expected, v.Got = string(store.ReasonMissingState)+" after an idle gap longer than the TTL", string(res.Reason)
+			c.report(v)
+		}
+		return true
+	}
+
+	v := c.violation(o, rep, "")
+	v.Got = fmt.Sprintf("continue from %s with %d delta items", res.PreviousResponseID, len(res.Delta))
+	if i, ok := c.issued.ownerOf(res.PreviousResponseID); ok && c.owners[i] != o {
+		v.Kind, v.Expected = "cross-owner", "no response of another owner; "+res.PreviousResponseID+" answered "+c.owners[i].id.String()
+		c.report(v)
+		return false
+	}
+	switch {
+	case off == nil && idle:
+		v.Kind, v.Expected = "continued after an idle gap", "no continuation: the state expired"
+	case off == nil:
+		v.Kind, v.Expected = "no continuation to offer", "no continuation: nothing published since the last reservation"
+	case res.PreviousResponseID != off.id:
+		v.Kind, v.Expected = "wrong response", "continue from "+off.id
+	case off.promptGen != o.promptGen:
+		v.Kind, v.Expected = "prompt changed", string(store.ReasonPromptChanged)
+	case !isPrefix(off.items, input):
+		v.Kind, v.Expected = "not append-only", string(store.ReasonNotAppendOnly)
+	case len(input) == len(off.items):
+		v.Kind, v.Expected = "empty delta", string(store.ReasonEmptyDelta)
+	case res.DeltaCount != len(res.Delta) || !equalItems(res.Delta, input[len(off.items):]):
+		v.Kind, v.Expected = "wrong delta", fmt.Sprintf("continue from %s with the %d items after the first %d",
+			off.id, len(input)-len(off.items), len(off.items))
+		v.Got += fmt.Sprintf(" (DeltaCount %d)", res.DeltaCount)
+	default:
+		return true
+	}
+	c.report(v)
+	return false
+}
+
+// checkSuperseded checks the reservation of the second of two concurrent
+// requests of o, made while the first one's turn was current: it must say
+// so (or find no state, if the owner was evicted meanwhile).
+func (c *oracle) checkSuperseded(o *owner, rep *replica, res *store.Reservation) {
+	switch res.Reason {
+	case store.ReasonSupersededTurn, store.ReasonMissingState, store.ReasonStoreUnavailable,
+		store.ReasonNone: // a continuation, which checkReserve judges
+		return
+	}
+	v := c.violation(o, rep, "concurrent turn not superseded")
+	v.Expected, v.Got = string(store.ReasonSupersededTurn), string(res.Reason)
+	c.report(v)
+}
+
+// checkOutcome reports a record outcome of o's turn that is not one of want.
+func (c *oracle) checkOutcome(o *owner, rep *replica, kind string, got store.Outcome, want ...store.Outcome) {
+	if slices.Contains(want, got) {
+		return
+	}
+	v := c.violation(o, rep, kind)
+	expected := make([]string, len(want))
+	for i, w := range want {
+		expected[i] = string(w)
+	}
+	v.Expected, v.Got = strings.Join(expected, " or "), string(got)
+	c.report(v)
+}
+
+// isPrefix reports whether prefix is a prefix of items, byte for byte.
+func isPrefix(prefix, items []json.RawMessage) bool {
+	return len(prefix) <= len(items) && equalItems(prefix, items[:len(prefix)])
+}
+
+// equalItems reports whether a and b hold the same items, byte for byte.
+func equalItems(a, b []json.RawMessage) bool {
+	return slices.EqualFunc(a, b, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) })
+}

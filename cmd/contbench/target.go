@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/embedded"
+	"github.com/contstore/contstore/internal/rediskeys"
+	"github.com/contstore/contstore/store"
+)
+
+// Timeouts of the set-up and clean-up steps.
+const (
+	connectTimeout = 5 * time.Second
+	cleanupTimeout = 60 * time.Second
+)
+
+// target is the deployment under test: one store per replica and, on
+// Redis, the client behind each.
+type target struct {
+	// desc names the target in the report; no password appears in it.
+	desc string
+	// embedded: the Redis is a miniredis started by this process.
+	embedded bool
+	// ns is the key namespace; owned once it is known to be this run's.
+	ns    string
+	owned bool
+	// admin reads INFO and removes the namespace; newClient makes the
+	// replicas' clients. Both are nil for the memory backend.
+	admin     redis.UniversalClient
+	newClient func() redis.UniversalClient
+	// clients holds each replica's client, stores each replica's store.
+	clients []redis.UniversalClient
+	stores  []*store.Store
+	// stopEmbedded stops the embedded Redis and its clock.
+	stopEmbedded func()
+}
+
+// openTarget reaches the target cfg names. On Redis the namespace must hold
+// no continuation state yet, so that the figures are this run's and the
+// clean-up removes nothing else; connect then opens the replicas' stores.
+// The memory backend's stores are open at once.
+func openTarget(ctx context.Context, cfg *config) (*target, error) {
+	if cfg.backend == backendMemory {
+		base, err := store.NewMemory(cfg.storeOptions(replicaName(0)))
+		if err != nil {
+			return nil, err
+		}
+		t := &target{desc: "in-process store shared by all replicas"}
+		for i := range cfg.replicas {
+			t.stores = append(t.stores, base.WithReplica(replicaName(i)))
+		}
+		return t, nil
+	}
+
+	t := &target{ns: cfg.namespace}
+	// Connections are made on demand, so a generous pool costs nothing; it
+	// covers every worker on one replica, each with two calls in flight.
+	pool := 2*cfg.concurrency + 4
+	switch {
+	case cfg.redisURL != "":
+		t.desc = "redis " + redactURL(cfg.redisURL)
+		t.newClient = func() redis.UniversalClient {
+			opts, _ := redis.ParseURL(cfg.redisURL) // validated with the flags
+			opts.PoolSize = pool
+			return redis.NewClient(opts)
+		}
+	case len(cfg.cluster) > 0:
+		t.desc = "cluster " + strings.Join(cfg.cluster, ",")
+		t.newClient = func() redis.UniversalClient {
+			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.cluster, PoolSize: pool})
+		}
+	default:
+		mr, err := miniredis.Run()
+		if err != nil {
+			return nil, fmt.Errorf("starting the embedded Redis: %w", err)
+		}
+		t.desc = "embedded miniredis"
+		t.embedded = true
+		stopClock := embedded.FollowRealTime(mr)
+		t.stopEmbedded = func() { stopClock(); mr.Close() }
+		t.newClient = func() redis.UniversalClient {
+			return redis.NewClient(&redis.Options{Addr: mr.Addr(), PoolSize: pool})
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	t.admin = t.newClient()
+	if err := t.admin.Ping(ctx).Err(); err != nil {
+		return nil, errors.Join(fmt.Errorf("cannot reach %s: %w", t.desc, err), t.close(ctx, true))
+	}
+	s, err := store.NewRedis(t.admin, cfg.storeOptions("contbench"))
+	if err != nil {
+		return nil, errors.Join(err, t.close(ctx, true))
+	}
+	st, err := s.Stats(ctx)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("reading namespace %q: %w", t.ns, err), t.close(ctx, true))
+	}
+	if tot := st.Total; tot.Owners > 0 || tot.StoredBytes > 0 || tot.Evictions.Total() > 0 {
+		return nil, errors.Join(fmt.Errorf("namespace %q already holds continuation state (%d owners): give contbench a namespace of its own",
+			t.ns, tot.Owners), t.close(ctx, true))
+	}
+	t.owned = true
+	if err := warmUp(ctx, s); err != nil {
+		return nil, errors.Join(fmt.Errorf("warming %s up: %w", t.desc, err), t.close(ctx, true))
+	}
+	return t, nil
+}
+
+// warmUp runs each store operation once in every partition, on throwaway
+// owners it then removes: a server allocates some memory on its first use
+// of each command (the scripts' included), and that is no owner's.
+func warmUp(ctx context.Context, s *store.Store) error {
+	req, err := store.ParseRequest(probeBody)
+	if err != nil {
+		return err
+	}
+	partitions := s.Options().Partitions
+	warm := make([]bool, partitions)
+	for i, left := 0, partitions; left > 0; i++ {
+		owner, err := identity.Main(fmt.Sprintf("contbench-warm-up-%d", i))
+		if err != nil {
+			return err
+		}
+		p := owner.Partition(partitions)
+		if warm[p] {
+			continue
+		}
+		warm[p] = true
+		left--
+		if _, err := s.Record(ctx, s.Reserve(ctx, owner, req), req, probeResult); err != nil {
+			return err
+		}
+		if _, err := s.Abort(ctx, s.Reserve(ctx, owner, req)); err != nil {
+			return err
+		}
+		s.Reserve(ctx, owner, req)
+		if err := s.Clear(ctx, owner); err != nil {
+			return err
+		}
+	}
+	_, err = s.Sweep(ctx)
+	return err
+}
+
+// connect opens each replica's client and store on Redis; it does nothing
+// for the memory backend.
+func (t *target) connect(ctx context.Context, cfg *config) error {
+	if t.newClient == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	for i := range cfg.replicas {
+		c := t.newClient()
+		t.clients = append(t.clients, c)
+		if err := c.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("cannot reach %s: %w", t.desc, err)
+		}
+		s, err := store.NewRedis(c, cfg.storeOptions(replicaName(i)))
+		if err != nil {
+			return err
+		}
+		t.stores = append(t.stores, s)
+	}
+	return nil
+}
+
+// disconnect closes the replicas' clients and forgets their stores.
+func (t *target) disconnect() {
+	for _, c := range t.clients {
+		_ = c.Close()
+	}
+	t.clients, t.stores = nil, nil
+}
+
+// memoryStores returns one in-process store per replica: what gateways
+// that each keep their own state do.
+func memoryStores(cfg *config) ([]*store.Store, error) {
+	stores := make([]*store.Store, cfg.replicas)
+	for i := range stores {
+		s, err := store.NewMemory(cfg.storeOptions(replicaName(i)))
+		if err != nil {
+			return nil, err
+		}
+		stores[i] = s
+	}
+	return stores, nil
+}
+
+// close removes the namespace's keys unless keep is set, the namespace is
+// not this run's or the Redis is the embedded one, then closes the clients
+// and the embedded Redis.
+func (t *target) close(ctx context.Context, keep bool) error {
+	var err error
+	if t.owned && !keep && !t.embedded {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		err = rediskeys.DeletePrefix(ctx, t.admin, t.ns+":")
+		cancel()
+	}
+	t.disconnect()
+	if t.admin != nil {
+		_ = t.admin.Close()
+	}
+	if t.stopEmbedded != nil {
+		t.stopEmbedded()
+	}
+	return err
+}
+
+// hasServerInfo reports whether the target is a Redis whose INFO figures
+// mean something.
+func (t *target) hasServerInfo() bool { return t.admin != nil && !t.embedded }
+
+// redactURL returns u without its password.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}
+
+// serverSample is what INFO says at one moment, summed over masters.
+type serverSample struct {
+	// usedMemory is used_memory; scriptMemory is used_memory_scripts_eval,
+	// the part of it that cached scripts take.
+	usedMemory, scriptMemory int64
+	// clients is connected_clients.
+	clients int64
+	// scriptCalls and scriptUsec count EVALSHA and EVAL calls and the
+	// microseconds the server spent in them.
+	scriptCalls, scriptUsec int64
+}
+
+// sample reads used memory, connected clients and the script command
+// statistics. It reads INFO commandstats rather than resetting it, so an
+// operator's statistics are left alone.
+func (t *target) sample(ctx context.Context) (serverSample, error) {
+	if !t.hasServerInfo() {
+		return serverSample{}, nil
+	}
+	var (
+		mu  sync.Mutex
+		sum serverSample
+	)
+	err := rediskeys.EachServer(ctx, t.admin, func(ctx context.Context, c redis.Cmdable) error {
+		var s serverSample
+		for _, section := range []string{"memory", "clients", "commandstats"} {
+			info, err := c.Info(ctx, section).Result()
+			if err != nil {
+				return fmt.Errorf("INFO %s: %w", section, err)
+			}
+			s.parseInfo(info)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		sum.usedMemory += s.usedMemory
+		sum.scriptMemory += s.scriptMemory
+		sum.clients += s.clients
+		sum.scriptCalls += s.scriptCalls
+		sum.scriptUsec += s.scriptUsec
+		return nil
+	})
+	return sum, err
+}
+
+// parseInfo adds the figures of an INFO reply to s.
+func (s *serverSample) parseInfo(info string) {
+	for line := range strings.Lines(info) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(value, 10, 64)
+		switch name {
+		case "used_memory":
+			s.usedMemory += n
+		case "used_memory_scripts_eval":
+			s.scriptMemory += n
+		case "connected_clients":
+			s.clients += n
+		case "cmdstat_evalsha", "cmdstat_eval":
+			for field := range strings.SplitSeq(value, ",") {
+				k, v, _ := strings.Cut(field, "=")
+				n, _ := strconv.ParseInt(v, 10, 64)
+				switch k {
+				case "calls":
+					s.scriptCalls += n
+				case "usec":
+					s.scriptUsec += n
+				}
+			}
+		}
+	}
+}
+
+// dataMemory is used memory less the script cache.
+func (s serverSample) dataMemory() int64 { return s.usedMemory - s.scriptMemory }
+
+// scriptsSince returns the script time spent between an earlier sample
+// and s.
+func (s serverSample) scriptsSince(earlier serverSample) scriptTime {
+	st := scriptTime{Calls: s.scriptCalls - earlier.scriptCalls, Usec: s.scriptUsec - earlier.scriptUsec}
+	if st.Calls > 0 {
+		st.UsecPerCall = float64(st.Usec) / float64(st.Calls)
+	}
+	return st
+}
