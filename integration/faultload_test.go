@@ -1,0 +1,653 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// Settings of the fault tests: a short OpTimeout, a client configured
+// against the recommendations, and slack for a loaded machine under -race.
+const (
+	faultOpTimeout = 100 * time.Millisecond
+	faultCooldown  = 300 * time.Millisecond
+	faultSlack     = 200 * time.Millisecond
+	faultBound     = faultOpTimeout + faultSlack
+	faultWorkers   = 8
+)
+
+// faultOptions returns the store options of the fault tests.
+func faultOptions(ns string) store.Options {
+	return store.Options{Namespace: ns, OpTimeout: faultOpTimeout, BreakerCooldown: faultCooldown, TTL: time.Hour}
+}
+
+// faultStores opens one store per client, each with its own replica id
+// and breaker observer, over the same namespace.
+func faultStores(t testing.TB, opts store.Options, clients ...redis.UniversalClient) ([]*store.Store, []*faultObserver) {
+	t.Helper()
+	stores := make([]*store.Store, len(clients))
+	observers := make([]*faultObserver, len(clients))
+	for i, c := range clients {
+		o := opts
+		o.Replica = fmt.Sprintf("gw-%c", 'a'+i)
+		observers[i] = &faultObserver{}
+		o.Observer = observers[i]
+		s, err := store.NewRedis(c, o)
+		if err != nil {
+			t.Fatalf("opening store %d: %v", i, err)
+		}
+		stores[i] = s
+	}
+	return stores, observers
+}
+
+// faultObserver keeps the breaker's changes.
+type faultObserver struct {
+	mu      sync.Mutex
+	changes []faultBreakerChange
+}
+
+type faultBreakerChange struct {
+	at        time.Time
+	partition int
+	state     store.BreakerState
+}
+
+func (o *faultObserver) Observe(store.Event) {}
+
+func (o *faultObserver) BreakerChanged(s store.BreakerStatus) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.changes = append(o.changes, faultBreakerChange{at: time.Now(), partition: s.Partition, state: s.State})
+}
+
+// closedAfter returns how long after t partition p's breaker first closed,
+// if it did.
+func (o *faultObserver) closedAfter(p int, t time.Time) (time.Duration, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, c := range o.changes {
+		if c.partition == p && c.state == store.BreakerClosed && !c.at.Before(t) {
+			return c.at.Sub(t), true
+		}
+	}
+	return 0, false
+}
+
+// faultAssertRecovered checks that every partition breaker of every store
+// is closed, or closed after healed (a later reopening, under a machine too
+// loaded to answer within OpTimeout, is only logged).
+func faultAssertRecovered(t testing.TB, stores []*store.Store, observers []*faultObserver, healed time.Time) {
+	t.Helper()
+	for i, s := range stores {
+		for _, b := range s.Breakers() {
+			after, closed := observers[i].closedAfter(b.Partition, healed)
+			switch {
+			case closed:
+				t.Logf("store %d partition %d: breaker closed %v after the fault ended; now %s, opened %d times in all",
+					i, b.Partition, after.Round(time.Millisecond), b.State, b.Opens)
+			case b.State == store.BreakerClosed:
+			default:
+				t.Errorf("store %d partition %d: breaker %s since %v and never closed after the fault ended", i, b.Partition, b.State, b.Since)
+			}
+		}
+	}
+}
+
+// faultItem is one conversation item as the client sends it, with its
+// canonical form.
+type faultItem struct {
+	raw   json.RawMessage
+	canon []byte
+}
+
+func newFaultItem(raw string) faultItem {
+	c, err := store.Canonical([]byte(raw))
+	if err != nil {
+		panic(fmt.Sprintf("item %s: %v", raw, err))
+	}
+	return faultItem{raw: json.RawMessage(raw), canon: c}
+}
+
+// faultCandidate is a response the owner's state may hold as its
+// continuation: definitely (Record said published) or possibly (Record
+// failed, so its script may have run).
+type faultCandidate struct {
+	items    []faultItem // input and output of the turn
+	model    string
+	origin   store.Socket
+	definite bool
+}
+
+// faultOwner is one conversation as the client sees it, and what the
+// store may offer to continue it. Its turns run one at a time under mu.
+type faultOwner struct {
+	mu    sync.Mutex
+	id    identity.Owner
+	name  string
+	group string
+	model string
+	items []faultItem
+	cands map[string]faultCandidate
+	n     int
+}
+
+// faultTally counts the turns of one phase and group.
+type faultTally struct {
+	Turns, Continued, Ambiguous, FailOpen, BreakerOpen, Missed int64
+	Records, Published, RecordErrs                             int64
+	MaxReserve, MaxRecord                                      time.Duration
+	Slow                                                       int64         // over faultBound, not explained by a stall
+	FirstContinued                                             time.Duration // since the phase began; -1: none
+	Reasons                                                    map[store.Reason]int64
+}
+
+func (c faultTally) String() string {
+	var rs []string
+	for r, n := range c.Reasons {
+		name := string(r)
+		if r == store.ReasonNone {
+			name = "continued"
+		}
+		rs = append(rs, fmt.Sprintf("%s=%d", name, n))
+	}
+	sort.Strings(rs)
+	first := "never"
+	if c.FirstContinued >= 0 {
+		first = c.FirstContinued.Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("turns=%d continued=%d (from possibly-published %d) fail-open=%d (breaker open %d) missed=%d "+
+		"records=%d published=%d record-errors=%d max-reserve=%v max-record=%v unexplained-over-bound=%d first-continued=%s reasons[%s]",
+		c.Turns, c.Continued, c.Ambiguous, c.FailOpen, c.BreakerOpen, c.Missed, c.Records, c.Published, c.RecordErrs,
+		c.MaxReserve.Round(time.Millisecond), c.MaxRecord.Round(time.Millisecond), c.Slow, first, strings.Join(rs, " "))
+}
+
+// faultLoad is a gateway's traffic over several stores with an oracle:
+// owners take turns (Reserve, check, Record) from several workers, and every
+// continuation offered is checked against what was published.
+type faultLoad struct {
+	t      testing.TB
+	stores []*store.Store
+	owners []*faultOwner
+	seed   uint64
+
+	lag *faultLag
+
+	mu         sync.Mutex
+	phases     []string
+	phaseStart []time.Time
+	tallies    map[[2]string]*faultTally
+	violations []string
+	nViolated  int
+	slow       []string
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// newFaultLoad makes n owners (main threads and sub-agents); group names
+// each owner's group for the tallies.
+func newFaultLoad(t testing.TB, stores []*store.Store, n int, group func(identity.Owner) string) *faultLoad {
+	l := &faultLoad{t: t, stores: stores, seed: rand.Uint64(), tallies: map[[2]string]*faultTally{}}
+	for i := range n {
+		var id identity.Owner
+		var err error
+		if i%4 == 3 {
+			id, err = identity.Agent(fmt.Sprintf("s%02d", i-1), "helper")
+		} else {
+			id, err = identity.Main(fmt.Sprintf("s%02d", i))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := &faultOwner{id: id, name: fmt.Sprintf("o%02d", i), model: "m"}
+		if group != nil {
+			o.group = group(id)
+		}
+		l.owners = append(l.owners, o)
+	}
+	return l
+}
+
+// Start runs the workers until Stop.
+func (l *faultLoad) Start(workers int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.t.Logf("load seed %d", l.seed)
+	l.lag = startFaultLag(ctx)
+	for w := range workers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			rng := rand.New(rand.NewPCG(l.seed, uint64(w)))
+			for ctx.Err() == nil {
+				o := l.owners[rng.IntN(len(l.owners))]
+				if !o.mu.TryLock() {
+					runtime.Gosched()
+					continue
+				}
+				l.turn(rng, o)
+				o.mu.Unlock()
+				// Some think time, so that the machine is not saturated.
+				time.Sleep(time.Duration(1000+rng.IntN(3000)) * time.Microsecond)
+			}
+		}()
+	}
+}
+
+// Stop ends the workers and waits for their last turns.
+func (l *faultLoad) Stop() {
+	l.cancel()
+	l.wg.Wait()
+}
+
+// Phase starts a new phase. A turn counts in the phase it began and ended
+// in; one that spans phases counts under "first>last".
+func (l *faultLoad) Phase(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.phases = append(l.phases, name)
+	l.phaseStart = append(l.phaseStart, time.Now())
+}
+
+// current returns the index of the current phase.
+func (l *faultLoad) current() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.phases) - 1
+}
+
+// Tally returns a phase's counts for a group, "" for all groups.
+func (l *faultLoad) Tally(phase, group string) faultTally {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sum := faultTally{FirstContinued: -1, Reasons: map[store.Reason]int64{}}
+	for k, c := range l.tallies {
+		if k[0] != phase || (group != "" && k[1] != group) {
+			continue
+		}
+		sum.Turns += c.Turns
+		sum.Continued += c.Continued
+		sum.Ambiguous += c.Ambiguous
+		sum.FailOpen += c.FailOpen
+		sum.BreakerOpen += c.BreakerOpen
+		sum.Missed += c.Missed
+		sum.Records += c.Records
+		sum.Published += c.Published
+		sum.RecordErrs += c.RecordErrs
+		sum.Slow += c.Slow
+		sum.MaxReserve = max(sum.MaxReserve, c.MaxReserve)
+		sum.MaxRecord = max(sum.MaxRecord, c.MaxRecord)
+		if c.FirstContinued >= 0 && (sum.FirstContinued < 0 || c.FirstContinued < sum.FirstContinued) {
+			sum.FirstContinued = c.FirstContinued
+		}
+		for r, n := range c.Reasons {
+			sum.Reasons[r] += n
+		}
+	}
+	return sum
+}
+
+// Report logs every phase's counts, per group when there are groups.
+func (l *faultLoad) Report() {
+	l.t.Helper()
+	groups := map[string]bool{}
+	for _, o := range l.owners {
+		groups[o.group] = true
+	}
+	l.mu.Lock()
+	var names []string
+	seen := map[string]bool{}
+	for _, p := range l.phases {
+		names = append(names, p)
+		seen[p] = true
+	}
+	var spans []string
+	for k := range l.tallies {
+		if !seen[k[0]] {
+			seen[k[0]] = true
+			spans = append(spans, k[0])
+		}
+	}
+	sort.Strings(spans)
+	names = append(names, spans...)
+	slow := l.slow
+	l.mu.Unlock()
+	for _, p := range names {
+		if len(groups) > 1 {
+			for g := range groups {
+				l.t.Logf("%-10s %-6s %v", p, g, l.Tally(p, g))
+			}
+		} else {
+			l.t.Logf("%-10s %v", p, l.Tally(p, ""))
+		}
+	}
+	for _, s := range slow {
+		l.t.Logf("slow call: %s", s)
+	}
+	l.t.Logf("longest stall of the process seen by the lag monitor: %v", l.lag.Max().Round(time.Millisecond))
+}
+
+// AssertSound fails the test on any violation of the oracle and on any
+// Reserve slower than faultBound beyond what the whole process stalled
+// meanwhile.
+func (l *faultLoad) AssertSound() {
+	l.t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.nViolated > 0 {
+		l.t.Errorf("%d violations (seed %d), first ones:\n%s", l.nViolated, l.seed, strings.Join(l.violations, "\n"))
+	}
+	for k, c := range l.tallies {
+		if c.Slow > 0 {
+			l.t.Errorf("phase %s group %q: %d Reserve calls over %v that no stall of the process explains; the slowest took %v",
+				k[0], k[1], c.Slow, faultBound, c.MaxReserve)
+		}
+	}
+}
+
+func (l *faultLoad) violate(o *faultOwner, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.nViolated++
+	if len(l.violations) < 10 {
+		l.violations = append(l.violations, fmt.Sprintf("%s (%v) turn %d, phase %s: ", o.name, o.id, o.n,
+			l.phases[len(l.phases)-1])+fmt.Sprintf(format, args...))
+	}
+}
+
+// count updates the tally of o's group for a turn that began in phase.
+func (l *faultLoad) count(o *faultOwner, phase int, fn func(c *faultTally, since time.Duration)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	name := l.phases[phase]
+	if cur := len(l.phases) - 1; cur != phase {
+		name += ">" + l.phases[cur]
+	}
+	k := [2]string{name, o.group}
+	c := l.tallies[k]
+	if c == nil {
+		c = &faultTally{FirstContinued: -1, Reasons: map[store.Reason]int64{}}
+		l.tallies[k] = c
+	}
+	fn(c, time.Since(l.phaseStart[phase]))
+}
+
+// turn runs one turn of o: the client edits its conversation now and then,
+// adds one item, reserves on a random store, checks the answer and records
+// the upstream's response.
+func (l *faultLoad) turn(rng *rand.Rand, o *faultOwner) {
+	phase := l.current()
+	s := l.stores[rng.IntN(len(l.stores))]
+	o.n++
+	switch r := rng.IntN(40); {
+	case r == 0: // a new conversation
+		o.items = nil
+	case r == 1 && len(o.items) > 0: // the last item dropped
+		o.items = o.items[:len(o.items)-1]
+	case r == 2 && len(o.items) > 0: // the first item edited
+		o.items = append([]faultItem{newFaultItem(fmt.Sprintf(`{"role":"user","content":"%s edited at %d"}`, o.name, o.n))},
+			o.items[1:]...)
+	case r == 3: // another model
+		o.model = map[string]string{"m": "m2", "m2": "m"}[o.model]
+	}
+	input := append(o.items[:len(o.items):len(o.items)],
+		newFaultItem(fmt.Sprintf(`{"role":"user","content":"%s says %d"}`, o.name, o.n)))
+	var body bytes.Buffer
+	fmt.Fprintf(&body, `{"model":%q,"input":[`, o.model)
+	for i, it := range input {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.Write(it.raw)
+	}
+	body.WriteString(`]}`)
+	req, err := store.ParseRequest(body.Bytes())
+	if err != nil {
+		l.violate(o, "ParseRequest: %v", err)
+		return
+	}
+
+	start := time.Now()
+	res := s.Reserve(context.Background(), o.id, req)
+	end := time.Now()
+	l.check(o, phase, input, res, start, end)
+
+	// The upstream answers; the client appends the answer in its own
+	// encoding (keys reordered), which is the same item canonically.
+	id := fmt.Sprintf("resp_%s_%d", o.name, o.n)
+	out := fmt.Sprintf(`{"type":"message","role":"assistant","content":"answer %d"}`, o.n)
+	resent := newFaultItem(fmt.Sprintf(`{"content":"answer %d","role":"assistant","type":"message"}`, o.n))
+	transcript := append(input[:len(input):len(input)], newFaultItem(out))
+	defer func() { o.items = append(input, resent) }()
+	if res.Turn == 0 {
+		return
+	}
+	start = time.Now()
+	outcome, err := s.Record(context.Background(), res, req,
+		store.Result{ResponseID: id, Socket: store.Socket{ID: 1}, Output: []json.RawMessage{json.RawMessage(out)}})
+	took := time.Since(start)
+	cand := faultCandidate{items: transcript, model: o.model, origin: store.Socket{Replica: s.Options().Replica, ID: 1}}
+	switch {
+	case err != nil:
+		if !errors.Is(err, store.ErrUnavailable) {
+			l.violate(o, "Record error not wrapping ErrUnavailable: %v", err)
+		}
+		// The script may have run with its reply lost.
+		o.cands = map[string]faultCandidate{id: cand}
+	case outcome == store.OutcomePublished:
+		cand.definite = true
+		o.cands = map[string]faultCandidate{id: cand}
+	case outcome == store.OutcomeStale || outcome == store.OutcomeGone:
+	default:
+		l.violate(o, "Record: unexpected outcome %q", outcome)
+	}
+	l.count(o, phase, func(c *faultTally, _ time.Duration) {
+		c.Records++
+		c.MaxRecord = max(c.MaxRecord, took)
+		if err != nil {
+			c.RecordErrs++
+		} else if outcome == store.OutcomePublished {
+			c.Published++
+		}
+	})
+}
+
+// check is the oracle: a continuation must name a response that was (or
+// may have been) published for this owner, for a transcript that is a
+// strict prefix of the new input under the same model, and its delta must
+// be exactly the new items.
+func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *store.Reservation, start, end time.Time) {
+	var continued, ambiguous, failOpen, breakerOpen, missed bool
+	took := end.Sub(start)
+	slow := false
+	if took > faultBound {
+		stall := l.lag.Stall(start, end)
+		slow = took-stall > faultBound
+		l.mu.Lock()
+		if len(l.slow) < 10 {
+			l.slow = append(l.slow, fmt.Sprintf("Reserve of %s took %v (process stalled %v meanwhile) in phase %s, %v after it began: reason %q, err %v",
+				o.name, took.Round(time.Millisecond), stall.Round(time.Millisecond), l.phases[phase],
+				start.Sub(l.phaseStart[phase]).Round(time.Millisecond), res.Reason, res.Err))
+		}
+		l.mu.Unlock()
+	}
+	switch {
+	case res.Reason == store.ReasonStoreUnavailable:
+		failOpen = true
+		breakerOpen = errors.Is(res.Err, store.ErrBreakerOpen)
+		if !errors.Is(res.Err, store.ErrUnavailable) || res.Turn != 0 || res.PreviousResponseID != "" ||
+			res.DeltaCount != len(input) {
+			l.violate(o, "fail-open reservation malformed: %+v", res)
+		}
+		// Whether the continuation was consumed is unknown: keep the
+		// candidates.
+	case res.Err != nil || res.Turn == 0:
+		l.violate(o, "reservation with reason %q has err %v and turn %d", res.Reason, res.Err, res.Turn)
+	case res.Continues():
+		continued = true
+		c, ok := o.cands[res.PreviousResponseID]
+		ambiguous = ok && !c.definite
+		switch {
+		case !ok:
+			l.violate(o, "continues from %q, which was never published for this owner (candidates %v)",
+				res.PreviousResponseID, faultCandNames(o.cands))
+		case c.model != o.model:
+			l.violate(o, "continues from %q recorded under model %q; the request uses %q",
+				res.PreviousResponseID, c.model, o.model)
+		case !faultPrefixOf(c.items, input):
+			l.violate(o, "continues from %q whose %d-item transcript is not a strict prefix of the %d-item input",
+				res.PreviousResponseID, len(c.items), len(input))
+		case !faultSameRaw(res.Delta, input[len(c.items):]) || res.DeltaCount != len(res.Delta):
+			l.violate(o, "continues from %q with delta %s (count %d), want %d new items",
+				res.PreviousResponseID, res.Delta, res.DeltaCount, len(input)-len(c.items))
+		case res.Origin != c.origin:
+			l.violate(o, "continues from %q with origin %+v, recorded at %+v", res.PreviousResponseID, res.Origin, c.origin)
+		}
+		o.cands = nil
+	default:
+		if res.Reason == store.ReasonNone {
+			l.violate(o, "reservation neither continues nor says why: %+v", res)
+		}
+		for _, c := range o.cands {
+			if c.definite && c.model == o.model && faultPrefixOf(c.items, input) {
+				missed = true // safe, but a continuation was lost
+			}
+		}
+		o.cands = nil
+	}
+	l.count(o, phase, func(c *faultTally, since time.Duration) {
+		c.Turns++
+		c.MaxReserve = max(c.MaxReserve, took)
+		if slow {
+			c.Slow++
+		}
+		c.Reasons[res.Reason]++
+		switch {
+		case continued:
+			c.Continued++
+			if ambiguous {
+				c.Ambiguous++
+			}
+			if c.FirstContinued < 0 {
+				c.FirstContinued = since
+			}
+		case failOpen:
+			c.FailOpen++
+			if breakerOpen {
+				c.BreakerOpen++
+			}
+		case missed:
+			c.Missed++
+		}
+	})
+}
+
+// faultPrefixOf reports whether p is a strict prefix of items, canonically.
+func faultPrefixOf(p, items []faultItem) bool {
+	if len(p) >= len(items) {
+		return false
+	}
+	for i := range p {
+		if !bytes.Equal(p[i].canon, items[i].canon) {
+			return false
+		}
+	}
+	return true
+}
+
+// faultSameRaw reports whether delta holds exactly the raw items.
+func faultSameRaw(delta []json.RawMessage, items []faultItem) bool {
+	if len(delta) != len(items) {
+		return false
+	}
+	for i := range delta {
+		if !bytes.Equal(delta[i], items[i].raw) {
+			return false
+		}
+	}
+	return true
+}
+
+func faultCandNames(m map[string]faultCandidate) []string {
+	var out []string
+	for id, c := range m {
+		out = append(out, fmt.Sprintf("%s(definite=%v)", id, c.definite))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// faultLag watches how late a sleeping goroutine of this process wakes up:
+// on a loaded machine the whole process may not run for a while, which
+// delays every call whatever the store does.
+type faultLag struct {
+	mu      sync.Mutex
+	stalls  []faultStall
+	longest time.Duration
+}
+
+type faultStall struct {
+	from, to time.Time
+}
+
+func startFaultLag(ctx context.Context) *faultLag {
+	m := &faultLag{}
+	const tick = 2 * time.Millisecond
+	go func() {
+		for ctx.Err() == nil {
+			t0 := time.Now()
+			time.Sleep(tick)
+			t1 := time.Now()
+			if late := t1.Sub(t0) - tick; late > 5*time.Millisecond {
+				m.mu.Lock()
+				m.stalls = append(m.stalls, faultStall{from: t0.Add(tick), to: t1})
+				m.longest = max(m.longest, late)
+				m.mu.Unlock()
+			}
+		}
+	}()
+	return m
+}
+
+// Stall returns how long, within [from, to], the monitor was kept from
+// running.
+func (m *faultLag) Stall(from, to time.Time) time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum time.Duration
+	for _, s := range m.stalls {
+		a, b := s.from, s.to
+		if a.Before(from) {
+			a = from
+		}
+		if b.After(to) {
+			b = to
+		}
+		if b.After(a) {
+			sum += b.Sub(a)
+		}
+	}
+	return sum
+}
+
+// Max returns the longest stall seen.
+func (m *faultLag) Max() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.longest
+}
