@@ -17,16 +17,16 @@ GOFILES = $(shell find . -type f -name '*.go' -not -path './vendor/*' -not -path
 
 .DEFAULT_GOAL := help
 
-.PHONY: help test test-short bench fuzz fmt fmt-check vet
+.PHONY: help test test-short bench fuzz fmt fmt-check vet compose-check
 
 help: ## List the targets
 	@echo 'Targets:'
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*## "}; {printf "  %-11s %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 	@echo
 	@echo 'Variables: PKGS=$(PKGS) TESTFLAGS=$(TESTFLAGS) FUZZTIME=$(FUZZTIME) BENCH=$(BENCH)'
 
-test: fmt-check vet ## Check formatting, vet, then run all tests with -race against real Redis
+test: fmt-check vet compose-check ## Check formatting, vet, docker-compose.yml, then run all tests with -race against real Redis
 	$(REDIS_ENV) $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
 
 test-short: ## Run the tests with -short and without Redis (Redis tests are skipped)
@@ -51,3 +51,10 @@ fmt-check: ## Fail, listing them, if Go files are not gofmt-formatted
 
 vet: ## Run go vet
 	$(GO) vet $(PKGS)
+
+compose-check: ## Validate docker-compose.yml with docker-compose (skipped when it is not installed)
+	@if command -v docker-compose >/dev/null 2>&1; then \
+		docker-compose -f docker-compose.yml config -q && echo 'docker-compose.yml is valid'; \
+	else \
+		echo 'compose-check: docker-compose not installed (Debian: apt-get install docker-compose); skipped'; \
+	fi
