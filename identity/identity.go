@@ -11,10 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
 // MaxIDBytes is the longest session or agent id accepted, in bytes.
@@ -136,18 +136,8 @@ func (o Owner) String() string {
 }
 
 func validate(field, id string) error {
-	switch {
-	case id == "":
-		return fmt.Errorf("%w: %s id is empty", ErrInvalid, field)
-	case len(id) > MaxIDBytes:
-		return fmt.Errorf("%w: %s id is %d bytes, more than %d", ErrInvalid, field, len(id), MaxIDBytes)
-	case !utf8.ValidString(id):
-		return fmt.Errorf("%w: %s id is not valid UTF-8", ErrInvalid, field)
-	}
-	for i, r := range id {
-		if unicode.IsControl(r) {
-			return fmt.Errorf("%w: %s id has a control character %U at byte %d", ErrInvalid, field, r, i)
-		}
+	if err := names.Check(id, MaxIDBytes); err != nil {
+		return fmt.Errorf("%w: %s id %v", ErrInvalid, field, err)
 	}
 	return nil
 }

@@ -18,8 +18,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
 // Errors of the session stores, to match with errors.Is.
@@ -169,17 +169,11 @@ func messageText(content json.RawMessage) string {
 // ValidID reports whether id can name a session: non-empty, at most
 // MaxIDBytes of UTF-8 without control characters, '{' or '}'.
 func ValidID(id string) error {
-	switch {
-	case id == "":
-		return fmt.Errorf("%w: session id is empty", ErrInvalid)
-	case len(id) > MaxIDBytes:
-		return fmt.Errorf("%w: session id is %d bytes, more than %d", ErrInvalid, len(id), MaxIDBytes)
-	case !utf8.ValidString(id):
-		return fmt.Errorf("%w: session id is not valid UTF-8", ErrInvalid)
-	case strings.ContainsAny(id, "{}"):
+	if err := names.Check(id, MaxIDBytes); err != nil {
+		return fmt.Errorf("%w: session id %q %v", ErrInvalid, id, err)
+	}
+	if strings.ContainsAny(id, "{}") {
 		return fmt.Errorf("%w: session id %q holds '{' or '}'", ErrInvalid, id)
-	case strings.IndexFunc(id, unicode.IsControl) >= 0:
-		return fmt.Errorf("%w: session id %q holds a control character", ErrInvalid, id)
 	}
 	return nil
 }

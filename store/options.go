@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
 // ErrInvalidOptions is wrapped by every error about an option out of range.
@@ -147,18 +147,10 @@ func validNamespace(ns string) error {
 	return nil
 }
 
-// validText checks a name that ends up in Redis: non-empty, bounded, valid
-// UTF-8 without control characters.
+// validText checks a name that ends up in Redis (internal/names).
 func validText(field, s string, max int) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("%s is empty", field)
-	case len(s) > max:
-		return fmt.Errorf("%s is %d bytes, more than %d", field, len(s), max)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%s is not valid UTF-8", field)
-	case strings.IndexFunc(s, unicode.IsControl) >= 0:
-		return fmt.Errorf("%s holds a control character", field)
+	if err := names.Check(s, max); err != nil {
+		return fmt.Errorf("%s %v", field, err)
 	}
 	return nil
 }
