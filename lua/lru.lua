@@ -9,7 +9,7 @@
 --
 -- touched_ms is the server time of the last touch, published is 1 when the
 -- state holds a continuation, size is the state's stored-bytes estimate
--- (below 4096). Scores stay below 2^53 until 2059. Ordering by score is
+-- (clamped below 4096). Scores stay below 2^53 until 2059. Ordering by score is
 -- ordering by last touch. An entry whose touch is older than the TTL names a
 -- key Redis has already expired: the score still tells the bytes and the
 -- continuation to give back.
@@ -34,6 +34,7 @@ local function fmt(n)
 end
 
 local function pack_score(ms, published, size)
+  if size > PUBLISHED - 1 then size = PUBLISHED - 1 end
   return (ms - SCORE_EPOCH_MS) * TIME_UNIT + published * PUBLISHED + size
 end
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
 // Store keeps sessions. Implementations: [NewRedisStore], [NewMemoryStore].
@@ -69,6 +71,8 @@ type StoreOptions struct {
 	DurableTimeout time.Duration
 	// OpTimeout bounds each operation (besides the durable wait). Default 2s.
 	OpTimeout time.Duration
+	// Observer, when set, sees every operation (see Observed).
+	Observer Observer
 }
 
 func (o StoreOptions) withDefaults() (StoreOptions, error) {
@@ -81,9 +85,12 @@ func (o StoreOptions) withDefaults() (StoreOptions, error) {
 	if o.OpTimeout == 0 {
 		o.OpTimeout = 2 * time.Second
 	}
+	if err := names.Check(o.Namespace, 64); err != nil {
+		return o, fmt.Errorf("%w: Namespace %v", ErrInvalid, err)
+	}
 	switch {
-	case strings.ContainsAny(o.Namespace, "{} \t\n") || len(o.Namespace) > 64:
-		return o, fmt.Errorf("%w: Namespace %q: at most 64 bytes without spaces, '{' or '}'", ErrInvalid, o.Namespace)
+	case strings.ContainsAny(o.Namespace, "{} "):
+		return o, fmt.Errorf("%w: Namespace %q holds a space, '{' or '}'", ErrInvalid, o.Namespace)
 	case o.Mode != Snapshot && o.Mode != Journal:
 		return o, fmt.Errorf("%w: Mode %v", ErrInvalid, o.Mode)
 	case o.TTL < 0 || (o.TTL > 0 && o.TTL < time.Millisecond):
@@ -156,7 +163,7 @@ func NewMemoryStore(opts StoreOptions) (Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &memoryStore{opts: opts, now: time.Now, heads: map[string]memoryHead{}}, nil
+	return Observed(&memoryStore{opts: opts, now: time.Now, heads: map[string]memoryHead{}}, opts.Observer), nil
 }
 
 func (m *memoryStore) head(id string) (memoryHead, bool) {

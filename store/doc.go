@@ -10,8 +10,8 @@
 // request upstream (the delta after [Reservation.PreviousResponseID] when
 // [Reservation.Continues], the full input otherwise); then [Store.Record] the
 // response, which publishes it only if the turn is still the owner's current
-// one, or [Store.Abort] the turn. Each operation is one round trip to Redis
-// (one script call). [NewMemory] gives the same semantics in process, for a
+// one, or [Store.Abort] the turn. Each operation is one round trip to Redis:
+// one script call, or one HGET for [Store.IsCurrent]. [NewMemory] gives the same semantics in process, for a
 // single replica and as the reference model of the Redis backend.
 //
 // Reserve never fails the gateway: when Redis is down or slower than

@@ -172,6 +172,9 @@ func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Tur
 }
 
 func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
+	if err := r.schemaError(); err != nil {
+		return false, err
+	}
 	_, state, _, _ := r.ownerKeys(owner)
 	cur, err := r.client.HGet(ctx, state, "t").Result()
 	if errors.Is(err, redis.Nil) {

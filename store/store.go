@@ -398,8 +398,10 @@ func unavailable(op string, err error) error {
 }
 
 func validResult(out Result) error {
-	if len(out.ResponseID) > maxResponseIDBytes {
-		return fmt.Errorf("%w: response id is %d bytes, more than %d", ErrInvalidRequest, len(out.ResponseID), maxResponseIDBytes)
+	if out.ResponseID != "" {
+		if err := validText("response id", out.ResponseID, maxResponseIDBytes); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
 	}
 	if err := validText("socket replica", out.Socket.Replica, maxReplicaBytes); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
