@@ -4,23 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-var updateVectors = flag.Bool("update-vectors", false, "rewrite the test vectors under testdata/")
 
 type canonicalCase struct {
 	name  string
@@ -459,97 +452,6 @@ func TestCanonicalConcurrentUse(t *testing.T) {
 	}
 	for g := 0; g < 8; g++ {
 		require.NoError(t, <-errs)
-	}
-}
-
-// canonicalVector is one entry of testdata/canonical_vectors.json.
-type canonicalVector struct {
-	Name string `json:"name"`
-	// Input is the JSON text, or InputHex its bytes in hex when they are not
-	// valid UTF-8.
-	Input    *string `json:"input,omitempty"`
-	InputHex string  `json:"input_hex,omitempty"`
-	// Canonical is the expected canonical form; empty when Valid is false.
-	Canonical string `json:"canonical,omitempty"`
-	Valid     bool   `json:"valid"`
-	// Item reports that the function_call item rule applies.
-	Item bool `json:"item,omitempty"`
-}
-
-func canonicalVectors(t *testing.T) []canonicalVector {
-	var vs []canonicalVector
-	add := func(name, input string, item bool) {
-		v := canonicalVector{Name: name, Item: item}
-		if utf8.ValidString(input) {
-			v.Input = &input
-		} else {
-			v.InputHex = hexString(input)
-		}
-		var got []byte
-		var err error
-		if item {
-			got, err = canonicalItem([]byte(input))
-		} else {
-			got, err = Canonical([]byte(input))
-		}
-		if err == nil {
-			v.Valid, v.Canonical = true, string(got)
-		}
-		vs = append(vs, v)
-	}
-	for _, tc := range canonicalValid {
-		if len(tc.input) < 2000 {
-			add(tc.name, tc.input, false)
-		}
-	}
-	for _, tc := range canonicalInvalid {
-		if len(tc.input) < 2000 {
-			add(tc.name, tc.input, false)
-		}
-	}
-	for _, in := range []string{
-		`{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1.0}"}`,
-		`{"arguments":"{\"b\": 2, \"a\": 1.0}","type":"function_call"}`,
-		`{"type":"function_call","arguments":"{not json"}`,
-		`{"type":"function_call","arguments":"{\"a\":1,\"a\":2}"}`,
-		`{"type":"message","arguments":"{\"b\": 2, \"a\": 1}"}`,
-		`{"type":"function\u005fcall","arguments":" [ 1 , \"\\u00e9\" ] "}`,
-	} {
-		add("item "+in, in, true)
-	}
-	return vs
-}
-
-func hexString(s string) string {
-	const digits = "0123456789abcdef"
-	b := make([]byte, 0, 2*len(s))
-	for i := 0; i < len(s); i++ {
-		b = append(b, digits[s[i]>>4], digits[s[i]&15])
-	}
-	return string(b)
-}
-
-// TestCanonicalVectors keeps testdata/canonical_vectors.json, the vectors for
-// other implementations, in step with this one. Run with -update-vectors to rewrite.
-func TestCanonicalVectors(t *testing.T) {
-	checkVectors(t, filepath.Join("testdata", "canonical_vectors.json"), canonicalVectors(t))
-}
-
-func checkVectors[V any](t *testing.T, path string, want []V) {
-	t.Helper()
-	data, err := json.MarshalIndent(want, "", "  ")
-	require.NoError(t, err)
-	data = append(data, '\n')
-	if *updateVectors {
-		require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-		require.NoError(t, os.WriteFile(path, data, 0o644))
-	}
-	stored, err := os.ReadFile(path)
-	require.NoError(t, err, "run go test ./store -run Vectors -update-vectors to create it")
-	var got []V
-	require.NoError(t, json.Unmarshal(stored, &got))
-	if !reflect.DeepEqual(want, got) {
-		require.Equal(t, string(data), string(stored), "run go test ./store -run Vectors -update-vectors after an intended change")
 	}
 }
 
