@@ -32,7 +32,7 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 	if err != nil {
 		return nil, err
 	}
-	return &redisStore{client: client, opts: opts}, nil
+	return Observed(&redisStore{client: client, opts: opts}, opts.Observer), nil
 }
 
 func (r *redisStore) keys(id string) []string {

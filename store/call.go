@@ -53,6 +53,39 @@ type Observer interface {
 	BreakerChanged(BreakerStatus)
 }
 
+// MultiObserver returns an Observer that passes every call to each of obs in turn,
+// skipping nil ones; it returns nil when none is left and the observer
+// itself when only one is.
+func MultiObserver(obs ...Observer) Observer {
+	var list multi
+	for _, o := range obs {
+		if o != nil {
+			list = append(list, o)
+		}
+	}
+	switch len(list) {
+	case 0:
+		return nil
+	case 1:
+		return list[0]
+	}
+	return list
+}
+
+type multi []Observer
+
+func (m multi) Observe(ev Event) {
+	for _, o := range m {
+		o.Observe(ev)
+	}
+}
+
+func (m multi) BreakerChanged(st BreakerStatus) {
+	for _, o := range m {
+		o.BreakerChanged(st)
+	}
+}
+
 // BreakerState is the state of the circuit breaker.
 type BreakerState string
 
