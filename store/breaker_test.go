@@ -202,3 +202,15 @@ func TestBreakerCanBeTurnedOff(t *testing.T) {
 	}
 	assert.Equal(t, store.BreakerClosed, s.Breakers()[owner.Partition(16)].State)
 }
+
+func TestBreakerStatusOrder(t *testing.T) {
+	open1 := store.BreakerStatus{State: store.BreakerOpen, Opens: 1}
+	half1 := store.BreakerStatus{State: store.BreakerHalfOpen, Opens: 1}
+	closed1 := store.BreakerStatus{State: store.BreakerClosed, Opens: 1}
+	open2 := store.BreakerStatus{State: store.BreakerOpen, Opens: 2}
+	assert.True(t, half1.After(open1))
+	assert.True(t, closed1.After(half1))
+	assert.True(t, open2.After(closed1))
+	assert.False(t, open1.After(closed1))
+	assert.False(t, open1.After(open1))
+}

@@ -114,6 +114,25 @@ type BreakerStatus struct {
 	Since time.Time
 }
 
+// After reports whether s comes after o in one breaker's life: each opening
+// increments Opens, and within one opening the breaker goes open, half-open,
+// closed. The store reports changes outside its locks, so an observer may
+// receive them out of order; After puts them back in order. A state this
+// package does not know is taken as later.
+func (s BreakerStatus) After(o BreakerStatus) bool {
+	if s.Opens != o.Opens {
+		return s.Opens > o.Opens
+	}
+	rs, oks := breakerCycle[s.State]
+	ro, oko := breakerCycle[o.State]
+	if !oks || !oko {
+		return true
+	}
+	return rs > ro
+}
+
+var breakerCycle = map[BreakerState]int{BreakerOpen: 0, BreakerHalfOpen: 1, BreakerClosed: 2}
+
 // breaker stops calling a failing backend: after threshold consecutive
 // failures it opens for cooldown, then lets one probe through.
 type breaker struct {

@@ -239,7 +239,7 @@ func (m *Metrics) BreakerChanged(st store.BreakerStatus) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prev, seen := m.breakers[st.Partition]
-	if seen && !newer(st, prev) {
+	if seen && !st.After(prev) {
 		return
 	}
 	m.breakers[st.Partition] = st
@@ -251,20 +251,3 @@ func (m *Metrics) BreakerChanged(st store.BreakerStatus) {
 	}
 	m.breakersOpen.Set(float64(m.open))
 }
-
-// newer reports whether a comes after b in one breaker's life: each
-// opening increments Opens, and within one opening the breaker goes open,
-// half-open, closed. A state this package does not know is taken as new.
-func newer(a, b store.BreakerStatus) bool {
-	if a.Opens != b.Opens {
-		return a.Opens > b.Opens
-	}
-	ra, oka := cycle[a.State]
-	rb, okb := cycle[b.State]
-	if !oka || !okb {
-		return true
-	}
-	return ra > rb
-}
-
-var cycle = map[store.BreakerState]int{store.BreakerOpen: 0, store.BreakerHalfOpen: 1, store.BreakerClosed: 2}

@@ -184,7 +184,7 @@ func (o *observer) BreakerChanged(st store.BreakerStatus) {
 		p = &partition{}
 		o.parts[st.Partition] = p
 	}
-	if p.seen && !newer(st, p.last) {
+	if p.seen && !st.After(p.last) {
 		o.mu.Unlock() // a change that arrived after a later one: already told
 		return
 	}
@@ -233,22 +233,3 @@ func (o *observer) BreakerChanged(st store.BreakerStatus) {
 	a = append(a, slog.Int("suppressed", suppressed))
 	o.log.LogAttrs(context.Background(), level, msg, a...)
 }
-
-// newer reports whether a comes after b in one breaker's life: each
-// opening increments Opens, and within one opening the breaker goes open,
-// half-open, closed. The store reports changes outside its locks, so they
-// may arrive out of order. A state this package does not know is taken as
-// new.
-func newer(a, b store.BreakerStatus) bool {
-	if a.Opens != b.Opens {
-		return a.Opens > b.Opens
-	}
-	ra, oka := cycle[a.State]
-	rb, okb := cycle[b.State]
-	if !oka || !okb {
-		return true
-	}
-	return ra > rb
-}
-
-var cycle = map[store.BreakerState]int{store.BreakerOpen: 0, store.BreakerHalfOpen: 1, store.BreakerClosed: 2}
