@@ -296,6 +296,10 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request)
 // request that was reserved (nil counts as empty). Invalid output items or
 // names give ErrInvalidRequest before anything is sent; store failures give
 // an error wrapping ErrUnavailable.
+//
+// Give Record and Abort a context that outlives the client's request
+// (context.WithoutCancel): a client that hangs up after the upstream
+// answered should not cost the owner its continuation.
 func (s *Store) Record(ctx context.Context, res *Reservation, req *Request, out Result) (Outcome, error) {
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return OutcomeIgnored, nil
