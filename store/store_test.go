@@ -3,6 +3,7 @@ package store_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -40,5 +41,23 @@ func TestMiniredisConformance(t *testing.T) {
 		s, err := store.NewRedis(c, opts)
 		require.NoError(t, err)
 		return s
+	})
+}
+
+// The Redis scripts on miniredis, with its clock moved in step, behave as
+// the in-process model, limits and evictions included.
+func TestMiniredisMatchesTheModel(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	storetest.CheckModel(t, storetest.ModelConfig{
+		Options: store.Options{Partitions: 2, TTL: 10*time.Second + 7*time.Millisecond, MaxOwners: 6, MaxTotalBytes: 1400},
+		Open: func(t *testing.T, opts store.Options) *store.Store {
+			s, err := store.NewRedis(c, opts)
+			require.NoError(t, err)
+			return s
+		},
+		Advance: func(now time.Time, d time.Duration) {
+			mr.SetTime(now)
+			mr.FastForward(d)
+		},
 	})
 }
