@@ -75,23 +75,6 @@ func (r *recorder) states() []store.BreakerState {
 	return append([]store.BreakerState(nil), r.breakers...)
 }
 
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // A client configured against every recommendation (no context deadlines,
 // a 10s read timeout, retries) cannot hold a Reserve past OpTimeout; after
 // five failures the breaker answers at once, then lets a probe through.
@@ -99,7 +82,7 @@ func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 	c := blackHole(t, redis.Options{ContextTimeoutEnabled: false,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 3, DialTimeout: 10 * time.Second})
 	obs := &recorder{}
-	clk := &clock{now: time.Now()}
+	clk := redistest.NewClock(time.Now())
 	const opTimeout = 100 * time.Millisecond
 	s, err := store.NewRedis(c, store.Options{OpTimeout: opTimeout, Observer: obs, Now: clk.Now})
 	require.NoError(t, err, "Redis not answering does not stop a gateway from starting")
@@ -153,7 +136,7 @@ func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	obs := &recorder{}
-	clk := &clock{now: time.Now()}
+	clk := redistest.NewClock(time.Now())
 	s, err := store.NewRedis(c, store.Options{OpTimeout: 100 * time.Millisecond, Observer: obs, Now: clk.Now, BreakerFailures: 2})
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")

@@ -24,10 +24,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -257,4 +259,67 @@ func CleanupNamespace(t testing.TB, c redis.UniversalClient, ns string) {
 // the wall clock, as a real server's does, until the test ends.
 func FollowRealTime(t testing.TB, mr *miniredis.Miniredis) {
 	t.Cleanup(embedded.FollowRealTime(mr))
+}
+
+// errDown is what every command of a Failing client answers.
+var errDown = errors.New("redistest: redis down")
+
+// Failing returns a client whose every command fails at once with an
+// error, without a network, as a client of an unreachable Redis does; it is
+// closed when the test ends.
+func Failing(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	c.AddHook(failHook{})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+type failHook struct{}
+
+func (failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (failHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(_ context.Context, cmd redis.Cmder) error {
+		cmd.SetErr(errDown)
+		return errDown
+	}
+}
+
+func (failHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(_ context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			cmd.SetErr(errDown)
+		}
+		return errDown
+	}
+}
+
+// Clock is a clock tests move by hand; safe for concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock reading now.
+func NewClock(now time.Time) *Clock { return &Clock{now: now} }
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Add moves the clock forward by d.
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
 }

@@ -12,16 +12,19 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/prommetrics"
 )
 
 var ctx = context.Background()
+
+// errDown stands for any store failure.
+var errDown = errors.New("redis down")
 
 func parse(t *testing.T, body string) *store.Request {
 	t.Helper()
@@ -44,35 +47,6 @@ func registered(t *testing.T, cs ...prometheus.Collector) *prometheus.Registry {
 		require.NoError(t, reg.Register(c))
 	}
 	return reg
-}
-
-// failing is a Redis client whose every command fails without a network.
-func failing() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
-	c.AddHook(failHook{})
-	return c
-}
-
-type failHook struct{}
-
-var errDown = errors.New("redis down")
-
-func (failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (failHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
-	return func(_ context.Context, cmd redis.Cmder) error {
-		cmd.SetErr(errDown)
-		return errDown
-	}
-}
-
-func (failHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(_ context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			cmd.SetErr(errDown)
-		}
-		return errDown
-	}
 }
 
 // A turn's life on the in-process store drives the reservation, record and
@@ -177,7 +151,7 @@ func sampleCount(t *testing.T, g prometheus.Gatherer, name, op string) uint64 {
 func TestObserverCountsFailOpen(t *testing.T) {
 	m := prommetrics.New(prommetrics.Options{})
 	reg := registered(t, m)
-	s, err := store.NewRedis(failing(), store.Options{Observer: m, BreakerFailures: 2, OpTimeout: time.Second})
+	s, err := store.NewRedis(redistest.Failing(t), store.Options{Observer: m, BreakerFailures: 2, OpTimeout: time.Second})
 	require.NoError(t, err)
 	o := owner(t, "s1")
 	r := parse(t, `{"input":["a"]}`)

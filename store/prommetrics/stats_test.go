@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/prommetrics"
 )
@@ -86,7 +87,7 @@ contstore_stats_up 1
 // breaker states, and nothing else.
 func TestStatsCollectorError(t *testing.T) {
 	m := prommetrics.New(prommetrics.Options{})
-	s, err := store.NewRedis(failing(), store.Options{Partitions: 1, BreakerFailures: 1, OpTimeout: time.Second})
+	s, err := store.NewRedis(redistest.Failing(t), store.Options{Partitions: 1, BreakerFailures: 1, OpTimeout: time.Second})
 	require.NoError(t, err)
 	o := owner(t, "s1")
 	require.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, o, nil).Reason) // opens the breaker

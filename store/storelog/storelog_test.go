@@ -12,33 +12,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/storelog"
 )
 
 var ctx = context.Background()
-
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 
@@ -47,6 +30,9 @@ type buffer struct {
 	mu  sync.Mutex
 	buf bytes.Buffer
 }
+
+// errDown stands for any store failure.
+var errDown = errors.New("redis down")
 
 func (b *buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
@@ -82,37 +68,13 @@ func owner(t *testing.T, session string) identity.Owner {
 	return o
 }
 
-var errDown = errors.New("redis down")
-
-// failHook fails every Redis command without a network.
-type failHook struct{}
-
-func (failHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (failHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
-	return func(_ context.Context, cmd redis.Cmder) error {
-		cmd.SetErr(errDown)
-		return errDown
-	}
-}
-
-func (failHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(_ context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			cmd.SetErr(errDown)
-		}
-		return errDown
-	}
-}
-
 // While Redis is down, each operation's failures are logged once every
 // Every, the next line counting those left out.
 func TestFailuresAreRateLimitedPerOperation(t *testing.T) {
 	log, buf := newLogger(slog.LevelDebug)
-	clk := &clock{now: t0}
+	clk := redistest.NewClock(t0)
 	obs := storelog.New(log, storelog.Options{Now: clk.Now, Debug: true})
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
-	client.AddHook(failHook{})
+	client := redistest.Failing(t)
 	s, err := store.NewRedis(client, store.Options{Observer: obs, BreakerFailures: -1, OpTimeout: time.Second})
 	require.NoError(t, err)
 	o := owner(t, "s1")
@@ -183,11 +145,11 @@ func TestSuccessesAtDebug(t *testing.T) {
 // between at most once every Every.
 func TestBreakerChanges(t *testing.T) {
 	log, buf := newLogger(slog.LevelInfo)
-	clk := &clock{now: t0}
+	clk := redistest.NewClock(t0)
 	obs := storelog.New(log, storelog.Options{Now: clk.Now})
 	change := func(after time.Duration, p int, s store.BreakerState, opens int64) {
-		clk.now = t0.Add(after)
-		obs.BreakerChanged(store.BreakerStatus{Partition: p, State: s, Opens: opens, Since: clk.now, ConsecutiveFailures: 5})
+		clk.Set(t0.Add(after))
+		obs.BreakerChanged(store.BreakerStatus{Partition: p, State: s, Opens: opens, Since: clk.Now(), ConsecutiveFailures: 5})
 	}
 	type line struct {
 		level, msg string
@@ -246,7 +208,7 @@ func TestNegativeEveryLogsEverything(t *testing.T) {
 // as suppressed by a later line.
 func TestConcurrentFailuresAreAllAccountedFor(t *testing.T) {
 	log, buf := newLogger(slog.LevelInfo)
-	clk := &clock{now: t0}
+	clk := redistest.NewClock(t0)
 	obs := storelog.New(log, storelog.Options{Now: clk.Now, Every: time.Second})
 	var wg sync.WaitGroup
 	const goroutines, each = 8, 300

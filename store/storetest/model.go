@@ -92,6 +92,22 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 		pick := func(rt *rapid.T) pair {
 			return turns[rapid.IntRange(0, len(turns)-1).Draw(rt, "turn")]
 		}
+		// onTurn runs op on both stores for a turn reserved earlier and
+		// requires the same answer.
+		onTurn := func(name string, op func(*store.Store, *store.Reservation) (bool, error)) func(*rapid.T) {
+			return func(rt *rapid.T) {
+				if len(turns) == 0 {
+					rt.Skip("no turn yet")
+				}
+				p := pick(rt)
+				m, err1 := op(model, p.model)
+				s, err2 := op(sut, p.sut)
+				if err1 != nil || err2 != nil {
+					rt.Fatal(err1, err2)
+				}
+				eq(name, m, s)
+			}
+		}
 
 		rt.Repeat(map[string]func(*rapid.T){
 			"reserve": func(rt *rapid.T) {
@@ -126,30 +142,12 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 				}
 				eq("record", mo, so)
 			},
-			"abort": func(rt *rapid.T) {
-				if len(turns) == 0 {
-					rt.Skip("no turn yet")
-				}
-				p := pick(rt)
-				m, err1 := model.Abort(ctx, p.model)
-				s, err2 := sut.Abort(ctx, p.sut)
-				if err1 != nil || err2 != nil {
-					rt.Fatal(err1, err2)
-				}
-				eq("abort", m, s)
-			},
-			"is-current": func(rt *rapid.T) {
-				if len(turns) == 0 {
-					rt.Skip("no turn yet")
-				}
-				p := pick(rt)
-				m, err1 := model.IsCurrent(ctx, p.model)
-				s, err2 := sut.IsCurrent(ctx, p.sut)
-				if err1 != nil || err2 != nil {
-					rt.Fatal(err1, err2)
-				}
-				eq("is-current", m, s)
-			},
+			"abort": onTurn("abort", func(s *store.Store, r *store.Reservation) (bool, error) {
+				return s.Abort(ctx, r)
+			}),
+			"is-current": onTurn("is-current", func(s *store.Store, r *store.Reservation) (bool, error) {
+				return s.IsCurrent(ctx, r)
+			}),
 			"clear": func(rt *rapid.T) {
 				o := rapid.SampledFrom(owners).Draw(rt, "owner")
 				if err1, err2 := model.Clear(ctx, o), sut.Clear(ctx, o); err1 != nil || err2 != nil {
