@@ -58,3 +58,8 @@ compose-check: ## Validate docker-compose.yml with docker-compose (skipped when 
 	else \
 		echo 'compose-check: docker-compose not installed (Debian: apt-get install docker-compose); skipped'; \
 	fi
+
+.PHONY: traces
+
+traces: ## Capture real-client traces into testdata/clients (installs the clients with npm)
+	GO='$(GO)' testdata/clients/capture.sh
