@@ -1,4 +1,4 @@
-package store
+package fingerprint
 
 import (
 	"bytes"
@@ -200,7 +200,7 @@ func BenchmarkParseRequest(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				r, err := ParseRequest(body)
+				r, err := testParser.Parse(body)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -214,16 +214,16 @@ func BenchmarkParseRequest(b *testing.B) {
 
 func BenchmarkTranscript(b *testing.B) {
 	body := syntheticBody(500, 1<<20)
-	r, err := ParseRequest(body)
+	r, err := testParser.Parse(body)
 	if err != nil {
 		b.Fatal(err)
 	}
-	prev, err := ParseRequest([]byte(`{"input":[]}`))
+	prev, err := testParser.Parse([]byte(`{"input":[]}`))
 	if err != nil {
 		b.Fatal(err)
 	}
-	output := r.Input()
-	b.SetBytes(r.TranscriptBytes())
+	output := r.Items()
+	b.SetBytes(r.bytes)
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := prev.Transcript(output); err != nil {
@@ -237,7 +237,7 @@ func BenchmarkCanonical(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Canonical(body); err != nil {
+		if _, err := canonicalExact(body); err != nil {
 			b.Fatal(err)
 		}
 	}

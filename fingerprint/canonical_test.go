@@ -1,4 +1,4 @@
-package store
+package fingerprint
 
 import (
 	"bytes"
@@ -141,7 +141,7 @@ var canonicalInvalid = []canonicalCase{
 func TestCanonical(t *testing.T) {
 	for _, tc := range canonicalValid {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Canonical([]byte(tc.input))
+			got, err := canonicalExact([]byte(tc.input))
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, string(got))
 		})
@@ -151,7 +151,7 @@ func TestCanonical(t *testing.T) {
 func TestCanonicalRejects(t *testing.T) {
 	for _, tc := range canonicalInvalid {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := Canonical([]byte(tc.input))
+			got, err := canonicalExact([]byte(tc.input))
 			require.Error(t, err)
 			assert.Nil(t, got)
 			assert.ErrorIs(t, err, ErrInvalidRequest)
@@ -163,9 +163,9 @@ func TestCanonicalRejects(t *testing.T) {
 func TestCanonicalIsIdempotent(t *testing.T) {
 	for _, tc := range canonicalValid {
 		t.Run(tc.name, func(t *testing.T) {
-			once, err := Canonical([]byte(tc.input))
+			once, err := canonicalExact([]byte(tc.input))
 			require.NoError(t, err)
-			twice, err := Canonical(once)
+			twice, err := canonicalExact(once)
 			require.NoError(t, err)
 			assert.Equal(t, string(once), string(twice))
 		})
@@ -178,7 +178,7 @@ func TestCanonicalPreservesMeaning(t *testing.T) {
 		inputs = append(inputs, tc.input)
 	}
 	for _, in := range inputs {
-		got, err := Canonical([]byte(in))
+		got, err := canonicalExact([]byte(in))
 		require.NoError(t, err)
 		assert.Equal(t, decodeJSON(t, []byte(in)), decodeJSON(t, got), "input %q", in)
 	}
@@ -271,7 +271,7 @@ func TestCanonicalMatchesReference(t *testing.T) {
 		assert.Equal(t, referenceCanonical(t, []byte(tc.input)), tc.want, tc.name)
 	}
 	body := syntheticBody(40, 40000)
-	got, err := Canonical(body)
+	got, err := canonicalExact(body)
 	require.NoError(t, err)
 	assert.Equal(t, referenceCanonical(t, body), string(got))
 }
@@ -293,7 +293,7 @@ func TestCanonicalStringsAtEveryAlignment(t *testing.T) {
 		}
 		b.WriteByte('"')
 		in := b.String()
-		got, err := Canonical([]byte(in))
+		got, err := canonicalExact([]byte(in))
 		require.NoError(t, err, in)
 		require.Equal(t, referenceCanonical(t, []byte(in)), string(got), in)
 
@@ -302,7 +302,7 @@ func TestCanonicalStringsAtEveryAlignment(t *testing.T) {
 			bad := []byte(in)
 			pos := 1 + rng.IntN(len(in)-2)
 			bad[pos] = []byte{0x01, 0x1f, 0xff, 0x80, '"'}[rng.IntN(5)]
-			if _, err := Canonical(bad); err == nil {
+			if _, err := canonicalExact(bad); err == nil {
 				require.True(t, json.Valid(bad), "%q accepted", bad)
 			}
 		}
@@ -312,7 +312,7 @@ func TestCanonicalStringsAtEveryAlignment(t *testing.T) {
 func TestCanonicalDoesNotModifyInput(t *testing.T) {
 	in := []byte(`{"b":"\u00e9","a":[1.0, 2]}`)
 	orig := bytes.Clone(in)
-	_, err := Canonical(in)
+	_, err := canonicalExact(in)
 	require.NoError(t, err)
 	assert.Equal(t, orig, in)
 }
@@ -323,20 +323,20 @@ func TestCanonicalErrorNamesPathAndOffset(t *testing.T) {
 		input string
 		want  string
 	}{
-		{"bad literal in nested array", `{"a":[1,2,{"b":tru}]}`, `store: invalid JSON value: a[2].b: invalid character '}' in literal true at offset 18`},
-		{"duplicate key names the object", `{"x":[{"k":1,"k":2}]}`, `store: invalid JSON value: x[0]: duplicate key "k" at offset 13`},
-		{"duplicate key found when sorting", `{"b":1,"a":1,"b":2}`, `store: invalid JSON value: duplicate key "b" at offset 13`},
-		{"odd key is quoted", `{"a b":[nul]}`, `store: invalid JSON value: ["a b"][0]: invalid character ']' in literal null at offset 11`},
-		{"invalid UTF-8", "[\"ok\",\"a\xffb\"]", `store: invalid JSON value: [1]: invalid UTF-8 in string at offset 8`},
-		{"lone surrogate", `{"s":"x\udc00"}`, `store: invalid JSON value: s: unpaired surrogate escape in string at offset 7`},
-		{"raw control character", "{\"s\":\"a\x01\"}", `store: invalid JSON value: s: invalid control character in string at offset 7`},
-		{"trailing data", `{} x`, `store: invalid JSON value: invalid character 'x' after top-level value at offset 3`},
-		{"unexpected end", `{"a":[1,`, `store: invalid JSON value: a[1]: unexpected end of input at offset 8`},
-		{"depth", strings.Repeat("[", 600), `store: invalid JSON value: ` + strings.Repeat("[0]", 512) + `: exceeds maximum nesting depth of 512 at offset 512`},
+		{"bad literal in nested array", `{"a":[1,2,{"b":tru}]}`, `fingerprint: invalid JSON value: a[2].b: invalid character '}' in literal true at offset 18`},
+		{"duplicate key names the object", `{"x":[{"k":1,"k":2}]}`, `fingerprint: invalid JSON value: x[0]: duplicate key "k" at offset 13`},
+		{"duplicate key found when sorting", `{"b":1,"a":1,"b":2}`, `fingerprint: invalid JSON value: duplicate key "b" at offset 13`},
+		{"odd key is quoted", `{"a b":[nul]}`, `fingerprint: invalid JSON value: ["a b"][0]: invalid character ']' in literal null at offset 11`},
+		{"invalid UTF-8", "[\"ok\",\"a\xffb\"]", `fingerprint: invalid JSON value: [1]: invalid UTF-8 in string at offset 8`},
+		{"lone surrogate", `{"s":"x\udc00"}`, `fingerprint: invalid JSON value: s: unpaired surrogate escape in string at offset 7`},
+		{"raw control character", "{\"s\":\"a\x01\"}", `fingerprint: invalid JSON value: s: invalid control character in string at offset 7`},
+		{"trailing data", `{} x`, `fingerprint: invalid JSON value: invalid character 'x' after top-level value at offset 3`},
+		{"unexpected end", `{"a":[1,`, `fingerprint: invalid JSON value: a[1]: unexpected end of input at offset 8`},
+		{"depth", strings.Repeat("[", 600), `fingerprint: invalid JSON value: ` + strings.Repeat("[0]", 512) + `: exceeds maximum nesting depth of 512 at offset 512`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Canonical([]byte(tc.input))
+			_, err := canonicalExact([]byte(tc.input))
 			require.Error(t, err)
 			assert.True(t, errors.Is(err, ErrInvalidRequest))
 			assert.Equal(t, tc.want, err.Error())
@@ -425,20 +425,20 @@ func TestCanonicalItemFunctionCallRule(t *testing.T) {
 
 func TestCanonicalIgnoresFunctionCallRule(t *testing.T) {
 	in := `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1}"}`
-	got, err := Canonical([]byte(in))
+	got, err := canonicalExact([]byte(in))
 	require.NoError(t, err)
 	assert.Equal(t, `{"arguments":"{\"b\": 2, \"a\": 1}","type":"function_call"}`, string(got))
 }
 
 func TestCanonicalConcurrentUse(t *testing.T) {
 	body := syntheticBody(40, 40000)
-	want, err := Canonical(body)
+	want, err := canonicalExact(body)
 	require.NoError(t, err)
 	errs := make(chan error, 8)
 	for g := 0; g < 8; g++ {
 		go func() {
 			for i := 0; i < 20; i++ {
-				got, err := Canonical(body)
+				got, err := canonicalExact(body)
 				if err == nil && !bytes.Equal(got, want) {
 					err = errors.New("canonical form differs between calls")
 				}
@@ -467,7 +467,7 @@ func FuzzCanonical(f *testing.F) {
 	f.Add([]byte(syntheticTools))
 	f.Add(syntheticBody(3, 1500))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		got, err := Canonical(in)
+		got, err := canonicalExact(in)
 		if err != nil {
 			require.ErrorIs(t, err, ErrInvalidRequest)
 			require.Nil(t, got)
@@ -475,7 +475,7 @@ func FuzzCanonical(f *testing.F) {
 		}
 		require.True(t, json.Valid(in), "accepted input that encoding/json rejects")
 		require.True(t, json.Valid(got), "canonical form is not valid JSON")
-		again, err := Canonical(got)
+		again, err := canonicalExact(got)
 		require.NoError(t, err)
 		require.Equal(t, string(got), string(again), "canonical form is not a fixed point")
 		require.Equal(t, decodeJSON(t, in), decodeJSON(t, got), "canonical form changed the value")
@@ -486,7 +486,7 @@ func FuzzCanonical(f *testing.F) {
 		itemAgain, err := canonicalItem(item)
 		require.NoError(t, err)
 		require.Equal(t, string(item), string(itemAgain), "canonical item is not a fixed point")
-		plain, err := Canonical(item)
+		plain, err := canonicalExact(item)
 		require.NoError(t, err)
 		require.Equal(t, string(item), string(plain), "canonical item is not canonical")
 	})

@@ -1,266 +1,250 @@
-package store
+package fingerprint
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"strconv"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/minio/highwayhash"
 )
 
 // ErrInvalidRequest is returned (wrapped, with what was wrong and where) for
-// a body that is not a valid request.
-var ErrInvalidRequest = errors.New("store: invalid request")
+// a body that is not a valid request, and for invalid arguments to a
+// request's methods.
+var ErrInvalidRequest = errors.New("fingerprint: invalid request")
 
-// requestChainSeed is the chain digest of an empty transcript, h(0): the
-// xxhash64 of the ASCII string "contstore/chain/v1".
-var requestChainSeed = xxhash.Sum64String("contstore/chain/v1")
+// KeySize is the size of a [Key].
+const KeySize = 32
 
-// requestEmptySignature is the signature of a request without members other
-// than input: the xxhash64 of "{}".
-var requestEmptySignature = xxhash.Sum64String("{}")
+// Key is the secret that keys every digest. Without it nobody can build two
+// items with the same digest, so a client cannot make the store continue
+// from a conversation it did not send. The store keeps one per namespace.
+type Key [KeySize]byte
 
-// requestChainNext returns h(k) = xxhash64(le64(h(k-1)) || le64(d_k)).
-func requestChainNext(prev, digest uint64) uint64 {
+// ChainSeedText is the text whose digest starts every transcript chain.
+const ChainSeedText = "contstore/chain/v2"
+
+// A Parser parses requests under one profile and one key. It is immutable
+// and safe for concurrent use.
+type Parser struct {
+	profile Profile
+	id      string
+	rules   *rules
+	key     [KeySize]byte
+	seed    uint64 // h(0)
+}
+
+// New returns a parser for profile and key. An invalid profile gives an
+// error wrapping ErrInvalidProfile.
+func New(profile Profile, key Key) (*Parser, error) {
+	r, err := profile.validate()
+	if err != nil {
+		return nil, err
+	}
+	p := &Parser{profile: profile, id: profile.ID(), rules: r, key: key}
+	p.profile.ItemMembers, p.profile.PartMembers, p.profile.PromptMembers = r.item, r.part, r.prompt
+	p.seed = p.sum([]byte(ChainSeedText))
+	return p, nil
+}
+
+// ProfileID returns the identity of the parser's profile.
+func (p *Parser) ProfileID() string { return p.id }
+
+// Key returns the parser's key.
+func (p *Parser) Key() Key { return p.key }
+
+// sum returns the keyed digest of b: HighwayHash-64 under the parser's key.
+func (p *Parser) sum(b []byte) uint64 { return highwayhash.Sum64(b, p.key[:]) }
+
+// next returns h(k) = H(le64(h(k-1)) || le64(d_k)).
+func (p *Parser) next(prev, digest uint64) uint64 {
 	var b [16]byte
 	binary.LittleEndian.PutUint64(b[:8], prev)
 	binary.LittleEndian.PutUint64(b[8:], digest)
-	return xxhash.Sum64(b[:])
+	return p.sum(b[:])
 }
 
-// Request is a parsed Responses-style request body: its input items with
-// their digests, and the signature of everything else.
+// Request is a parsed Responses request body: its input items with their
+// digests, and the signature of everything else. It is immutable and safe
+// for concurrent use.
 //
-// The k-th input item, counting from 1, has the digest d_k = xxhash64 of its
-// canonical form, which is its canonical JSON with the function_call rule
-// (see Canonical). The chain digest of the first k items is
+// Digests are keyed: H(b) is HighwayHash-64 of b under the parser's key.
+// The k-th input item, counting from 1, has the digest d_k = H(canonical
+// item). The chain digest of the first k items is
 //
-//	h(0) = xxhash64("contstore/chain/v1")
-//	h(k) = xxhash64(le64(h(k-1)) || le64(d_k))
+//	h(0) = H("contstore/chain/v2")
+//	h(k) = H(le64(h(k-1)) || le64(d_k))
 //
 // over the 16-byte concatenation of the two little-endian 64-bit values.
-//
-// A nil *Request behaves as a request without input and without other
-// members: Len 0, Input nil, Signature the xxhash64 of "{}", PrefixDigest(0)
-// h(0), and Transcript and Fingerprint work as for any empty request.
-//
-// A Request is immutable and safe for concurrent use.
 type Request struct {
+	parser    *Parser
 	body      []byte
 	items     []json.RawMessage
 	digests   []uint64 // d_1..d_n
 	prefix    []uint64 // h(0)..h(n)
 	signature uint64
 	bytes     int64
+	input     span // the input member's value
+	previous  span // the previous_response_id member's value
 }
 
-// Fingerprint identifies a transcript: its first Items items hash to Digest;
-// Bytes is their canonical size.
-type Fingerprint struct {
-	// Items is the number of items in the transcript.
+// span is a range of a body's bytes; start -1 when absent.
+type span struct{ start, end int }
+
+// Transcript identifies a sequence of items: its first Items items chain to
+// Digest, and Bytes is their canonical size.
+type Transcript struct {
+	// Items is the number of items.
 	Items int
 	// Digest is the chain digest h(Items) of the items.
 	Digest uint64
-	// Bytes is the sum of the canonical lengths of the items.
+	// Bytes is the sum of the items' canonical lengths.
 	Bytes int64
 }
 
-// ParseRequest parses and validates a request body.
+// Parse parses and validates a request body.
 //
-// The body must be one JSON object; all of it is validated by the rules
-// described at Canonical. Its input member is either an array, each element
-// of which is one item, or a string, which is a single item; a missing input
-// means no items, and any other input (null included) is rejected. The
-// signature is the xxhash64 of the canonical form of the body with the input
-// member removed ("{}" when input is the only member).
+// The body must be one JSON object, valid as the package documentation
+// describes. Its input member is either an array, each element of which is
+// one item, or a string, which is a single item; a missing input means no
+// items, and any other input (null included) is rejected. The signature is
+// the digest of the canonical body without input and the profile's prompt
+// members ("{}" when nothing is left).
 //
-// ParseRequest keeps its own copy of body, so the caller may reuse body
+// Parse keeps its own copy of body, so the caller may reuse body
 // afterwards. Errors wrap ErrInvalidRequest and name the byte offset and,
 // where known, the path of the problem, such as input[3].content[0].
-func ParseRequest(body []byte) (*Request, error) {
-	buf := make([]byte, len(body))
-	copy(buf, body)
-	p := getCanonState(buf)
-	defer putCanonState(p)
-	p.skipWS()
-	if p.pos >= len(buf) || buf[p.pos] != '{' {
-		p.fail(p.pos, "body is not a JSON object")
-		return nil, p.error("invalid request", "")
+func (p *Parser) Parse(body []byte) (*Request, error) {
+	buf := slices.Clone(body)
+	s := getScanner(buf, p.rules)
+	defer putScanner(s)
+	s.parser = p
+	s.skipWS()
+	if s.pos >= len(buf) || buf[s.pos] != '{' {
+		s.fail(s.pos, "body is not a JSON object")
+		return nil, s.error("invalid request", "")
 	}
-	if !p.object(canonModeBody) {
-		return nil, p.error("invalid request", "")
+	if !s.document(placeBody) {
+		return nil, s.error("invalid request", "")
 	}
-	p.skipWS()
-	if p.pos < len(buf) {
-		p.failChar("after top-level value")
-		return nil, p.error("invalid request", "")
-	}
-	n := len(p.itemRaw)
+	n := len(s.itemRaw)
 	r := &Request{
+		parser:    p,
 		body:      buf,
-		signature: xxhash.Sum64(p.out),
-		bytes:     p.itemBytes,
-	}
-	if n > 0 {
-		r.items = make([]json.RawMessage, n)
-		copy(r.items, p.itemRaw)
+		items:     slices.Clone(s.itemRaw),
+		signature: p.sum(s.out),
+		bytes:     s.itemBytes,
+		input:     span{s.inputStart, s.inputEnd},
+		previous:  span{s.prevStart, s.prevEnd},
 	}
 	hashes := make([]uint64, 2*n+1)
 	r.digests = hashes[:n:n]
-	copy(r.digests, p.itemDigest)
+	copy(r.digests, s.itemDigest)
 	r.prefix = hashes[n:]
-	r.prefix[0] = requestChainSeed
+	r.prefix[0] = p.seed
 	for i, d := range r.digests {
-		r.prefix[i+1] = requestChainNext(r.prefix[i], d)
+		r.prefix[i+1] = p.next(r.prefix[i], d)
 	}
 	return r, nil
 }
 
-// input parses the value of the body's input member.
-func (p *canonState) input() bool {
-	if p.pos >= len(p.data) {
-		return p.fail(p.pos, "unexpected end of input")
-	}
-	switch p.data[p.pos] {
-	case '"':
-		return p.item()
-	case '[':
-	default:
-		return p.fail(p.pos, "input must be an array or a string")
-	}
-	if p.depth >= canonMaxDepth {
-		return p.fail(p.pos, "exceeds maximum nesting depth of 512")
-	}
-	p.depth++
-	p.pos++
-	frame := len(p.path)
-	p.path = append(p.path, canonFrame{index: -1, array: true})
-	p.skipWS()
-	if p.pos < len(p.data) && p.data[p.pos] == ']' {
-		p.pos++
-	} else {
-		for i := 0; ; i++ {
-			p.path[frame].index = i
-			if !p.item() {
-				return false
-			}
-			p.skipWS()
-			if p.pos < len(p.data) {
-				if c := p.data[p.pos]; c == ',' {
-					p.pos++
-					p.skipWS()
-					continue
-				} else if c == ']' {
-					p.pos++
-					break
-				}
-			}
-			return p.failChar("after array element")
-		}
-	}
-	p.path = p.path[:frame]
-	p.depth--
-	return true
-}
+// ParsedBy reports whether p parsed r.
+func (r *Request) ParsedBy(p *Parser) bool { return r.parser == p }
 
-// item parses one input item and records its raw bytes and digest.
-func (p *canonState) item() bool {
-	start := p.pos
-	saved := p.out
-	p.out = p.itemOut[:0]
-	ok := p.value(canonModeItem)
-	canon := p.out
-	p.itemOut = canon
-	p.out = saved
-	if !ok {
-		return false
-	}
-	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
-	p.itemDigest = append(p.itemDigest, xxhash.Sum64(canon))
-	p.itemBytes += int64(len(canon))
-	return true
-}
+// Body returns the body as parsed. It must not be modified.
+func (r *Request) Body() []byte { return r.body }
 
 // Len returns the number of input items.
-func (r *Request) Len() int {
-	if r == nil {
-		return 0
-	}
-	return len(r.items)
-}
+func (r *Request) Len() int { return len(r.items) }
 
-// Input returns the input items exactly as they appear in the body, without
+// Items returns the input items exactly as they appear in the body, without
 // surrounding whitespace. For a string input it returns the string token,
 // quotes included. The returned slice and its contents must not be modified.
-func (r *Request) Input() []json.RawMessage {
-	if r == nil || len(r.items) == 0 {
+func (r *Request) Items() []json.RawMessage {
+	if len(r.items) == 0 {
 		return nil
 	}
 	return r.items[:len(r.items):len(r.items)]
 }
 
-// Signature returns the prompt signature: the xxhash64 of the canonical body
-// without its input member.
-func (r *Request) Signature() uint64 {
-	if r == nil {
-		return requestEmptySignature
-	}
-	return r.signature
-}
+// Signature returns the prompt signature.
+func (r *Request) Signature() uint64 { return r.signature }
 
-// TranscriptBytes returns the canonical size of the input: the sum of the
-// canonical lengths of its items.
-func (r *Request) TranscriptBytes() int64 {
-	if r == nil {
-		return 0
-	}
-	return r.bytes
-}
-
-// ItemDigest returns the digest of input item i, counting from 0: d_(i+1) in
-// the chain formula of Request. It panics if i is out of range.
-func (r *Request) ItemDigest(i int) uint64 {
-	if r == nil {
-		return []uint64(nil)[i]
-	}
-	return r.digests[i]
-}
-
-// PrefixDigest returns the chain digest h(n) of the first n input items,
+// Prefix returns the chain digest h(n) of the first n input items,
 // 0 <= n <= Len(). It panics if n is out of that range.
-func (r *Request) PrefixDigest(n int) uint64 {
-	if r == nil {
-		return [1]uint64{requestChainSeed}[n]
-	}
-	return r.prefix[n]
-}
-
-// Fingerprint returns the fingerprint of the input alone:
-// {Len(), PrefixDigest(Len()), TranscriptBytes()}.
-func (r *Request) Fingerprint() Fingerprint {
-	return Fingerprint{Items: r.Len(), Digest: r.PrefixDigest(r.Len()), Bytes: r.TranscriptBytes()}
-}
+func (r *Request) Prefix(n int) uint64 { return r.prefix[n] }
 
 // Transcript returns the fingerprint of the input followed by the output
 // items, which are canonicalised like input items. An output item that is
 // not valid JSON yields an error wrapping ErrInvalidRequest that names it as
 // output[i], with the offset inside that item.
-func (r *Request) Transcript(output []json.RawMessage) (Fingerprint, error) {
-	fp := r.Fingerprint()
+func (r *Request) Transcript(output []json.RawMessage) (Transcript, error) {
+	t := Transcript{Items: len(r.items), Digest: r.prefix[len(r.items)], Bytes: r.bytes}
 	if len(output) == 0 {
-		return fp, nil
+		return t, nil
 	}
-	p := getCanonState(nil)
-	defer putCanonState(p)
+	s := getScanner(nil, r.parser.rules)
+	defer putScanner(s)
 	for i, raw := range output {
-		p.reset(raw)
-		if !p.document(canonModeItem) {
-			return Fingerprint{}, p.error("invalid request", "output["+strconv.Itoa(i)+"]")
+		s.reset(raw)
+		if !s.document(placeItem) {
+			return Transcript{}, s.error("invalid request", "output["+strconv.Itoa(i)+"]")
 		}
-		fp.Items++
-		fp.Digest = requestChainNext(fp.Digest, xxhash.Sum64(p.out))
-		fp.Bytes += int64(len(p.out))
+		t.Items++
+		t.Digest = r.parser.next(t.Digest, r.parser.sum(s.out))
+		t.Bytes += int64(len(s.out))
 	}
-	return fp, nil
+	return t, nil
+}
+
+// ContinuedBody returns the body to send upstream when continuing response
+// previousResponseID: the request's body with previous_response_id set to
+// it (replacing the member's value, or added as the first member) and input
+// holding only the items from index from on, each exactly as received.
+// from must leave at least one item (1 <= from < Len()), and the id must be
+// non-empty; otherwise the error wraps ErrInvalidRequest.
+func (r *Request) ContinuedBody(previousResponseID string, from int) ([]byte, error) {
+	if previousResponseID == "" {
+		return nil, errorf("empty previous response id")
+	}
+	if from < 1 || from >= len(r.items) || r.input.start < 0 {
+		return nil, errorf("continuing from item %d of %d leaves no delta", from, len(r.items))
+	}
+	id := append(appendContent([]byte{'"'}, []byte(previousResponseID)), '"')
+	input := []byte{'['}
+	for i, it := range r.items[from:] {
+		if i > 0 {
+			input = append(input, ',')
+		}
+		input = append(input, it...)
+	}
+	input = append(input, ']')
+	type edit struct {
+		at, end int // body[at:end] becomes val
+		val     []byte
+	}
+	edits := []edit{{r.input.start, r.input.end, input}}
+	if r.previous.start >= 0 {
+		edits = append(edits, edit{r.previous.start, r.previous.end, id})
+	} else {
+		open := bytes.IndexByte(r.body, '{') + 1
+		edits = append(edits, edit{open, open, slices.Concat([]byte(`"previous_response_id":`), id, []byte{','})})
+	}
+	slices.SortFunc(edits, func(a, b edit) int { return a.at - b.at })
+	out := make([]byte, 0, len(r.body)+len(id)+32)
+	last := 0
+	for _, e := range edits {
+		out = append(out, r.body[last:e.at]...)
+		out = append(out, e.val...)
+		last = e.end
+	}
+	return append(out, r.body[last:]...), nil
+}
+
+func errorf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
 }

@@ -1,4 +1,4 @@
-package store
+package fingerprint
 
 import (
 	"bytes"
@@ -13,39 +13,49 @@ import (
 	"unicode/utf8"
 )
 
-// canonMaxDepth is the maximum number of arrays and objects open at once.
-const canonMaxDepth = 512
+// MaxDepth is the maximum number of arrays and objects open at once.
+const MaxDepth = 512
 
-// Parsing modes of an object.
+// place says where a value stands, which decides the rules that apply to it.
+type place uint8
+
 const (
-	canonModeValue uint8 = iota // a plain value
-	canonModeItem               // the root of an item: the function_call rule applies
-	canonModeBody               // the request body: the input member is collected, not written
+	placeExact   place = iota // compared byte for byte: prompt members, function arguments
+	placeBody                 // the request body
+	placeInput                // the body's input array: each element is an item
+	placeItem                 // the root of an item
+	placeContent              // the value of an item's content member
+	placePart                 // an element of an item's content array
+	placeNested               // any other value inside an item
 )
 
-// Byte classes inside a JSON string.
-const (
-	canonStrSafe uint8 = iota
-	canonStrQuote
-	canonStrEscape
-	canonStrControl
-	canonStrNonASCII
-)
+// inItem reports whether values at pl follow the item rules.
+func (pl place) inItem() bool { return pl >= placeItem }
 
-var canonStrClass = func() (t [256]uint8) {
-	for i := 0; i < 0x20; i++ {
-		t[i] = canonStrControl
+// element returns the place of the elements of an array at pl.
+func (pl place) element() place {
+	switch pl {
+	case placeInput, placeExact:
+		return pl
+	case placeContent:
+		return placePart
 	}
-	t['"'] = canonStrQuote
-	t['\\'] = canonStrEscape
-	for i := 0x80; i < 0x100; i++ {
-		t[i] = canonStrNonASCII
-	}
-	return t
-}()
+	return placeNested
+}
 
-// canonMember is one member of an object being canonicalised.
-type canonMember struct {
+// child returns the place of the value of member key of an object at pl.
+func (pl place) child(key []byte) place {
+	switch {
+	case !pl.inItem():
+		return placeExact
+	case pl == placeItem && string(key) == "content":
+		return placeContent
+	}
+	return placeNested
+}
+
+// member is one member of an object being canonicalised.
+type member struct {
 	key    []byte // decoded key
 	keyOff int    // offset of the key in the input
 	start  int    // offset of the key in the output, -1 if the member is not written
@@ -53,87 +63,102 @@ type canonMember struct {
 	end    int    // end of the value in the output
 }
 
-// canonFrame is one level of the path to the value being parsed, used in
-// error messages.
-type canonFrame struct {
+// frame is one level of the path to the value being parsed, used in error
+// messages.
+type frame struct {
 	key   []byte
 	index int // array index or member number; -1 before the first one
 	array bool
 }
 
-// canonState is the scanner and canonicaliser. States are pooled; all
+// scanner validates and canonicalises JSON. Scanners are pooled; all
 // buffers are reused between calls.
-type canonState struct {
+type scanner struct {
 	data    []byte
 	pos     int
 	depth   int
 	out     []byte
-	members []canonMember
+	members []member
 	keys    []byte // decoded keys that contained escapes
-	path    []canonFrame
+	path    []frame
 	scratch []byte
 	escaped bool // the last scanned string contained an escape
+
+	rules *rules // nil: no profile rules (placeExact everywhere)
 
 	argDecoded []byte
 	argOut     []byte
 
+	// The item being parsed: whether the profile dropped one of its
+	// members, whether it is an item_reference, and whether to keep every
+	// member (the second pass over an item_reference).
+	dropped, reference, keepMembers bool
+
 	// Request parsing.
+	parser     *Parser
 	itemOut    []byte
 	itemRaw    []json.RawMessage
 	itemDigest []uint64
 	itemBytes  int64
+	inputStart int // span of the body's input value; -1 when absent
+	inputEnd   int
+	prevStart  int // span of the body's previous_response_id value; -1 when absent
+	prevEnd    int
 
 	errOff  int
 	errMsg  string
 	errChar bool
 }
 
-// Parser states are reused. A few are kept in canonStateCache, which, unlike
-// canonStatePool, is not emptied by garbage collection, so that steady
-// traffic of large bodies does not regrow the buffers after every cycle.
-// Only states with moderate buffers are kept there; larger ones go to the
+// Scanners are reused. A few are kept in scannerCache, which, unlike
+// scannerPool, is not emptied by garbage collection, so that steady traffic
+// of large bodies does not regrow the buffers after every cycle. Only
+// scanners with moderate buffers are kept there; larger ones go to the
 // pool, and very large ones are dropped.
 var (
-	canonStateCache = make(chan *canonState, max(4, runtime.GOMAXPROCS(0)))
-	canonStatePool  = sync.Pool{New: func() any { return new(canonState) }}
+	scannerCache = make(chan *scanner, max(4, runtime.GOMAXPROCS(0)))
+	scannerPool  = sync.Pool{New: func() any { return new(scanner) }}
 )
 
 const (
-	canonCacheMaxBuffer = 4 << 20  // largest buffer of a state in canonStateCache
-	canonPoolMaxBuffer  = 16 << 20 // largest buffer of a state in canonStatePool
+	cacheMaxBuffer = 4 << 20  // largest buffer of a scanner in scannerCache
+	poolMaxBuffer  = 16 << 20 // largest buffer of a scanner in scannerPool
 )
 
-func getCanonState(data []byte) *canonState {
-	var p *canonState
+func getScanner(data []byte, r *rules) *scanner {
+	var p *scanner
 	select {
-	case p = <-canonStateCache:
+	case p = <-scannerCache:
 	default:
-		p = canonStatePool.Get().(*canonState)
+		p = scannerPool.Get().(*scanner)
 	}
 	p.reset(data)
+	p.rules = r
 	return p
 }
 
-func putCanonState(p *canonState) {
+func putScanner(p *scanner) {
 	size := max(cap(p.out), cap(p.itemOut), cap(p.scratch), cap(p.keys), cap(p.argDecoded), cap(p.argOut))
-	if size > canonPoolMaxBuffer {
+	if size > poolMaxBuffer {
 		return
 	}
 	p.data = nil
+	p.rules = nil
+	p.parser = nil
 	clear(p.members[:cap(p.members)])
 	clear(p.path[:cap(p.path)])
 	clear(p.itemRaw[:cap(p.itemRaw)])
-	if size <= canonCacheMaxBuffer {
+	if size <= cacheMaxBuffer {
 		select {
-		case canonStateCache <- p:
+		case scannerCache <- p:
 			return
 		default:
 		}
 	}
-	canonStatePool.Put(p)
+	scannerPool.Put(p)
 }
 
-func (p *canonState) reset(data []byte) {
+func (p *scanner) reset(data []byte) {
 	p.data = data
 	p.pos = 0
 	p.depth = 0
@@ -144,83 +169,52 @@ func (p *canonState) reset(data []byte) {
 	p.itemRaw = p.itemRaw[:0]
 	p.itemDigest = p.itemDigest[:0]
 	p.itemBytes = 0
+	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
 	p.errOff, p.errMsg, p.errChar = 0, "", false
 }
 
-// Canonical returns the canonical form of one JSON value. Fingerprints are
-// computed over this form so that two encodings of the same value always
-// hash the same; other implementations of the protocol must reproduce it
-// byte for byte:
-//
-//   - No insignificant whitespace anywhere. JSON whitespace (space, tab, line
-//     feed, carriage return) before and after the value is accepted and
-//     dropped; any other data after the value is an error.
-//   - Objects are written as {"k1":v1,"k2":v2} with members sorted by key.
-//     Keys are compared after decoding, as UTF-8 byte sequences
-//     (bytes.Compare order, which differs from UTF-16 order). Two keys of one
-//     object that are equal after decoding are an error, at any depth.
-//   - Arrays are written as [v1,v2].
-//   - Strings are decoded (every JSON escape, including \uXXXX and UTF-16
-//     surrogate pairs) and re-encoded as a quote, the content and a quote,
-//     where '"' becomes \", '\' becomes \\, U+0008 \b, U+000C \f,
-//     U+000A \n, U+000D \r, U+0009 \t, every other code point below U+0020
-//     becomes \u00xx with lowercase hex digits, and everything else ('/',
-//     U+007F, U+2028, U+2029 and all non-ASCII characters included) is
-//     written as raw UTF-8. So "\u00e9" and "é" are the same string. A string
-//     holding invalid UTF-8, an unpaired surrogate escape, or a raw byte
-//     below 0x20 is an error.
-//   - Numbers must match the JSON number grammar and are copied exactly as
-//     written: 1.0, 1 and 1e0 are three different canonical values.
-//   - true, false and null are written as is.
-//   - At most 512 arrays and objects may be open at once, counted from the
-//     root of the document being parsed. For a request the body object is
-//     level 1, the input array level 2 and an input item's own object or
-//     array level 3; an output item passed to Request.Transcript is level 1.
-//
-// Items (the elements of a request's input and the output items passed to
-// Request.Transcript) are canonicalised with one extra rule, which Canonical
-// does not apply: when an item is an object whose member "type" is the string
-// "function_call" and whose member "arguments" is a string, the decoded
-// content of that string is parsed as a JSON document by the rules above,
-// with its own depth count. If it parses, the canonical value of "arguments"
-// is the canonical string whose content is the canonical form of that
-// document, so "{\"a\":1,\"b\":2}" and "{\"b\": 2, \"a\": 1}" are the
-// same arguments. If it does not parse, "arguments" is the canonical form of
-// the string as for any other string. The rule looks only at the top level of
-// an item and does not depend on member order.
-//
-// An error wraps ErrInvalidRequest and gives the byte offset of the problem
-// and, where known, its path inside the value.
-func Canonical(value []byte) ([]byte, error) {
-	return canonicalize(value, canonModeValue)
-}
-
-// canonicalItem returns the canonical form of one request item: the rules of
-// Canonical plus the function_call arguments rule described there.
-func canonicalItem(value []byte) ([]byte, error) {
-	return canonicalize(value, canonModeItem)
-}
-
-func canonicalize(value []byte, mode uint8) ([]byte, error) {
-	p := getCanonState(value)
-	defer putCanonState(p)
-	if !p.document(mode) {
+// canonical returns the canonical form of one JSON value at pl under r.
+func canonical(value []byte, r *rules, pl place) ([]byte, error) {
+	p := getScanner(value, r)
+	defer putScanner(p)
+	if !p.document(pl) {
 		return nil, p.error("invalid JSON value", "")
 	}
 	return bytes.Clone(p.out), nil
 }
 
-// canonSyntaxError describes a rejected document.
-type canonSyntaxError struct {
+// Byte classes inside a JSON string.
+const (
+	strSafe uint8 = iota
+	strQuote
+	strEscape
+	strControl
+	strNonASCII
+)
+
+var strClass = func() (t [256]uint8) {
+	for i := 0; i < 0x20; i++ {
+		t[i] = strControl
+	}
+	t['"'] = strQuote
+	t['\\'] = strEscape
+	for i := 0x80; i < 0x100; i++ {
+		t[i] = strNonASCII
+	}
+	return t
+}()
+
+// syntaxError describes a rejected document.
+type syntaxError struct {
 	what string
 	path string
 	msg  string
 	off  int
 }
 
-func (e *canonSyntaxError) Error() string {
+func (e *syntaxError) Error() string {
 	var b strings.Builder
-	b.WriteString("store: ")
+	b.WriteString("fingerprint: ")
 	b.WriteString(e.what)
 	b.WriteString(": ")
 	if e.path != "" {
@@ -233,23 +227,23 @@ func (e *canonSyntaxError) Error() string {
 	return b.String()
 }
 
-func (e *canonSyntaxError) Unwrap() error { return ErrInvalidRequest }
+func (e *syntaxError) Unwrap() error { return ErrInvalidRequest }
 
 // error converts the recorded failure into an error. The path stack is left
 // as it was when the failure happened.
-func (p *canonState) error(what, pathPrefix string) error {
+func (p *scanner) error(what, pathPrefix string) error {
 	msg := p.errMsg
 	if p.errChar {
 		if p.errOff >= len(p.data) {
 			msg = "unexpected end of input"
 		} else {
-			msg = "invalid character " + canonQuoteByte(p.data[p.errOff]) + " " + msg
+			msg = "invalid character " + quoteByte(p.data[p.errOff]) + " " + msg
 		}
 	}
-	return &canonSyntaxError{what: what, path: p.pathString(pathPrefix), msg: msg, off: p.errOff}
+	return &syntaxError{what: what, path: p.pathString(pathPrefix), msg: msg, off: p.errOff}
 }
 
-func canonQuoteByte(c byte) string {
+func quoteByte(c byte) string {
 	switch {
 	case c == '\'':
 		return `'\''`
@@ -260,7 +254,7 @@ func canonQuoteByte(c byte) string {
 	}
 }
 
-func (p *canonState) pathString(prefix string) string {
+func (p *scanner) pathString(prefix string) string {
 	b := []byte(prefix)
 	for _, f := range p.path {
 		if f.index < 0 {
@@ -272,7 +266,7 @@ func (p *canonState) pathString(prefix string) string {
 			b = append(b, ']')
 			continue
 		}
-		if canonIsIdent(f.key) {
+		if isIdent(f.key) {
 			if len(b) > 0 {
 				b = append(b, '.')
 			}
@@ -286,7 +280,7 @@ func (p *canonState) pathString(prefix string) string {
 	return string(b)
 }
 
-func canonIsIdent(s []byte) bool {
+func isIdent(s []byte) bool {
 	if len(s) == 0 {
 		return false
 	}
@@ -300,19 +294,19 @@ func canonIsIdent(s []byte) bool {
 }
 
 // fail records an error at off and returns false.
-func (p *canonState) fail(off int, msg string) bool {
+func (p *scanner) fail(off int, msg string) bool {
 	p.errOff, p.errMsg, p.errChar = off, msg, false
 	return false
 }
 
 // failChar records an unexpected character (or end of input) at the current
 // position; msg completes "invalid character 'x' ...".
-func (p *canonState) failChar(msg string) bool {
+func (p *scanner) failChar(msg string) bool {
 	p.errOff, p.errMsg, p.errChar = p.pos, msg, true
 	return false
 }
 
-func (p *canonState) skipWS() {
+func (p *scanner) skipWS() {
 	for p.pos < len(p.data) {
 		switch p.data[p.pos] {
 		case ' ', '\t', '\n', '\r':
@@ -324,28 +318,27 @@ func (p *canonState) skipWS() {
 }
 
 // document parses one complete JSON text.
-func (p *canonState) document(mode uint8) bool {
+func (p *scanner) document(pl place) bool {
 	p.skipWS()
-	if !p.value(mode) {
-		return false
+	if pl == placeItem {
+		return p.itemValue() && p.end()
 	}
-	p.skipWS()
-	if p.pos < len(p.data) {
-		return p.failChar("after top-level value")
-	}
-	return true
+	return p.value(pl) && p.end()
 }
 
 // value parses the value at p.pos and appends its canonical form to p.out.
-func (p *canonState) value(mode uint8) bool {
+func (p *scanner) value(pl place) bool {
 	if p.pos >= len(p.data) {
 		return p.fail(p.pos, "unexpected end of input")
 	}
 	switch c := p.data[p.pos]; c {
 	case '{':
-		return p.object(mode)
+		if pl == placeContent {
+			pl = placeNested
+		}
+		return p.object(pl)
 	case '[':
-		return p.array()
+		return p.array(pl.element())
 	case '"':
 		p.out = append(p.out, '"')
 		var ok bool
@@ -366,7 +359,361 @@ func (p *canonState) value(mode uint8) bool {
 	}
 }
 
-func (p *canonState) literal(lit string) bool {
+// open enters an array or object at p.pos.
+func (p *scanner) open() bool {
+	if p.depth >= MaxDepth {
+		return p.fail(p.pos, "exceeds maximum nesting depth of 512")
+	}
+	p.depth++
+	p.pos++
+	p.skipWS()
+	return true
+}
+
+// array parses the array at p.pos, each element at place elem. Elements of
+// the body's input are items: they are collected, not written.
+func (p *scanner) array(elem place) bool {
+	if !p.open() {
+		return false
+	}
+	items := elem == placeInput
+	if !items {
+		p.out = append(p.out, '[')
+	}
+	f := len(p.path)
+	p.path = append(p.path, frame{index: -1, array: true})
+	if p.pos < len(p.data) && p.data[p.pos] == ']' {
+		p.pos++
+	} else {
+		for i := 0; ; i++ {
+			p.path[f].index = i
+			var ok bool
+			if items {
+				ok = p.item()
+			} else {
+				ok = p.value(elem)
+			}
+			if !ok {
+				return false
+			}
+			p.skipWS()
+			if p.pos < len(p.data) {
+				if c := p.data[p.pos]; c == ',' {
+					if !items {
+						p.out = append(p.out, ',')
+					}
+					p.pos++
+					p.skipWS()
+					continue
+				} else if c == ']' {
+					p.pos++
+					break
+				}
+			}
+			return p.failChar("after array element")
+		}
+	}
+	if !items {
+		p.out = append(p.out, ']')
+	}
+	p.path = p.path[:f]
+	p.depth--
+	return true
+}
+
+// input parses the value of the body's input member: an array of items or
+// one string item.
+func (p *scanner) input() bool {
+	if p.pos >= len(p.data) {
+		return p.fail(p.pos, "unexpected end of input")
+	}
+	p.inputStart = p.pos
+	var ok bool
+	switch p.data[p.pos] {
+	case '"':
+		ok = p.item()
+	case '[':
+		ok = p.array(placeInput)
+	default:
+		return p.fail(p.pos, "input must be an array or a string")
+	}
+	p.inputEnd = p.pos
+	return ok
+}
+
+// itemValue parses the item at p.pos and appends its canonical form to
+// p.out. An item_reference names the item it stands for by its id, so when
+// the profile dropped a member of one, the item is parsed again keeping all.
+func (p *scanner) itemValue() bool {
+	start, out, depth, pathLen := p.pos, len(p.out), p.depth, len(p.path)
+	p.dropped, p.reference, p.keepMembers = false, false, false
+	ok := p.value(placeItem)
+	if ok && p.dropped && p.reference {
+		p.pos, p.out, p.depth, p.path = start, p.out[:out], depth, p.path[:pathLen]
+		p.keepMembers = true
+		ok = p.value(placeItem)
+	}
+	return ok
+}
+
+// item parses one input item and records its raw bytes and digest.
+func (p *scanner) item() bool {
+	start := p.pos
+	saved := p.out
+	p.out = p.itemOut[:0]
+	ok := p.itemValue()
+	canon := p.out
+	p.itemOut = canon
+	p.out = saved
+	if !ok {
+		return false
+	}
+	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
+	if p.parser != nil {
+		p.itemDigest = append(p.itemDigest, p.parser.sum(canon))
+	}
+	p.itemBytes += int64(len(canon))
+	return true
+}
+
+// object parses the object at p.pos at place pl.
+func (p *scanner) object(pl place) bool {
+	if !p.open() {
+		return false
+	}
+	objStart := len(p.out)
+	p.out = append(p.out, '{')
+	base := len(p.members)
+	keysBase := len(p.keys)
+	f := len(p.path)
+	p.path = append(p.path, frame{index: -1})
+	sorted := true
+	written := 0
+	typeIdx, argsIdx, argsTok := -1, -1, 0
+	if p.pos < len(p.data) && p.data[p.pos] == '}' {
+		p.pos++
+	} else {
+		for n := 0; ; n++ {
+			if p.pos >= len(p.data) || p.data[p.pos] != '"' {
+				return p.failChar("looking for beginning of object key string")
+			}
+			p.path[f].index = -1
+			keyOff := p.pos
+			commaAt := len(p.out)
+			if written > 0 {
+				p.out = append(p.out, ',')
+			}
+			start := len(p.out)
+			key, ok := p.key()
+			if !ok {
+				return false
+			}
+			if len(p.members) > base {
+				c := bytes.Compare(p.members[len(p.members)-1].key, key)
+				if c == 0 {
+					return p.fail(keyOff, "duplicate key "+strconv.Quote(string(key)))
+				}
+				if c > 0 {
+					sorted = false
+				}
+			}
+			p.path[f].key = key
+			p.path[f].index = n
+			p.skipWS()
+			if p.pos >= len(p.data) || p.data[p.pos] != ':' {
+				return p.failChar("after object key")
+			}
+			p.pos++
+			p.skipWS()
+			m := member{key: key, keyOff: keyOff, start: start}
+			if pl == placeBody && string(key) == "input" {
+				p.out = p.out[:commaAt]
+				if !p.input() {
+					return false
+				}
+				m.start = -1
+			} else {
+				p.out = append(p.out, ':')
+				m.val = len(p.out)
+				if pl == placeBody && string(key) == "previous_response_id" {
+					p.prevStart = p.pos
+				}
+				var ok bool
+				switch {
+				case pl != placeItem || p.pos >= len(p.data) || string(key) != "arguments" || p.data[p.pos] != '"':
+					ok = p.value(pl.child(key))
+				case typeIdx >= 0 && p.members[typeIdx].start >= 0 && string(p.out[p.members[typeIdx].val:p.members[typeIdx].end]) == `"function_call"`:
+					ok = p.callArguments() // the type is known: one pass
+				default: // the type may follow: decided at the end
+					argsIdx, argsTok = len(p.members), p.pos
+					ok = p.value(pl.child(key))
+				}
+				if !ok {
+					return false
+				}
+				m.end = len(p.out)
+				if pl == placeBody && string(key) == "previous_response_id" {
+					p.prevEnd = p.pos
+				}
+				if pl == placeItem && string(key) == "type" {
+					typeIdx = len(p.members)
+					if string(p.out[m.val:m.end]) == `"item_reference"` {
+						p.reference = true
+					}
+				}
+				if p.drop(pl, key, p.out[m.val:m.end]) {
+					p.out = p.out[:commaAt]
+					m.start = -1
+				} else {
+					written++
+				}
+			}
+			p.members = append(p.members, m)
+			p.skipWS()
+			if p.pos < len(p.data) {
+				if c := p.data[p.pos]; c == ',' {
+					p.pos++
+					p.skipWS()
+					continue
+				} else if c == '}' {
+					p.pos++
+					break
+				}
+			}
+			return p.failChar("after object key:value pair")
+		}
+	}
+	var repl []byte
+	replVal := -1
+	if typeIdx >= 0 && argsIdx >= 0 && p.members[argsIdx].start >= 0 {
+		if t := &p.members[typeIdx]; t.start >= 0 && string(p.out[t.val:t.end]) == `"function_call"` {
+			repl = p.arguments(argsTok)
+			replVal = p.members[argsIdx].val
+		}
+	}
+	if !sorted || repl != nil {
+		ms := p.members[base:]
+		if !sorted {
+			sortMembers(ms)
+			for i := 1; i < len(ms); i++ {
+				if bytes.Equal(ms[i-1].key, ms[i].key) {
+					p.path[f].index = -1
+					return p.fail(max(ms[i-1].keyOff, ms[i].keyOff), "duplicate key "+strconv.Quote(string(ms[i].key)))
+				}
+			}
+		}
+		p.rebuild(objStart+1, ms, repl, replVal)
+	}
+	p.out = append(p.out, '}')
+	p.members = p.members[:base]
+	p.keys = p.keys[:keysBase]
+	p.path = p.path[:f]
+	p.depth--
+	return true
+}
+
+// drop reports whether the member key with canonical value val of an
+// object at pl is left out of the canonical form: a member the profile
+// ignores, or, inside an item, a member whose value is null.
+func (p *scanner) drop(pl place, key, val []byte) bool {
+	r := p.rules
+	if r == nil {
+		return false
+	}
+	switch pl {
+	case placeBody:
+		return r.prompt.has(key)
+	case placeItem:
+		if !p.keepMembers && r.item.has(key) {
+			p.dropped = true
+			return true
+		}
+	case placePart:
+		if r.part.has(key) {
+			return true
+		}
+	}
+	return pl.inItem() && string(val) == "null"
+}
+
+func sortMembers(ms []member) {
+	if len(ms) <= 12 {
+		for i := 1; i < len(ms); i++ {
+			for j := i; j > 0 && bytes.Compare(ms[j-1].key, ms[j].key) > 0; j-- {
+				ms[j-1], ms[j] = ms[j], ms[j-1]
+			}
+		}
+		return
+	}
+	slices.SortFunc(ms, func(a, b member) int { return bytes.Compare(a.key, b.key) })
+}
+
+// rebuild rewrites the members of the object whose content starts at body in
+// the order of ms, replacing the value of the member whose value starts at
+// replVal with repl when repl is not nil.
+func (p *scanner) rebuild(body int, ms []member, repl []byte, replVal int) {
+	p.scratch = append(p.scratch[:0], p.out[body:]...)
+	p.out = p.out[:body]
+	first := true
+	for _, m := range ms {
+		if m.start < 0 {
+			continue
+		}
+		if !first {
+			p.out = append(p.out, ',')
+		}
+		first = false
+		if repl != nil && m.val == replVal {
+			p.out = append(p.out, p.scratch[m.start-body:m.val-body]...)
+			p.out = append(p.out, repl...)
+			continue
+		}
+		p.out = append(p.out, p.scratch[m.start-body:m.end-body]...)
+	}
+}
+
+// callArguments writes the arguments string of a function call at p.pos by
+// the function_call rule: the decoded content's canonical form when it is
+// a JSON document, else the content.
+func (p *scanner) callArguments() bool {
+	var ok bool
+	p.argDecoded, ok = p.scanString(p.argDecoded[:0], false)
+	if !ok {
+		return false
+	}
+	content := p.argDecoded
+	sub := getScanner(p.argDecoded, nil)
+	defer putScanner(sub)
+	if sub.document(placeExact) {
+		content = sub.out
+	}
+	p.out = append(p.out, '"')
+	p.out = appendContent(p.out, content)
+	p.out = append(p.out, '"')
+	return true
+}
+
+// arguments applies the function_call rule to the string token at tok. It
+// returns the canonical string to use instead of the plain canonical
+// string, or nil when the two are the same. The document inside is
+// compared exactly: no profile rule applies there.
+func (p *scanner) arguments(tok int) []byte {
+	end := p.pos
+	p.pos = tok
+	p.argDecoded, _ = p.scanString(p.argDecoded[:0], false)
+	p.pos = end
+	sub := getScanner(p.argDecoded, nil)
+	defer putScanner(sub)
+	if !sub.document(placeExact) || bytes.Equal(sub.out, p.argDecoded) {
+		return nil
+	}
+	p.argOut = append(p.argOut[:0], '"')
+	p.argOut = appendContent(p.argOut, sub.out)
+	p.argOut = append(p.argOut, '"')
+	return p.argOut
+}
+
+func (p *scanner) literal(lit string) bool {
 	if len(p.data)-p.pos >= len(lit) && string(p.data[p.pos:p.pos+len(lit)]) == lit {
 		p.out = append(p.out, lit...)
 		p.pos += len(lit)
@@ -382,7 +729,7 @@ func (p *canonState) literal(lit string) bool {
 }
 
 // number validates a JSON number and copies it unchanged.
-func (p *canonState) number() bool {
+func (p *scanner) number() bool {
 	data := p.data
 	start := p.pos
 	i := start
@@ -436,7 +783,7 @@ func (p *canonState) number() bool {
 // content to dst and leaves p.pos after the closing quote. With canon set the
 // content is written in canonical encoding, otherwise decoded. p.escaped
 // reports whether the string contained any escape.
-func (p *canonState) scanString(dst []byte, canon bool) ([]byte, bool) {
+func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 	data := p.data
 	i := p.pos + 1
 	start := i
@@ -457,18 +804,18 @@ func (p *canonState) scanString(dst []byte, canon bool) ([]byte, bool) {
 			}
 			i += 8
 		}
-		for i < len(data) && canonStrClass[data[i]] == canonStrSafe {
+		for i < len(data) && strClass[data[i]] == strSafe {
 			i++
 		}
 		if i >= len(data) {
 			return dst, p.fail(len(data), "unexpected end of input in string")
 		}
-		switch canonStrClass[data[i]] {
-		case canonStrQuote:
+		switch strClass[data[i]] {
+		case strQuote:
 			dst = append(dst, data[start:i]...)
 			p.pos = i + 1
 			return dst, true
-		case canonStrNonASCII:
+		case strNonASCII:
 			j := i + 1
 			for j < len(data) && data[j] >= utf8.RuneSelf {
 				j++
@@ -483,7 +830,7 @@ func (p *canonState) scanString(dst []byte, canon bool) ([]byte, bool) {
 				}
 			}
 			i = j
-		case canonStrControl:
+		case strControl:
 			return dst, p.fail(i, "invalid control character in string")
 		default: // backslash
 			dst = append(dst, data[start:i]...)
@@ -500,7 +847,7 @@ func (p *canonState) scanString(dst []byte, canon bool) ([]byte, bool) {
 
 // escape handles the escape sequence at data[i] == '\\' and returns the
 // position after it.
-func (p *canonState) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
+func (p *scanner) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
 	data := p.data
 	if i+1 >= len(data) {
 		return dst, i, p.fail(len(data), "unexpected end of input in string")
@@ -526,7 +873,7 @@ func (p *canonState) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
 	case 't':
 		dec = '\t'
 	case 'u':
-		r, ok := canonHex4(data, i+2)
+		r, ok := hex4(data, i+2)
 		if !ok {
 			return dst, i, p.fail(i, "invalid \\u escape in string")
 		}
@@ -534,7 +881,7 @@ func (p *canonState) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
 		switch {
 		case r >= 0xD800 && r < 0xDC00:
 			if n+1 < len(data) && data[n] == '\\' && data[n+1] == 'u' {
-				lo, ok := canonHex4(data, n+2)
+				lo, ok := hex4(data, n+2)
 				if !ok {
 					return dst, i, p.fail(n, "invalid \\u escape in string")
 				}
@@ -549,7 +896,7 @@ func (p *canonState) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
 			return dst, i, p.fail(i, "unpaired surrogate escape in string")
 		}
 		if canon {
-			return canonAppendRune(dst, r), n, true
+			return appendRune(dst, r), n, true
 		}
 		return utf8.AppendRune(dst, r), n, true
 	default:
@@ -561,7 +908,7 @@ func (p *canonState) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
 	return append(dst, dec), i + 2, true
 }
 
-func canonHex4(data []byte, i int) (rune, bool) {
+func hex4(data []byte, i int) (rune, bool) {
 	if i+4 > len(data) {
 		return 0, false
 	}
@@ -582,15 +929,15 @@ func canonHex4(data []byte, i int) (rune, bool) {
 	return r, true
 }
 
-const canonHexDigits = "0123456789abcdef"
+const hexDigits = "0123456789abcdef"
 
-// canonAppendRune appends the canonical string encoding of r.
-func canonAppendRune(dst []byte, r rune) []byte {
+// appendRune appends the canonical string encoding of r.
+func appendRune(dst []byte, r rune) []byte {
 	switch {
 	case r == '"' || r == '\\':
 		return append(dst, '\\', byte(r))
 	case r < 0x20:
-		return canonAppendControl(dst, byte(r))
+		return appendControl(dst, byte(r))
 	case r < utf8.RuneSelf:
 		return append(dst, byte(r))
 	default:
@@ -598,7 +945,7 @@ func canonAppendRune(dst []byte, r rune) []byte {
 	}
 }
 
-func canonAppendControl(dst []byte, c byte) []byte {
+func appendControl(dst []byte, c byte) []byte {
 	switch c {
 	case '\b':
 		return append(dst, '\\', 'b')
@@ -611,12 +958,12 @@ func canonAppendControl(dst []byte, c byte) []byte {
 	case '\t':
 		return append(dst, '\\', 't')
 	}
-	return append(dst, '\\', 'u', '0', '0', canonHexDigits[c>>4], canonHexDigits[c&0xf])
+	return append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
 }
 
-// canonAppendContent appends the canonical string encoding (without quotes)
+// appendContent appends the canonical string encoding (without quotes)
 // of s, which must be valid UTF-8.
-func canonAppendContent(dst, s []byte) []byte {
+func appendContent(dst, s []byte) []byte {
 	start := 0
 	for i, c := range s {
 		if c >= 0x20 && c != '"' && c != '\\' {
@@ -624,7 +971,7 @@ func canonAppendContent(dst, s []byte) []byte {
 		}
 		dst = append(dst, s[start:i]...)
 		if c < 0x20 {
-			dst = canonAppendControl(dst, c)
+			dst = appendControl(dst, c)
 		} else {
 			dst = append(dst, '\\', c)
 		}
@@ -635,7 +982,7 @@ func canonAppendContent(dst, s []byte) []byte {
 
 // key parses an object key, appends its canonical form to p.out and returns
 // the decoded key.
-func (p *canonState) key() ([]byte, bool) {
+func (p *scanner) key() ([]byte, bool) {
 	tok := p.pos
 	p.out = append(p.out, '"')
 	var ok bool
@@ -655,219 +1002,11 @@ func (p *canonState) key() ([]byte, bool) {
 	return p.keys[k0:len(p.keys):len(p.keys)], true
 }
 
-func (p *canonState) array() bool {
-	if p.depth >= canonMaxDepth {
-		return p.fail(p.pos, "exceeds maximum nesting depth of 512")
-	}
-	p.depth++
-	p.pos++
-	p.out = append(p.out, '[')
-	frame := len(p.path)
-	p.path = append(p.path, canonFrame{index: -1, array: true})
+// end checks that only whitespace follows the value just parsed.
+func (p *scanner) end() bool {
 	p.skipWS()
-	if p.pos < len(p.data) && p.data[p.pos] == ']' {
-		p.pos++
-	} else {
-		for i := 0; ; i++ {
-			p.path[frame].index = i
-			if !p.value(canonModeValue) {
-				return false
-			}
-			p.skipWS()
-			if p.pos < len(p.data) {
-				if c := p.data[p.pos]; c == ',' {
-					p.out = append(p.out, ',')
-					p.pos++
-					p.skipWS()
-					continue
-				} else if c == ']' {
-					p.pos++
-					break
-				}
-			}
-			return p.failChar("after array element")
-		}
+	if p.pos < len(p.data) {
+		return p.failChar("after top-level value")
 	}
-	p.out = append(p.out, ']')
-	p.path = p.path[:frame]
-	p.depth--
 	return true
-}
-
-func (p *canonState) object(mode uint8) bool {
-	if p.depth >= canonMaxDepth {
-		return p.fail(p.pos, "exceeds maximum nesting depth of 512")
-	}
-	p.depth++
-	p.pos++
-	objStart := len(p.out)
-	p.out = append(p.out, '{')
-	base := len(p.members)
-	keysBase := len(p.keys)
-	frame := len(p.path)
-	p.path = append(p.path, canonFrame{index: -1})
-	sorted := true
-	written := 0
-	typeIdx, argsIdx, argsTok := -1, -1, 0
-	p.skipWS()
-	if p.pos < len(p.data) && p.data[p.pos] == '}' {
-		p.pos++
-	} else {
-		for n := 0; ; n++ {
-			if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-				return p.failChar("looking for beginning of object key string")
-			}
-			p.path[frame].index = -1
-			keyOff := p.pos
-			commaAt := len(p.out)
-			if written > 0 {
-				p.out = append(p.out, ',')
-			}
-			start := len(p.out)
-			key, ok := p.key()
-			if !ok {
-				return false
-			}
-			if len(p.members) > base {
-				c := bytes.Compare(p.members[len(p.members)-1].key, key)
-				if c == 0 {
-					return p.fail(keyOff, "duplicate key "+strconv.Quote(string(key)))
-				}
-				if c > 0 {
-					sorted = false
-				}
-			}
-			p.path[frame].key = key
-			p.path[frame].index = n
-			p.skipWS()
-			if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-				return p.failChar("after object key")
-			}
-			p.pos++
-			p.skipWS()
-			m := canonMember{key: key, keyOff: keyOff, start: start}
-			if mode == canonModeBody && string(key) == "input" {
-				p.out = p.out[:commaAt]
-				if !p.input() {
-					return false
-				}
-				m.start = -1
-			} else {
-				p.out = append(p.out, ':')
-				m.val = len(p.out)
-				if mode == canonModeItem && p.pos < len(p.data) {
-					switch string(key) {
-					case "type":
-						typeIdx = len(p.members)
-					case "arguments":
-						if p.data[p.pos] == '"' {
-							argsIdx = len(p.members)
-							argsTok = p.pos
-						}
-					}
-				}
-				if !p.value(canonModeValue) {
-					return false
-				}
-				m.end = len(p.out)
-				written++
-			}
-			p.members = append(p.members, m)
-			p.skipWS()
-			if p.pos < len(p.data) {
-				if c := p.data[p.pos]; c == ',' {
-					p.pos++
-					p.skipWS()
-					continue
-				} else if c == '}' {
-					p.pos++
-					break
-				}
-			}
-			return p.failChar("after object key:value pair")
-		}
-	}
-	var repl []byte
-	replVal := -1
-	if typeIdx >= 0 && argsIdx >= 0 {
-		t := &p.members[typeIdx]
-		if string(p.out[t.val:t.end]) == `"function_call"` {
-			repl = p.canonArguments(argsTok)
-			replVal = p.members[argsIdx].val
-		}
-	}
-	if !sorted || repl != nil {
-		ms := p.members[base:]
-		if !sorted {
-			canonSortMembers(ms)
-			for i := 1; i < len(ms); i++ {
-				if bytes.Equal(ms[i-1].key, ms[i].key) {
-					p.path[frame].index = -1
-					return p.fail(max(ms[i-1].keyOff, ms[i].keyOff), "duplicate key "+strconv.Quote(string(ms[i].key)))
-				}
-			}
-		}
-		p.rebuild(objStart+1, ms, repl, replVal)
-	}
-	p.out = append(p.out, '}')
-	p.members = p.members[:base]
-	p.keys = p.keys[:keysBase]
-	p.path = p.path[:frame]
-	p.depth--
-	return true
-}
-
-func canonSortMembers(ms []canonMember) {
-	if len(ms) <= 12 {
-		for i := 1; i < len(ms); i++ {
-			for j := i; j > 0 && bytes.Compare(ms[j-1].key, ms[j].key) > 0; j-- {
-				ms[j-1], ms[j] = ms[j], ms[j-1]
-			}
-		}
-		return
-	}
-	slices.SortFunc(ms, func(a, b canonMember) int { return bytes.Compare(a.key, b.key) })
-}
-
-// rebuild rewrites the members of the object whose content starts at body in
-// the order of ms, replacing the value of the member whose value starts at
-// replVal with repl when repl is not nil.
-func (p *canonState) rebuild(body int, ms []canonMember, repl []byte, replVal int) {
-	p.scratch = append(p.scratch[:0], p.out[body:]...)
-	p.out = p.out[:body]
-	first := true
-	for _, m := range ms {
-		if m.start < 0 {
-			continue
-		}
-		if !first {
-			p.out = append(p.out, ',')
-		}
-		first = false
-		if repl != nil && m.val == replVal {
-			p.out = append(p.out, p.scratch[m.start-body:m.val-body]...)
-			p.out = append(p.out, repl...)
-			continue
-		}
-		p.out = append(p.out, p.scratch[m.start-body:m.end-body]...)
-	}
-}
-
-// canonArguments applies the function_call rule to the string token at tok.
-// It returns the canonical string to use instead of the plain canonical
-// string, or nil when the two are the same.
-func (p *canonState) canonArguments(tok int) []byte {
-	end := p.pos
-	p.pos = tok
-	p.argDecoded, _ = p.scanString(p.argDecoded[:0], false)
-	p.pos = end
-	sub := getCanonState(p.argDecoded)
-	defer putCanonState(sub)
-	if !sub.document(canonModeValue) || bytes.Equal(sub.out, p.argDecoded) {
-		return nil
-	}
-	p.argOut = append(p.argOut[:0], '"')
-	p.argOut = canonAppendContent(p.argOut, sub.out)
-	p.argOut = append(p.argOut, '"')
-	return p.argOut
 }

@@ -44,14 +44,14 @@ func BenchmarkScriptServerTime(b *testing.B) {
 	turn := storetest.NewTurn(b, 32)
 	reservations := make([]*store.Reservation, b.N)
 	record := func(i int) {
-		_, err := s.Record(ctx, reservations[i], turn.Recorded, store.Result{ResponseID: "resp_bench", Socket: store.Socket{ID: 1}})
+		_, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_bench", Socket: store.Socket{ID: 1}})
 		if err != nil {
 			b.Error(err)
 		}
 	}
 	for i, o := range owners {
 		res := s.Reserve(ctx, o, turn.Next)
-		_, err := s.Record(ctx, res, turn.Recorded, store.Result{ResponseID: "resp_warm", Socket: store.Socket{ID: 1}})
+		_, err := s.Record(ctx, res, store.Result{ResponseID: "resp_warm", Socket: store.Socket{ID: 1}})
 		require.NoError(b, err, "owner %d", i)
 	}
 	phase := func(op func(i int)) float64 {

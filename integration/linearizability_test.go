@@ -19,6 +19,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -138,7 +139,7 @@ func linDecide(s linState, req int) linOutput {
 	case !strings.HasPrefix(r.items, linRequests[s.Req].items):
 		full.Reason = store.ReasonNotAppendOnly
 	case r.items == linRequests[s.Req].items:
-		return linOutput{Reason: store.ReasonEmptyDelta}
+		return linOutput{Reason: store.ReasonEmptyDelta, Delta: len(r.items)}
 	default:
 		return linOutput{Previous: s.Response, Origin: s.Origin, Delta: len(r.items) - len(linRequests[s.Req].items)}
 	}
@@ -268,7 +269,7 @@ type linTarget interface {
 type linStore struct {
 	s      *store.Store
 	owners []identity.Owner
-	reqs   []*store.Request
+	reqs   []*fingerprint.Request
 }
 
 func linOwners(t *testing.T, n int) []identity.Owner {
@@ -295,7 +296,7 @@ func newLinStore(t *testing.T, c redis.UniversalClient, opts store.Options, owne
 	}
 	ls := &linStore{s: s, owners: owners}
 	for _, r := range linRequests {
-		req, err := store.ParseRequest(r.body())
+		req, err := s.ParseRequest(r.body())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +320,7 @@ func (l *linStore) reserve(ctx context.Context, owner, req int) (linHandle, linO
 }
 
 func (l *linStore) record(ctx context.Context, h linHandle, response string, socket uint64) (linOutput, error) {
-	o, err := l.s.Record(ctx, h.res, l.reqs[h.req], store.Result{ResponseID: response, Socket: store.Socket{ID: socket}})
+	o, err := l.s.Record(ctx, h.res, store.Result{ResponseID: response, Socket: store.Socket{ID: socket}})
 	return linOutput{Outcome: o}, err
 }
 

@@ -20,12 +20,12 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 	require.NoError(t, err)
 	owner, err := identity.Main("session-rt")
 	require.NoError(t, err)
-	r, err := store.ParseRequest([]byte(`{"model":"m","input":["one"]}`))
+	r, err := s.ParseRequest([]byte(`{"model":"m","input":["one"]}`))
 	require.NoError(t, err)
 
 	// Warm up: the first call of each script loads it (NOSCRIPT, then EVAL).
 	res := s.Reserve(ctx, owner, r)
-	_, err = s.Record(ctx, res, r, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
+	_, err = s.Record(ctx, res, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
 	require.NoError(t, err)
 	_, err = s.Abort(ctx, res)
 	require.NoError(t, err)
@@ -42,7 +42,7 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 		{"reserve", func() { res2 = s.Reserve(ctx, owner, r); require.NoError(t, res2.Err) },
 			map[string]int64{"evalsha": 1}},
 		{"record", func() {
-			_, err := s.Record(ctx, res2, r, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
+			_, err := s.Record(ctx, res2, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
 			require.NoError(t, err)
 		}, map[string]int64{"evalsha": 1}},
 		{"is-current", func() { _, err := s.IsCurrent(ctx, res2); require.NoError(t, err) },

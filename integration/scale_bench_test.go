@@ -20,7 +20,7 @@ func fill(b *testing.B, s *store.Store, owners []identity.Owner, turn storetest.
 	ctx := context.Background()
 	parallelFor(len(owners), 16, func(i int) {
 		res := s.Reserve(ctx, owners[i], turn.Next)
-		out, err := s.Record(ctx, res, turn.Recorded, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
+		out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
 		if err != nil || out != store.OutcomePublished {
 			b.Errorf("owner %d: %v %v", i, out, err)
 		}
@@ -85,7 +85,7 @@ func BenchmarkRecordServerTimeAtScale(b *testing.B) {
 				}
 				require.NoError(b, c.ConfigResetStat(ctx).Err())
 				parallelFor(calls, 8, func(i int) {
-					_, err := s.Record(ctx, reservations[i], turn.Recorded, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{ID: 1}})
+					_, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{ID: 1}})
 					if err != nil {
 						b.Error(err)
 					}

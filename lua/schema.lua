@@ -1,12 +1,16 @@
--- schema.lua: record a namespace's schema version and partition count the
--- first time a store opens it, and return what is recorded.
+-- schema.lua: record a namespace's schema the first time a store opens it,
+-- and return what is recorded.
 --
 -- KEYS[1]  <ns>:{<ns>}:meta  hash  the namespace's schema
 -- ARGV[1]  schema version of the opening store
 -- ARGV[2]  partition count of the opening store
+-- ARGV[3]  fingerprint profile id of the opening store
+-- ARGV[4]  fingerprint key the opening store proposes: 64 lowercase hex digits
 --
--- Reply: array {schema version, partition count} as recorded (strings).
+-- Reply: array {schema version, partition count, profile id, key} as
+-- recorded (strings; a field the namespace lacks is nil).
 
-redis.call('HSETNX', KEYS[1], 'schema', ARGV[1])
-redis.call('HSETNX', KEYS[1], 'partitions', ARGV[2])
-return redis.call('HMGET', KEYS[1], 'schema', 'partitions')
+if redis.call('HSETNX', KEYS[1], 'schema', ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'partitions', ARGV[2], 'profile', ARGV[3], 'key', ARGV[4])
+end
+return redis.call('HMGET', KEYS[1], 'schema', 'partitions', 'profile', 'key')

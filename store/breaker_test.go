@@ -87,7 +87,7 @@ func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 	s, err := store.NewRedis(c, store.Options{OpTimeout: opTimeout, Observer: obs, Now: clk.Now})
 	require.NoError(t, err, "Redis not answering does not stop a gateway from starting")
 	owner, _ := identity.Main("s")
-	r, err := store.ParseRequest([]byte(`{"input":["a","b","c"]}`))
+	r, err := s.ParseRequest([]byte(`{"input":["a","b","c"]}`))
 	require.NoError(t, err)
 
 	for i := range 5 {

@@ -5,12 +5,13 @@
 //
 // # Turns
 //
-// A turn goes: [Store.Reserve], which consumes whatever continuation the
-// owner had and returns a fencing turn token with the decision; forward the
-// request upstream (the delta after [Reservation.PreviousResponseID] when
-// [Reservation.Continues], the full input otherwise); then [Store.Record] the
-// response, which publishes it only if the turn is still the owner's current
-// one, or [Store.Abort] the turn. Each operation is one round trip to Redis:
+// A turn goes: [Store.ParseRequest] the client's body; [Store.Reserve],
+// which consumes whatever continuation the owner had and returns a fencing
+// turn token with the decision; send [Reservation.UpstreamBody] upstream
+// (previous_response_id and the delta when [Reservation.Continues] and
+// [Reservation.Local], the body as received otherwise); then [Store.Record]
+// the response, which publishes it only if the turn is still the owner's
+// current one, or [Store.Abort] the turn. Each operation is one round trip to Redis:
 // one script call, or one HGET for [Store.IsCurrent]. [NewMemory] gives the same semantics in process, for a
 // single replica and as the reference model of the Redis backend.
 //
@@ -18,10 +19,11 @@
 // Options.OpTimeout, the reservation says [ReasonStoreUnavailable] and the
 // gateway sends the full context, as it would without the store.
 //
-// Requests are compared by fingerprints ([ParseRequest]), not transcripts:
-// a continuation stores the item count and chain digest of its transcript,
-// the prompt signature, the response id and its origin socket — tens of
-// bytes, whatever the transcript's size.
+// Requests are compared by fingerprints (package fingerprint, under the
+// namespace's profile and secret key), not transcripts: a continuation
+// stores the item count and chain digest of its transcript, the prompt
+// signature, the response id and its origin socket — tens of bytes, whatever
+// the transcript's size.
 //
 // # Limits
 //

@@ -12,11 +12,11 @@ import (
 const evictionBudget = 64
 
 // ErrSchemaMismatch is returned by NewRedis when the namespace was created
-// with another partition count or schema version.
+// with another partition count, schema version or fingerprint profile.
 var ErrSchemaMismatch = errors.New("store: namespace schema mismatch")
 
 // schemaVersion is the Redis layout this package reads and writes.
-const schemaVersion = 1
+const schemaVersion = 2
 
 // Evictions counts evicted owner states by cause.
 type Evictions struct {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 )
 
@@ -15,7 +16,7 @@ import (
 // of the Redis backend. Eviction costs O(log n) per state.
 func NewMemory(opts Options) (*Store, error) {
 	return newStore(opts, true, func(o Options) (backend, error) {
-		m := &memory{opts: o, parts: make([]memPartition, o.Partitions)}
+		m := &memory{opts: o, parts: make([]memPartition, o.Partitions), fp: o.newParser()}
 		for i := range m.parts {
 			m.parts[i].owners = make(map[identity.Owner]*memOwner)
 		}
@@ -30,7 +31,10 @@ type memory struct {
 	mu    sync.Mutex
 	opts  Options
 	parts []memPartition
+	fp    *fingerprint.Parser // under a key of this process's own
 }
+
+func (m *memory) parser() *fingerprint.Parser { return m.fp }
 
 type memPartition struct {
 	seq       uint64

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/internal/names"
 )
 
@@ -77,6 +78,10 @@ type Options struct {
 	BreakerCooldown time.Duration
 	// Observer, when set, sees every operation and breaker change.
 	Observer Observer
+	// Profile says which differences between requests do not change a
+	// conversation (package fingerprint). Default fingerprint.V2(). It is
+	// fixed for a namespace.
+	Profile fingerprint.Profile
 }
 
 // withDefaults returns o with defaults filled in, or an error naming the
@@ -101,6 +106,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Replica == "" {
 		o.Replica = randomReplica()
+	}
+	if o.Profile.Name == "" {
+		o.Profile = fingerprint.V2()
+	}
+	if _, err := fingerprint.New(o.Profile, fingerprint.Key{}); err != nil {
+		return o, fmt.Errorf("%w: Profile: %w", ErrInvalidOptions, err)
 	}
 	switch {
 	case o.Partitions < 1 || o.Partitions > MaxPartitions:
@@ -153,6 +164,17 @@ func validText(field, s string, max int) error {
 		return fmt.Errorf("%s %v", field, err)
 	}
 	return nil
+}
+
+// newParser returns a parser for the store's profile under a random key.
+func (o Options) newParser() *fingerprint.Parser {
+	var k fingerprint.Key
+	_, _ = rand.Read(k[:])
+	p, err := fingerprint.New(o.Profile, k)
+	if err != nil {
+		panic("store: " + err.Error()) // not reached: withDefaults checked the profile
+	}
+	return p
 }
 
 func randomReplica() string {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -75,6 +76,40 @@ func TestPartitionCountIsFixedPerNamespace(t *testing.T) {
 	assert.Equal(t, "16", mr.HGet("fixed:{fixed}:meta", "partitions"))
 }
 
+// Replicas must agree on equality: a store opened with another fingerprint
+// profile is refused, and every store of a namespace digests under the key
+// the namespace recorded first.
+func TestProfileAndKeyAreFixedPerNamespace(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	a, err := store.NewRedis(c, store.Options{Namespace: "fp"})
+	require.NoError(t, err)
+	key := mr.HGet("fp:{fp}:meta", "key")
+	assert.Len(t, key, 64)
+	assert.Equal(t, fingerprint.V2().ID(), mr.HGet("fp:{fp}:meta", "profile"))
+
+	b, err := store.NewRedis(c, store.Options{Namespace: "fp"})
+	require.NoError(t, err)
+	body := []byte(`{"model":"m","input":["a",{"type":"x"}]}`)
+	ra, err := a.ParseRequest(body)
+	require.NoError(t, err)
+	rb, err := b.ParseRequest(body)
+	require.NoError(t, err)
+	assert.Equal(t, ra.Signature(), rb.Signature(), "the second store adopted the namespace's key")
+	assert.Equal(t, ra.Prefix(2), rb.Prefix(2))
+	assert.Equal(t, key, mr.HGet("fp:{fp}:meta", "key"), "the key never changes")
+
+	other := fingerprint.V2()
+	other.Name = "v2-site"
+	other.PromptMembers = append(other.PromptMembers, "background")
+	_, err = store.NewRedis(c, store.Options{Namespace: "fp", Profile: other})
+	require.ErrorIs(t, err, store.ErrSchemaMismatch)
+	assert.Contains(t, err.Error(), "v2-site")
+
+	_, err = store.NewRedis(c, store.Options{Namespace: "fp2", Profile: fingerprint.Profile{Name: "bad name"}})
+	require.ErrorIs(t, err, store.ErrInvalidOptions)
+	require.ErrorIs(t, err, fingerprint.ErrInvalidProfile)
+}
+
 // A gateway starts even when Redis is down: the store fails open, and checks
 // the namespace once Redis answers.
 func TestUnreachableRedisFailsOpen(t *testing.T) {
@@ -83,7 +118,7 @@ func TestUnreachableRedisFailsOpen(t *testing.T) {
 	s, err := store.NewRedis(c, store.Options{OpTimeout: 50 * time.Millisecond})
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")
-	r, err := store.ParseRequest([]byte(`{"input":["a","b"]}`))
+	r, err := s.ParseRequest([]byte(`{"input":["a","b"]}`))
 	require.NoError(t, err)
 	res := s.Reserve(context.Background(), owner, r)
 	assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)

@@ -1,15 +1,19 @@
 package store
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/lua"
 )
@@ -31,6 +35,7 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	}
 	return newStore(opts, false, func(o Options) (backend, error) {
 		r := &redisBackend{client: client, opts: o, keys: keyspace{ns: o.Namespace}}
+		r.fp.Store(o.newParser())
 		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
 		defer cancel()
 		checked := make(chan error, 1)
@@ -58,7 +63,12 @@ type redisBackend struct {
 	opts   Options
 	keys   keyspace
 	schema schemaGuard
+	// fp parses under the namespace's key once a schema check has read it;
+	// before that, under the key this store proposes.
+	fp atomic.Pointer[fingerprint.Parser]
 }
+
+func (r *redisBackend) parser() *fingerprint.Parser { return r.fp.Load() }
 
 // schemaGuard remembers the last schema check: when it ran and whether it
 // found a mismatch.
@@ -75,17 +85,29 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 	r.schema.mu.Lock()
 	r.schema.tried = time.Now()
 	r.schema.mu.Unlock()
-	got, err := lua.Schema.Run(ctx, r.client, []string{r.keys.meta()}, schemaVersion, r.opts.Partitions).StringSlice()
-	if err == nil && len(got) != 2 {
-		err = fmt.Errorf("%w: schema: %d elements, want 2", errBadReply, len(got))
+	proposed := r.fp.Load()
+	proposedKey := proposed.Key()
+	got, err := lua.Schema.Run(ctx, r.client, []string{r.keys.meta()},
+		schemaVersion, r.opts.Partitions, proposed.ProfileID(), hex.EncodeToString(proposedKey[:])).Slice()
+	if err == nil && len(got) != 4 {
+		err = fmt.Errorf("%w: schema: %d elements, want 4", errBadReply, len(got))
 	}
 	if err != nil {
 		return err
 	}
+	field := func(i int) string { s, _ := got[i].(string); return s }
 	var mismatch error
-	if got[0] != strconv.Itoa(schemaVersion) || got[1] != strconv.Itoa(r.opts.Partitions) {
-		mismatch = fmt.Errorf("%w: namespace %q has schema %s with %s partitions; this store has schema %d with %d partitions",
-			ErrSchemaMismatch, r.opts.Namespace, got[0], got[1], schemaVersion, r.opts.Partitions)
+	if field(0) != strconv.Itoa(schemaVersion) || field(1) != strconv.Itoa(r.opts.Partitions) || field(2) != proposed.ProfileID() {
+		mismatch = fmt.Errorf("%w: namespace %q has schema %s with %s partitions and profile %q; this store has schema %d with %d partitions and profile %q",
+			ErrSchemaMismatch, r.opts.Namespace, field(0), field(1), field(2), schemaVersion, r.opts.Partitions, proposed.ProfileID())
+	} else if key, err := hex.DecodeString(field(3)); err != nil || len(key) != fingerprint.KeySize {
+		mismatch = fmt.Errorf("%w: namespace %q holds no valid fingerprint key", ErrSchemaMismatch, r.opts.Namespace)
+	} else if !bytes.Equal(key, proposedKey[:]) {
+		p, err := fingerprint.New(r.opts.Profile, fingerprint.Key(key))
+		if err != nil {
+			return err // not reached: the profile was checked
+		}
+		r.fp.CompareAndSwap(proposed, p)
 	}
 	r.schema.mu.Lock()
 	defer r.schema.mu.Unlock()
@@ -369,6 +391,9 @@ func decodeContinuation(f map[string]string) (continuation, error) {
 		}
 	}
 	parse("i", func(s string) (err error) { c.Origin.ID, err = strconv.ParseUint(s, 10, 64); return })
+	if c.Origin.ID == 0 { // stored for Socket{Any: true}
+		c.Origin = Socket{Any: true}
+	}
 	parse("n", func(s string) (err error) { c.Transcript.Items, err = strconv.Atoi(s); return })
 	parse("d", func(s string) (err error) { c.Transcript.Digest, err = parseDigest(s); return })
 	parse("g", func(s string) (err error) { c.Signature, err = parseDigest(s); return })

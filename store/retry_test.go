@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/lua"
@@ -36,8 +37,12 @@ func openRedis(t *testing.T, c redis.UniversalClient) (*Store, *redisBackend) {
 	return s, s.backend.(*redisBackend)
 }
 
-func testRequest(t testing.TB, body string) *Request {
-	r, err := ParseRequest([]byte(body))
+// testParser parses the tests' requests; each store parses them again under
+// its namespace's key.
+var testParser, _ = fingerprint.New(fingerprint.V2(), fingerprint.Key{})
+
+func testRequest(t testing.TB, body string) *fingerprint.Request {
+	r, err := testParser.Parse([]byte(body))
 	require.NoError(t, err)
 	return r
 }
@@ -53,7 +58,7 @@ func TestScriptsRunTwiceGiveTheFirstAnswer(t *testing.T) {
 		first := testRequest(t, `{"input":["a"]}`)
 		next := testRequest(t, `{"input":["a","b"]}`)
 		res := s.Reserve(ctx, owner, first)
-		_, err := s.Record(ctx, res, first, Result{ResponseID: "resp_1", Socket: Socket{ID: 3}})
+		_, err := s.Record(ctx, res, Result{ResponseID: "resp_1", Socket: Socket{ID: 3}})
 		require.NoError(t, err)
 
 		// Reserve: the same nonce twice.
@@ -137,10 +142,10 @@ func TestTurnsKeepIncreasingAfterSequenceLoss(t *testing.T) {
 		assert.Greater(t, again.Turn, after.Turn)
 
 		// The turn reserved before the loss cannot publish over the new one.
-		out, err := s.Record(ctx, last, r, Result{ResponseID: "resp_old", Socket: Socket{ID: 1}})
+		out, err := s.Record(ctx, last, Result{ResponseID: "resp_old", Socket: Socket{ID: 1}})
 		require.NoError(t, err)
 		assert.Equal(t, OutcomeStale, out)
-		out, err = s.Record(ctx, again, r, Result{ResponseID: "resp_new", Socket: Socket{ID: 1}})
+		out, err = s.Record(ctx, again, Result{ResponseID: "resp_new", Socket: Socket{ID: 1}})
 		require.NoError(t, err)
 		assert.Equal(t, OutcomePublished, out)
 	})
@@ -155,7 +160,7 @@ func TestScriptHeadersMatchTheirCallers(t *testing.T) {
 		keys, args int
 	}{
 		{lua.Reserve, 3, 8}, {lua.Record, 3, 13}, {lua.Abort, 3, 1}, {lua.Clear, 3, 0},
-		{lua.Inspect, 2, 0}, {lua.Prune, 2, 4}, {lua.Schema, 1, 2},
+		{lua.Inspect, 2, 0}, {lua.Prune, 2, 4}, {lua.Schema, 1, 4},
 	} {
 		assert.Equal(t, c.keys, c.s.Keys, c.s.Name)
 		assert.Equal(t, c.args, c.s.Args, c.s.Name)

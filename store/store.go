@@ -9,8 +9,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 )
+
+// ErrInvalidRequest is fingerprint.ErrInvalidRequest: a body, output item,
+// response id or socket name that the store refuses.
+var ErrInvalidRequest = fingerprint.ErrInvalidRequest
 
 // ErrUnavailable is wrapped by every error caused by the backing store
 // (Redis down, slow past OpTimeout, a context that ended).
@@ -25,6 +30,10 @@ func (t Turn) String() string { return strconv.FormatUint(uint64(t), 10) }
 
 // Socket names the upstream connection a response lives on.
 type Socket struct {
+	// Any means every connection of every replica can continue the
+	// response: an upstream that stores responses (HTTP with store=true).
+	// Replica and ID are then ignored.
+	Any bool
 	// Replica is the gateway replica holding the socket.
 	Replica string
 	// ID names the socket within the replica; 0 means "unknown".
@@ -62,8 +71,8 @@ type Reservation struct {
 	// Delta holds the request's own items after the matched prefix, when
 	// continuing.
 	Delta []json.RawMessage
-	// DeltaCount is len(Delta) when continuing, else the full input length
-	// (0 for ReasonEmptyDelta).
+	// DeltaCount is how many input items go upstream: len(Delta) when
+	// continuing, else the request's full input length.
 	DeltaCount int
 	// Origin is where the previous response lives; zero unless continuing.
 	Origin Socket
@@ -72,7 +81,8 @@ type Reservation struct {
 	// Err is the store error behind ReasonStoreUnavailable.
 	Err error
 
-	inputLen int // the request's full input length
+	req     *fingerprint.Request // the request reserved
+	replica string               // the reserving store's replica
 }
 
 // Continues reports whether the gateway may send PreviousResponseID and
@@ -81,10 +91,36 @@ func (r *Reservation) Continues() bool {
 	return r != nil && r.Reason == ReasonNone && r.PreviousResponseID != ""
 }
 
+// Local reports whether this replica can continue: the reservation
+// continues and its origin is any socket or a socket of the replica that
+// reserved it. Whether that socket still holds the response is the
+// gateway's to check; when it does not, use FullContextRetry.
+func (r *Reservation) Local() bool {
+	return r.Continues() && (r.Origin.Any || r.Origin.Replica == r.replica)
+}
+
+// Request returns the request reserved: as parsed by the store's namespace.
+func (r *Reservation) Request() *fingerprint.Request { return r.req }
+
+// UpstreamBody returns the body to send upstream for this turn: when
+// continuing, the request's body with previous_response_id set and input
+// holding only Delta; otherwise the body as the client sent it.
+func (r *Reservation) UpstreamBody() []byte {
+	if r == nil || r.req == nil {
+		return nil
+	}
+	if r.Continues() {
+		if b, err := r.req.ContinuedBody(r.PreviousResponseID, r.req.Len()-len(r.Delta)); err == nil {
+			return b
+		}
+	}
+	return r.req.Body()
+}
+
 // FullContextRetry returns a copy for resending the full context on the same
 // turn (after the upstream answered previous_response_not_found, or when the
-// origin socket is not held here): owner and turn kept, continuation dropped.
-// DeltaCount becomes the full input length.
+// origin socket is not held here): owner and turn kept, continuation
+// dropped, reason ReasonFullContextRetry. The original keeps its reason.
 func (r *Reservation) FullContextRetry() *Reservation {
 	if r == nil {
 		return nil
@@ -92,9 +128,10 @@ func (r *Reservation) FullContextRetry() *Reservation {
 	return &Reservation{
 		Owner:      r.Owner,
 		Turn:       r.Turn,
-		DeltaCount: max(r.DeltaCount, r.inputLen),
+		DeltaCount: r.req.Len(),
 		Reason:     ReasonFullContextRetry,
-		inputLen:   r.inputLen,
+		req:        r.req,
+		replica:    r.replica,
 	}
 }
 
@@ -102,8 +139,9 @@ func (r *Reservation) FullContextRetry() *Reservation {
 type Result struct {
 	// ResponseID is the upstream's response id; empty publishes nothing.
 	ResponseID string
-	// Socket is where the response lives. An empty Replica means this
-	// store's replica; ID 0 publishes nothing.
+	// Socket is where the response lives: Socket{Any: true} when any
+	// connection can continue it, else a socket of a replica (an empty
+	// Replica means this store's); ID 0 publishes nothing.
 	Socket Socket
 	// Output holds the response's output items, appended to the transcript.
 	Output []json.RawMessage
@@ -166,7 +204,7 @@ type continuation struct {
 	ResponseID string
 	Origin     Socket
 	Signature  uint64
-	Transcript Fingerprint
+	Transcript fingerprint.Transcript
 }
 
 // reserved is what a backend's reserve returns: the new turn, whether the
@@ -195,6 +233,7 @@ type backend interface {
 	abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error)
 	isCurrent(ctx context.Context, owner identity.Owner, turn Turn) (bool, error)
 	clear(ctx context.Context, owner identity.Owner) (bool, error)
+	parser() *fingerprint.Parser
 	inspect(ctx context.Context, owner identity.Owner) (State, error)
 	prune(ctx context.Context, partition int) (Evictions, error)
 	stats(ctx context.Context) ([]PartitionStats, error)
@@ -226,6 +265,13 @@ func (s *Store) WithReplica(replica string) *Store {
 	return &c
 }
 
+// ParseRequest parses a request body under the namespace's fingerprint
+// profile and key; errors wrap ErrInvalidRequest and name the problem's path
+// and offset (see package fingerprint).
+func (s *Store) ParseRequest(body []byte) (*fingerprint.Request, error) {
+	return s.backend.parser().Parse(body)
+}
+
 // Options returns the store's options with defaults filled in.
 func (s *Store) Options() Options { return s.opts }
 
@@ -244,11 +290,14 @@ func (s *Store) partition(owner identity.Owner) int { return owner.Partition(s.o
 // Reserve reserves a new turn for owner and says whether req may continue
 // the owner's previous turn. It consumes the owner's continuation whatever
 // the answer. It never fails and returns within OpTimeout: a store failure
-// gives ReasonStoreUnavailable with Err set and no turn. A nil req counts as
-// an empty request.
-func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request) *Reservation {
+// gives ReasonStoreUnavailable with Err set and no turn. req comes from
+// ParseRequest (a request parsed otherwise is parsed again, from its body,
+// under the namespace's profile and key); a nil req counts as an empty
+// request.
+func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerprint.Request) *Reservation {
 	start := time.Now()
-	res := &Reservation{Owner: owner, DeltaCount: req.Len(), inputLen: req.Len()}
+	req = s.reparse(req)
+	res := &Reservation{Owner: owner, DeltaCount: req.Len(), req: req, replica: s.opts.Replica}
 	switch {
 	case s.opts.Disabled:
 		res.Reason = ReasonDisabled
@@ -276,47 +325,67 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *Request)
 		res.Reason = ReasonSupersededTurn
 	case prev.Signature != req.Signature():
 		res.Reason = ReasonPromptChanged
-	case prev.Transcript.Items > req.Len() || req.PrefixDigest(prev.Transcript.Items) != prev.Transcript.Digest:
+	case prev.Transcript.Items > req.Len() || req.Prefix(prev.Transcript.Items) != prev.Transcript.Digest:
 		res.Reason = ReasonNotAppendOnly
 	case prev.Transcript.Items == req.Len():
 		res.Reason = ReasonEmptyDelta
-		res.DeltaCount = 0
 	default:
 		res.PreviousResponseID = prev.ResponseID
 		res.Origin = prev.Origin
-		res.Delta = req.Input()[prev.Transcript.Items:]
+		res.Delta = req.Items()[prev.Transcript.Items:]
 		res.DeltaCount = len(res.Delta)
 	}
 	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
 	return res
 }
 
+// reparse returns req parsed by the namespace's parser: req itself, or, when
+// another parser (another key or profile) made it, req's body parsed again.
+func (s *Store) reparse(req *fingerprint.Request) *fingerprint.Request {
+	p := s.backend.parser()
+	body := []byte("{}")
+	if req != nil {
+		if req.ParsedBy(p) {
+			return req
+		}
+		body = req.Body()
+	}
+	again, err := p.Parse(body)
+	if err != nil { // not reached: every profile accepts the same bodies
+		return req
+	}
+	return again
+}
+
 // Record publishes the upstream's answer to a reserved turn as the owner's
-// continuation, if the turn is still the owner's current one. req is the
-// request that was reserved (nil counts as empty). Invalid output items or
-// names give ErrInvalidRequest before anything is sent; store failures give
-// an error wrapping ErrUnavailable.
+// continuation, if the turn is still the owner's current one. Invalid output
+// items or names give ErrInvalidRequest before anything is sent; store
+// failures give an error wrapping ErrUnavailable.
 //
 // Give Record and Abort a context that outlives the client's request
 // (context.WithoutCancel): a client that hangs up after the upstream
 // answered should not cost the owner its continuation.
-func (s *Store) Record(ctx context.Context, res *Reservation, req *Request, out Result) (Outcome, error) {
+func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outcome, error) {
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return OutcomeIgnored, nil
 	}
 	start := time.Now()
-	if out.Socket.Replica == "" {
+	switch {
+	case out.Socket.Any:
+		out.Socket = Socket{Any: true}
+	case out.Socket.Replica == "":
 		out.Socket.Replica = s.opts.Replica
 	}
 	if err := validResult(out); err != nil {
 		return "", err
 	}
+	req := s.reparse(res.req)
 	fp, err := req.Transcript(out.Output)
 	if err != nil {
 		return "", err
 	}
 	var got published
-	if out.ResponseID == "" || out.Socket.ID == 0 || fp.Bytes > s.opts.MaxOwnerBytes {
+	if out.ResponseID == "" || (!out.Socket.Any && out.Socket.ID == 0) || fp.Bytes > s.opts.MaxOwnerBytes {
 		got.Outcome = OutcomeDropped
 		_, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (bool, error) {
 			return s.backend.abort(ctx, res.Owner, res.Turn)
@@ -406,6 +475,9 @@ func validResult(out Result) error {
 		if err := validText("response id", out.ResponseID, maxResponseIDBytes); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 		}
+	}
+	if out.Socket.Any {
+		return nil
 	}
 	if err := validText("socket replica", out.Socket.Replica, maxReplicaBytes); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)

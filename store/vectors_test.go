@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha1"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,7 +17,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/cespare/xxhash/v2"
@@ -26,6 +24,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/internal/vectorfile"
+
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/lua"
@@ -43,8 +44,6 @@ var vecPath = filepath.Join("..", "testdata", "vectors.json")
 type vecFile struct {
 	About        []string          `json:"about"`
 	Constants    vecConstants      `json:"constants"`
-	Canonical    []vecCanonical    `json:"canonical"`
-	Requests     []vecRequest      `json:"requests"`
 	Owners       []vecOwner        `json:"owners"`
 	OwnerKeys    []vecOwnerKey     `json:"owner_keys"`
 	Keys         []vecKeys         `json:"keys"`
@@ -66,303 +65,29 @@ var vecAbout = []string{
 	"Scenario replies: a JSON string is a bulk string, a number an integer reply, null a nil reply, an array an array reply.",
 }
 
-// vecDigest is a 64-bit digest in both spellings.
-type vecDigest struct {
-	Hex string `json:"hex"`
-	Dec string `json:"dec"`
-}
-
-func newVecDigest(v uint64) vecDigest {
-	return vecDigest{Hex: fmt.Sprintf("%016x", v), Dec: digestString(v)}
-}
-
 type vecConstants struct {
-	ChainSeedText          string    `json:"chain_seed_text"`
-	ChainSeed              vecDigest `json:"chain_seed"`
-	EmptySignatureText     string    `json:"empty_signature_text"`
-	EmptySignature         vecDigest `json:"empty_signature"`
-	MaxDepth               int       `json:"max_depth"`
-	MaxIDBytes             int       `json:"max_id_bytes"`
-	ScoreEpochMillis       int64     `json:"score_epoch_ms"`
-	ScoreTimeUnit          int64     `json:"score_time_unit"`
-	ScorePublished         int64     `json:"score_published"`
-	MaxStateBytes          int64     `json:"max_state_bytes"`
-	TurnEpochSeconds       int64     `json:"turn_epoch_s"`
-	TicksPerMilli          int64     `json:"ticks_per_ms"`
-	TurnLimit              int64     `json:"turn_limit"`
-	FreshStateOverhead     int64     `json:"fresh_state_overhead"`
-	PublishedStateOverhead int64     `json:"published_state_overhead"`
-	EvictionBudget         int       `json:"eviction_budget"`
-	SchemaVersion          int       `json:"schema_version"`
-	DefaultNamespace       string    `json:"default_namespace"`
-	DefaultPartitions      int       `json:"default_partitions"`
-	MaxPartitions          int       `json:"max_partitions"`
-	DefaultTTLMillis       int64     `json:"default_ttl_ms"`
-	DefaultMaxOwners       int       `json:"default_max_owners"`
-	DefaultMaxOwnerBytes   int64     `json:"default_max_owner_bytes"`
-	DefaultMaxTotalBytes   int64     `json:"default_max_total_bytes"`
-	MaxResponseIDBytes     int       `json:"max_response_id_bytes"`
-	MaxReplicaBytes        int       `json:"max_replica_bytes"`
-	MaxNamespaceBytes      int       `json:"max_namespace_bytes"`
-}
-
-// vecText sets a plain or hex text field.
-func vecText(s string) (*string, string) {
-	if utf8.ValidString(s) {
-		return &s, ""
-	}
-	return nil, hex.EncodeToString([]byte(s))
-}
-
-// vecUnText reads back a field set by vecText.
-func vecUnText(t testing.TB, s *string, h string) string {
-	t.Helper()
-	if s != nil {
-		return *s
-	}
-	b, err := hex.DecodeString(h)
-	require.NoError(t, err)
-	return string(b)
-}
-
-// ---- canonical values ----
-
-type vecCanonical struct {
-	Name     string  `json:"name"`
-	Input    *string `json:"input,omitempty"`
-	InputHex string  `json:"input_hex,omitempty"`
-	// Item: canonicalised as a request item (the function_call rule applies).
-	Item      bool       `json:"item,omitempty"`
-	Valid     bool       `json:"valid"`
-	Canonical *string    `json:"canonical,omitempty"`
-	Digest    *vecDigest `json:"digest,omitempty"`
-}
-
-// vecItemCases are canonicalised as items, with the function_call rule.
-var vecItemCases = []canonicalCase{
-	{name: "function_call arguments are canonicalised", input: `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1.0}"}`},
-	{name: "function_call rule does not depend on member order", input: `{"arguments":"{\"b\": 2, \"a\": 1.0}","type":"function_call"}`},
-	{name: "arguments that do not parse stay as written", input: `{"type":"function_call","arguments":"{not json"}`},
-	{name: "arguments with duplicate keys do not parse", input: `{"type":"function_call","arguments":"{\"a\":1,\"a\":2}"}`},
-	{name: "arguments with trailing data do not parse", input: `{"type":"function_call","arguments":"{} x"}`},
-	{name: "empty arguments do not parse", input: `{"type":"function_call","arguments":""}`},
-	{name: "arguments holding a raw newline inside a string do not parse", input: `{"type":"function_call","arguments":"\"\n\""}`},
-	{name: "arguments holding a scalar", input: `{"type":"function_call","arguments":" 1.0 "}`},
-	{name: "arguments holding a string with escapes", input: `{"type":"function_call","arguments":" \"\\u0078\\n\" "}`},
-	{name: "arguments with escapes inside", input: `{"type":"function_call","arguments":"{\"city\": \"Z\\u00fcrich\", \"q\": \"a\\\"b\\\\c\\n\"}"}`},
-	{name: "type is compared after decoding", input: `{"type":"function\u005fcall","arguments":" [ 1 , \"\\u00e9\" ] "}`},
-	{name: "rule needs type function_call", input: `{"type":"message","arguments":"{\"b\": 2, \"a\": 1}"}`},
-	{name: "rule needs a string type", input: `{"type":["function_call"],"arguments":"{\"b\": 2, \"a\": 1}"}`},
-	{name: "rule needs a string arguments", input: `{"type":"function_call","arguments":{"b":2,"a":1}}`},
-	{name: "rule applies at the item's top level only (nested object)", input: `{"type":"wrapper","call":{"type":"function_call","arguments":"{\"b\": 2}"}}`},
-	{name: "rule applies at the item's top level only (array item)", input: `[{"type":"function_call","arguments":"{\"b\": 2}"}]`},
-	{name: "rule in an item that is a string", input: `"{\"type\":\"function_call\"}"`},
-}
-
-func vecCanonicals(t *testing.T) []vecCanonical {
-	var vs []vecCanonical
-	add := func(name, input string, item bool) {
-		v := vecCanonical{Name: name, Item: item}
-		v.Input, v.InputHex = vecText(input)
-		var got []byte
-		var err error
-		if item {
-			got, err = canonicalItem([]byte(input))
-		} else {
-			got, err = Canonical([]byte(input))
-		}
-		if err == nil {
-			s := string(got)
-			d := newVecDigest(xxhash.Sum64(got))
-			v.Valid, v.Canonical, v.Digest = true, &s, &d
-		} else {
-			require.ErrorIs(t, err, ErrInvalidRequest)
-		}
-		vs = append(vs, v)
-	}
-	const maxLen = 4096
-	for _, tc := range canonicalValid {
-		if len(tc.input) <= maxLen {
-			add(tc.name, tc.input, false)
-		}
-	}
-	for _, tc := range canonicalInvalid {
-		if len(tc.input) <= maxLen {
-			add(tc.name, tc.input, false)
-		}
-	}
-	for _, tc := range vecItemCases {
-		add(tc.name, tc.input, true)
-	}
-	return vs
-}
-
-// ---- requests ----
-
-type vecItem struct {
-	Raw       string    `json:"raw"`
-	Canonical string    `json:"canonical"`
-	Digest    vecDigest `json:"digest"`
-}
-
-type vecFingerprint struct {
-	Items  int       `json:"items"`
-	Digest vecDigest `json:"digest"`
-	Bytes  int64     `json:"bytes"`
-}
-
-type vecRequest struct {
-	Name    string  `json:"name"`
-	Body    *string `json:"body,omitempty"`
-	BodyHex string  `json:"body_hex,omitempty"`
-	Valid   bool    `json:"valid"`
-	// SameAs names an earlier vector with the same signature and chain.
-	SameAs string `json:"same_as,omitempty"`
-	// SignatureText is the canonical body without its input member.
-	SignatureText   *string     `json:"signature_text,omitempty"`
-	Signature       *vecDigest  `json:"signature,omitempty"`
-	Items           *[]vecItem  `json:"items,omitempty"`
-	Chain           []vecDigest `json:"chain,omitempty"`
-	TranscriptBytes *int64      `json:"transcript_bytes,omitempty"`
-	// Output items appended by Record; Transcript is the fingerprint of
-	// input and output.
-	Output      []string        `json:"output,omitempty"`
-	OutputItems []vecItem       `json:"output_items,omitempty"`
-	Transcript  *vecFingerprint `json:"transcript,omitempty"`
-}
-
-type vecRequestCase struct {
-	name, body string
-	output     []string
-	sameAs     string
-}
-
-func vecNest(open, close string, n int, inner string) string {
-	return strings.Repeat(open, n) + inner + strings.Repeat(close, n)
-}
-
-// vecArgs returns the JSON string token holding doc.
-func vecArgs(doc string) string {
-	b, _ := json.Marshal(doc)
-	return string(b)
-}
-
-func vecRequestCases() []vecRequestCase {
-	msgs := `{"input":[{"role":"user","content":"hi"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hello!\n"}]}],"model":"gpt-4.1","store":false}`
-	msgsVariant := "{\n  \"store\" : false ,\n  \"model\": \"gpt-4.1\",\n  \"input\": [\n    { \"content\": \"hi\", \"role\": \"user\" },\n    {\"content\": [ {\"text\": \"Hello!\\u000a\", \"type\": \"output_text\"} ], \"role\": \"assistant\", \"type\": \"message\"}\n  ]\n}\n"
-	call := `{"model":"gpt-4.1","tools":[{"type":"function","name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}],"input":[{"role":"user","content":"Weather in Z\u00fcrich?"},{"type":"function_call","call_id":"call_1","name":"get_weather","arguments":"{\"city\": \"Z\\u00fcrich\", \"units\": \"c\"}"},{"type":"function_call_output","call_id":"call_1","output":"{\"temp\": 21}"}]}`
-	deepArgs := func(n int) string {
-		return `{"input":[{"type":"function_call","arguments":` + vecArgs(vecNest("[ ", " ]", n, "")) + `}]}`
-	}
-	return []vecRequestCase{
-		{name: "empty object", body: `{}`},
-		{name: "missing input", body: `{"model":"gpt-4.1","store":false}`},
-		{name: "empty input array", body: `{"input":[],"model":"gpt-4.1","store":false}`, sameAs: "missing input"},
-		{name: "string input", body: `{"model":"gpt-4.1","input":"Hello, w\u00f6rld!"}`},
-		{name: "string input equals a one-string array", body: `{"model":"gpt-4.1","input":["Hello, wörld!"]}`, sameAs: "string input"},
-		{name: "messages", body: msgs, output: []string{
-			`{"type":"message","id":"msg_1","role":"assistant","status":"completed","content":[{"type":"output_text","text":"How can I help?","annotations":[]}]}`,
-		}},
-		{name: "messages with other key order, escapes and whitespace", body: msgsVariant, sameAs: "messages"},
-		{name: "unicode escapes", body: `{"instructions":"\u0041\u00e9","input":[{"role":"user","content":"caf\u00e9 \ud83d\ude00 \u2028 \/ \u001f \u007f"}]}`},
-		{name: "unicode written raw", body: "{\"input\":[{\"content\":\"café 😀 \u2028 / \\u001f \x7f\",\"role\":\"user\"}],\"instructions\":\"Aé\"}", sameAs: "unicode escapes"},
-		{name: "input key is matched after decoding", body: `{"\u0069nput":["x"],"model":"m"}`},
-		{name: "number spelling is significant", body: `{"input":[{"a":1.0},{"a":1},{"a":1e0},{"a":-0}],"temperature":0.70}`},
-		{name: "function call round trip", body: call, output: []string{
-			` {"arguments": "{\"units\":\"c\",\n \"city\":\"Zürich\"}", "type": "function_call", "call_id": "call_2", "name": "get_weather"} `,
-		}},
-		{name: "function call with arguments first", body: `{"input":[{"arguments":"{\"units\":\"c\",\"city\":\"Zürich\"}","type":"function_call","name":"get_weather","call_id":"call_1"}]}`},
-		{name: "function call with non-JSON arguments", body: `{"input":[{"type":"function_call","arguments":"city=Zürich"}]}`},
-		{name: "function call arguments with duplicate keys stay as written", body: `{"input":[{"type":"function_call","arguments":"{\"a\": 1, \"a\": 2}"}]}`},
-		{name: "function call rule only at the top level of an item", body: `{"input":[{"type":"message","content":[{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1}"}]}]}`},
-		{name: "function call rule does not apply to the body", body: `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1}","input":[]}`},
-		{name: "mixed items", body: `{"input":["text", 1.0, null, [true, {"b": 1, "a": 2}]], "instructions": "\u2028 \/ \u007f"}`},
-		{name: "synthetic", body: string(syntheticBody(6, 3000))},
-		{name: "item nesting 510 deep", body: `{"input":[` + vecNest("[", "]", 510, "") + `]}`},
-		{name: "item nesting 511 deep", body: `{"input":[` + vecNest("[", "]", 511, "") + `]}`},
-		{name: "arguments have their own depth count (512)", body: deepArgs(512)},
-		{name: "arguments nesting 513 deep stay as written", body: deepArgs(513)},
-		{name: "output item may nest 512 deep", body: `{"input":["q"]}`, output: []string{vecNest("[", "]", 512, "")}},
-		{name: "input is null", body: `{"input":null}`},
-		{name: "input is a number", body: `{"input":1}`},
-		{name: "input is an object", body: `{"input":{"role":"user"}}`},
-		{name: "duplicate input", body: `{"input":[],"input":[]}`},
-		{name: "duplicate input after decoding", body: `{"input":[],"\u0069nput":[]}`},
-		{name: "duplicate key in item", body: `{"input":[{"a":1,"a":1}]}`},
-		{name: "duplicate key in another member", body: `{"input":[],"text":{"a":1,"a":1}}`},
-		{name: "body is an array", body: `[{"input":[]}]`},
-		{name: "body is a string", body: `"input"`},
-		{name: "trailing data after the body", body: `{"input":[]} {}`},
-		{name: "invalid UTF-8 in an item", body: "{\"input\":[\"\xff\"]}"},
-		{name: "lone surrogate escape", body: `{"input":[],"instructions":"\ud800"}`},
-	}
-}
-
-func vecItems(t *testing.T, raws []json.RawMessage) []vecItem {
-	items := []vecItem{}
-	for _, raw := range raws {
-		canon, err := canonicalItem(raw)
-		require.NoError(t, err)
-		items = append(items, vecItem{Raw: string(raw), Canonical: string(canon), Digest: newVecDigest(xxhash.Sum64(canon))})
-	}
-	return items
-}
-
-// vecSignatureText returns the canonical body without its input member,
-// the text whose xxhash64 is the signature.
-func vecSignatureText(t *testing.T, body []byte) string {
-	p := getCanonState(body)
-	defer putCanonState(p)
-	p.skipWS()
-	require.True(t, p.object(canonModeBody))
-	return string(p.out)
-}
-
-func vecRequests(t *testing.T) []vecRequest {
-	var vs []vecRequest
-	for _, c := range vecRequestCases() {
-		v := vecRequest{Name: c.name, SameAs: c.sameAs}
-		v.Body, v.BodyHex = vecText(c.body)
-		r, err := ParseRequest([]byte(c.body))
-		if err != nil {
-			require.ErrorIs(t, err, ErrInvalidRequest)
-			require.Empty(t, c.output)
-			vs = append(vs, v)
-			continue
-		}
-		v.Valid = true
-		sigText := vecSignatureText(t, []byte(c.body))
-		require.Equal(t, xxhash.Sum64String(sigText), r.Signature())
-		sig := newVecDigest(r.Signature())
-		v.SignatureText, v.Signature = &sigText, &sig
-		items := vecItems(t, r.Input())
-		for i := range items {
-			require.Equal(t, items[i].Digest, newVecDigest(r.ItemDigest(i)))
-		}
-		v.Items = &items
-		for i := 0; i <= r.Len(); i++ {
-			v.Chain = append(v.Chain, newVecDigest(r.PrefixDigest(i)))
-		}
-		n := r.TranscriptBytes()
-		v.TranscriptBytes = &n
-		if len(c.output) > 0 {
-			out := make([]json.RawMessage, len(c.output))
-			for i, o := range c.output {
-				out[i] = json.RawMessage(o)
-			}
-			fp, err := r.Transcript(out)
-			require.NoError(t, err)
-			v.Output = c.output
-			trimmed := make([]json.RawMessage, len(out))
-			for i, o := range out {
-				trimmed[i] = bytes.TrimSpace(o)
-			}
-			v.OutputItems = vecItems(t, trimmed)
-			v.Transcript = &vecFingerprint{Items: fp.Items, Digest: newVecDigest(fp.Digest), Bytes: fp.Bytes}
-		}
-		vs = append(vs, v)
-	}
-	return vs
+	MaxIDBytes             int    `json:"max_id_bytes"`
+	ScoreEpochMillis       int64  `json:"score_epoch_ms"`
+	ScoreTimeUnit          int64  `json:"score_time_unit"`
+	ScorePublished         int64  `json:"score_published"`
+	MaxStateBytes          int64  `json:"max_state_bytes"`
+	TurnEpochSeconds       int64  `json:"turn_epoch_s"`
+	TicksPerMilli          int64  `json:"ticks_per_ms"`
+	TurnLimit              int64  `json:"turn_limit"`
+	FreshStateOverhead     int64  `json:"fresh_state_overhead"`
+	PublishedStateOverhead int64  `json:"published_state_overhead"`
+	EvictionBudget         int    `json:"eviction_budget"`
+	SchemaVersion          int    `json:"schema_version"`
+	DefaultNamespace       string `json:"default_namespace"`
+	DefaultPartitions      int    `json:"default_partitions"`
+	MaxPartitions          int    `json:"max_partitions"`
+	DefaultTTLMillis       int64  `json:"default_ttl_ms"`
+	DefaultMaxOwners       int    `json:"default_max_owners"`
+	DefaultMaxOwnerBytes   int64  `json:"default_max_owner_bytes"`
+	DefaultMaxTotalBytes   int64  `json:"default_max_total_bytes"`
+	MaxResponseIDBytes     int    `json:"max_response_id_bytes"`
+	MaxReplicaBytes        int    `json:"max_replica_bytes"`
+	MaxNamespaceBytes      int    `json:"max_namespace_bytes"`
 }
 
 // ---- owners and keys ----
@@ -372,13 +97,13 @@ type vecOwner struct {
 	Session    *string `json:"session,omitempty"`
 	SessionHex string  `json:"session_hex,omitempty"`
 	// Agent is absent for a main owner.
-	Agent         *string    `json:"agent,omitempty"`
-	AgentHex      string     `json:"agent_hex,omitempty"`
-	Valid         bool       `json:"valid"`
-	Key           string     `json:"key,omitempty"`
-	KeyHash       *vecDigest `json:"key_hash,omitempty"`
-	Partition16   *int       `json:"partition_16,omitempty"`
-	Partition1024 *int       `json:"partition_1024,omitempty"`
+	Agent         *string            `json:"agent,omitempty"`
+	AgentHex      string             `json:"agent_hex,omitempty"`
+	Valid         bool               `json:"valid"`
+	Key           string             `json:"key,omitempty"`
+	KeyHash       *vectorfile.Digest `json:"key_hash,omitempty"`
+	Partition16   *int               `json:"partition_16,omitempty"`
+	Partition1024 *int               `json:"partition_1024,omitempty"`
 }
 
 type vecOwnerCase struct {
@@ -433,9 +158,9 @@ func vecOwners(t *testing.T) []vecOwner {
 	var vs []vecOwner
 	for _, c := range vecOwnerCases() {
 		v := vecOwner{Name: c.name}
-		v.Session, v.SessionHex = vecText(c.session)
+		v.Session, v.SessionHex = vectorfile.Text(c.session)
 		if c.agent != nil {
-			v.Agent, v.AgentHex = vecText(*c.agent)
+			v.Agent, v.AgentHex = vectorfile.Text(*c.agent)
 		}
 		o, err := vecOwnerOf(c)
 		if err != nil {
@@ -444,7 +169,7 @@ func vecOwners(t *testing.T) []vecOwner {
 			continue
 		}
 		p16, p1024 := o.Partition(16), o.Partition(1024)
-		h := newVecDigest(xxhash.Sum64String(o.Key()))
+		h := vectorfile.NewDigest(xxhash.Sum64String(o.Key()))
 		v.Valid, v.Key, v.KeyHash, v.Partition16, v.Partition1024 = true, o.Key(), &h, &p16, &p1024
 		vs = append(vs, v)
 	}
@@ -1030,6 +755,17 @@ func (s *vecServer) step(name, op string, input map[string]any, fn func() map[st
 	return st
 }
 
+// vecKey is the fingerprint key of the scenario's namespace: the bytes 0,
+// 1, …, 31.
+var vecKey = func() (k fingerprint.Key) {
+	for i := range k {
+		k[i] = byte(i)
+	}
+	return k
+}()
+
+var vecParser, _ = fingerprint.New(fingerprint.V2(), vecKey)
+
 // vecNonceBackend is the Redis backend with the reserve nonce fixed by the
 // scenario, so that its calls are reproducible.
 type vecNonceBackend struct {
@@ -1063,6 +799,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		opts, err := o.withDefaults()
 		require.NoError(t, err)
 		rb := &redisBackend{client: srv.c, opts: opts, keys: keyspace{ns: opts.Namespace}}
+		rb.fp.Store(vecParser)
 		rb.schema.running = true // no background schema checks in the record
 		nb := &vecNonceBackend{redisBackend: rb}
 		return &Store{opts: opts, backend: nb, inline: true, breakers: newBreakers(opts)}, nb
@@ -1092,8 +829,8 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	body := func(instructions string, items ...string) string {
 		return `{"model":"gpt-4.1","instructions":"` + instructions + `","store":false,"input":[` + strings.Join(items, ",") + `]}`
 	}
-	parse := func(b string) *Request {
-		r, err := ParseRequest([]byte(b))
+	parse := func(b string) *fingerprint.Request {
+		r, err := s.ParseRequest([]byte(b))
 		require.NoError(t, err)
 		return r
 	}
@@ -1119,7 +856,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		}
 		in["output"] = outs
 		add(srv.step(name, "record", in, func() map[string]any {
-			got, err := s.Record(ctx, res, parse(b), out)
+			got, err := s.Record(ctx, res, out)
 			require.NoError(t, err)
 			return map[string]any{"outcome": string(got)}
 		}))
@@ -1337,9 +1074,7 @@ func vecBuild(t *testing.T) vecFile {
 	return vecFile{
 		About: vecAbout,
 		Constants: vecConstants{
-			ChainSeedText: "contstore/chain/v1", ChainSeed: newVecDigest(requestChainSeed),
-			EmptySignatureText: "{}", EmptySignature: newVecDigest(requestEmptySignature),
-			MaxDepth: canonMaxDepth, MaxIDBytes: identity.MaxIDBytes,
+			MaxIDBytes:       identity.MaxIDBytes,
 			ScoreEpochMillis: scoreEpochMillis, ScoreTimeUnit: scoreTimeUnit, ScorePublished: scorePublished, MaxStateBytes: maxStateBytes,
 			TurnEpochSeconds: turnEpochSeconds, TicksPerMilli: ticksPerMilli, TurnLimit: 1 << 53,
 			FreshStateOverhead: freshStateOverhead, PublishedStateOverhead: publishedStateOverhead,
@@ -1349,8 +1084,6 @@ func vecBuild(t *testing.T) vecFile {
 			DefaultMaxOwnerBytes: DefaultMaxOwnerBytes, DefaultMaxTotalBytes: DefaultMaxTotalBytes,
 			MaxResponseIDBytes: maxResponseIDBytes, MaxReplicaBytes: maxReplicaBytes, MaxNamespaceBytes: maxNamespaceBytes,
 		},
-		Canonical:    vecCanonicals(t),
-		Requests:     vecRequests(t),
 		Owners:       vecOwners(t),
 		OwnerKeys:    vecOwnerKeys(t),
 		Keys:         vecKeyNames(t),
@@ -1365,60 +1098,18 @@ func vecBuild(t *testing.T) vecFile {
 	}
 }
 
-func vecEncode(t *testing.T, v any) []byte {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	require.NoError(t, enc.Encode(v))
-	return b.Bytes()
-}
-
 // TestVectors rebuilds testdata/vectors.json from the code and fails when
 // the stored file differs in any byte. Run with -update-vectors after an
 // intended change of the protocol.
 func TestVectors(t *testing.T) {
-	want := vecEncode(t, vecBuild(t))
-	if *updateVectors {
-		require.NoError(t, os.WriteFile(vecPath, want, 0o644))
-	}
-	got, err := os.ReadFile(vecPath)
-	require.NoError(t, err, "run go test ./store -run TestVectors -update-vectors to create it")
-	if !bytes.Equal(want, got) {
-		wl, gl := strings.Split(string(want), "\n"), strings.Split(string(got), "\n")
-		i := 0
-		for i < len(wl) && i < len(gl) && wl[i] == gl[i] {
-			i++
-		}
-		line := func(ls []string) string {
-			if i < len(ls) {
-				return ls[i]
-			}
-			return "<end of file>"
-		}
-		t.Fatalf("%s differs from the code at line %d:\n  file: %s\n  code: %s\n"+
-			"run go test ./store -run TestVectors -update-vectors after an intended protocol change",
-			vecPath, i+1, line(gl), line(wl))
-	}
+	vectorfile.Check(t, vecPath, vecBuild(t), *updateVectors, "go test ./store -run TestVectors -update-vectors")
 }
 
 // vecLoad reads the stored vectors.
 func vecLoad(t *testing.T) vecFile {
-	data, err := os.ReadFile(vecPath)
-	require.NoError(t, err)
 	var f vecFile
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	require.NoError(t, dec.Decode(&f))
+	vectorfile.Load(t, vecPath, &f)
 	return f
-}
-
-func vecCheckDigest(t *testing.T, d vecDigest, want uint64, what string) {
-	t.Helper()
-	assert.Equal(t, fmt.Sprintf("%016x", want), d.Hex, what)
-	v, err := strconv.ParseUint(d.Hex, 16, 64)
-	require.NoError(t, err, what)
-	assert.Equal(t, strconv.FormatInt(int64(v), 10), d.Dec, "%s: dec is the signed int64 of hex", what)
 }
 
 // TestVectorsFollowTheDocumentedRules checks the stored vectors with the
@@ -1427,79 +1118,19 @@ func vecCheckDigest(t *testing.T, d vecDigest, want uint64, what string) {
 func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 	f := vecLoad(t)
 	c := f.Constants
-	vecCheckDigest(t, c.ChainSeed, xxhash.Sum64String(c.ChainSeedText), "chain seed")
-	vecCheckDigest(t, c.EmptySignature, xxhash.Sum64String(c.EmptySignatureText), "empty signature")
-	chainNext := func(prev, d uint64) uint64 {
-		var b [16]byte
-		binary.LittleEndian.PutUint64(b[:8], prev)
-		binary.LittleEndian.PutUint64(b[8:], d)
-		return xxhash.Sum64(b[:])
-	}
-	hexValue := func(d vecDigest) uint64 {
-		v, err := strconv.ParseUint(d.Hex, 16, 64)
-		require.NoError(t, err)
-		return v
-	}
-
-	for _, v := range f.Canonical {
-		if v.Valid {
-			vecCheckDigest(t, *v.Digest, xxhash.Sum64String(*v.Canonical), v.Name)
-			again, err := Canonical([]byte(*v.Canonical))
-			require.NoError(t, err, v.Name)
-			assert.Equal(t, *v.Canonical, string(again), "%s: canonical form is a fixed point", v.Name)
-		}
-	}
-
-	byName := map[string]vecRequest{}
-	for _, v := range f.Requests {
-		byName[v.Name] = v
-		if !v.Valid {
-			continue
-		}
-		vecCheckDigest(t, *v.Signature, xxhash.Sum64String(*v.SignatureText), v.Name+": signature")
-		h := hexValue(c.ChainSeed)
-		vecCheckDigest(t, v.Chain[0], h, v.Name+": h(0)")
-		var size int64
-		for i, it := range *v.Items {
-			vecCheckDigest(t, it.Digest, xxhash.Sum64String(it.Canonical), v.Name+": item digest")
-			h = chainNext(h, hexValue(it.Digest))
-			vecCheckDigest(t, v.Chain[i+1], h, fmt.Sprintf("%s: h(%d)", v.Name, i+1))
-			size += int64(len(it.Canonical))
-		}
-		assert.Len(t, v.Chain, len(*v.Items)+1, v.Name)
-		assert.Equal(t, size, *v.TranscriptBytes, v.Name)
-		if v.Transcript != nil {
-			for _, it := range v.OutputItems {
-				vecCheckDigest(t, it.Digest, xxhash.Sum64String(it.Canonical), v.Name+": output digest")
-				h = chainNext(h, hexValue(it.Digest))
-				size += int64(len(it.Canonical))
-			}
-			vecCheckDigest(t, v.Transcript.Digest, h, v.Name+": transcript")
-			assert.Equal(t, len(*v.Items)+len(v.OutputItems), v.Transcript.Items, v.Name)
-			assert.Equal(t, size, v.Transcript.Bytes, v.Name)
-		}
-		if v.SameAs != "" {
-			o, ok := byName[v.SameAs]
-			require.True(t, ok, "%s: same_as %q names an earlier vector", v.Name, v.SameAs)
-			assert.Equal(t, o.Signature, v.Signature, v.Name)
-			assert.Equal(t, o.Chain, v.Chain, v.Name)
-			assert.Equal(t, o.TranscriptBytes, v.TranscriptBytes, v.Name)
-		}
-	}
-
 	for _, v := range f.Owners {
 		if !v.Valid {
 			continue
 		}
-		session := vecUnText(t, v.Session, v.SessionHex)
+		session := vectorfile.UnText(t, v.Session, v.SessionHex)
 		esc := strings.NewReplacer("%", "%25", ":", "%3A")
 		key := "m:" + esc.Replace(session)
 		if v.Agent != nil || v.AgentHex != "" {
-			key = "a:" + esc.Replace(session) + ":" + esc.Replace(vecUnText(t, v.Agent, v.AgentHex))
+			key = "a:" + esc.Replace(session) + ":" + esc.Replace(vectorfile.UnText(t, v.Agent, v.AgentHex))
 		}
 		assert.Equal(t, key, v.Key, v.Name)
 		sum := xxhash.Sum64String(key)
-		vecCheckDigest(t, *v.KeyHash, sum, v.Name)
+		vectorfile.CheckDigest(t, *v.KeyHash, sum, v.Name)
 		assert.Equal(t, int(sum%16), *v.Partition16, v.Name)
 		assert.Equal(t, int(sum%1024), *v.Partition1024, v.Name)
 	}

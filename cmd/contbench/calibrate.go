@@ -88,7 +88,7 @@ func (t *target) sampleClosed(ctx context.Context, clients int64) (serverSample,
 // for each owner, then reserves a turn for each (consuming it), then
 // records each of those turns.
 func probeScripts(ctx context.Context, cfg *config, tgt *target) (reserve, record scriptTime, err error) {
-	req, err := store.ParseRequest(probeBody)
+	req, err := tgt.stores[0].ParseRequest(probeBody)
 	if err != nil {
 		return reserve, record, err
 	}
@@ -119,7 +119,7 @@ func probeScripts(ctx context.Context, cfg *config, tgt *target) (reserve, recor
 	}
 	recordAll := func() {
 		parallel(cfg.concurrency, probeCalls, func(i int) {
-			if _, err := stores[i%len(stores)].Record(ctx, reservations[i], req, probeResult); err != nil {
+			if _, err := stores[i%len(stores)].Record(ctx, reservations[i], probeResult); err != nil {
 				fail(err)
 			}
 		})

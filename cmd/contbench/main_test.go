@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/internal/redistest"
@@ -196,7 +197,7 @@ type published struct {
 }
 
 // Reserve forges a continuation where the store says the prompt changed.
-func (s skipsPromptCheck) Reserve(ctx context.Context, owner identity.Owner, req *store.Request) *store.Reservation {
+func (s skipsPromptCheck) Reserve(ctx context.Context, owner identity.Owner, req *fingerprint.Request) *store.Reservation {
 	res := s.gatewayStore.Reserve(ctx, owner, req)
 	s.mu.Lock()
 	last, ok := s.last[owner]
@@ -208,17 +209,17 @@ func (s skipsPromptCheck) Reserve(ctx context.Context, owner identity.Owner, req
 	forged.Reason = store.ReasonNone
 	forged.PreviousResponseID = last.id
 	forged.Origin = last.origin
-	forged.Delta = req.Input()[last.items:]
+	forged.Delta = req.Items()[last.items:]
 	forged.DeltaCount = len(forged.Delta)
 	return &forged
 }
 
 // Record remembers what it publishes.
-func (s skipsPromptCheck) Record(ctx context.Context, res *store.Reservation, req *store.Request, out store.Result) (store.Outcome, error) {
-	outcome, err := s.gatewayStore.Record(ctx, res, req, out)
+func (s skipsPromptCheck) Record(ctx context.Context, res *store.Reservation, out store.Result) (store.Outcome, error) {
+	outcome, err := s.gatewayStore.Record(ctx, res, out)
 	if outcome == store.OutcomePublished {
 		s.mu.Lock()
-		s.last[res.Owner] = published{id: out.ResponseID, items: req.Len() + len(out.Output), origin: out.Socket}
+		s.last[res.Owner] = published{id: out.ResponseID, items: res.Request().Len() + len(out.Output), origin: out.Socket}
 		s.mu.Unlock()
 	}
 	return outcome, err

@@ -14,6 +14,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -21,8 +22,9 @@ import (
 // gatewayStore is what a gateway replica calls on its continuation store;
 // *store.Store implements it.
 type gatewayStore interface {
-	Reserve(ctx context.Context, owner identity.Owner, req *store.Request) *store.Reservation
-	Record(ctx context.Context, res *store.Reservation, req *store.Request, out store.Result) (store.Outcome, error)
+	ParseRequest(body []byte) (*fingerprint.Request, error)
+	Reserve(ctx context.Context, owner identity.Owner, req *fingerprint.Request) *store.Reservation
+	Record(ctx context.Context, res *store.Reservation, out store.Result) (store.Outcome, error)
 	Abort(ctx context.Context, res *store.Reservation) (bool, error)
 }
 
@@ -389,8 +391,8 @@ func (w *worker) turn(ctx context.Context, o *owner) (idle bool) {
 
 // request parses the body o's client sends for input, as a gateway
 // parses what it receives.
-func (w *worker) request(o *owner, input []json.RawMessage) *store.Request {
-	req, err := store.ParseRequest(o.body(input))
+func (w *worker) request(o *owner, input []json.RawMessage) *fingerprint.Request {
+	req, err := w.sim.replicas[0].store.ParseRequest(o.body(input))
 	if err != nil {
 		panic(fmt.Sprintf("contbench generated an invalid request: %v", err))
 	}
@@ -398,7 +400,7 @@ func (w *worker) request(o *owner, input []json.RawMessage) *store.Request {
 }
 
 // reserve reserves a turn of o on rep.
-func (w *worker) reserve(ctx context.Context, rep *replica, o *owner, req *store.Request) *store.Reservation {
+func (w *worker) reserve(ctx context.Context, rep *replica, o *owner, req *fingerprint.Request) *store.Reservation {
 	o.turns++
 	w.sim.turns.Add(1)
 	start := time.Now()
@@ -499,9 +501,9 @@ type recording struct {
 
 // record records a's response for the request req on the replica that
 // sent it; it is safe to call from several goroutines at once.
-func record(ctx context.Context, a answer, req *store.Request) recording {
+func record(ctx context.Context, a answer, req *fingerprint.Request) recording {
 	start := time.Now()
-	outcome, err := a.sender.store.Record(ctx, a.res, req, store.Result{ResponseID: a.id, Socket: a.socket, Output: a.output})
+	outcome, err := a.sender.store.Record(ctx, a.res, store.Result{ResponseID: a.id, Socket: a.socket, Output: a.output})
 	return recording{outcome: outcome, err: err, took: time.Since(start)}
 }
 

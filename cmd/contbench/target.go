@@ -123,7 +123,7 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 // owners it then removes: a server allocates some memory on its first use
 // of each command (the scripts' included), and that is no owner's.
 func warmUp(ctx context.Context, s *store.Store) error {
-	req, err := store.ParseRequest(probeBody)
+	req, err := s.ParseRequest(probeBody)
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func warmUp(ctx context.Context, s *store.Store) error {
 		}
 		warm[p] = true
 		left--
-		if _, err := s.Record(ctx, s.Reserve(ctx, owner, req), req, probeResult); err != nil {
+		if _, err := s.Record(ctx, s.Reserve(ctx, owner, req), probeResult); err != nil {
 			return err
 		}
 		if _, err := s.Abort(ctx, s.Reserve(ctx, owner, req)); err != nil {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/contstore/contstore/examples/gateway/fakeupstream"
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -205,7 +206,7 @@ func (g *Gateway) serveResponses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, "invalid_request_error", "reading body: "+err.Error())
 		return
 	}
-	req, err := store.ParseRequest(body)
+	req, err := g.cfg.Store.ParseRequest(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
@@ -231,11 +232,11 @@ func (g *Gateway) serveResponses(w http.ResponseWriter, r *http.Request) {
 			who = identity.Owner{}
 		}
 	}
-	g.turn(w, r, who, req, body, top)
+	g.turn(w, r, who, req, body)
 }
 
 // turn runs a parsed request through the store and the upstream.
-func (g *Gateway) turn(w http.ResponseWriter, r *http.Request, who identity.Owner, req *store.Request, body []byte, top map[string]json.RawMessage) {
+func (g *Gateway) turn(w http.ResponseWriter, r *http.Request, who identity.Owner, req *fingerprint.Request, body []byte) {
 	start := time.Now()
 	// Store operations outlive a client that hangs up: the upstream may
 	// already have answered, and the turn must be recorded or aborted.
@@ -262,7 +263,7 @@ func (g *Gateway) turn(w http.ResponseWriter, r *http.Request, who identity.Owne
 	continued := origin != nil && conn.latest == res.PreviousResponseID
 	upBody := body
 	if continued {
-		upBody = continuation(top, res)
+		upBody = res.UpstreamBody()
 	} else if res.Continues() {
 		res = res.FullContextRetry()
 	}
@@ -308,7 +309,7 @@ func (g *Gateway) turn(w http.ResponseWriter, r *http.Request, who identity.Owne
 		if continued {
 			g.stats.continued.Add(1)
 		}
-		outcome, err := st.Record(ctx, res, req, store.Result{
+		outcome, err := st.Record(ctx, res, store.Result{
 			ResponseID: out.ID,
 			Socket:     store.Socket{ID: conn.id},
 			Output:     out.Output,
@@ -331,23 +332,6 @@ func (g *Gateway) abort(ctx context.Context, lg *slog.Logger, res *store.Reserva
 	if _, err := g.cfg.Store.Abort(ctx, res); err != nil {
 		lg.Warn("abort failed", "err", err)
 	}
-}
-
-// continuation returns the upstream body of a continued turn: the client's
-// top-level fields with previous_response_id set and input replaced by the
-// delta.
-func continuation(top map[string]json.RawMessage, res *store.Reservation) []byte {
-	out := make(map[string]any, len(top)+1)
-	for k, v := range top {
-		out[k] = v
-	}
-	out["previous_response_id"] = res.PreviousResponseID
-	out["input"] = res.Delta
-	b, err := json.Marshal(out)
-	if err != nil {
-		panic(err) // every value is valid JSON already parsed
-	}
-	return b
 }
 
 // forwarded lists the client headers passed upstream besides the

@@ -34,7 +34,7 @@ func Example() {
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 
 	owner, _ := identity.Main("session-42")
-	req, _ := store.ParseRequest([]byte(`{"model":"m","input":["hi"]}`))
+	req, _ := s.ParseRequest([]byte(`{"model":"m","input":["hi"]}`))
 	res := s.Reserve(context.Background(), owner, req)
 	_, _ = s.Abort(context.Background(), res)
 

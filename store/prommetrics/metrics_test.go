@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -26,9 +27,13 @@ var ctx = context.Background()
 // errDown stands for any store failure.
 var errDown = errors.New("redis down")
 
-func parse(t *testing.T, body string) *store.Request {
+// testParser parses the tests' requests; the store parses them again under
+// its own key.
+var testParser, _ = fingerprint.New(fingerprint.V2(), fingerprint.Key{})
+
+func parse(t *testing.T, body string) *fingerprint.Request {
 	t.Helper()
-	r, err := store.ParseRequest([]byte(body))
+	r, err := testParser.Parse([]byte(body))
 	require.NoError(t, err)
 	return r
 }
@@ -64,14 +69,14 @@ func TestObserverCountsATurn(t *testing.T) {
 	r1 := parse(t, `{"model":"m","input":["a"]}`)
 	first := s.Reserve(ctx, o, r1)
 	require.Equal(t, store.ReasonMissingState, first.Reason)
-	got, err := s.Record(ctx, first, r1, answer)
+	got, err := s.Record(ctx, first, answer)
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, got)
 
 	r2 := parse(t, `{"model":"m","input":["a","b","c"]}`)
 	second := s.Reserve(ctx, o, r2)
 	require.True(t, second.Continues())
-	got, _ = s.Record(ctx, first, r1, answer)
+	got, _ = s.Record(ctx, first, answer)
 	require.Equal(t, store.OutcomeStale, got)
 	aborted, err := s.Abort(ctx, second)
 	require.NoError(t, err)
@@ -79,9 +84,9 @@ func TestObserverCountsATurn(t *testing.T) {
 
 	third := s.Reserve(ctx, o, r2)
 	require.Equal(t, store.ReasonMissingState, third.Reason)
-	got, _ = s.Record(ctx, third, r2, store.Result{}) // no response id
+	got, _ = s.Record(ctx, third, store.Result{}) // no response id
 	require.Equal(t, store.OutcomeDropped, got)
-	got, _ = s.Record(ctx, third, r2, answer)
+	got, _ = s.Record(ctx, third, answer)
 	require.Equal(t, store.OutcomeGone, got)
 	require.NoError(t, s.Clear(ctx, o))
 

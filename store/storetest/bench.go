@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -14,7 +15,7 @@ import (
 // records, Next extends it by DeltaItems items, so reserving Next after
 // recording Recorded always continues with a delta of DeltaItems.
 type Turn struct {
-	Recorded, Next *store.Request
+	Recorded, Next *fingerprint.Request
 }
 
 // DeltaItems is the delta of every benchmark turn.
@@ -54,7 +55,7 @@ func BenchReserveRecord(b *testing.B, s *store.Store, owners []identity.Owner, p
 		if res.Err != nil {
 			b.Fatal(res.Err)
 		}
-		out, err := s.Record(ctx, res, turn.Recorded, store.Result{ResponseID: "resp_bench_0123456789abcdef", Socket: store.Socket{ID: 1}})
+		out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_bench_0123456789abcdef", Socket: store.Socket{ID: 1}})
 		if err != nil || out != store.OutcomePublished {
 			b.Fatalf("record: %v %v", out, err)
 		}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -55,7 +57,7 @@ func testSiblingsIndependent(t *testing.T, open Opener) {
 		id   string
 		sock uint64
 	}{{first, "resp_one", 11}, {second, "resp_two", 22}} {
-		out, err := s.Record(ctx, c.res, r, store.Result{ResponseID: c.id, Socket: socket(c.sock)})
+		out, err := s.Record(ctx, c.res, store.Result{ResponseID: c.id, Socket: socket(c.sock)})
 		require.NoError(t, err)
 		require.Equal(t, store.OutcomePublished, out)
 	}
@@ -76,10 +78,10 @@ func testOtherOwnerCannotInterfere(t *testing.T, open Opener) {
 	r := req(t, "one")
 	mainRes, agentRes := s.Reserve(ctx, main, r), s.Reserve(ctx, agent, r)
 
-	out, err := s.Record(ctx, agentRes, r, store.Result{ResponseID: "resp_agent", Socket: socket(1)})
+	out, err := s.Record(ctx, agentRes, store.Result{ResponseID: "resp_agent", Socket: socket(1)})
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, out)
-	out, err = s.Record(ctx, mainRes, r, store.Result{ResponseID: "resp_main", Socket: socket(1)})
+	out, err = s.Record(ctx, mainRes, store.Result{ResponseID: "resp_main", Socket: socket(1)})
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, out)
 
@@ -91,7 +93,7 @@ func testOtherOwnerCannotInterfere(t *testing.T, open Opener) {
 	current, err := s.IsCurrent(ctx, forged)
 	require.NoError(t, err)
 	assert.False(t, current)
-	out, err = s.Record(ctx, forged, r, store.Result{ResponseID: "resp_forged", Socket: socket(1)})
+	out, err = s.Record(ctx, forged, store.Result{ResponseID: "resp_forged", Socket: socket(1)})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomeStale, out)
 
@@ -111,7 +113,7 @@ func testMissingResponseIDDropsOnlyOwner(t *testing.T, open Opener) {
 	publish(t, s, sibling, r, "resp_agent")
 
 	res := s.Reserve(ctx, owner, r)
-	out, err := s.Record(ctx, res, r, store.Result{Socket: socket(1)})
+	out, err := s.Record(ctx, res, store.Result{Socket: socket(1)})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomeDropped, out)
 
@@ -126,7 +128,7 @@ func testZeroSocket(t *testing.T, open Opener) {
 	owner := mainOwner(t, "session-no-socket")
 	r := req(t, "one")
 	res := s.Reserve(ctx, owner, r)
-	out, err := s.Record(ctx, res, r, store.Result{ResponseID: "resp_without_socket", Socket: store.Socket{Replica: "replica-a"}})
+	out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_without_socket", Socket: store.Socket{Replica: "replica-a"}})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomeDropped, out)
 	assert.False(t, hasContinuation(t, s, owner))
@@ -148,7 +150,7 @@ func testStaleTurn(t *testing.T, open Opener) {
 	assert.Equal(t, store.ReasonSupersededTurn, current.Reason)
 	assert.Greater(t, current.Turn, stale.Turn)
 
-	out, err := s.Record(ctx, stale, r, store.Result{ResponseID: "resp_stale", Socket: socket(1)})
+	out, err := s.Record(ctx, stale, store.Result{ResponseID: "resp_stale", Socket: socket(1)})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomeStale, out)
 	assert.False(t, hasContinuation(t, s, owner))
@@ -160,7 +162,7 @@ func testStaleTurn(t *testing.T, open Opener) {
 	require.NoError(t, err)
 	assert.True(t, ok)
 
-	out, err = s.Record(ctx, current, r, store.Result{ResponseID: "resp_current", Socket: socket(1)})
+	out, err = s.Record(ctx, current, store.Result{ResponseID: "resp_current", Socket: socket(1)})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomePublished, out)
 
@@ -191,7 +193,7 @@ func testZeroOwnerOrTurn(t *testing.T, open Opener) {
 		{Turn: published.Turn},
 		{Owner: owner},
 	} {
-		out, err := s.Record(ctx, res, r, store.Result{ResponseID: "ignored", Socket: socket(1)})
+		out, err := s.Record(ctx, res, store.Result{ResponseID: "ignored", Socket: socket(1)})
 		require.NoError(t, err)
 		assert.Equal(t, store.OutcomeIgnored, out)
 		aborted, err := s.Abort(ctx, res)
@@ -214,7 +216,7 @@ func testAppendOnly(t *testing.T, open Opener) {
 	owner := mainOwner(t, "session-a")
 	first := req(t, "one")
 	res := s.Reserve(ctx, owner, first)
-	out, err := s.Record(ctx, res, first, store.Result{
+	out, err := s.Record(ctx, res, store.Result{
 		ResponseID: "resp_1", Socket: socket(7), Output: raw(assistant("answer one")),
 	})
 	require.NoError(t, err)
@@ -234,7 +236,7 @@ func testAppendOnly(t *testing.T, open Opener) {
 	assert.Equal(t, 2, next.DeltaCount)
 	require.Len(t, next.Delta, 2)
 	assert.JSONEq(t, message("two"), string(next.Delta[0]))
-	assert.Equal(t, appended.Input()[3], next.Delta[1], "the delta is the request's own bytes")
+	assert.Equal(t, appended.Items()[3], next.Delta[1], "the delta is the request's own bytes")
 	assert.Greater(t, next.Turn, res.Turn)
 
 	retry := next.FullContextRetry()
@@ -247,7 +249,7 @@ func testAppendOnly(t *testing.T, open Opener) {
 	assert.Equal(t, 4, retry.DeltaCount)
 	assert.False(t, retry.Continues())
 
-	out, err = s.Record(ctx, retry, appended, store.Result{ResponseID: "resp_2", Socket: socket(8)})
+	out, err = s.Record(ctx, retry, store.Result{ResponseID: "resp_2", Socket: socket(8)})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomePublished, out, "a full-context retry records on the same turn")
 }
@@ -286,7 +288,7 @@ func testNotAppendOnlyAndEmptyDelta(t *testing.T, open Opener) {
 	publish(t, s, owner, req(t, "one", "two"), "resp_3")
 	same := s.Reserve(ctx, owner, req(t, "one", "two"))
 	assert.Equal(t, store.ReasonEmptyDelta, same.Reason)
-	assert.Equal(t, 0, same.DeltaCount)
+	assert.Equal(t, 2, same.DeltaCount, "the full input goes upstream")
 	assert.Empty(t, same.PreviousResponseID)
 	assert.NotZero(t, same.Turn)
 	assert.Equal(t, 2, same.FullContextRetry().DeltaCount)
@@ -299,7 +301,7 @@ func testOwnerCap(t *testing.T, open Opener) {
 	publish(t, s, owner, small, "resp_small")
 
 	res := s.Reserve(ctx, owner, small)
-	out, err := s.Record(ctx, res, small, store.Result{
+	out, err := s.Record(ctx, res, store.Result{
 		ResponseID: "resp_big", Socket: socket(1),
 		Output: raw(assistant(fmt.Sprintf("%0400d", 0))),
 	})
@@ -358,7 +360,7 @@ func testClear(t *testing.T, open Opener) {
 	st, err := s.Inspect(ctx, owner)
 	require.NoError(t, err)
 	assert.False(t, st.Exists)
-	out, err := s.Record(ctx, inFlight, r, store.Result{ResponseID: "resp_late", Socket: socket(1)})
+	out, err := s.Record(ctx, inFlight, store.Result{ResponseID: "resp_late", Socket: socket(1)})
 	require.NoError(t, err)
 	assert.Equal(t, store.OutcomeGone, out)
 	assert.True(t, hasContinuation(t, s, sibling))
@@ -378,8 +380,9 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 		open(t, store.Options{Replica: "replica-b"}),
 	}
 	owner := mainOwner(t, "session-race")
-	recorded := req(t, "one")     // what each turn records as its input
-	asked := req(t, "one", "two") // what each turn asks to continue with
+	// Turns alternate between two requests: the longer one continues a
+	// published turn of the shorter one.
+	asks := []*fingerprint.Request{req(t, "one"), req(t, "one", "two")}
 
 	type event struct {
 		res         *store.Reservation
@@ -405,7 +408,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 			s := stores[w%len(stores)]
 			for i := 0; take(); i++ {
 				ev := &event{}
-				ev.res = s.Reserve(ctx, owner, asked)
+				ev.res = s.Reserve(ctx, owner, asks[(w+i)%2])
 				ev.reservedAt = time.Now()
 				if ev.res.Err != nil {
 					t.Errorf("reserve: %v", ev.res.Err)
@@ -416,7 +419,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 				if (w+i)%5 == 0 {
 					ev.aborted, err = s.Abort(ctx, ev.res)
 				} else {
-					ev.outcome, err = s.Record(ctx, ev.res, recorded, store.Result{
+					ev.outcome, err = s.Record(ctx, ev.res, store.Result{
 						ResponseID: "resp-" + ev.res.Turn.String(),
 						Socket:     store.Socket{ID: uint64(w + 1)},
 					})
@@ -441,8 +444,10 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 			require.NotEqual(t, events[i-1].res.Turn, ev.res.Turn, "turn tokens are unique")
 		}
 	}
+	continued := 0
 	for i, ev := range events {
 		if ev.res.Continues() {
+			continued++
 			require.Positive(t, i, "the first turn has nothing to continue")
 			prev := events[i-1]
 			assert.Equal(t, "resp-"+prev.res.Turn.String(), ev.res.PreviousResponseID,
@@ -460,6 +465,8 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 		}
 	}
 
+	assert.Positive(t, continued, "some turn continued")
+
 	last := events[len(events)-1]
 	st, err := stores[0].Inspect(ctx, owner)
 	require.NoError(t, err)
@@ -473,4 +480,68 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 	default:
 		t.Fatalf("the last turn neither published nor aborted: %+v", last)
 	}
+}
+
+// A response any connection can continue (an upstream that stores
+// responses) is recorded with Socket{Any: true} and continues on every
+// replica; a socket of one replica continues only there.
+func testAnySocket(t *testing.T, open Opener) {
+	ctx := context.Background()
+	a := open(t, store.Options{Replica: "replica-a"})
+	b := open(t, store.Options{Replica: "replica-b"})
+	owner := mainOwner(t, "session-any")
+	first := a.Reserve(ctx, owner, req(t, "one"))
+	out, err := a.Record(ctx, first, store.Result{ResponseID: "resp_any", Socket: store.Socket{Any: true, Replica: "ignored", ID: 9}})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomePublished, out)
+	st, err := b.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.Equal(t, store.Socket{Any: true}, st.Origin)
+
+	next := b.Reserve(ctx, owner, req(t, "one", "two"))
+	require.True(t, next.Continues(), "reason %q", next.Reason)
+	assert.Equal(t, store.Socket{Any: true}, next.Origin)
+	assert.True(t, next.Local(), "any replica can continue")
+
+	out, err = b.Record(ctx, next, store.Result{ResponseID: "resp_b", Socket: store.Socket{ID: 4}})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomePublished, out)
+	onA := a.Reserve(ctx, owner, req(t, "one", "two", "three"))
+	require.True(t, onA.Continues())
+	assert.Equal(t, store.Socket{Replica: "replica-b", ID: 4}, onA.Origin)
+	assert.False(t, onA.Local(), "replica-b's socket is not replica-a's")
+	retry := onA.FullContextRetry()
+	assert.False(t, retry.Local())
+	assert.Equal(t, store.ReasonFullContextRetry, retry.Reason)
+	assert.Equal(t, store.ReasonNone, onA.Reason, "the original keeps its reason")
+}
+
+// UpstreamBody is what goes upstream: the body as received without a
+// continuation, previous_response_id and the delta with one.
+func testUpstreamBody(t *testing.T, open Opener) {
+	ctx := context.Background()
+	s := open(t, store.Options{Replica: "replica-a"})
+	owner := mainOwner(t, "session-body")
+	first := req(t, "one")
+	res := s.Reserve(ctx, owner, first)
+	assert.Equal(t, string(first.Body()), string(res.UpstreamBody()), "full context: the body as received")
+	_, err := s.Record(ctx, res, store.Result{ResponseID: "resp_1", Socket: socket(1),
+		Output: []json.RawMessage{json.RawMessage(message("answer"))}})
+	require.NoError(t, err)
+
+	next := req(t, "one", "answer", "two")
+	res = s.Reserve(ctx, owner, next)
+	require.True(t, res.Continues(), "reason %q", res.Reason)
+	assert.True(t, res.Local())
+	var sent struct {
+		Previous string            `json:"previous_response_id"`
+		Model    string            `json:"model"`
+		Input    []json.RawMessage `json:"input"`
+	}
+	require.NoError(t, json.Unmarshal(res.UpstreamBody(), &sent))
+	assert.Equal(t, "resp_1", sent.Previous)
+	assert.Equal(t, "gpt-test", sent.Model, "the other members stay")
+	assert.Equal(t, []json.RawMessage{next.Items()[2]}, sent.Input)
+	assert.Equal(t, string(next.Body()), string(res.FullContextRetry().UpstreamBody()))
+	assert.Equal(t, next.Len(), res.Request().Len())
 }

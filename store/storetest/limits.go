@@ -64,7 +64,7 @@ func testTouchMovesToTheBack(t *testing.T, open Opener) {
 	// Touch the oldest again, a few milliseconds later so the LRU (which
 	// has millisecond resolution) sees it: the next eviction takes owners[1].
 	time.Sleep(10 * time.Millisecond)
-	out, err := s.Record(ctx, first, r, store.Result{ResponseID: "resp_0b", Socket: socket(1)})
+	out, err := s.Record(ctx, first, store.Result{ResponseID: "resp_0b", Socket: socket(1)})
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, out)
 	publish(t, s, owners[3], r, "resp_3")

@@ -8,6 +8,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -62,7 +63,7 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 		}
 		sut := cfg.Open(t, opts)
 		type pair struct {
-			req        *store.Request
+			req        *fingerprint.Request
 			model, sut *store.Reservation
 		}
 		var turns []pair
@@ -135,8 +136,8 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 				case 2, 3, 4:
 					out.Output = []json.RawMessage{json.RawMessage(assistant("x"))}
 				}
-				mo, err1 := model.Record(ctx, p.model, p.req, out)
-				so, err2 := sut.Record(ctx, p.sut, p.req, out)
+				mo, err1 := model.Record(ctx, p.model, out)
+				so, err2 := sut.Record(ctx, p.sut, out)
 				if err1 != nil || err2 != nil {
 					rt.Fatal(err1, err2)
 				}
@@ -203,10 +204,10 @@ func describe(r *store.Reservation) string {
 
 // modelRequests returns requests that extend one another, edit history,
 // repeat, and change the prompt, so every reason comes up.
-func modelRequests(t testing.TB) []*store.Request {
+func modelRequests(t testing.TB) []*fingerprint.Request {
 	a, b, x := message("a"), message("b"), assistant("x")
 	inputs := [][]string{{}, {a}, {a, x}, {a, x, b}, {a, x, b, x}, {a, x, b, x, a}, {b}, {a, b}}
-	var out []*store.Request
+	var out []*fingerprint.Request
 	for _, extra := range []string{"", `"service_tier":"flex"`} {
 		for _, in := range inputs {
 			out = append(out, parse(t, body(extra, in...)))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -57,6 +58,8 @@ var cases = []struct {
 	{"AppendOnlyContinuation", testAppendOnly},
 	{"ChangedPromptIsNotContinued", testPromptChanged},
 	{"EditedHistoryAndEmptyDelta", testNotAppendOnlyAndEmptyDelta},
+	{"AnySocketContinuesOnEveryReplica", testAnySocket},
+	{"UpstreamBodyCarriesTheDelta", testUpstreamBody},
 	{"TranscriptOverOwnerCapIsDropped", testOwnerCap},
 	{"IdleStateExpires", testTTL},
 	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence},
@@ -89,14 +92,18 @@ func body(extra string, items ...string) string {
 	return fmt.Sprintf(`{%s,"input":[%s]}`, fields, strings.Join(items, ","))
 }
 
-func parse(t testing.TB, b string) *store.Request {
+// parser parses the suite's requests; each store parses them again under
+// its namespace's key.
+var parser, _ = fingerprint.New(fingerprint.V2(), fingerprint.Key{})
+
+func parse(t testing.TB, b string) *fingerprint.Request {
 	t.Helper()
-	r, err := store.ParseRequest([]byte(b))
+	r, err := parser.Parse([]byte(b))
 	require.NoError(t, err, b)
 	return r
 }
 
-func req(t testing.TB, texts ...string) *store.Request {
+func req(t testing.TB, texts ...string) *fingerprint.Request {
 	t.Helper()
 	items := make([]string, len(texts))
 	for i, s := range texts {
@@ -130,13 +137,13 @@ func agentOwner(t testing.TB, session, agent string) identity.Owner {
 func socket(id uint64) store.Socket { return store.Socket{Replica: "replica-a", ID: id} }
 
 // publish reserves a turn for owner and records response id on socket 1.
-func publish(t testing.TB, s *store.Store, owner identity.Owner, r *store.Request, id string) *store.Reservation {
+func publish(t testing.TB, s *store.Store, owner identity.Owner, r *fingerprint.Request, id string) *store.Reservation {
 	t.Helper()
 	ctx := context.Background()
 	res := s.Reserve(ctx, owner, r)
 	require.NoError(t, res.Err)
 	require.NotZero(t, res.Turn)
-	out, err := s.Record(ctx, res, r, store.Result{ResponseID: id, Socket: socket(1)})
+	out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: socket(1)})
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, out)
 	return res

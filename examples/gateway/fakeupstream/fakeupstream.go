@@ -19,8 +19,6 @@
 package fakeupstream
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,7 +28,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/contstore/contstore/store"
+	"github.com/contstore/contstore/fingerprint"
 )
 
 // ConnectionHeader names the upstream connection a request travels on.
@@ -200,27 +198,31 @@ func inputItems(input json.RawMessage) ([]json.RawMessage, error) {
 }
 
 // Reply returns the text the upstream answers to conversation, the whole
-// sequence of items it reconstructed: the item count, a digest of the
-// items' canonical forms and the text of the last user message, as in
-// "seen 3 items, digest 6f1c0e...; last user message: hello". Two
-// conversations get the same reply only if they hold the same items.
+// sequence of items it reconstructed: the item count, the chain digest of
+// the items (package fingerprint, default profile) and the text of the last
+// user message, as in "seen 3 items, digest 6f1c0e...; last user message:
+// hello". Two conversations get the same reply only if they hold the same
+// items.
 func Reply(conversation []json.RawMessage) (string, error) {
-	h := sha256.New()
+	body, err := json.Marshal(map[string]any{"input": conversation})
+	if err != nil {
+		return "", err
+	}
+	r, err := replyParser.Parse(body)
+	if err != nil {
+		return "", err
+	}
 	last := ""
-	for i, item := range conversation {
-		c, err := store.Canonical(item)
-		if err != nil {
-			return "", fmt.Errorf("item %d: %w", i, err)
-		}
-		h.Write(c)
-		h.Write([]byte{'\n'})
+	for _, item := range conversation {
 		if text, ok := userText(item); ok {
 			last = text
 		}
 	}
-	return fmt.Sprintf("seen %d items, digest %s; last user message: %s",
-		len(conversation), hex.EncodeToString(h.Sum(nil)[:8]), last), nil
+	return fmt.Sprintf("seen %d items, digest %016x; last user message: %s", r.Len(), r.Prefix(r.Len()), last), nil
 }
+
+// replyParser computes Reply's digests.
+var replyParser, _ = fingerprint.New(fingerprint.V2(), fingerprint.Key{})
 
 // userText returns the text of a user message item: a bare string, or an
 // object with role "user" whose content is a string or a list of parts

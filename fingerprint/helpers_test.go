@@ -1,0 +1,33 @@
+package fingerprint
+
+// testKey keys the digests of the tests.
+var testKey = Key{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}
+
+// testParser parses with the default profile under testKey.
+var testParser = mustParser(V2(), testKey)
+
+func mustParser(p Profile, k Key) *Parser {
+	ps, err := New(p, k)
+	if err != nil {
+		panic(err)
+	}
+	return ps
+}
+
+func sumString(s string) uint64 { return testParser.sum([]byte(s)) }
+
+// canonicalExact is the canonical form with no item or profile rule.
+func canonicalExact(b []byte) ([]byte, error) { return canonical(b, nil, placeExact) }
+
+// canonicalItem is the canonical form of an item with the function_call
+// rule alone.
+func canonicalItem(b []byte) ([]byte, error) { return canonical(b, nil, placeItem) }
+
+// fp is the fingerprint of the input alone.
+func (r *Request) fp() Transcript {
+	t, err := r.Transcript(nil)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}

@@ -1,0 +1,108 @@
+package fingerprint
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// ErrInvalidProfile is wrapped by every error about a malformed [Profile].
+var ErrInvalidProfile = errors.New("fingerprint: invalid profile")
+
+// A Profile says which differences between two requests do not change the
+// conversation the upstream holds, so that a request a client re-serialised
+// still continues. Every replica sharing a namespace must use the same
+// profile; the store records [Profile.ID] in the namespace and refuses a
+// store opened with another.
+//
+// Beyond the members it names, every profile applies one rule: inside an
+// item, at any depth, an object member whose value is null is the same as an
+// absent member (a function call's arguments document is compared exactly,
+// and the prompt members too).
+type Profile struct {
+	// Name names the profile, such as "v2". A gateway that extends a
+	// profile gives the result a name of its own.
+	Name string
+	// ItemMembers are the top-level members of an item that are ignored,
+	// except in an item of type "item_reference", whose id is its content.
+	ItemMembers []string
+	// PartMembers are the members ignored in each object of an item's
+	// content array (its content parts).
+	PartMembers []string
+	// PromptMembers are the body members left out of the prompt
+	// signature. "input" never counts in it and cannot be named.
+	PromptMembers []string
+}
+
+// V2 returns the default profile of protocol version 2. Each rule answers
+// what a real client does (PROTOCOL.md gives the evidence):
+//
+//   - item members id and status: the upstream's own item ids and states
+//     carry no content; Codex CLI sends items back without them, other
+//     clients with them.
+//   - item member parsed_arguments and content part member parsed: added by
+//     the OpenAI JS SDK's responses.stream() helper.
+//   - prompt members client_metadata, metadata, user, safety_identifier,
+//     prompt_cache_key, prompt_cache_retention, stream and stream_options:
+//     they tag, route, cache or stream a request, and the model never sees
+//     them; Codex CLI changes client_metadata on every user turn.
+func V2() Profile {
+	return Profile{
+		Name:        "v2",
+		ItemMembers: []string{"id", "parsed_arguments", "status"},
+		PartMembers: []string{"parsed"},
+		PromptMembers: []string{"client_metadata", "metadata", "prompt_cache_key", "prompt_cache_retention",
+			"safety_identifier", "stream", "stream_options", "user"},
+	}
+}
+
+// ID returns the profile's identity, the text a namespace records:
+//
+//	<name>;item=<members>;part=<members>;prompt=<members>
+//
+// with each list sorted, without duplicates and joined by commas.
+func (p Profile) ID() string {
+	list := func(ms []string) string {
+		s := slices.Clone(ms)
+		slices.Sort(s)
+		return strings.Join(slices.Compact(s), ",")
+	}
+	return p.Name + ";item=" + list(p.ItemMembers) + ";part=" + list(p.PartMembers) + ";prompt=" + list(p.PromptMembers)
+}
+
+// validate checks the profile and compiles it.
+func (p Profile) validate() (*rules, error) {
+	if p.Name == "" || strings.ContainsAny(p.Name, ";=, \t\r\n") {
+		return nil, fmt.Errorf("%w: name %q must be non-empty without ';', '=', ',' or spaces", ErrInvalidProfile, p.Name)
+	}
+	for _, l := range []struct {
+		what  string
+		names []string
+		bad   string // a member that list cannot name
+	}{{"item member", p.ItemMembers, "type"}, {"part member", p.PartMembers, ""}, {"prompt member", p.PromptMembers, "input"}} {
+		for _, n := range l.names {
+			if n == "" || n == l.bad || strings.ContainsAny(n, ";=,") {
+				return nil, fmt.Errorf("%w: %s %q", ErrInvalidProfile, l.what, n)
+			}
+		}
+	}
+	return &rules{item: slices.Clone(p.ItemMembers), part: slices.Clone(p.PartMembers), prompt: slices.Clone(p.PromptMembers)}, nil
+}
+
+// rules is a validated profile, as the scanner applies it.
+type rules struct {
+	item, part, prompt names
+}
+
+// names is a short list of member names.
+type names []string
+
+func (ns names) has(key []byte) bool {
+	for _, n := range ns {
+		if n == string(key) {
+			return true
+		}
+	}
+	return false
+}
