@@ -15,6 +15,10 @@
 // -backend memory for the in-process store. Every key it writes lives in a
 // fresh namespace, removed at the end unless -keep is given.
 //
+// contbench replay TRACE.jsonl... replays recorded client traffic through
+// the store instead and explains every turn that does not continue (see
+// contbench replay -h).
+//
 // Exit status: 0 when the run found no violation, 1 when it found some,
 // 2 for bad flags or a target that cannot be used, 130 when interrupted.
 package main
@@ -61,6 +65,9 @@ func main() {
 // run is the whole command: it parses args, runs the benchmark and returns
 // the exit status.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "replay" {
+		return runReplay(ctx, args[1:], stdout, stderr)
+	}
 	cfg, err := parseConfig(args, stderr)
 	var usage *usageError
 	switch {
@@ -164,7 +171,10 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		fmt.Fprintf(fs.Output(), "Usage: contbench [flags]\n\n"+
 			"Simulates gateway replicas driving a continuation store, checks every\n"+
 			"decision against ground truth and reports what the deployment delivers.\n"+
-			"With no -redis, -cluster or -backend it uses an embedded Redis.\n\nFlags:\n")
+			"With no -redis, -cluster or -backend it uses an embedded Redis.\n\n"+
+			"Subcommand:\n  contbench replay [flags] TRACE.jsonl...\n"+
+			"    \treplay recorded client traffic through the store and explain every miss\n"+
+			"    \t(contbench replay -h)\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 

@@ -1,0 +1,508 @@
+package main
+
+// contbench replay: recorded client traffic through the store, turn by turn.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/contstore/contstore/fingerprint"
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// Exit status of a replay that found malformed trace lines.
+const exitMalformed = 1
+
+// Reasons a replay reports besides the store's.
+const (
+	reasonContinued      = "continued"
+	reasonInvalidRequest = "invalid_request"
+)
+
+// replayConfig is a parsed replay command line.
+type replayConfig struct {
+	// target says which store to replay against, as the main command's
+	// -redis and -cluster flags do; the memory backend without them.
+	target   *config
+	jsonPath string
+	files    []string
+}
+
+// parseReplayConfig parses the arguments of contbench replay.
+func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
+	rc := &replayConfig{target: &config{
+		backend: backendMemory, partitions: store.DefaultPartitions, ttl: store.DefaultTTL,
+		maxOwners: store.DefaultMaxOwners, maxTotalBytes: store.DefaultMaxTotalBytes,
+		namespace: freshNamespace(),
+		// One replica, one worker: the fields the simulation would use.
+		replicas: 1, conversations: 1, concurrency: 1, sockets: 1, turns: 1,
+		upstream: anySocket, routing: roundRobin,
+	}}
+	var cluster string
+	fs := flag.NewFlagSet("contbench replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: contbench replay [flags] TRACE.jsonl...\n\n"+
+			"Replays recorded upstream calls through the store, in order, one line per call:\n"+
+			"  {\"owner\":{\"session\":\"s1\",\"agent\":\"\"},\"request\":{...},\"response_id\":\"resp_1\",\"output\":[...]}\n"+
+			"(\"headers\" and other members are ignored). Each call is reserved and its response\n"+
+			"recorded (socket any); every turn prints its decision, items and bytes sent, and\n"+
+			"every miss after an owner's first turn prints where the request departs from the\n"+
+			"previous turn's transcript. Each trace file is replayed on its own: an owner's\n"+
+			"first line in a file starts from no state.\n\n"+
+			"A line that is not a trace line (bad JSON, no owner) is reported with its number\n"+
+			"and skipped; the replay goes on and exits with status 1. A request the store\n"+
+			"refuses is an invalid_request turn, sent upstream in full.\n\n"+
+			"Without -redis or -cluster the store is in process. On Redis every key lives in\n"+
+			"a fresh namespace, removed at the end.\n\n"+
+			"Exit status: 0, or 1 when malformed lines were skipped, 2 for bad flags, an\n"+
+			"unreadable trace or a target that cannot be used, 130 when interrupted.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&rc.jsonPath, "json", "", "also write the report as JSON to `file`")
+	fs.StringVar(&rc.target.redisURL, "redis", "", "replay against the standalone Redis at `URL`, e.g. redis://127.0.0.1:6379/0")
+	fs.StringVar(&cluster, "cluster", "", "replay against the Redis Cluster with these seed `nodes`, host:port,host:port,...")
+	fs.DurationVar(&rc.target.opTimeout, "op-timeout", 2*time.Second, "bound on each store operation")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if cluster != "" {
+		rc.target.cluster = strings.Split(cluster, ",")
+	}
+	if rc.target.redisURL != "" || len(rc.target.cluster) > 0 {
+		rc.target.backend = "redis"
+	}
+	if err := rc.target.validate(); err != nil {
+		return nil, err
+	}
+	rc.files = fs.Args()
+	if len(rc.files) == 0 {
+		return nil, &usageError{"", "replay: no trace files given"}
+	}
+	return rc, nil
+}
+
+// runReplay is contbench replay: it parses args, replays the traces and
+// returns the exit status.
+func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	rc, err := parseReplayConfig(args, stderr)
+	var usage *usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &usage):
+		fmt.Fprintf(stderr, "contbench: %v (see contbench replay -h)\n", err)
+		return exitUsage
+	case err != nil: // the flag package has printed it
+		return exitUsage
+	}
+	for _, path := range rc.files { // before anything runs: a typo costs nothing
+		f, err := os.Open(path)
+		if err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+			return exitUsage
+		}
+		_ = f.Close()
+	}
+	tgt, err := openTarget(ctx, rc.target)
+	if err != nil {
+		fmt.Fprintf(stderr, "contbench: %v\n", err)
+		return exitUsage
+	}
+	defer func() {
+		if err := tgt.close(ctx, false); err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+		}
+	}()
+	if err := tgt.connect(ctx, rc.target); err != nil {
+		fmt.Fprintf(stderr, "contbench: %v\n", err)
+		return exitUsage
+	}
+	desc := tgt.desc
+	if rc.target.backend == backendMemory {
+		desc = "in-process store"
+	}
+
+	fmt.Fprintf(stdout, "contbench replay: %s, %d trace files\n\n", desc, len(rc.files))
+	r := newReplayer(tgt.stores[0], desc, stdout)
+	for _, path := range rc.files {
+		if ctx.Err() != nil {
+			break
+		}
+		if err := r.replayPath(ctx, path); err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+			return exitUsage
+		}
+	}
+	r.report.write(stdout)
+	if rc.jsonPath != "" {
+		if err := r.report.writeJSON(rc.jsonPath); err != nil {
+			fmt.Fprintf(stderr, "contbench: %v\n", err)
+			return exitUsage
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		fmt.Fprintln(stderr, "contbench: interrupted")
+		return exitInterrupted
+	case r.report.Malformed > 0:
+		fmt.Fprintf(stderr, "contbench: %d malformed trace lines were skipped (see the report)\n", r.report.Malformed)
+		return exitMalformed
+	}
+	return exitOK
+}
+
+// traceLine is one upstream call of a trace.
+type traceLine struct {
+	Owner *struct {
+		Session string `json:"session"`
+		Agent   string `json:"agent"`
+	} `json:"owner"`
+	Request    json.RawMessage   `json:"request"`
+	ResponseID string            `json:"response_id"`
+	Output     []json.RawMessage `json:"output"`
+}
+
+// replayTotals sums turns.
+type replayTotals struct {
+	Turns int `json:"turns"`
+	// LaterTurns counts the turns after an owner's first in its file.
+	LaterTurns int `json:"later_turns"`
+	Continued  int `json:"continued"`
+	// Items and bytes sent upstream, against the full context.
+	ItemsSent int `json:"items_sent"`
+	ItemsFull int `json:"items_full"`
+	BytesSent int `json:"bytes_sent"`
+	BytesFull int `json:"bytes_full"`
+	// Reasons counts turns by reason: "continued", the store's reasons,
+	// "invalid_request".
+	Reasons map[string]int `json:"reasons"`
+	// Malformed counts the lines skipped as not trace lines.
+	Malformed int `json:"malformed"`
+}
+
+// add counts t.
+func (s *replayTotals) add(t *replayTurn) {
+	s.Turns++
+	if t.Later {
+		s.LaterTurns++
+	}
+	if t.Reason == reasonContinued {
+		s.Continued++
+	}
+	s.ItemsSent += t.ItemsSent
+	s.ItemsFull += t.ItemsFull
+	s.BytesSent += t.BytesSent
+	s.BytesFull += t.BytesFull
+	s.Reasons[t.Reason]++
+}
+
+// replayTurn is one replayed call.
+type replayTurn struct {
+	File  string        `json:"file"`
+	Line  int           `json:"line"`
+	Owner identityOwner `json:"owner"`
+	// Later: not the owner's first turn in the file.
+	Later bool `json:"later"`
+	// Reason is "continued", the store's reason or "invalid_request".
+	Reason             string `json:"reason"`
+	PreviousResponseID string `json:"previous_response_id,omitempty"`
+	ItemsSent          int    `json:"items_sent"`
+	ItemsFull          int    `json:"items_full"`
+	BytesSent          int    `json:"bytes_sent"`
+	BytesFull          int    `json:"bytes_full"`
+	// Outcome is what Record did with the call's response.
+	Outcome string `json:"outcome,omitempty"`
+	// Error is why the request is invalid or the record failed.
+	Error string `json:"error,omitempty"`
+	// Mismatch and Difference explain a miss on a later turn: where the
+	// request departs from the previous turn's transcript.
+	Mismatch   *fingerprint.Mismatch `json:"mismatch,omitempty"`
+	Difference string                `json:"difference,omitempty"`
+}
+
+// identityOwner is an owner as a trace names it.
+type identityOwner struct {
+	Session string `json:"session"`
+	Agent   string `json:"agent"`
+}
+
+// malformedLine is a line skipped as not a trace line.
+type malformedLine struct {
+	File  string `json:"file"`
+	Line  int    `json:"line"`
+	Error string `json:"error"`
+}
+
+// fileTotals sums one trace file.
+type fileTotals struct {
+	File string `json:"file"`
+	replayTotals
+}
+
+// replayReport is everything a replay found; the text and the JSON show
+// the same figures.
+type replayReport struct {
+	Target string `json:"target"`
+	replayTotals
+	Files          []*fileTotals   `json:"files"`
+	Turn           []*replayTurn   `json:"turn"`
+	MalformedLines []malformedLine `json:"malformed_lines,omitempty"`
+}
+
+// replayer replays traces through one store, printing each turn.
+type replayer struct {
+	s      *store.Store
+	out    io.Writer
+	report replayReport
+}
+
+// newReplayer returns a replayer on s, the store target describes, that
+// prints each turn to out.
+func newReplayer(s *store.Store, target string, out io.Writer) *replayer {
+	return &replayer{s: s, out: out, report: replayReport{
+		Target: target, replayTotals: replayTotals{Reasons: map[string]int{}},
+		Files: []*fileTotals{}, Turn: []*replayTurn{},
+	}}
+}
+
+// lastTurn is an owner's previous valid call in a file: what the next
+// call is compared with.
+type lastTurn struct {
+	req    *fingerprint.Request
+	output []json.RawMessage
+}
+
+// replayPath replays the trace file at path.
+func (r *replayer) replayPath(ctx context.Context, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return r.replay(ctx, path, f)
+}
+
+// replay replays the trace read from rd, named name. Only a read error
+// stops it; malformed lines are reported and skipped.
+func (r *replayer) replay(ctx context.Context, name string, rd io.Reader) error {
+	ft := &fileTotals{File: name, replayTotals: replayTotals{Reasons: map[string]int{}}}
+	r.report.Files = append(r.report.Files, ft)
+	// seen holds every owner met in the file, with its last valid call
+	// (nil req when there is none yet).
+	seen := map[identity.Owner]*lastTurn{}
+	br := bufio.NewReader(rd)
+	for n := 1; ctx.Err() == nil; n++ {
+		raw, err := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(raw)) > 0 {
+			r.line(ctx, ft, seen, n, raw)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// line replays line n of file ft.
+func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.Owner]*lastTurn, n int, raw []byte) {
+	var tl traceLine
+	owner, err := parseTraceLine(raw, &tl)
+	if err != nil {
+		fmt.Fprintf(r.out, "%s:%d: malformed trace line, skipped: %v\n", ft.File, n, err)
+		r.report.MalformedLines = append(r.report.MalformedLines, malformedLine{ft.File, n, err.Error()})
+		ft.Malformed++
+		r.report.Malformed++
+		return
+	}
+	prev, later := seen[owner]
+	if !later {
+		// A file is a capture of its own: the owner starts from no state.
+		if err := r.s.Clear(ctx, owner); err != nil {
+			fmt.Fprintf(r.out, "%s:%d: clearing %v: %v\n", ft.File, n, owner, err)
+		}
+		prev = &lastTurn{}
+		seen[owner] = prev
+	}
+	t := &replayTurn{File: ft.File, Line: n, Owner: identityOwner{tl.Owner.Session, tl.Owner.Agent}, Later: later}
+	body := []byte(tl.Request)
+	t.BytesSent, t.BytesFull = len(body), len(body)
+
+	req, err := r.s.ParseRequest(body)
+	if err != nil {
+		// A gateway sends what it cannot parse as it came.
+		t.Reason, t.Error = reasonInvalidRequest, err.Error()
+	} else {
+		res := r.s.Reserve(ctx, owner, req)
+		t.Reason = string(res.Reason)
+		if res.Continues() {
+			t.Reason = reasonContinued
+		}
+		t.PreviousResponseID = res.PreviousResponseID
+		t.ItemsSent, t.ItemsFull = res.DeltaCount, req.Len()
+		t.BytesSent = len(res.UpstreamBody())
+		if later && !res.Continues() {
+			t.explain(prev, req)
+		}
+		out, err := r.s.Record(ctx, res, store.Result{ResponseID: tl.ResponseID, Socket: store.Socket{Any: true}, Output: tl.Output})
+		t.Outcome = string(out)
+		if err != nil {
+			t.Error = "record: " + err.Error()
+		}
+		prev.req, prev.output = req, tl.Output
+	}
+	ft.add(t)
+	r.report.add(t)
+	r.report.Turn = append(r.report.Turn, t)
+	r.printTurn(owner, t)
+}
+
+// parseTraceLine decodes raw into tl and returns its owner.
+func parseTraceLine(raw []byte, tl *traceLine) (identity.Owner, error) {
+	if err := json.Unmarshal(raw, tl); err != nil {
+		return identity.Owner{}, err
+	}
+	if tl.Owner == nil {
+		return identity.Owner{}, errors.New(`no "owner"`)
+	}
+	if tl.Owner.Agent == "" {
+		return identity.Main(tl.Owner.Session)
+	}
+	return identity.Agent(tl.Owner.Session, tl.Owner.Agent)
+}
+
+// explain sets the turn's mismatch: where req departs from the transcript
+// of the owner's previous call.
+func (t *replayTurn) explain(prev *lastTurn, req *fingerprint.Request) {
+	if prev.req == nil {
+		t.Difference = "no earlier valid request of the owner to compare with"
+		return
+	}
+	m, err := fingerprint.Explain(prev.req, prev.output, req)
+	if err != nil {
+		t.Difference = "cannot explain: " + err.Error()
+		return
+	}
+	t.Mismatch = &m
+	var parts []string
+	if len(m.Prompt) > 0 {
+		parts = append(parts, "prompt members differ: "+strings.Join(m.Prompt, ", "))
+	}
+	switch {
+	case m.Item < 0:
+	case m.Item >= req.Len():
+		parts = append(parts, fmt.Sprintf("input has %d items: it stops before transcript item %d", req.Len(), m.Item))
+	case len(m.Members) > 0:
+		parts = append(parts, fmt.Sprintf("item %d differs in members: %s", m.Item, strings.Join(m.Members, ", ")))
+	default:
+		parts = append(parts, fmt.Sprintf("item %d differs", m.Item))
+	}
+	if len(parts) == 0 {
+		transcript := req.Len()
+		if tr, err := prev.req.Transcript(prev.output); err == nil {
+			transcript = tr.Items
+		}
+		if req.Len() == transcript {
+			parts = append(parts, fmt.Sprintf("no difference: the input repeats the previous transcript (%d items) and adds nothing", transcript))
+		} else {
+			parts = append(parts, fmt.Sprintf("no difference: the input extends the previous transcript (%d of %d items)", transcript, req.Len()))
+		}
+	}
+	t.Difference = strings.Join(parts, "; ")
+}
+
+// printTurn prints one turn and, for a miss on a later turn, its
+// explanation.
+func (r *replayer) printTurn(owner identity.Owner, t *replayTurn) {
+	fmt.Fprintf(r.out, "%s:%d  %v  %s  items %d of %d, bytes %d of %d", t.File, t.Line, owner, t.Reason,
+		t.ItemsSent, t.ItemsFull, t.BytesSent, t.BytesFull)
+	if t.Outcome != "" && t.Outcome != string(store.OutcomePublished) {
+		fmt.Fprintf(r.out, ", record %s", t.Outcome)
+	}
+	fmt.Fprintln(r.out)
+	if t.Error != "" {
+		fmt.Fprintf(r.out, "    %s\n", t.Error)
+	}
+	if t.Difference != "" {
+		fmt.Fprintf(r.out, "    %s\n", t.Difference)
+	}
+}
+
+// write prints the totals per file and over all files.
+func (rep *replayReport) write(w io.Writer) {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "trace\tturns\tlater turns\tcontinued\titems sent of full\tbytes sent of full\tmalformed")
+	row := func(name string, s replayTotals) {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d (%s)\t%d of %d (%s saved)\t%d of %d (%s saved)\t%d\n", name,
+			s.Turns, s.LaterTurns, s.Continued, fraction(s.Continued, s.LaterTurns),
+			s.ItemsSent, s.ItemsFull, fraction(s.ItemsFull-s.ItemsSent, s.ItemsFull),
+			s.BytesSent, s.BytesFull, fraction(s.BytesFull-s.BytesSent, s.BytesFull), s.Malformed)
+	}
+	for _, f := range rep.Files {
+		row(f.File, f.replayTotals)
+	}
+	if len(rep.Files) > 1 {
+		row("all", rep.replayTotals)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "reasons: %s\n", reasonsString(rep.Reasons))
+	fmt.Fprintln(w, "(continued as a fraction of later turns; saved as a fraction of the full context)")
+}
+
+// fraction formats n/d as a fraction, "-" when d is 0.
+func fraction(n, d int) string {
+	if d == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", float64(n)/float64(d))
+}
+
+// reasonsString lists reason counts, most frequent first.
+func reasonsString(reasons map[string]int) string {
+	if len(reasons) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(reasons))
+	for k := range reasons {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if c := reasons[b] - reasons[a]; c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, reasons[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// writeJSON writes the report to path as indented JSON.
+func (rep *replayReport) writeJSON(path string) error {
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing the JSON report: %w", err)
+	}
+	return nil
+}

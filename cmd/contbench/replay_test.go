@@ -1,0 +1,349 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store"
+)
+
+// minContinued is the fraction of later turns a real client's trace must
+// continue.
+const minContinued = 0.95
+
+// Items and bodies of hand-written traces.
+func traceUser(text string) any {
+	return map[string]any{"type": "message", "role": "user", "content": text}
+}
+
+func traceAnswer(text string) any {
+	return map[string]any{"type": "message", "role": "assistant",
+		"content": []any{map[string]any{"type": "output_text", "text": text}}}
+}
+
+func traceBody(instructions string, input ...any) any {
+	return map[string]any{"model": "m", "instructions": instructions, "input": input}
+}
+
+// line returns one trace line; request is marshalled unless it is a
+// json.RawMessage already.
+func traceLineOf(t *testing.T, session, agent string, request any, responseID string, output ...any) string {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{
+		"owner":   map[string]string{"session": session, "agent": agent},
+		"headers": map[string]string{"session-id": session},
+		"request": request, "response_id": responseID, "output": output,
+		"unknown": "ignored",
+	})
+	require.NoError(t, err)
+	return string(b) + "\n"
+}
+
+// replayTrace replays trace, named name, through a fresh in-process store
+// and returns the report and the printed turns.
+func replayTrace(t *testing.T, name, trace string) (*replayReport, string) {
+	t.Helper()
+	s, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	r := newReplayer(s, "in-process store", &out)
+	require.NoError(t, r.replay(context.Background(), name, strings.NewReader(trace)))
+	return &r.report, out.String()
+}
+
+// handTrace is a conversation with one turn of each kind; turns[i] is the
+// i-th turn's line number (malformed lines make no turn).
+func handTrace(t *testing.T) string {
+	u1, u2, u3, u4, u5 := traceUser("hi"), traceUser("and then?"), traceUser("more"), traceUser("again"), traceUser("last")
+	a1, a2, a3, a4 := traceAnswer("hello"), traceAnswer("then this"), traceAnswer("more of it"), traceAnswer("once more")
+	edited := map[string]any{"type": "message", "role": "developer", "content": "edited"}
+	return traceLineOf(t, "s1", "", traceBody("be brief", u1), "resp_1", a1) + // 1: first turn
+		traceLineOf(t, "s1", "", traceBody("be brief", u1, a1, u2), "resp_2", a2) + // 2: continued
+		traceLineOf(t, "s1", "helper", traceBody("be brief", u1), "resp_h", a1) + // 3: an agent's first turn
+		"\n" + // 4: blank, skipped
+		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, u2, a2, u3), "resp_3", a3) + // 5: prompt_changed
+		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, edited, a2, u3, a3, u4), "resp_4", a4) + // 6: not_append_only
+		traceLineOf(t, "s1", "", json.RawMessage(`{"model":"m","input":null}`), "resp_x") + // 7: invalid request
+		`{"owner":{"session":"s1"},"request":` + "\n" + // 8: malformed JSON
+		`{"request":{"input":[]}}` + "\n" + // 9: no owner
+		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, edited, a2, u3, a3, u4, a4, u5), "resp_5", traceAnswer("done")) // 10: continued
+}
+
+func TestReplayHandTrace(t *testing.T) {
+	rep, out := replayTrace(t, "hand.jsonl", handTrace(t))
+	t.Log(out)
+	require.Len(t, rep.Turn, 7)
+	byLine := map[int]*replayTurn{}
+	for _, turn := range rep.Turn {
+		byLine[turn.Line] = turn
+	}
+
+	first := byLine[1]
+	assert.Equal(t, "missing_state", first.Reason)
+	assert.False(t, first.Later)
+	assert.Nil(t, first.Mismatch, "an owner's first turn is not a miss to explain")
+	assert.Empty(t, first.Difference)
+
+	cont := byLine[2]
+	assert.Equal(t, reasonContinued, cont.Reason)
+	assert.True(t, cont.Later)
+	assert.Equal(t, "resp_1", cont.PreviousResponseID)
+	assert.Equal(t, 1, cont.ItemsSent)
+	assert.Equal(t, 3, cont.ItemsFull)
+	assert.Less(t, cont.BytesSent, cont.BytesFull)
+	assert.Equal(t, string(store.OutcomePublished), cont.Outcome)
+	assert.Contains(t, out, "hand.jsonl:2  main(\"s1\")  continued  items 1 of 3")
+
+	agent := byLine[3]
+	assert.Equal(t, "missing_state", agent.Reason)
+	assert.False(t, agent.Later, "siblings do not share turns")
+	assert.Equal(t, identityOwner{"s1", "helper"}, agent.Owner)
+
+	prompt := byLine[5]
+	assert.Equal(t, string(store.ReasonPromptChanged), prompt.Reason)
+	require.NotNil(t, prompt.Mismatch)
+	assert.Equal(t, []string{"instructions"}, prompt.Mismatch.Prompt)
+	assert.Equal(t, -1, prompt.Mismatch.Item)
+	assert.Equal(t, prompt.ItemsFull, prompt.ItemsSent, "a miss sends the full input")
+	assert.Equal(t, prompt.BytesFull, prompt.BytesSent)
+	assert.Contains(t, out, "prompt members differ: instructions")
+
+	edit := byLine[6]
+	assert.Equal(t, string(store.ReasonNotAppendOnly), edit.Reason)
+	require.NotNil(t, edit.Mismatch)
+	assert.Empty(t, edit.Mismatch.Prompt)
+	assert.Equal(t, 2, edit.Mismatch.Item)
+	assert.Equal(t, []string{"content", "role"}, edit.Mismatch.Members)
+	assert.Contains(t, out, "item 2 differs in members: content, role")
+
+	invalid := byLine[7]
+	assert.Equal(t, reasonInvalidRequest, invalid.Reason)
+	assert.Contains(t, invalid.Error, "invalid request")
+	assert.Positive(t, invalid.BytesFull)
+	assert.Equal(t, invalid.BytesFull, invalid.BytesSent, "what the store cannot parse goes upstream as it came")
+
+	// Malformed lines are reported with their numbers and skipped.
+	require.Len(t, rep.MalformedLines, 2)
+	assert.Equal(t, 8, rep.MalformedLines[0].Line)
+	assert.Equal(t, 9, rep.MalformedLines[1].Line)
+	assert.Contains(t, rep.MalformedLines[1].Error, `no "owner"`)
+	assert.Contains(t, out, "hand.jsonl:8: malformed trace line, skipped")
+	assert.Equal(t, 2, rep.Malformed)
+
+	// The replay goes on: the last turn continues the one before the
+	// invalid request.
+	last := byLine[10]
+	assert.Equal(t, reasonContinued, last.Reason)
+	assert.Equal(t, "resp_4", last.PreviousResponseID)
+
+	assert.Equal(t, 7, rep.Turns)
+	assert.Equal(t, 5, rep.LaterTurns)
+	assert.Equal(t, 2, rep.Continued)
+	assert.Equal(t, map[string]int{"continued": 2, "missing_state": 2, "prompt_changed": 1,
+		"not_append_only": 1, "invalid_request": 1}, rep.Reasons)
+	require.Len(t, rep.Files, 1)
+	assert.Equal(t, rep.replayTotals, rep.Files[0].replayTotals)
+}
+
+func TestReplayExplainsALaterMissWithoutDifference(t *testing.T) {
+	u1, a1 := traceUser("hi"), traceAnswer("hello")
+	trace := traceLineOf(t, "s1", "", traceBody("x", u1), "", a1) + // no response id: nothing to continue
+		traceLineOf(t, "s1", "", traceBody("x", u1, a1, traceUser("next")), "resp_2", a1) +
+		traceLineOf(t, "s1", "", traceBody("x", u1, a1, traceUser("next"), a1), "resp_3", a1) // repeats the transcript
+	rep, _ := replayTrace(t, "t.jsonl", trace)
+	require.Len(t, rep.Turn, 3)
+	assert.Equal(t, string(store.OutcomeDropped), rep.Turn[0].Outcome)
+	assert.Equal(t, "missing_state", rep.Turn[1].Reason)
+	assert.Contains(t, rep.Turn[1].Difference, "extends the previous transcript (2 of 3 items)")
+	assert.Equal(t, "empty_delta", rep.Turn[2].Reason)
+	assert.Contains(t, rep.Turn[2].Difference, "repeats the previous transcript (4 items)")
+}
+
+func TestReplayFilesAreIndependent(t *testing.T) {
+	s, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	r := newReplayer(s, "in-process store", &bytes.Buffer{})
+	trace := traceLineOf(t, "s1", "", traceBody("x", traceUser("hi")), "resp_1", traceAnswer("hello")) +
+		traceLineOf(t, "s1", "", traceBody("x", traceUser("hi"), traceAnswer("hello"), traceUser("more")), "resp_2", traceAnswer("ok"))
+	for _, name := range []string{"a.jsonl", "b.jsonl"} {
+		require.NoError(t, r.replay(context.Background(), name, strings.NewReader(trace)))
+	}
+	require.Len(t, r.report.Files, 2)
+	assert.Equal(t, r.report.Files[0].replayTotals, r.report.Files[1].replayTotals,
+		"an owner's first line in a file starts from no state")
+	assert.Equal(t, 2, r.report.LaterTurns)
+}
+
+func TestReplayJSONKeys(t *testing.T) {
+	rep, _ := replayTrace(t, "hand.jsonl", handTrace(t))
+	path := filepath.Join(t.TempDir(), "r.json")
+	require.NoError(t, rep.writeJSON(path))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	var top map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(data, &top))
+	for _, k := range []string{"turns", "later_turns", "continued", "items_sent", "items_full",
+		"bytes_sent", "bytes_full", "reasons", "turn", "files"} {
+		assert.Contains(t, top, k)
+	}
+	var totals struct {
+		Turns, LaterTurns, Continued int
+		Reasons                      map[string]int
+		Turn                         []map[string]json.RawMessage
+	}
+	require.NoError(t, json.Unmarshal(data, &totals))
+	assert.Equal(t, 7, totals.Turns)
+	assert.Equal(t, 1, totals.Reasons["not_append_only"])
+	require.Len(t, totals.Turn, 7)
+
+	edit := totals.Turn[4] // line 6
+	keys := make([]string, 0, len(edit))
+	for k := range edit {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	assert.Equal(t, []string{"bytes_full", "bytes_sent", "difference", "file", "items_full", "items_sent",
+		"later", "line", "mismatch", "outcome", "owner", "reason"}, keys)
+	assert.JSONEq(t, `{"Prompt":null,"Item":2,"Members":["content","role"]}`, string(edit["mismatch"]))
+	assert.JSONEq(t, `{"session":"s1","agent":""}`, string(edit["owner"]))
+}
+
+// TestRealClientTracesContinue replays every captured client trace: each
+// client's later turns must continue, or the failure names the misses and
+// where each request departs from its previous turn.
+func TestRealClientTracesContinue(t *testing.T) {
+	paths, err := filepath.Glob(filepath.Join("..", "..", "testdata", "clients", "*.jsonl"))
+	require.NoError(t, err)
+	require.NotEmpty(t, paths, "no traces in testdata/clients")
+	for _, path := range paths {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			s, err := store.NewMemory(store.Options{})
+			require.NoError(t, err)
+			r := newReplayer(s, "in-process store", &bytes.Buffer{})
+			require.NoError(t, r.replayPath(context.Background(), path))
+			f := r.report.Files[0]
+			require.Zero(t, f.Malformed, "%s: malformed lines: %+v", path, r.report.MalformedLines)
+			require.Positive(t, f.LaterTurns, "%s has no later turns", path)
+			if float64(f.Continued) >= minContinued*float64(f.LaterTurns) {
+				return
+			}
+			var misses []string
+			for _, turn := range r.report.Turn {
+				if turn.Later && turn.Reason != reasonContinued {
+					misses = append(misses, fmt.Sprintf("  line %d: %s: %s%s", turn.Line, turn.Reason, turn.Difference, turn.Error))
+				}
+			}
+			t.Errorf("%s: %d of %d later turns continued, want at least %.0f%%\nreasons: %s\nmisses:\n%s",
+				path, f.Continued, f.LaterTurns, 100*minContinued, reasonsString(f.Reasons), strings.Join(misses, "\n"))
+		})
+	}
+}
+
+// writeTrace writes trace to a temporary file and returns its path.
+func writeTrace(t *testing.T, trace string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "trace.jsonl")
+	require.NoError(t, os.WriteFile(path, []byte(trace), 0o644))
+	return path
+}
+
+// replayCommand runs contbench replay with args.
+func replayCommand(args ...string) (code int, stdout, stderr string) {
+	var out, errs bytes.Buffer
+	code = run(context.Background(), append([]string{"replay"}, args...), &out, &errs)
+	return code, out.String(), errs.String()
+}
+
+func TestReplayCommandWritesJSON(t *testing.T) {
+	trace := writeTrace(t, traceLineOf(t, "s1", "", traceBody("x", traceUser("hi")), "resp_1", traceAnswer("hello"))+
+		traceLineOf(t, "s1", "", traceBody("x", traceUser("hi"), traceAnswer("hello"), traceUser("more")), "resp_2", traceAnswer("ok")))
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
+	code, stdout, stderr := replayCommand("-json", jsonPath, trace)
+	require.Equal(t, exitOK, code, stderr)
+	assert.Contains(t, stdout, "contbench replay: in-process store, 1 trace files")
+	assert.Contains(t, stdout, trace+":2  main(\"s1\")  continued  items 1 of 3")
+	assert.Contains(t, stdout, "reasons: continued 1, missing_state 1")
+
+	data, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep replayReport
+	require.NoError(t, json.Unmarshal(data, &rep))
+	assert.Equal(t, "in-process store", rep.Target)
+	assert.Equal(t, 2, rep.Turns)
+	assert.Equal(t, 1, rep.LaterTurns)
+	assert.Equal(t, 1, rep.Continued)
+	assert.Equal(t, 2, rep.ItemsSent)
+	assert.Equal(t, 4, rep.ItemsFull)
+	assert.Less(t, rep.BytesSent, rep.BytesFull)
+	require.Len(t, rep.Files, 1)
+	assert.Equal(t, trace, rep.Files[0].File)
+}
+
+func TestReplayCommandMalformedLineExitsOne(t *testing.T) {
+	trace := writeTrace(t, "not json\n"+traceLineOf(t, "s1", "", traceBody("x", traceUser("hi")), "resp_1", traceAnswer("hello")))
+	code, stdout, stderr := replayCommand(trace)
+	assert.Equal(t, exitMalformed, code)
+	assert.Contains(t, stdout, trace+":1: malformed trace line, skipped")
+	assert.Contains(t, stdout, trace+":2  main(\"s1\")  missing_state", "the replay goes on")
+	assert.Contains(t, stderr, "1 malformed trace lines were skipped")
+}
+
+func TestReplayCommandFlags(t *testing.T) {
+	code, stdout, stderr := replayCommand("-h")
+	assert.Equal(t, exitOK, code)
+	assert.Empty(t, stdout)
+	for _, f := range []string{"-json", "-redis", "-cluster", "TRACE.jsonl"} {
+		assert.Contains(t, stderr, f)
+	}
+	_, _, mainHelp := func() (int, string, string) {
+		var out, errs bytes.Buffer
+		return run(context.Background(), []string{"-h"}, &out, &errs), out.String(), errs.String()
+	}()
+	assert.Contains(t, mainHelp, "contbench replay", "contbench -h mentions the subcommand")
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no trace files given"},
+		{[]string{"-redis", "redis://127.0.0.1:1", "-cluster", "127.0.0.1:2", "t.jsonl"}, "-cluster"},
+		{[]string{"-redis", "http://x", "t.jsonl"}, "-redis"},
+		{[]string{"-cluster", "nohost", "t.jsonl"}, "-cluster"},
+		{[]string{"-no-such-flag", "t.jsonl"}, "-no-such-flag"},
+		{[]string{filepath.Join(t.TempDir(), "missing.jsonl")}, "missing.jsonl"},
+	} {
+		code, stdout, stderr := replayCommand(tc.args...)
+		assert.Equal(t, exitUsage, code, "%v", tc.args)
+		assert.Contains(t, stderr, tc.want, "%v", tc.args)
+		assert.Empty(t, stdout, "%v", tc.args)
+	}
+}
+
+func TestReplayCommandOnRedis(t *testing.T) {
+	mr, _ := redistest.Miniredis(t)
+	trace := writeTrace(t, handTrace(t))
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
+	code, stdout, stderr := replayCommand("-json", jsonPath, "-redis", "redis://"+mr.Addr(), trace)
+	require.Equal(t, exitMalformed, code, stderr)
+	assert.Contains(t, stdout, "contbench replay: redis redis://"+mr.Addr())
+	assert.Empty(t, mr.Keys(), "the namespace is removed after the replay")
+
+	data, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep replayReport
+	require.NoError(t, json.Unmarshal(data, &rep))
+	memory, _ := replayTrace(t, trace, handTrace(t))
+	assert.Equal(t, memory.replayTotals, rep.replayTotals, "Redis decides as the in-process store does")
+}
