@@ -100,7 +100,13 @@ func (r *Reservation) Local() bool {
 }
 
 // Request returns the request reserved: as parsed by the store's namespace.
-func (r *Reservation) Request() *fingerprint.Request { return r.req }
+// It is nil for a Reservation the store did not make.
+func (r *Reservation) Request() *fingerprint.Request {
+	if r == nil {
+		return nil
+	}
+	return r.req
+}
 
 // UpstreamBody returns the body to send upstream for this turn: when
 // continuing, the request's body with previous_response_id set and input
@@ -125,10 +131,14 @@ func (r *Reservation) FullContextRetry() *Reservation {
 	if r == nil {
 		return nil
 	}
+	n := 0
+	if r.req != nil {
+		n = r.req.Len()
+	}
 	return &Reservation{
 		Owner:      r.Owner,
 		Turn:       r.Turn,
-		DeltaCount: r.req.Len(),
+		DeltaCount: n,
 		Reason:     ReasonFullContextRetry,
 		req:        r.req,
 		replica:    r.replica,

@@ -544,4 +544,10 @@ func testUpstreamBody(t *testing.T, open Opener) {
 	assert.Equal(t, []json.RawMessage{next.Items()[2]}, sent.Input)
 	assert.Equal(t, string(next.Body()), string(res.FullContextRetry().UpstreamBody()))
 	assert.Equal(t, next.Len(), res.Request().Len())
+
+	made := &store.Reservation{Owner: owner, Turn: res.Turn}
+	assert.Nil(t, made.Request(), "a reservation the store did not make has no request")
+	assert.Nil(t, made.UpstreamBody())
+	assert.Equal(t, 0, made.FullContextRetry().DeltaCount)
+	assert.False(t, made.Local())
 }
