@@ -31,11 +31,10 @@ const ChainSeedText = "contstore/chain/v2"
 // A Parser parses requests under one profile and one key. It is immutable
 // and safe for concurrent use.
 type Parser struct {
-	profile Profile
-	id      string
-	rules   *rules
-	key     [KeySize]byte
-	seed    uint64 // h(0)
+	id    string
+	rules *rules
+	key   [KeySize]byte
+	seed  uint64 // h(0)
 }
 
 // New returns a parser for profile and key. An invalid profile gives an
@@ -45,8 +44,7 @@ func New(profile Profile, key Key) (*Parser, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Parser{profile: profile, id: profile.ID(), rules: r, key: key}
-	p.profile.ItemMembers, p.profile.PartMembers, p.profile.PromptMembers = r.item, r.part, r.prompt
+	p := &Parser{id: profile.ID(), rules: r, key: key}
 	p.seed = p.sum([]byte(ChainSeedText))
 	return p, nil
 }

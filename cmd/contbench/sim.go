@@ -389,10 +389,10 @@ func (w *worker) turn(ctx context.Context, o *owner) (idle bool) {
 	return true
 }
 
-// request parses the body o's client sends for input, as a gateway
-// parses what it receives.
-func (w *worker) request(o *owner, input []json.RawMessage) *fingerprint.Request {
-	req, err := w.sim.replicas[0].store.ParseRequest(o.body(input))
+// request parses the body o's client sends for input, as the gateway
+// replica rep that receives it does.
+func (w *worker) request(rep *replica, o *owner, input []json.RawMessage) *fingerprint.Request {
+	req, err := rep.store.ParseRequest(o.body(input))
 	if err != nil {
 		panic(fmt.Sprintf("contbench generated an invalid request: %v", err))
 	}
@@ -501,7 +501,7 @@ type recording struct {
 
 // record records a's response for the request req on the replica that
 // sent it; it is safe to call from several goroutines at once.
-func record(ctx context.Context, a answer, req *fingerprint.Request) recording {
+func record(ctx context.Context, a answer) recording {
 	start := time.Now()
 	outcome, err := a.sender.store.Record(ctx, a.res, store.Result{ResponseID: a.id, Socket: a.socket, Output: a.output})
 	return recording{outcome: outcome, err: err, took: time.Since(start)}
@@ -536,8 +536,8 @@ func (w *worker) abort(ctx context.Context, a answer) {
 // single plays one request of o with input.
 func (w *worker) single(ctx context.Context, o *owner, input []json.RawMessage) {
 	s, r, ev := w.sim, &w.sim.cfg.rates, w.tally.events
-	req := w.request(o, input)
 	rep := s.route(o, w.rng)
+	req := w.request(rep, o, input)
 	res := w.check(o, rep, input, w.reserve(ctx, rep, o, req))
 	fail := w.chance(r.abort)
 	a := w.send(o, rep, input, res, fail)
@@ -551,11 +551,11 @@ func (w *worker) single(ctx context.Context, o *owner, input []json.RawMessage) 
 	if w.chance(r.noID) {
 		ev[eventNoID]++
 		a.id = ""
-		if got, ok := w.recorded(record(ctx, a, req)); ok {
+		if got, ok := w.recorded(record(ctx, a)); ok {
 			s.oracle.checkOutcome(o, a.sender, "record without response id", got, wantOutcome(a.res, store.OutcomeDropped)...)
 		}
 	} else {
-		got, ok := w.recorded(record(ctx, a, req))
+		got, ok := w.recorded(record(ctx, a))
 		if ok {
 			s.oracle.checkOutcome(o, a.sender, "current turn not published", got, wantOutcome(a.res, store.OutcomePublished, store.OutcomeGone)...)
 		}
@@ -572,11 +572,10 @@ func (w *worker) concurrentPair(ctx context.Context, o *owner, inputA []json.Raw
 	s := w.sim
 	w.tally.events[eventConcurrent]++
 	inputB := append(slices.Clip(inputA), userMessage(w.rng, ""))
-	reqA, reqB := w.request(o, inputA), w.request(o, inputB)
 	repA := s.route(o, w.rng)
-	resA := w.check(o, repA, inputA, w.reserve(ctx, repA, o, reqA))
+	resA := w.check(o, repA, inputA, w.reserve(ctx, repA, o, w.request(repA, o, inputA)))
 	repB := s.route(o, w.rng)
-	resB := w.reserve(ctx, repB, o, reqB)
+	resB := w.reserve(ctx, repB, o, w.request(repB, o, inputB))
 	if resA.Turn != 0 {
 		s.oracle.checkSuperseded(o, repB, resB)
 	}
@@ -586,8 +585,8 @@ func (w *worker) concurrentPair(ctx context.Context, o *owner, inputA []json.Raw
 
 	var recA, recB recording
 	var wg sync.WaitGroup
-	wg.Go(func() { recA = record(ctx, a, reqA) })
-	wg.Go(func() { recB = record(ctx, b, reqB) })
+	wg.Go(func() { recA = record(ctx, a) })
+	wg.Go(func() { recB = record(ctx, b) })
 	wg.Wait()
 	gotA, okA := w.recorded(recA)
 	gotB, okB := w.recorded(recB)
