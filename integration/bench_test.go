@@ -23,7 +23,7 @@ func BenchmarkReserveRecord(b *testing.B) {
 		b.Run(fmt.Sprintf("redis/owners=10000/parallel=%v", parallel), func(b *testing.B) {
 			ns := redistest.Namespace(b)
 			redistest.CleanupNamespace(b, c, ns)
-			s, err := store.NewRedis(c, store.Options{Namespace: ns})
+			s, err := store.NewRedis(c, store.Options{Namespace: ns, MaxOwners: 20_000}) // room for all: no turn evicts
 			require.NoError(b, err)
 			storetest.BenchReserveRecord(b, s, owners, parallel)
 		})
@@ -41,7 +41,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 	s, err := store.NewRedis(c, store.Options{Namespace: "usec", MaxOwners: 10_000})
 	require.NoError(b, err)
 	owners := storetest.Owners(b, 10_000)
-	turn := storetest.NewTurn(b, 32)
+	turn := storetest.NewTurn(b, s, 32)
 	reservations := make([]*store.Reservation, b.N)
 	record := func(i int) {
 		_, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_bench", Socket: store.Socket{ID: 1}})
@@ -50,7 +50,7 @@ func BenchmarkScriptServerTime(b *testing.B) {
 		}
 	}
 	for i, o := range owners {
-		res := s.Reserve(ctx, o, turn.Next)
+		res := s.Reserve(ctx, o, turn.Recorded)
 		_, err := s.Record(ctx, res, store.Result{ResponseID: "resp_warm", Socket: store.Socket{ID: 1}})
 		require.NoError(b, err, "owner %d", i)
 	}

@@ -19,7 +19,7 @@ import (
 func fill(b *testing.B, s *store.Store, owners []identity.Owner, turn storetest.Turn) {
 	ctx := context.Background()
 	parallelFor(len(owners), 16, func(i int) {
-		res := s.Reserve(ctx, owners[i], turn.Next)
+		res := s.Reserve(ctx, owners[i], turn.Recorded)
 		out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
 		if err != nil || out != store.OutcomePublished {
 			b.Errorf("owner %d: %v %v", i, out, err)
@@ -47,11 +47,11 @@ func usedMemory(b *testing.B, c *redis.Client) int64 {
 func BenchmarkMemoryPerOwner(b *testing.B) {
 	const n = 100_000
 	owners := storetest.Owners(b, n)
-	turn := storetest.NewTurn(b, 32)
 	for b.Loop() {
 		c := privateServer(b)
 		s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40})
 		require.NoError(b, err)
+		turn := storetest.NewTurn(b, s, 32)
 		before := usedMemory(b, c)
 		fill(b, s, owners, turn)
 		after := usedMemory(b, c)
@@ -69,7 +69,6 @@ func BenchmarkMemoryPerOwner(b *testing.B) {
 // with -benchtime 1x.
 func BenchmarkRecordServerTimeAtScale(b *testing.B) {
 	const calls = 20_000
-	turn := storetest.NewTurn(b, 32)
 	ctx := context.Background()
 	for _, n := range []int{10_000, 1_000_000} {
 		b.Run(fmt.Sprintf("owners=%d", n), func(b *testing.B) {
@@ -78,6 +77,7 @@ func BenchmarkRecordServerTimeAtScale(b *testing.B) {
 				c := privateServer(b)
 				s, err := store.NewRedis(c, store.Options{Partitions: 1, MaxOwners: 2 * n, MaxTotalBytes: 1 << 40})
 				require.NoError(b, err)
+				turn := storetest.NewTurn(b, s, 32)
 				fill(b, s, owners, turn)
 				reservations := make([]*store.Reservation, calls)
 				for i := range reservations {

@@ -15,7 +15,7 @@ func BenchmarkReserveRecord(b *testing.B) {
 		owners := storetest.Owners(b, n)
 		for _, parallel := range []bool{false, true} {
 			b.Run(fmt.Sprintf("memory/owners=%d/parallel=%v", n, parallel), func(b *testing.B) {
-				s, err := store.NewMemory(store.Options{MaxOwners: n})
+				s, err := store.NewMemory(store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40}) // room for all: no turn evicts
 				require.NoError(b, err)
 				storetest.BenchReserveRecord(b, s, owners, parallel)
 			})
