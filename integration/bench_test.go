@@ -3,10 +3,13 @@ package integration
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/redistest"
@@ -30,42 +33,6 @@ func BenchmarkReserveRecord(b *testing.B) {
 	}
 }
 
-// BenchmarkScriptServerTime reports the server's own time per script call
-// (INFO commandstats usec_per_call of EVALSHA) for reserve and for record,
-// with 10,000 owners holding a continuation, on a private server. Each
-// phase runs b.N calls from 8 clients so the server is measured warm, as
-// under a gateway's load, not one cold call at a time.
-func BenchmarkScriptServerTime(b *testing.B) {
-	c := privateServer(b)
-	ctx := context.Background()
-	s, err := store.NewRedis(c, store.Options{Namespace: "usec", MaxOwners: 10_000})
-	require.NoError(b, err)
-	owners := storetest.Owners(b, 10_000)
-	turn := storetest.NewTurn(b, s, 32)
-	reservations := make([]*store.Reservation, b.N)
-	record := func(i int) {
-		_, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_bench", Socket: store.Socket{ID: 1}})
-		if err != nil {
-			b.Error(err)
-		}
-	}
-	for i, o := range owners {
-		res := s.Reserve(ctx, o, turn.Recorded)
-		_, err := s.Record(ctx, res, store.Result{ResponseID: "resp_warm", Socket: store.Socket{ID: 1}})
-		require.NoError(b, err, "owner %d", i)
-	}
-	phase := func(op func(i int)) float64 {
-		require.NoError(b, c.ConfigResetStat(ctx).Err())
-		parallelFor(b.N, 8, op)
-		return commandStats(b, c)["evalsha"].usecPerCall
-	}
-	b.ResetTimer()
-	reserve := phase(func(i int) { reservations[i] = s.Reserve(ctx, owners[i%len(owners)], turn.Next) })
-	recordUsec := phase(record)
-	b.ReportMetric(reserve, "server-us/reserve")
-	b.ReportMetric(recordUsec, "server-us/record")
-}
-
 // parallelFor runs op(0..n-1) on workers goroutines.
 func parallelFor(n, workers int, op func(i int)) {
 	var next atomic.Int64
@@ -78,4 +45,60 @@ func parallelFor(n, workers int, op func(i int)) {
 		})
 	}
 	wg.Wait()
+}
+
+// BenchmarkStoreThroughput compares the store's operations per second with
+// the ceiling of the same go-redis client: a script that does nothing, at
+// 64 concurrent callers, on a private redis-server pinned to the last CPU.
+// A store op is a reserve or a record of 10,000 owners taking turns that
+// continue; each client setting runs both: ContextTimeoutEnabled (the
+// store calls the client on the caller's goroutine) and not (a goroutine
+// per call). Run on the other CPU with -benchtime 1x (see BENCHMARKS.md).
+func BenchmarkStoreThroughput(b *testing.B) {
+	const callers, ops = 64, 100_000
+	ctx := context.Background()
+	for _, deadlines := range []bool{true, false} {
+		b.Run(fmt.Sprintf("context-deadlines=%v", deadlines), func(b *testing.B) {
+			srv := pinnedServer(b, runtime.NumCPU()-1)
+			c := redis.NewClient(&redis.Options{Addr: srv.Options().Addr, PoolSize: callers, ContextTimeoutEnabled: deadlines})
+			b.Cleanup(func() { _ = c.Close() })
+			owners := storetest.Owners(b, 10_000)
+			for b.Loop() {
+				noop := redis.NewScript("return 1")
+				require.NoError(b, noop.Load(ctx, c).Err())
+				start := time.Now()
+				parallelFor(ops, callers, func(int) {
+					if err := noop.EvalSha(ctx, c, nil).Err(); err != nil {
+						b.Error(err)
+					}
+				})
+				ceiling := float64(ops) / time.Since(start).Seconds()
+
+				s, err := store.NewRedis(c, store.Options{Namespace: redistest.Namespace(b), MaxOwners: 20_000, OpTimeout: 5 * time.Second})
+				require.NoError(b, err)
+				turn := storetest.NewTurn(b, s, 32)
+				fill(b, s, owners, turn)
+				start = time.Now()
+				parallelFor(ops/2, callers, func(i int) {
+					o := owners[i%len(owners)]
+					req := turn.Next
+					if (i/len(owners))%2 == 1 {
+						req = turn.Recorded // not append-only: the same work
+					}
+					res := s.Reserve(ctx, o, req)
+					if res.Err != nil {
+						b.Error(res.Err)
+						return
+					}
+					if _, err := s.Record(ctx, res, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{ID: 1}}); err != nil {
+						b.Error(err)
+					}
+				})
+				storeOps := float64(ops) / time.Since(start).Seconds()
+				b.ReportMetric(ceiling, "noop-evalsha/s")
+				b.ReportMetric(storeOps, "store-ops/s")
+				b.ReportMetric(storeOps/ceiling, "store/ceiling")
+			}
+		})
+	}
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -206,10 +207,10 @@ func TestFaultRedisRestart(t *testing.T) {
 	t.Logf("namespace schema recorded on the new server: %v", meta == 1)
 }
 
-// When one master of a cluster dies, the owners whose partitions it served
-// fail open and every other owner keeps continuing.
+// When one master of a cluster without replicas dies, the owners whose
+// partitions it served fail open and every other owner keeps continuing.
 func TestFaultClusterMasterKilled(t *testing.T) {
-	nodes := startFaultCluster(t)
+	nodes := startFaultCluster(t, 0)
 	addrs := make([]string, len(nodes))
 	byAddr := map[string]*faultServer{}
 	for i, n := range nodes {
@@ -220,50 +221,14 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	ns := redistest.Namespace(t)
 	const partitions = 16
 
-	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer func() { _ = admin.Close() }()
-	slots, err := admin.ClusterSlots(ctx).Result()
-	require.NoError(t, err)
-	masterOf := make([]string, partitions)
+	masterOf, victim := faultPartitionMasters(t, addrs, ns, partitions)
 	perMaster := map[string][]int{}
-	for p := range partitions {
-		slot, err := admin.ClusterKeySlot(ctx, fmt.Sprintf("{%s:%02d}", ns, p)).Result()
-		require.NoError(t, err)
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) {
-				masterOf[p] = r.Nodes[0].Addr
-			}
-		}
-		require.NotEmpty(t, masterOf[p], "partition %d (slot %d) is not served", p, slot)
-		perMaster[masterOf[p]] = append(perMaster[masterOf[p]], p)
+	for p, m := range masterOf {
+		perMaster[m] = append(perMaster[m], p)
 	}
-	masters := make([]string, 0, len(perMaster))
-	for a := range perMaster {
-		masters = append(masters, a)
-	}
-	sort.Slice(masters, func(i, j int) bool { return len(perMaster[masters[i]]) > len(perMaster[masters[j]]) })
-	victim := masters[0]
 	t.Logf("partitions per master: %v; killing %s", perMaster, victim)
-	group := func(o identity.Owner) string {
-		if masterOf[o.Partition(partitions)] == victim {
-			return "dead"
-		}
-		return "alive"
-	}
-
-	clients := make([]redis.UniversalClient, 2)
-	for i := range clients {
-		c := redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 addrs,
-			ContextTimeoutEnabled: false,
-			DialTimeout:           5 * time.Second,
-			ReadTimeout:           5 * time.Second,
-			WriteTimeout:          5 * time.Second,
-			MaxRetries:            3,
-		})
-		t.Cleanup(func() { _ = c.Close() })
-		clients[i] = c
-	}
+	group := onMaster(masterOf, victim, partitions)
+	clients := faultClusterClients(t, addrs, 2)
 	opts := faultOptions(ns)
 	opts.Partitions = partitions
 	stores, _ := faultStores(t, opts, clients...)
@@ -315,4 +280,306 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 			}
 		}
 	}
+}
+
+// faultPartitionMasters returns the address of the master serving each of
+// a namespace's partitions, and the master serving the most of them.
+func faultPartitionMasters(t testing.TB, addrs []string, ns string, partitions int) (masterOf []string, busiest string) {
+	t.Helper()
+	ctx := context.Background()
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer func() { _ = admin.Close() }()
+	slots, err := admin.ClusterSlots(ctx).Result()
+	require.NoError(t, err)
+	masterOf = make([]string, partitions)
+	count := map[string]int{}
+	for p := range partitions {
+		slot, err := admin.ClusterKeySlot(ctx, fmt.Sprintf("{%s:%02d}", ns, p)).Result()
+		require.NoError(t, err)
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) {
+				masterOf[p] = r.Nodes[0].Addr
+			}
+		}
+		require.NotEmpty(t, masterOf[p], "partition %d (slot %d) is not served", p, slot)
+		count[masterOf[p]]++
+	}
+	masters := make([]string, 0, len(count))
+	for a := range count {
+		masters = append(masters, a)
+	}
+	sort.Slice(masters, func(i, j int) bool {
+		if count[masters[i]] != count[masters[j]] {
+			return count[masters[i]] > count[masters[j]]
+		}
+		return masters[i] < masters[j]
+	})
+	return masterOf, masters[0]
+}
+
+// faultFailoverBound is how soon after a replica's promotion the dead
+// master's partitions must work again.
+const faultFailoverBound = 2 * time.Second
+
+// When a master of a cluster with replicas dies, its replica takes over
+// within a few seconds and the store follows it: owners on the dead
+// master's partitions fail open until the promotion, and every one of those
+// partitions works again within faultFailoverBound of it (go-redis alone
+// would keep sending them to the dead address until its next periodic
+// reload of the slot map, 60 s later); owners on the other masters never
+// see a store failure, before, during or after.
+func TestFaultClusterFailover(t *testing.T) {
+	nodes := startFaultCluster(t, 1)
+	addrs := make([]string, len(nodes))
+	byAddr := map[string]*faultServer{}
+	for i, n := range nodes {
+		addrs[i] = n.Addr()
+		byAddr[n.Addr()] = n
+	}
+	ctx := context.Background()
+	ns := redistest.Namespace(t)
+	const partitions = 16
+
+	masterOf, victim := faultPartitionMasters(t, addrs, ns, partitions)
+	topology, err := faultClusterNodes(ctx, victim)
+	require.NoError(t, err)
+	var victimID, heir string
+	for _, n := range topology {
+		if n.Is("myself") {
+			victimID = n.ID
+		}
+	}
+	for _, n := range topology {
+		if n.Is("slave") && n.Master == victimID {
+			heir = n.Addr
+		}
+	}
+	require.NotEmpty(t, heir, "no replica of %s in %+v", victim, topology)
+	group := onMaster(masterOf, victim, partitions)
+	clients := faultClusterClients(t, addrs, 2)
+	// The default OpTimeout rather than the other fault tests' 100 ms: this
+	// test counts every timeout on the healthy masters as a failure.
+	opts := faultOptions(ns)
+	opts.Partitions = partitions
+	opts.OpTimeout = 2 * faultOpTimeout
+	calls := &faultCallLog{}
+	stores := make([]*store.Store, len(clients))
+	observers := make([]*faultObserver, len(clients))
+	for i, c := range clients {
+		o := opts
+		o.Replica = fmt.Sprintf("gw-%c", 'a'+i)
+		observers[i] = &faultObserver{}
+		o.Observer = store.MultiObserver(observers[i], calls)
+		stores[i], err = store.NewRedis(c, o)
+		require.NoError(t, err)
+	}
+	l := newFaultLoad(t, stores, 48, group)
+	deadParts := map[int]bool{}
+	groups := map[string]int{}
+	for _, o := range l.owners {
+		groups[o.group]++
+		if o.group == "dead" {
+			deadParts[o.id.Partition(partitions)] = true
+		}
+	}
+	t.Logf("killing %s (%d partitions with owners: %v), its replica %s; owners per group: %v",
+		victim, len(deadParts), faultSortedKeys(deadParts), heir, groups)
+	require.Positive(t, groups["dead"])
+	require.Positive(t, groups["alive"])
+
+	l.Phase("before")
+	l.Start(faultWorkers)
+	time.Sleep(time.Second)
+	killed := time.Now()
+	byAddr[victim].Kill()
+	l.Phase("killed")
+
+	// The promotion: the replica says it is a master serving slots.
+	var promoted time.Time
+	for promoted.IsZero() {
+		if time.Since(killed) > 15*time.Second {
+			l.Stop()
+			l.Report()
+			t.Fatalf("%s was not promoted within 15s of its master's death", heir)
+		}
+		if nodes, err := faultClusterNodes(ctx, heir); err == nil {
+			for _, n := range nodes {
+				if n.Is("myself") && n.Is("master") && n.Slots {
+					promoted = time.Now()
+				}
+			}
+		}
+		if promoted.IsZero() {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	l.Phase("promoted")
+	time.Sleep(faultFailoverBound)
+	l.Phase("after")
+	time.Sleep(time.Second)
+	l.Stop()
+	l.Report()
+	l.AssertSound()
+	t.Logf("%s promoted %v after the kill", heir, promoted.Sub(killed).Round(time.Millisecond))
+
+	// The dead master's partitions: failing between the kill and the
+	// promotion, each working again (a reservation that did not fail open,
+	// or a Record that succeeded) soon after the promotion.
+	killedTally := l.Tally("killed", "dead")
+	assert.Positive(t, killedTally.Turns)
+	assert.Equal(t, killedTally.Turns, killedTally.FailOpen, "owners on the dead master fail open until the promotion")
+	back := map[int]time.Duration{}
+	var lastBack time.Duration
+	for _, c := range calls.all() {
+		p := c.owner.Partition(partitions)
+		if group(c.owner) != "dead" || c.failed || !c.end.After(promoted) {
+			continue
+		}
+		if _, ok := back[p]; !ok {
+			back[p] = c.end.Sub(promoted)
+			lastBack = max(lastBack, back[p])
+		}
+	}
+	for p := range deadParts {
+		d, ok := back[p]
+		switch {
+		case !ok:
+			t.Errorf("partition %d of the dead master never worked again in the %v after the promotion",
+				p, faultFailoverBound+time.Second)
+		default:
+			stall := l.lag.Stall(promoted, promoted.Add(d))
+			t.Logf("partition %d worked again %v after the promotion (process stalled %v meanwhile)",
+				p, d.Round(time.Millisecond), stall.Round(time.Millisecond))
+			if d-stall > faultFailoverBound {
+				t.Errorf("partition %d of the dead master worked again %v after the promotion; want within %v",
+					p, d.Round(time.Millisecond), faultFailoverBound)
+			}
+		}
+	}
+	if len(back) == len(deadParts) {
+		t.Logf("every partition of the dead master worked again within %v of the promotion", lastBack.Round(time.Millisecond))
+	}
+	if first := l.Tally("promoted", "dead").FirstContinued; first >= 0 {
+		t.Logf("first continuation on the dead master's partitions %v after the promotion", first.Round(time.Millisecond))
+	}
+	assert.Positive(t, l.Tally("promoted", "dead").Continued+l.Tally("after", "dead").Continued,
+		"owners on the dead master continue from what the replica holds")
+
+	// Everything else: no store failure at all, on the other masters
+	// throughout, and on the dead master's partitions once back. A call
+	// that timed out while this whole process was kept from running for a
+	// quarter of the OpTimeout or more is only logged: it says nothing of
+	// Redis or of the store.
+	failures := map[string]int{}
+	for _, c := range calls.all() {
+		if !c.failed {
+			continue
+		}
+		p, g := c.owner.Partition(partitions), group(c.owner)
+		if g == "dead" && !c.start.After(promoted.Add(faultFailoverBound)) {
+			continue
+		}
+		if stall := l.lag.Stall(c.start, c.end); errors.Is(c.err, context.DeadlineExceeded) && stall >= opts.OpTimeout/4 {
+			t.Logf("%s owner %s, partition %d: %s timed out %v after the kill while the process stalled %v of its %v: not counted",
+				g, c.owner.Key(), p, c.op, c.end.Sub(killed).Round(time.Millisecond), stall.Round(time.Millisecond),
+				c.end.Sub(c.start).Round(time.Millisecond))
+			continue
+		}
+		failures[g]++
+		if failures[g] <= 5 {
+			t.Errorf("%s owner %s, partition %d: %s failed %v after the kill (%v after the promotion), took %v (process stalled %v): %v",
+				g, c.owner.Key(), p, c.op, c.end.Sub(killed).Round(time.Millisecond),
+				c.end.Sub(promoted).Round(time.Millisecond), c.end.Sub(c.start).Round(time.Millisecond),
+				l.lag.Stall(c.start, c.end).Round(time.Millisecond), c.err)
+		}
+	}
+	assert.Zero(t, failures["alive"], "store failures of owners on the other masters")
+	assert.Zero(t, failures["dead"], "store failures on the dead master's partitions more than %v after the promotion",
+		faultFailoverBound)
+	for _, g := range []string{"before", "killed", "promoted", "after"} {
+		assert.Positive(t, l.Tally(g, "alive").Continued, "owners on the other masters continue (%s)", g)
+	}
+	faultAssertRecovered(t, stores, observers, promoted)
+}
+
+// faultCallLog is an Observer that keeps every Reserve and Record: when it
+// ended, how long it took and whether it failed (a reservation that failed
+// open, a Record that returned an error).
+type faultCallLog struct {
+	mu    sync.Mutex
+	calls []faultCall
+}
+
+type faultCall struct {
+	owner      identity.Owner
+	op         store.Op
+	start, end time.Time
+	failed     bool
+	err        error
+}
+
+func (l *faultCallLog) Observe(ev store.Event) {
+	var failed bool
+	switch ev.Op {
+	case store.OpReserve:
+		failed = ev.Reason == store.ReasonStoreUnavailable
+	case store.OpRecord:
+		failed = ev.Err != nil
+	default:
+		return
+	}
+	end := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, faultCall{owner: ev.Owner, op: ev.Op, start: end.Add(-ev.Latency), end: end, failed: failed, err: ev.Err})
+}
+
+func (l *faultCallLog) BreakerChanged(store.BreakerStatus) {}
+
+// all returns the calls so far, in the order they ended.
+func (l *faultCallLog) all() []faultCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]faultCall(nil), l.calls...)
+}
+
+func faultSortedKeys(m map[int]bool) []int {
+	out := make([]int, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// onMaster groups owners by whether the victim master serves their
+// partition: "dead" or "alive".
+func onMaster(masterOf []string, victim string, partitions int) func(identity.Owner) string {
+	return func(o identity.Owner) string {
+		if masterOf[o.Partition(partitions)] == victim {
+			return "dead"
+		}
+		return "alive"
+	}
+}
+
+// faultClusterClients returns n cluster clients configured against the
+// recommendations (no context deadlines, long timeouts, retries), with
+// go-redis's own periodic reload of the slot map left at its default
+// (60 s), as a careless gateway would configure them.
+func faultClusterClients(t *testing.T, addrs []string, n int) []redis.UniversalClient {
+	clients := make([]redis.UniversalClient, n)
+	for i := range clients {
+		c := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 addrs,
+			ContextTimeoutEnabled: false,
+			DialTimeout:           5 * time.Second,
+			ReadTimeout:           5 * time.Second,
+			WriteTimeout:          5 * time.Second,
+			MaxRetries:            3,
+		})
+		t.Cleanup(func() { _ = c.Close() })
+		clients[i] = c
+	}
+	return clients
 }

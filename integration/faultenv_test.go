@@ -194,44 +194,115 @@ func faultExecutable(p string) bool {
 	return err == nil && !fi.IsDir() && fi.Mode().Perm()&0o111 != 0
 }
 
-// startFaultCluster starts a 3-master cluster of the test's own (no
-// replicas, 1s node timeout, masters keep serving when a slot range is
-// lost) and waits until every node reports it healthy.
-func startFaultCluster(t testing.TB) []*faultServer {
+// faultClusterNodeTimeout is the fault clusters' cluster-node-timeout: a
+// dead master is flagged failed a little over it after its death, and its
+// replica, when it has one, takes over 0.5–1 s later.
+const faultClusterNodeTimeout = 1000 * time.Millisecond
+
+// startFaultCluster starts a cluster of the test's own, 3 masters with
+// replicas replicas each, and waits until every node reports it healthy
+// and every replica is in sync. A master's loss stops only its own slots
+// (cluster-require-full-coverage no); a replica takes over from a dead
+// master within about 3 s (faultClusterNodeTimeout).
+func startFaultCluster(t testing.TB, replicas int) []*faultServer {
 	t.Helper()
 	cli := faultCLI(t)
 	args := []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-		"--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no"}
-	nodes := make([]*faultServer, 3)
+		"--cluster-node-timeout", strconv.Itoa(int(faultClusterNodeTimeout.Milliseconds())),
+		"--cluster-require-full-coverage", "no", "--repl-diskless-sync-delay", "0"}
+	nodes := make([]*faultServer, 3*(1+replicas))
 	create := []string{"--cluster", "create"}
 	for i := range nodes {
 		nodes[i] = startFaultServer(t, true, args...)
 		create = append(create, nodes[i].Addr())
 	}
-	create = append(create, "--cluster-replicas", "0", "--cluster-yes")
+	create = append(create, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if out, err := exec.CommandContext(ctx, cli, create...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
+	known := fmt.Sprintf("cluster_known_nodes:%d", len(nodes))
 	for _, n := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: n.Addr()})
 		deadline := time.Now().Add(15 * time.Second)
 		for {
+			// Healthy: every slot served, every node known, and this
+			// node's view of the roles final (3 masters serving slots,
+			// replicas following them); a replica in sync.
 			info, err := c.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") &&
-				strings.Contains(info, "cluster_slots_ok:16384") && strings.Contains(info, "cluster_known_nodes:3") {
+			healthy := err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_slots_ok:16384") && strings.Contains(info, known)
+			var view []faultClusterNode
+			if healthy {
+				view, err = faultClusterNodes(context.Background(), n.Addr())
+				masters, following := 0, 0
+				for _, v := range view {
+					if v.Is("master") && v.Slots {
+						masters++
+					}
+					if v.Is("slave") && v.Master != "" {
+						following++
+					}
+					if v.Is("myself") && v.Is("slave") {
+						repl, err := c.Info(context.Background(), "replication").Result()
+						healthy = healthy && err == nil && strings.Contains(repl, "master_link_status:up")
+					}
+				}
+				healthy = healthy && err == nil && masters == 3 && following == 3*replicas
+			}
+			if healthy {
 				break
 			}
 			if time.Now().After(deadline) {
 				_ = c.Close()
-				t.Fatalf("cluster node %s not healthy within 15s: %v %q", n.Addr(), err, info)
+				t.Fatalf("cluster node %s not healthy within 15s: %v %q %+v", n.Addr(), err, info, view)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		_ = c.Close()
 	}
 	return nodes
+}
+
+// faultClusterNode is one line of CLUSTER NODES.
+type faultClusterNode struct {
+	ID, Addr, Master string // Master: the master's id for a replica
+	Flags            []string
+	Slots            bool // serves at least one slot
+}
+
+// Is reports whether the node has flag f (master, slave, fail, myself, ...).
+func (n faultClusterNode) Is(f string) bool {
+	for _, x := range n.Flags {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+// faultClusterNodes asks the node at addr for CLUSTER NODES, on a new
+// connection with a short timeout.
+func faultClusterNodes(ctx context.Context, addr string) ([]faultClusterNode, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 500 * time.Millisecond,
+		ReadTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	defer func() { _ = c.Close() }()
+	out, err := c.ClusterNodes(ctx).Result()
+	if err != nil {
+		return nil, err
+	}
+	var nodes []faultClusterNode
+	for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			return nil, fmt.Errorf("CLUSTER NODES line %q", line)
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		nodes = append(nodes, faultClusterNode{ID: f[0], Addr: addr, Flags: strings.Split(f[2], ","),
+			Master: strings.TrimPrefix(f[3], "-"), Slots: len(f) > 8})
+	}
+	return nodes, nil
 }
 
 // faultClientOptions configures a client against every recommendation for

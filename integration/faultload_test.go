@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/oracle"
 	"github.com/contstore/contstore/store"
 )
 
@@ -110,10 +112,11 @@ func faultAssertRecovered(t testing.TB, stores []*store.Store, observers []*faul
 }
 
 // faultItem is one conversation item as the client sends it, with the
-// digest of its canonical form.
+// identity the oracle compares: the digest of its canonical form, so that
+// an item resent in another encoding is the same item.
 type faultItem struct {
-	raw    json.RawMessage
-	digest uint64
+	raw json.RawMessage
+	id  string
 }
 
 // faultParser computes the digests of faultItem.
@@ -124,7 +127,24 @@ func newFaultItem(raw string) faultItem {
 	if err != nil || r.Len() != 1 {
 		panic(fmt.Sprintf("item %s: %v", raw, err))
 	}
-	return faultItem{raw: json.RawMessage(raw), digest: r.Prefix(1)}
+	return faultItem{raw: json.RawMessage(raw), id: strconv.FormatUint(r.Prefix(1), 16)}
+}
+
+// faultIDs returns the identities of items.
+func faultIDs(items []faultItem) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = it.id
+	}
+	return out
+}
+
+// faultDecide is the oracle's decision for input under model when the
+// owner's state holds the candidate id.
+func faultDecide(id string, c faultCandidate, model string, input []faultItem) oracle.Decision {
+	return oracle.Reserve(
+		oracle.Prior[string]{Live: true, Continuation: &oracle.Continuation[string]{ResponseID: id, Prompt: c.model, Transcript: faultIDs(c.items)}},
+		oracle.Request[string]{Prompt: model, Items: faultIDs(input)})
 }
 
 // faultCandidate is a response the owner's state may hold as its
@@ -471,10 +491,9 @@ func (l *faultLoad) turn(rng *rand.Rand, o *faultOwner) {
 	})
 }
 
-// check is the oracle: a continuation must name a response that was (or
-// may have been) published for this owner, for a transcript that is a
-// strict prefix of the new input under the same model, and its delta must
-// be exactly the new items.
+// check judges res: a continuation must name a response that was (or may
+// have been) published for this owner, the oracle must continue the input
+// from it, and the delta must be exactly the oracle's, byte for byte.
 func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *store.Reservation, start, end time.Time) {
 	var continued, ambiguous, failOpen, breakerOpen, missed bool
 	took := end.Sub(start)
@@ -496,7 +515,7 @@ func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *stor
 		breakerOpen = errors.Is(res.Err, store.ErrBreakerOpen)
 		if !errors.Is(res.Err, store.ErrUnavailable) || res.Turn != 0 || res.PreviousResponseID != "" ||
 			res.DeltaCount != len(input) {
-			l.violate(o, "fail-open reservation malformed: %+v", res)
+			l.violate(o, "fail-open reservation malformed: %s", faultDescribe(res))
 		}
 		// Whether the continuation was consumed is unknown: keep the
 		// candidates.
@@ -506,29 +525,30 @@ func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *stor
 		continued = true
 		c, ok := o.cands[res.PreviousResponseID]
 		ambiguous = ok && !c.definite
+		var want oracle.Decision
+		if ok {
+			want = faultDecide(res.PreviousResponseID, c, o.model, input)
+		}
 		switch {
 		case !ok:
 			l.violate(o, "continues from %q, which was never published for this owner (candidates %v)",
 				res.PreviousResponseID, faultCandNames(o.cands))
-		case c.model != o.model:
-			l.violate(o, "continues from %q recorded under model %q; the request uses %q",
-				res.PreviousResponseID, c.model, o.model)
-		case !faultPrefixOf(c.items, input):
-			l.violate(o, "continues from %q whose %d-item transcript is not a strict prefix of the %d-item input",
-				res.PreviousResponseID, len(c.items), len(input))
-		case !faultSameRaw(res.Delta, input[len(c.items):]) || res.DeltaCount != len(res.Delta):
-			l.violate(o, "continues from %q with delta %s (count %d), want %d new items",
-				res.PreviousResponseID, res.Delta, res.DeltaCount, len(input)-len(c.items))
+		case !want.Continues():
+			l.violate(o, "continues from %q (a %d-item transcript under model %q) for a %d-item input under model %q; the oracle says %s",
+				res.PreviousResponseID, len(c.items), c.model, len(input), o.model, want.Reason)
+		case !faultSameRaw(res.Delta, input[want.Prefix:]) || res.DeltaCount != want.DeltaCount:
+			l.violate(o, "continues from %q with %d delta items (count %d), want the %d items after the first %d",
+				res.PreviousResponseID, len(res.Delta), res.DeltaCount, want.DeltaCount, want.Prefix)
 		case res.Origin != c.origin:
 			l.violate(o, "continues from %q with origin %+v, recorded at %+v", res.PreviousResponseID, res.Origin, c.origin)
 		}
 		o.cands = nil
 	default:
 		if res.Reason == store.ReasonNone {
-			l.violate(o, "reservation neither continues nor says why: %+v", res)
+			l.violate(o, "reservation neither continues nor says why: %s", faultDescribe(res))
 		}
-		for _, c := range o.cands {
-			if c.definite && c.model == o.model && faultPrefixOf(c.items, input) {
+		for id, c := range o.cands {
+			if c.definite && faultDecide(id, c, o.model, input).Continues() {
 				missed = true // safe, but a continuation was lost
 			}
 		}
@@ -561,17 +581,10 @@ func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *stor
 	})
 }
 
-// faultPrefixOf reports whether p is a strict prefix of items, canonically.
-func faultPrefixOf(p, items []faultItem) bool {
-	if len(p) >= len(items) {
-		return false
-	}
-	for i := range p {
-		if p[i].digest != items[i].digest {
-			return false
-		}
-	}
-	return true
+// faultDescribe renders res without its request and items.
+func faultDescribe(res *store.Reservation) string {
+	return fmt.Sprintf("reason %q, turn %d, previous %q, %d delta items (count %d), origin %+v, err %v",
+		res.Reason, res.Turn, res.PreviousResponseID, len(res.Delta), res.DeltaCount, res.Origin, res.Err)
 }
 
 // faultSameRaw reports whether delta holds exactly the raw items.

@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/oracle"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
@@ -125,25 +128,29 @@ type linState struct {
 	Req      int
 }
 
+// linOracle holds each request of the family as the oracle reads it: its
+// prompt variant and one item per letter.
+var linOracle = func() []oracle.Request[string] {
+	out := make([]oracle.Request[string], len(linRequests))
+	for i, r := range linRequests {
+		out[i] = oracle.Request[string]{Prompt: r.prompt, Items: strings.Split(r.items, "")}
+	}
+	return out
+}()
+
 // linDecide is Reserve's decision for req from state s, turn aside.
 func linDecide(s linState, req int) linOutput {
-	r := linRequests[req]
-	full := linOutput{Delta: len(r.items)}
-	switch {
-	case !s.Exists:
-		full.Reason = store.ReasonMissingState
-	case !s.Cont:
-		full.Reason = store.ReasonSupersededTurn
-	case linRequests[s.Req].prompt != r.prompt:
-		full.Reason = store.ReasonPromptChanged
-	case !strings.HasPrefix(r.items, linRequests[s.Req].items):
-		full.Reason = store.ReasonNotAppendOnly
-	case r.items == linRequests[s.Req].items:
-		return linOutput{Reason: store.ReasonEmptyDelta, Delta: len(r.items)}
-	default:
-		return linOutput{Previous: s.Response, Origin: s.Origin, Delta: len(r.items) - len(linRequests[s.Req].items)}
+	prior := oracle.Prior[string]{Live: s.Exists}
+	if s.Cont {
+		rec := linOracle[s.Req]
+		prior.Continuation = &oracle.Continuation[string]{ResponseID: s.Response, Prompt: rec.Prompt, Transcript: rec.Items}
 	}
-	return full
+	d := oracle.Reserve(prior, linOracle[req])
+	out := linOutput{Reason: d.Reason, Previous: d.ResponseID, Delta: d.DeltaCount}
+	if d.Continues() {
+		out.Origin = s.Origin
+	}
+	return out
 }
 
 // linInspectOf is what Inspect reads in state s.
@@ -653,12 +660,37 @@ func linUniqueTurns(t *testing.T, history []porcupine.Operation) {
 // with a client of its own from newClient, and requires a linearizable
 // history.
 func linCheckStore(t *testing.T, newClient func(testing.TB) redis.UniversalClient, partitions int) {
+	linCheck(t, func(t testing.TB, _ *redistest.ReplyLoss) redis.UniversalClient { return newClient(t) }, partitions, 0)
+}
+
+// linCheck is linCheckStore with clients that lose the reply of a script
+// call after it ran, with probability loss, and send it again once
+// (MaxRetries 1, as the README recommends).
+func linCheck(t *testing.T, newClient func(testing.TB, *redistest.ReplyLoss) redis.UniversalClient, partitions int, loss float64) {
 	w := linWorkload{clients: 8, owners: 32, ops: 20_000}
 	ns := redistest.Namespace(t)
 	owners := linOwners(t, w.owners)
 	var targets []linTarget
+	var losses []*redistest.ReplyLoss
 	for _, replica := range []string{"replica-a", "replica-b"} {
-		c := newClient(t)
+		l := &redistest.ReplyLoss{}
+		if loss > 0 {
+			// The copy the client sends again keeps its reply: one retry
+			// is all the client has.
+			var mu sync.Mutex
+			lost := map[string]bool{}
+			l.Lose(math.MaxInt, func(cmd []byte) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				if !bytes.Contains(cmd, []byte("evalsha")) || lost[string(cmd)] || rand.Float64() >= loss {
+					return false
+				}
+				lost[string(cmd)] = true
+				return true
+			}, nil)
+		}
+		losses = append(losses, l)
+		c := newClient(t, l)
 		redistest.CleanupNamespace(t, c, ns)
 		targets = append(targets, newLinStore(t, c, store.Options{
 			Namespace:     ns,
@@ -679,6 +711,13 @@ func linCheckStore(t *testing.T, newClient func(testing.TB) redis.UniversalClien
 	checked := time.Since(start)
 	t.Logf("%d operations by %d clients on %d owners: run %v, check %v (%s)", len(history), w.clients, w.owners, ran.Round(time.Millisecond), checked.Round(time.Millisecond), res)
 	t.Logf("%s", linSummary(history))
+	if loss > 0 {
+		lost := losses[0].Lost() + losses[1].Lost()
+		t.Logf("%d replies lost after their script ran, each sent again", lost)
+		if lost == 0 {
+			t.Fatal("no reply was lost: the run shows nothing about retries")
+		}
+	}
 	switch res {
 	case porcupine.Ok:
 	case porcupine.Illegal:
@@ -698,6 +737,26 @@ func TestLinearizabilityStandalone(t *testing.T) {
 // the default partition count, against the model.
 func TestLinearizabilityCluster(t *testing.T) {
 	linCheckStore(t, cluster, 16)
+}
+
+// TestLinearizabilityUnderReplyLoss checks the standalone and the cluster
+// while 5% of script replies are lost after the script ran and the client
+// sends the script again: every re-sent script answers as its first run did.
+func TestLinearizabilityUnderReplyLoss(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) {
+		linCheck(t, func(t testing.TB, l *redistest.ReplyLoss) redis.UniversalClient {
+			c := redis.NewClient(&redis.Options{Addr: redistest.Standalone(t).Options().Addr, MaxRetries: 1, Dialer: l.Dial})
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}, 4, 0.05)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		linCheck(t, func(t testing.TB, l *redistest.ReplyLoss) redis.UniversalClient {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: redistest.Cluster(t).Options().Addrs, MaxRetries: 1, Dialer: l.Dial})
+			t.Cleanup(func() { _ = c.Close() })
+			return c
+		}, 16, 0.05)
+	})
 }
 
 // TestLinearizabilityCatchesNonAtomicStore runs the harness on linBroken,

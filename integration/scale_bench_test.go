@@ -3,14 +3,17 @@ package integration
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/storetest"
 )
@@ -42,55 +45,132 @@ func usedMemory(b *testing.B, c *redis.Client) int64 {
 }
 
 // BenchmarkMemoryPerOwner reports Redis used_memory per owner holding a
-// published continuation, at 100,000 owners over the default 16
-// partitions, on a private server. Run with -benchtime 1x.
+// published continuation, on a private server, at 100,000 owners over the
+// default 16 partitions with the default namespace (bytes/owner), and for
+// 20,000 owners with namespaces and owner ids from short to the longest
+// the store takes. Each reports the store's stored-bytes estimate too
+// (estimated-bytes/owner): MaxTotalBytes bounds that estimate, so it must
+// follow the real figure. Memory is read at rest, once the operation logs
+// of the turns have expired; bytes/owner-in-turn is read while they live.
+// Run with -benchtime 1x.
 func BenchmarkMemoryPerOwner(b *testing.B) {
-	const n = 100_000
-	owners := storetest.Owners(b, n)
-	for b.Loop() {
-		c := privateServer(b)
-		s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40})
-		require.NoError(b, err)
-		turn := storetest.NewTurn(b, s, 32)
-		before := usedMemory(b, c)
-		fill(b, s, owners, turn)
-		after := usedMemory(b, c)
-		st, err := s.Stats(context.Background())
-		require.NoError(b, err)
-		require.Equal(b, int64(n), st.Total.Published)
-		b.ReportMetric(float64(after-before)/n, "bytes/owner")
-		b.ReportMetric(float64(st.Total.StoredBytes)/n, "estimated-bytes/owner")
+	cases := []struct {
+		name      string
+		owners    int
+		namespace string
+		idBytes   int // 0: the benchmark's own short ids
+	}{
+		{"owners=100000", 100_000, "", 0},
+		{"ns=1/id=short", 20_000, "c", 0},
+		{"ns=64/id=short", 20_000, strings.Repeat("n", 64), 0},
+		{"ns=1/id=256", 20_000, "c", 256},
+		{"ns=64/id=256", 20_000, strings.Repeat("n", 64), 256},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			owners := storetest.Owners(b, c.owners)
+			if c.idBytes > 0 {
+				for i := range owners {
+					id := fmt.Sprintf("%d-", i)
+					o, err := identity.Main(id + strings.Repeat("x", c.idBytes-len(id)))
+					require.NoError(b, err)
+					owners[i] = o
+				}
+			}
+			for b.Loop() {
+				memoryPerOwner(b, c.namespace, owners)
+			}
+		})
 	}
 }
 
-// BenchmarkRecordServerTimeAtScale reports the server time per record
-// script call (usec_per_call) with 10,000 and 1,000,000 owners in one
-// partition, to show the cost does not grow with the number of owners. Run
-// with -benchtime 1x.
-func BenchmarkRecordServerTimeAtScale(b *testing.B) {
-	const calls = 20_000
+func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner) {
+	ctx := context.Background()
+	n := int64(len(owners))
+	c := privateServer(b)
+	s, err := store.NewRedis(c, store.Options{Namespace: ns, MaxOwners: 2 * len(owners), MaxTotalBytes: 1 << 40, OpTimeout: time.Second})
+	require.NoError(b, err)
+	turn := storetest.NewTurn(b, s, 32)
+	before := usedMemory(b, c)
+	fill(b, s, owners, turn)
+	inTurn := usedMemory(b, c)
+	st, err := s.Stats(ctx)
+	require.NoError(b, err)
+	require.Equal(b, n, st.Total.Published)
+	// Wait for the logs to expire (OpTimeout 1s keeps them 10s), then
+	// SCAN, which frees the expired keys Redis has not sampled yet: left
+	// are the states, 2 keys a partition and the namespace's meta.
+	time.Sleep(11 * time.Second)
+	require.NoError(b, rediskeys.Scan(ctx, c, "*", func([]string) error { return nil }))
+	require.Equal(b, n+2*16+1, c.DBSize(ctx).Val())
+	after := usedMemory(b, c)
+	b.ReportMetric(float64(after-before)/float64(n), "bytes/owner")
+	b.ReportMetric(float64(inTurn-before)/float64(n), "bytes/owner-in-turn")
+	b.ReportMetric(float64(st.Total.StoredBytes)/float64(n), "estimated-bytes/owner")
+}
+
+// BenchmarkTurnServerTime reports the server's own time per script call
+// (INFO commandstats usec_per_call of EVALSHA, after CONFIG RESETSTAT) for
+// reserve and for record, with 10,000 and 1,000,000 owners holding a
+// continuation over the default 16 partitions, on a private redis-server
+// pinned to the last CPU. Each phase takes every owner once, up to 20,000,
+// from 8 clients: every reserve consumes a continuation and continues,
+// every record publishes, nothing is evicted. A script that does nothing,
+// run the same way, gives the floor. Run it on the other CPU with
+// -benchtime 1x (see BENCHMARKS.md).
+func BenchmarkTurnServerTime(b *testing.B) {
 	ctx := context.Background()
 	for _, n := range []int{10_000, 1_000_000} {
 		b.Run(fmt.Sprintf("owners=%d", n), func(b *testing.B) {
 			owners := storetest.Owners(b, n)
+			calls := min(n, 20_000)
 			for b.Loop() {
-				c := privateServer(b)
-				s, err := store.NewRedis(c, store.Options{Partitions: 1, MaxOwners: 2 * n, MaxTotalBytes: 1 << 40})
+				c := pinnedServer(b, runtime.NumCPU()-1)
+				s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40, OpTimeout: 5 * time.Second})
 				require.NoError(b, err)
 				turn := storetest.NewTurn(b, s, 32)
 				fill(b, s, owners, turn)
 				reservations := make([]*store.Reservation, calls)
-				for i := range reservations {
-					reservations[i] = s.Reserve(ctx, owners[(i*7919)%n], turn.Next)
+				phase := func(op func(i int)) float64 {
+					require.NoError(b, c.ConfigResetStat(ctx).Err())
+					parallelFor(calls, 8, op)
+					all := commandStats(b, c)
+					st := all["evalsha"]
+					require.Equal(b, int64(calls), st.calls)
+					if testing.Verbose() {
+						for name, cs := range all {
+							b.Logf("%s: %d calls, %.2f us/call, %.2f us per script", name, cs.calls, cs.usecPerCall, float64(cs.calls)*cs.usecPerCall/float64(calls))
+						}
+					}
+					return st.usecPerCall
 				}
-				require.NoError(b, c.ConfigResetStat(ctx).Err())
-				parallelFor(calls, 8, func(i int) {
-					_, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{ID: 1}})
-					if err != nil {
+				reserve := phase(func(i int) {
+					reservations[i] = s.Reserve(ctx, owners[i*(n/calls)], turn.Next)
+					if !reservations[i].Continues() {
+						b.Errorf("owner %d: %s %v", i, reservations[i].Reason, reservations[i].Err)
+					}
+				})
+				record := phase(func(i int) {
+					out, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
+					if err != nil || out != store.OutcomePublished {
+						b.Errorf("owner %d: %s %v", i, out, err)
+					}
+				})
+				// The floor on the same server: a script that does nothing.
+				noop := redis.NewScript("return 1")
+				require.NoError(b, noop.Load(ctx, c).Err())
+				floor := phase(func(int) {
+					if err := noop.EvalSha(ctx, c, nil).Err(); err != nil {
 						b.Error(err)
 					}
 				})
-				b.ReportMetric(commandStats(b, c)["evalsha"].usecPerCall, "server-us/record")
+				st, err := s.Stats(ctx)
+				require.NoError(b, err)
+				require.Zero(b, st.Total.Evictions.Total())
+				b.ReportMetric(floor, "server-us/noop-script")
+				b.ReportMetric(reserve, "server-us/reserve")
+				b.ReportMetric(record, "server-us/record")
+				b.ReportMetric(reserve+record, "server-us/turn")
 			}
 		})
 	}

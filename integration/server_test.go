@@ -19,7 +19,13 @@ import (
 // privateServer starts a redis-server of this test's own (no persistence,
 // loopback, a free port) for measurements that other tests' traffic would
 // disturb, and stops it when the test ends.
-func privateServer(t testing.TB) *redis.Client {
+func privateServer(t testing.TB) *redis.Client { return startPrivateServer(t, -1) }
+
+// pinnedServer is privateServer on CPU cpu alone (taskset), for server-time
+// measurements: run the benchmark itself on the other CPUs.
+func pinnedServer(t testing.TB, cpu int) *redis.Client { return startPrivateServer(t, cpu) }
+
+func startPrivateServer(t testing.TB, cpu int) *redis.Client {
 	t.Helper()
 	bin := redistest.ServerBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -29,9 +35,17 @@ func privateServer(t testing.TB) *redis.Client {
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	dir := t.TempDir()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	args := []string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--logfile", filepath.Join(dir, "redis.log"))
+		"--logfile", filepath.Join(dir, "redis.log")}
+	if cpu >= 0 {
+		taskset, err := exec.LookPath("taskset")
+		if err != nil {
+			t.Fatalf("pinning redis-server to CPU %d: %v", cpu, err)
+		}
+		args = append([]string{taskset, "-c", strconv.Itoa(cpu)}, args...)
+	}
+	cmd := exec.Command(args[0], args[1:]...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
 	}

@@ -16,8 +16,13 @@ import (
 	"github.com/contstore/contstore/internal/redistest"
 )
 
-// These tests check the test environment itself: that the servers started
-// by scripts/redis-env.sh have the shape the other tests rely on.
+// TestClusterScriptCrossSlotRefused checks the test environment itself,
+// which no other test does: the cluster started by scripts/redis-env.sh
+// refuses a script whose keys lie in different slots, so the cluster tests
+// would catch a key layout that splits one operation's keys. The servers'
+// shape is checked by the tests that rely on it (TestSaveDurableWaitsForReplicas:
+// the replicated server has a replica and the standalone one none;
+// TestDefaultPartitionsLandOnEveryMaster: the cluster has three masters).
 
 func testContext(t *testing.T) context.Context {
 	t.Helper()
@@ -26,124 +31,11 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
-// infoField returns the value of field in the output of INFO or CLUSTER INFO.
-func infoField(t *testing.T, info, field string) string {
-	t.Helper()
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return v
-		}
-	}
-	t.Fatalf("field %q not found in:\n%s", field, info)
-	return ""
-}
-
 const setBothScript = `
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
 return redis.call('MGET', KEYS[1], KEYS[2])
 `
-
-func TestStandalonePingAndScript(t *testing.T) {
-	c := redistest.Standalone(t)
-	ns := redistest.Namespace(t)
-	redistest.CleanupNamespace(t, c, ns)
-	ctx := testContext(t)
-
-	require.Equal(t, "PONG", c.Ping(ctx).Val())
-
-	incr := redis.NewScript(`return redis.call('INCRBY', KEYS[1], ARGV[1])`)
-	key := ns + ":counter"
-	n, err := incr.Run(ctx, c, []string{key}, 5).Int64()
-	require.NoError(t, err)
-	assert.Equal(t, int64(5), n)
-	n, err = incr.Run(ctx, c, []string{key}, 2).Int64()
-	require.NoError(t, err)
-	assert.Equal(t, int64(7), n)
-}
-
-func TestStandaloneWithoutReplicaWaitReturnsZero(t *testing.T) {
-	c := redistest.Standalone(t)
-	ns := redistest.Namespace(t)
-	redistest.CleanupNamespace(t, c, ns)
-	ctx := testContext(t)
-
-	info, err := c.Info(ctx, "replication").Result()
-	require.NoError(t, err)
-	assert.Equal(t, "master", infoField(t, info, "role"))
-	assert.Equal(t, "0", infoField(t, info, "connected_slaves"))
-
-	require.NoError(t, c.Set(ctx, ns+":k", "v", 0).Err())
-	acked, err := c.Wait(ctx, 1, 100*time.Millisecond).Result()
-	require.NoError(t, err)
-	assert.Equal(t, int64(0), acked)
-}
-
-func TestReplicatedWaitReturnsOne(t *testing.T) {
-	c := redistest.Replicated(t)
-	ns := redistest.Namespace(t)
-	redistest.CleanupNamespace(t, c, ns)
-	ctx := testContext(t)
-
-	info, err := c.Info(ctx, "replication").Result()
-	require.NoError(t, err)
-	assert.Equal(t, "master", infoField(t, info, "role"))
-	replicas, err := strconv.Atoi(infoField(t, info, "connected_slaves"))
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, replicas, 1)
-
-	require.NoError(t, c.Set(ctx, ns+":k", "v", 0).Err())
-	acked, err := c.Wait(ctx, 1, time.Second).Result()
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), acked)
-}
-
-func TestClusterTopology(t *testing.T) {
-	c := redistest.Cluster(t)
-	ctx := testContext(t)
-
-	var (
-		mu      sync.Mutex
-		masters = map[string]string{} // node address -> CLUSTER INFO
-	)
-	err := c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
-		info, err := n.ClusterInfo(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("%s: %w", n.Options().Addr, err)
-		}
-		mu.Lock()
-		masters[n.Options().Addr] = info
-		mu.Unlock()
-		return nil
-	})
-	require.NoError(t, err)
-	require.Len(t, masters, 3, "masters: %v", masters)
-	for addr, info := range masters {
-		assert.Equal(t, "ok", infoField(t, info, "cluster_state"), addr)
-		assert.Equal(t, "16384", infoField(t, info, "cluster_slots_ok"), addr)
-		assert.Equal(t, "3", infoField(t, info, "cluster_known_nodes"), addr)
-		assert.Equal(t, "3", infoField(t, info, "cluster_size"), addr)
-	}
-}
-
-func TestClusterScriptSameHashTag(t *testing.T) {
-	c := redistest.Cluster(t)
-	ns := redistest.Namespace(t)
-	redistest.CleanupNamespace(t, c, ns)
-	ctx := testContext(t)
-
-	tag := "{" + ns + ":1}"
-	keys := []string{ns + ":" + tag + ":a", ns + ":" + tag + ":b"}
-	s0, err := c.ClusterKeySlot(ctx, keys[0]).Result()
-	require.NoError(t, err)
-	s1, err := c.ClusterKeySlot(ctx, keys[1]).Result()
-	require.NoError(t, err)
-	require.Equal(t, s0, s1, "keys sharing a hash tag must share a slot")
-
-	res, err := redis.NewScript(setBothScript).Run(ctx, c, keys, "x", "y").StringSlice()
-	require.NoError(t, err)
-	assert.Equal(t, []string{"x", "y"}, res)
-}
 
 func TestClusterScriptCrossSlotRefused(t *testing.T) {
 	c := redistest.Cluster(t)

@@ -1,19 +1,33 @@
 -- abort.lua: remove an owner's state if a turn is still its current one.
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
--- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part       hash  the partition's sequence and accounting
--- ARGV[1]  the aborting turn token, decimal string
+-- A re-sent abort that removed the state answers 1 again (oplog.lua).
+--
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
+-- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
+-- ARGV[2]  idle TTL of an owner's state, milliseconds
+-- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
+-- ARGV[4]  how long the answer stays, milliseconds
+-- ARGV[5]  the aborting turn's sequence number, decimal
 --
 -- Reply: integer
 --   1  the turn was current: the owner's state is removed
---   0  it was not (stale turn, or no state): nothing changed
+--   0  it was not (stale turn, or no live state): nothing changed
 
-if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
+if answered(KEYS[4]) then
+  return 1
+end
+local t = redis.call('HGET', KEYS[1], 't')
+if not t or math.abs(tonumber(t)) ~= tonumber(ARGV[5]) then
   return 0
 end
-local a = open_partition(KEYS[3])
-redis.call('DEL', KEYS[1])
-forget(a, KEYS[2], KEYS[1])
-close_partition(a)
+local old = redis.call('ZSCORE', KEYS[2], ARGV[3])
+if old then old = tonumber(old) end
+if old and old < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0) then
+  return 0
+end
+remove(old)
+remember(KEYS[4], 'A', ARGV[4])
 return 1

@@ -1,15 +1,32 @@
 -- clear.lua: remove an owner's state whatever its turn.
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
--- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part       hash  the partition's sequence and accounting
+-- A re-sent clear that removed the state answers 1 again and leaves a turn
+-- reserved after its first run alone (oplog.lua).
+--
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
+-- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
+-- ARGV[2]  idle TTL of an owner's state, milliseconds
+-- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
+-- ARGV[4]  how long the answer stays, milliseconds
 --
 -- Reply: integer
 --   1  the owner had live state and it is removed
---   0  it had none
+--   0  it had none (an idle state is removed all the same, with no answer
+--      stored: a copy that runs again answers 0 as well)
 
-local a = open_partition(KEYS[3])
-local n = redis.call('DEL', KEYS[1])
-forget(a, KEYS[2], KEYS[1])
-close_partition(a)
-return n
+if answered(KEYS[4]) then
+  return 1
+end
+local old = redis.call('ZSCORE', KEYS[2], ARGV[3])
+if old then old = tonumber(old) end
+local live = redis.call('EXISTS', KEYS[1]) == 1
+  and not (old and old < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0))
+remove(old)
+if not live then
+  return 0
+end
+remember(KEYS[4], 'C', ARGV[4])
+return 1

@@ -1,16 +1,24 @@
 -- inspect.lua: read an owner's state and its LRU entry without changing
 -- anything.
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
+-- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
+-- ARGV[2]  idle TTL of an owner's state, milliseconds
+-- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
 --
 -- Reply: array
 --   empty when the owner has no live state, else
 --   [1] the owner's LRU score (string, lru.lua), or nil when it has none
---   [2] the state hash as HGETALL returns it: field, value, field, value…
+--   [2] the current turn t (reserve.lua: negative once it published)
+--   [3] the last published continuation c, or nil
 
-local fields = redis.call('HGETALL', KEYS[1])
-if #fields == 0 then
+local st = redis.call('HMGET', KEYS[1], 't', 'c')
+if not st[1] then
   return {}
 end
-return {redis.call('ZSCORE', KEYS[2], KEYS[1]), fields}
+local score = redis.call('ZSCORE', KEYS[2], ARGV[3])
+if score and tonumber(score) < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0) then
+  return {}
+end
+return {score, st[1], st[2]}

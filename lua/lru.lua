@@ -1,21 +1,23 @@
--- lru.lua: the accounting and eviction shared by the scripts that change an
--- owner. It is prepended to reserve.lua, record.lua, abort.lua, clear.lua and
--- prune.lua when they are loaded; it defines functions only.
+-- lru.lua: the clock, accounting and eviction shared by the scripts that
+-- change or read an owner. It is prepended to reserve.lua, record.lua,
+-- abort.lua, clear.lua, inspect.lua and prune.lua; it defines functions
+-- only.
 --
--- Each partition has a sorted set (the LRU) whose members are the names of
--- its owners' state hashes and whose scores pack three numbers:
+-- Each partition has a sorted set (the LRU) whose members are its owners'
+-- keys (the state key without the partition's prefix) and whose scores pack
+-- three numbers:
 --
 --   score = (touched_ms - 1735689600000) * 8192 + published * 4096 + size
 --
--- touched_ms is the server time of the last touch, published is 1 when the
+-- touched_ms is when the state was last touched, published is 1 when the
 -- state holds a continuation, size is the state's stored-bytes estimate
--- (clamped below 4096). Scores stay below 2^53 until 2059. Ordering by score is
--- ordering by last touch. An entry whose touch is older than the TTL names a
--- key Redis has already expired: the score still tells the bytes and the
--- continuation to give back.
+-- (clamped below 4096). Scores stay below 2^53 until 2059. Ordering by score
+-- is ordering by last touch. A state whose touch is older than the TTL is
+-- gone, whether or not Redis has expired its key yet: the score still tells
+-- the bytes and the continuation to give back.
 --
 -- The partition's hash holds:
---   seq        the partition's turn sequence (reserve.lua)
+--   seq        the partition's turn clock (reserve.lua)
 --   bytes      sum of the sizes of the LRU's entries
 --   published  number of the LRU's entries with published = 1
 --   ev:ttl, ev:owners, ev:bytes  evictions by cause, since the namespace began
@@ -24,13 +26,12 @@ local SCORE_EPOCH_MS = 1735689600000
 local TIME_UNIT = 8192
 local PUBLISHED = 4096
 
-local function now_ms()
+-- clock returns the time in milliseconds: arg when the store passes one
+-- (not "0"), else the server's.
+local function clock(arg)
+  if arg ~= '0' then return tonumber(arg) end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local function fmt(n)
-  return string.format('%.0f', n)
+  return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
 local function pack_score(ms, published, size)
@@ -38,113 +39,83 @@ local function pack_score(ms, published, size)
   return (ms - SCORE_EPOCH_MS) * TIME_UNIT + published * PUBLISHED + size
 end
 
--- unpack_score returns published (0 or 1) and size.
+-- unpack_score returns a score's size and published (0 or 1).
 local function unpack_score(score)
   local low = score % TIME_UNIT
-  if low >= PUBLISHED then
-    return 1, low - PUBLISHED
-  end
-  return 0, low
+  if low >= PUBLISHED then return low - PUBLISHED, 1 end
+  return low, 0
 end
 
--- The partition's hash of one call: read once, changed in Lua, written
--- once. Evictions are rare, so their counters are incremented apart.
-local function open_partition(part_key)
-  local v = redis.call('HMGET', part_key, 'seq', 'bytes', 'published')
-  return {key = part_key, seq = tonumber(v[1] or '0'), bytes = tonumber(v[2] or '0'),
-    published = tonumber(v[3] or '0'), changed = false,
-    evicted = {ttl = 0, owners = 0, bytes = 0}}
+-- settle adds a change of stored bytes and of published states to the
+-- partition's counters and returns its stored bytes when it read them.
+local function settle(part, bytes, published)
+  local total
+  if bytes ~= 0 then total = redis.call('HINCRBY', part, 'bytes', bytes) end
+  if published ~= 0 then redis.call('HINCRBY', part, 'published', published) end
+  return total
 end
 
--- close_partition writes back what changed and returns the number of
--- evictions this call made.
-local function close_partition(a)
-  if a.changed then
-    redis.call('HSET', a.key, 'seq', fmt(a.seq), 'bytes', fmt(a.bytes), 'published', fmt(a.published))
-  end
-  return a.evicted.ttl + a.evicted.owners + a.evicted.bytes
-end
-
--- count_eviction counts one eviction by cause ('ttl', 'owners', 'bytes').
-local function count_eviction(a, cause)
-  redis.call('HINCRBY', a.key, 'ev:' .. cause, 1)
-  a.evicted[cause] = a.evicted[cause] + 1
-end
-
-local function add_entry(a, score)
-  local published, size = unpack_score(score)
-  a.bytes = a.bytes + size
-  a.published = a.published + published
-  a.changed = true
-end
-
-local function drop_entry(a, score)
-  local published, size = unpack_score(score)
-  a.bytes = a.bytes - size
-  a.published = a.published - published
-  a.changed = true
-end
-
--- forget removes key's LRU entry, if any, from the LRU and the accounting,
--- and returns its score (nil when there was none).
-local function forget(a, lru_key, key)
-  local score = redis.call('ZSCORE', lru_key, key)
-  if not score then return nil end
-  score = tonumber(score)
-  redis.call('ZREM', lru_key, key)
-  drop_entry(a, score)
-  return score
-end
-
--- touch records key in the LRU as touched now, replacing its entry if it
--- has one, and returns the previous entry's score (nil when none).
-local function touch(a, lru_key, key, ms, published, size)
-  local old = redis.call('ZSCORE', lru_key, key)
-  if old then
-    old = tonumber(old)
-    drop_entry(a, old)
-  end
-  local score = pack_score(ms, published, size)
-  redis.call('ZADD', lru_key, fmt(score), key)
-  add_entry(a, score)
-  return old
-end
-
-local function evict(a, lru_key, key, score)
-  redis.call('DEL', key)
-  redis.call('ZREM', lru_key, key)
-  drop_entry(a, score)
-end
-
--- prune evicts, at most budget entries in all: first those idle longer than
--- ttl_ms, then the least recently touched while the partition holds more
--- than max_owners entries or more than max_bytes bytes. It never evicts
--- keep (the owner being written; false for none).
-local function prune(a, lru_key, keep, ms, ttl_ms, max_owners, max_bytes, budget)
-  local done = 0
-  local limit = pack_score(ms - ttl_ms, 0, 0)
-  local idle = redis.call('ZRANGEBYSCORE', lru_key, '-inf', '(' .. fmt(limit),
-    'WITHSCORES', 'LIMIT', 0, budget)
-  for i = 1, #idle, 2 do
-    if idle[i] ~= keep then
-      evict(a, lru_key, idle[i], tonumber(idle[i + 1]))
-      count_eviction(a, 'ttl')
-      done = done + 1
-    end
-  end
-  local count = redis.call('ZCARD', lru_key)
-  while done < budget and (count > max_owners or a.bytes > max_bytes) do
-    local oldest = redis.call('ZRANGE', lru_key, 0, 1, 'WITHSCORES')
+-- prune evicts, at most budget entries: the least recently touched while it
+-- is idle (touched before idle_score) or the partition holds more than
+-- max_owners entries or more than max_bytes bytes. It never evicts keep (an
+-- LRU member; false for none). count is the LRU's size when the call grew
+-- it (nil: the owner limit is not checked), bytes the partition's stored
+-- bytes when the call grew them (nil: the byte limit is not checked). State
+-- keys are prefix followed by the member. It returns the number of
+-- evictions and their counts by cause.
+local function prune(lru, part, prefix, keep, idle_score, max_owners, max_bytes, budget, count, bytes)
+  local ttl, owners, over, freed, unpublished = 0, 0, 0, 0, 0
+  while ttl + owners + over < budget do
+    local oldest = redis.call('ZRANGE', lru, 0, 1, 'WITHSCORES')
     local victim, score = oldest[1], oldest[2]
     if victim == keep then victim, score = oldest[3], oldest[4] end
     if not victim then break end
-    evict(a, lru_key, victim, tonumber(score))
-    if count > max_owners then
-      count_eviction(a, 'owners')
+    score = tonumber(score)
+    if score < idle_score then
+      ttl = ttl + 1
+    elseif count and count > max_owners then
+      owners = owners + 1
+    elseif bytes and bytes - freed > max_bytes then
+      over = over + 1
     else
-      count_eviction(a, 'bytes')
+      break
     end
-    count = count - 1
-    done = done + 1
+    redis.call('DEL', prefix .. victim)
+    redis.call('ZREM', lru, victim)
+    local size, published = unpack_score(score)
+    freed = freed + size
+    unpublished = unpublished + published
+    if count then count = count - 1 end
+  end
+  if freed > 0 then redis.call('HINCRBY', part, 'bytes', -freed) end
+  if unpublished > 0 then redis.call('HINCRBY', part, 'published', -unpublished) end
+  if ttl > 0 then redis.call('HINCRBY', part, 'ev:ttl', ttl) end
+  if owners > 0 then redis.call('HINCRBY', part, 'ev:owners', owners) end
+  if over > 0 then redis.call('HINCRBY', part, 'ev:bytes', over) end
+  return ttl + owners + over, {ttl, owners, over}
+end
+
+-- touch files member in the LRU at score in place of its entry old (a
+-- score, or nil for none). It returns the change of the partition's stored
+-- bytes and published count, and the LRU's size when the entry is new.
+local function touch(lru, member, old, score)
+  redis.call('ZADD', lru, score, member)
+  local bytes, published = unpack_score(score)
+  if not old then
+    return bytes, published, redis.call('ZCARD', lru)
+  end
+  local b, p = unpack_score(old)
+  return bytes - b, published - p, nil
+end
+
+-- remove deletes an owner's state KEYS[1] and takes its LRU entry old (a
+-- score, or nil for none) out of the LRU KEYS[2] (member ARGV[3]) and the
+-- accounting KEYS[3], for abort.lua and clear.lua.
+local function remove(old)
+  redis.call('DEL', KEYS[1])
+  if old then
+    redis.call('ZREM', KEYS[2], ARGV[3])
+    local size, published = unpack_score(old)
+    settle(KEYS[3], -size, -published)
   end
 end

@@ -11,7 +11,10 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
+	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -29,7 +32,7 @@ type Script struct {
 	Keys, Args int
 	Variadic   bool
 	// Source is the script as sent to Redis: the file, after the shared
-	// functions of lru.lua when it uses them.
+	// functions (oplog.lua, lru.lua) it uses.
 	Source string
 	// File is the script file's own text, header first.
 	File string
@@ -39,15 +42,15 @@ type Script struct {
 
 // The store's scripts.
 var (
-	Reserve = load("reserve", "lru")
-	Record  = load("record", "lru")
-	Abort   = load("abort", "lru")
-	Clear   = load("clear", "lru")
-	Inspect = load("inspect")
+	Reserve = load("reserve", "oplog", "lru")
+	Record  = load("record", "oplog", "lru")
+	Abort   = load("abort", "oplog", "lru")
+	Clear   = load("clear", "oplog", "lru")
+	Inspect = load("inspect", "lru")
 	Prune   = load("prune", "lru")
 	Schema  = load("schema")
 
-	SessionSave = load("session_save")
+	SessionSave = load("session_save", "oplog")
 	SessionLoad = load("session_load")
 )
 
@@ -104,6 +107,21 @@ func count(re *regexp.Regexp, src string) int {
 		n++
 	}
 	return n
+}
+
+// NewOpID returns a random operation id for a script that changes state
+// (oplog.lua): 12 lowercase hex digits, which name the key of its answer. A
+// client that re-sends the script re-sends the key, and the script answers
+// the repeat from it.
+func NewOpID() string {
+	return strconv.FormatUint(rand.Uint64()>>16|1<<48, 16)[1:]
+}
+
+// AnswerTTL is how long a script's answer stays (oplog.lua) for a caller
+// whose operations time out after opTimeout: long past any re-send of the
+// script, at least 10 seconds.
+func AnswerTTL(opTimeout time.Duration) time.Duration {
+	return max(10*time.Second, 10*opTimeout)
 }
 
 // Hash returns the script's SHA1, as EVALSHA names it.

@@ -2,16 +2,19 @@
 -- partition is over its limits (lru.lua), for a maintenance sweep.
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:lru   zset  the partition's LRU (lru.lua)
--- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's sequence and accounting
--- ARGV[1]  idle TTL of an owner's state, milliseconds
--- ARGV[2]  the partition's owner limit
--- ARGV[3]  the partition's stored-bytes limit
--- ARGV[4]  most evictions this call may make
+-- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's clock and accounting
+-- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
+-- ARGV[2]  idle TTL of an owner's state, milliseconds
+-- ARGV[3]  the partition's prefix of owner state keys: "<ns>:{<ns>:<pp>}:o:"
+-- ARGV[4]  the partition's owner limit
+-- ARGV[5]  the partition's stored-bytes limit
+-- ARGV[6]  most evictions this call may make
 --
 -- Reply: array of integers: evictions by cause {ttl, owners, bytes}. A total
--- equal to ARGV[4] means more may remain.
+-- equal to ARGV[6] means more may remain.
 
-local a = open_partition(KEYS[2])
-prune(a, KEYS[1], false, now_ms(), tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]))
-close_partition(a)
-return {a.evicted.ttl, a.evicted.owners, a.evicted.bytes}
+local _, n = prune(KEYS[1], KEYS[2], ARGV[3], false,
+  pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0),
+  tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
+  redis.call('ZCARD', KEYS[1]), tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0'))
+return n

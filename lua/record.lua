@@ -1,49 +1,60 @@
 -- record.lua: publish a turn's response as the owner's continuation.
 --
--- Publishes only when the owner's state still exists and its current turn is
--- the one recording; otherwise changes nothing. Publishing touches the owner
--- in the LRU and evicts (lru.lua) while the partition is over its limits.
+-- Publishes only when the owner's state is live and its current turn is
+-- the one recording (published already or not: a second record of the turn
+-- replaces its continuation); otherwise changes nothing. Publishing touches the owner
+-- in the LRU and evicts (lru.lua) while the partition is over its limits. A
+-- re-sent record that published answers "published" again (oplog.lua).
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
--- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part       hash  the partition's sequence and accounting
--- ARGV[1]  the recording turn token, decimal string
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
+-- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  response id
--- ARGV[4]  origin replica id
--- ARGV[5]  origin socket id, decimal string
--- ARGV[6]  transcript item count (input + output)
--- ARGV[7]  transcript digest, decimal int64
--- ARGV[8]  prompt signature, decimal int64
--- ARGV[9]  transcript canonical bytes
--- ARGV[10] stored-bytes estimate of the published state (below 4096)
--- ARGV[11] the partition's owner limit
--- ARGV[12] the partition's stored-bytes limit
--- ARGV[13] most evictions this call may make
+-- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
+-- ARGV[4]  how long the answer stays, milliseconds
+-- ARGV[5]  the recording turn's sequence number, decimal
+-- ARGV[6]  the continuation (opaque bytes)
+-- ARGV[7]  stored-bytes estimate of the state without its continuation
+-- ARGV[8]  the partition's owner limit
+-- ARGV[9]  the partition's stored-bytes limit
+-- ARGV[10] most evictions this call may make
 --
 -- Reply: array
 --   [1] status string:
 --       "published"  the continuation is stored and the TTL refreshed
 --       "stale"      the owner's current turn is another turn: nothing changed
---       "gone"       the owner has no state (expired, evicted, cleared)
+--       "gone"       the owner has no live state (expired, evicted, cleared)
 --   [2] number of owners this call evicted
 
-local cur = redis.call('HGET', KEYS[1], 't')
-if not cur then
+if answered(KEYS[4]) then
+  return {'published', 0}
+end
+local t = redis.call('HGET', KEYS[1], 't')
+if not t then
   return {'gone', 0}
 end
-if cur ~= ARGV[1] then
+local ms = clock(ARGV[1])
+local member = ARGV[3]
+local old = redis.call('ZSCORE', KEYS[2], member)
+if old then old = tonumber(old) end
+local idle = pack_score(ms - tonumber(ARGV[2]), 0, 0)
+if old and old < idle then
+  return {'gone', 0}
+end
+if t ~= ARGV[5] and t ~= '-' .. ARGV[5] then
   return {'stale', 0}
 end
 
-local ms = now_ms()
-local a = open_partition(KEYS[3])
-redis.call('HSET', KEYS[1],
-  'r', ARGV[3], 's', ARGV[4], 'i', ARGV[5],
-  'n', ARGV[6], 'd', ARGV[7], 'g', ARGV[8], 'b', ARGV[9])
--- The reservation's retry answer (reserve.lua) is no longer needed.
-redis.call('HDEL', KEYS[1], 'q', 'x', 'pr', 'ps', 'pi', 'pn', 'pd', 'pg', 'pb')
+redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-touch(a, KEYS[2], KEYS[1], ms, 1, tonumber(ARGV[10]))
-prune(a, KEYS[2], KEYS[1], ms, tonumber(ARGV[2]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]))
-return {'published', close_partition(a)}
+remember(KEYS[4], 'P', ARGV[4])
+local db, dp, count = touch(KEYS[2], member, old, pack_score(ms, 1, tonumber(ARGV[7]) + #ARGV[6]))
+local bytes = settle(KEYS[3], db, dp)
+local evicted = 0
+if count or db > 0 then
+  evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member, idle,
+    tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), count, bytes)
+end
+return {'published', evicted}

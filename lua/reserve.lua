@@ -1,92 +1,99 @@
 -- reserve.lua: reserve a new turn for one owner, consuming its continuation.
 --
--- Atomically: read the owner's published continuation (if any), draw a turn
--- token from the partition's hybrid clock, replace the owner's state with a
--- fresh one that holds only the new turn, touch it in the LRU, and evict
--- (lru.lua) while the partition is over its limits. The caller decides
--- whether to continue from the continuation returned; nothing stays
--- published.
+-- Atomically: read the owner's state, draw the turn's sequence number from
+-- the partition's clock, make the new turn the owner's current one (which
+-- consumes the published continuation: nothing stays published), touch the
+-- owner in the LRU, and evict (lru.lua) while the partition is over its
+-- limits. The caller decides whether to continue from the continuation
+-- returned.
 --
--- Turn token = seq * partitions + partition, where seq is the largest of
---   the partition's sequence + 1,
---   the server clock in ticks of 1/8 ms since 2025-01-01T00:00:00Z,
---   the owner's current turn's seq + 1,
--- so tokens keep increasing per owner even when the sequence is lost.
--- Every number stays below 2^53.
+-- The sequence number is the largest of
+--   the partition's last sequence number + 1,
+--   the server clock in microseconds since 2025-01-01T00:00:00Z,
+--   the owner's current sequence number + 1.
+-- One reserve takes longer than a microsecond of server time, so the
+-- sequence does not run ahead of the clock, and numbers drawn after Redis
+-- lost the partition's data are still larger than those drawn before. The
+-- store makes the turn token seq * partitions + partition (a 64-bit number).
 --
--- A client may send the same call twice (go-redis retries a command whose
--- reply timed out). The fresh state keeps the call's nonce and its answer
--- until the turn records, so a second run with the same nonce returns the
--- first run's answer instead of consuming the owner's state again.
+-- The state's t is the current turn's sequence number, negated once that
+-- turn published: the state then holds a continuation, c. Reserving sets t
+-- only (positive) and leaves c in place. The answer a re-sent reserve gives
+-- (oplog.lua) is "<seq>:<existed><consumed>" followed by the consumed
+-- continuation.
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state
--- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part       hash  the partition's sequence and accounting
--- ARGV[1]  idle TTL of an owner's state, milliseconds
--- ARGV[2]  partition count of the namespace
--- ARGV[3]  this owner's partition, 0-based
--- ARGV[4]  stored-bytes estimate of the fresh state (below 4096)
--- ARGV[5]  the partition's owner limit
--- ARGV[6]  the partition's stored-bytes limit
--- ARGV[7]  most evictions this call may make
--- ARGV[8]  the call's nonce (hex string)
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c
+-- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
+-- ARGV[2]  idle TTL of an owner's state, milliseconds
+-- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
+-- ARGV[4]  how long the answer stays, milliseconds
+-- ARGV[5]  stored-bytes estimate of the state without its continuation
+-- ARGV[6]  the partition's owner limit
+-- ARGV[7]  the partition's stored-bytes limit
+-- ARGV[8]  most evictions this call may make
 --
 -- Reply: array
---   [1] the new turn token, decimal string
+--   [1] the new turn's sequence number (integer)
 --   [2] 1 when the owner had live state before this call, else 0
 --   [3] number of owners this call evicted
---   [4] response id of the consumed continuation, or nil when none
---   [5] origin replica id          [6] origin socket id (decimal string)
---   [7] transcript item count      [8] transcript digest (decimal int64)
---   [9] prompt signature (decimal int64)
---   [10] transcript canonical bytes
--- Errors: "ERR turn overflow" when the token would reach 2^53.
+--   [4] the consumed continuation (opaque bytes), or nil when none
 
-local EPOCH_S = 1735689600
-local TICKS_PER_MS = 8
+local done = answered(KEYS[4])
+if done then
+  local colon = string.find(done, ':', 1, true)
+  local c = nil
+  if string.sub(done, colon + 2, colon + 2) == '1' then c = string.sub(done, colon + 3) end
+  return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, c}
+end
+local st = redis.call('HMGET', KEYS[1], 't', 'c')
 
 local t = redis.call('TIME')
-local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ticks = (tonumber(t[1]) - EPOCH_S) * 1000 * TICKS_PER_MS
-  + math.floor(tonumber(t[2]) * TICKS_PER_MS / 1000)
+local ms = tonumber(ARGV[1])
+if ms == 0 then ms = t[1] * 1000 + math.floor(t[2] / 1000) end
+local ttl = tonumber(ARGV[2])
+local member = ARGV[3]
+local old = redis.call('ZSCORE', KEYS[2], member)
+if old then old = tonumber(old) end
+local idle = pack_score(ms - ttl, 0, 0)
+local t_old = st[1] and tonumber(st[1])
+local live = t_old and not (old and old < idle)
 
-local old = redis.call('HMGET', KEYS[1], 't', 'r', 's', 'i', 'n', 'd', 'g', 'b',
-  'q', 'x', 'pr', 'ps', 'pi', 'pn', 'pd', 'pg', 'pb')
-if old[9] == ARGV[8] then
-  -- A repeated call: answer as the first run did.
-  return {old[1], tonumber(old[10]), 0, old[11], old[12], old[13], old[14], old[15], old[16], old[17]}
-end
-local parts = tonumber(ARGV[2])
-local a = open_partition(KEYS[3])
+local part = redis.call('HMGET', KEYS[3], 'seq', 'bytes', 'published')
+local seq = tonumber(part[1] or '0') + 1
+local us = (t[1] - 1735689600) * 1000000 + t[2]
+if us > seq then seq = us end
+if t_old and math.abs(t_old) + 1 > seq then seq = math.abs(t_old) + 1 end
+local seq_s = string.format('%.0f', seq)
 
-local seq = a.seq + 1
-if ticks > seq then seq = ticks end
-if old[1] then
-  local owner_next = math.floor(tonumber(old[1]) / parts) + 1
-  if owner_next > seq then seq = owner_next end
+local existed, consumed, c = 0, 0, nil
+local size = tonumber(ARGV[5])
+if live then
+  existed = 1
+  if t_old < 0 then consumed, c = 1, st[2] end
+  if st[2] then size = size + #st[2] end
+elseif st[2] then
+  redis.call('HDEL', KEYS[1], 'c')
 end
-local turn = seq * parts + tonumber(ARGV[3])
-if turn >= 9007199254740992 then
-  return redis.error_reply('ERR turn overflow')
-end
-local turn_s = fmt(turn)
-a.seq = seq
-a.changed = true
+redis.call('HSET', KEYS[1], 't', seq_s)
+redis.call('PEXPIRE', KEYS[1], ttl)
+remember(KEYS[4], seq_s .. ':' .. existed .. consumed .. (c or ''), ARGV[4])
 
-local existed = 0
-if old[1] then existed = 1 end
-redis.call('DEL', KEYS[1])
-if old[2] then
-  redis.call('HSET', KEYS[1], 't', turn_s, 'q', ARGV[8], 'x', existed,
-    'pr', old[2], 'ps', old[3], 'pi', old[4], 'pn', old[5], 'pd', old[6], 'pg', old[7], 'pb', old[8])
-else
-  redis.call('HSET', KEYS[1], 't', turn_s, 'q', ARGV[8], 'x', existed)
+local db, dp, count = touch(KEYS[2], member, old, pack_score(ms, 0, size))
+local bytes = tonumber(part[2] or '0') + db
+redis.call('HSET', KEYS[3], 'seq', seq_s, 'bytes', bytes, 'published', tonumber(part[3] or '0') + dp)
+local evicted = 0
+if old and not live then
+  -- idle: it had expired before anything pruned it, and others may have
+  redis.call('HINCRBY', KEYS[3], 'ev:ttl', 1)
+  evicted = 1
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-if touch(a, KEYS[2], KEYS[1], ms, 0, tonumber(ARGV[4])) and not old[1] then
-  count_eviction(a, 'ttl') -- it had expired before anything pruned it
+if count or db > 0 or evicted > 0 then
+  if db <= 0 then bytes = nil end
+  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member, idle,
+    tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
 end
-prune(a, KEYS[2], KEYS[1], ms, tonumber(ARGV[1]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
-local evicted = close_partition(a)
 
-return {turn_s, existed, evicted, old[2], old[3], old[4], old[5], old[6], old[7], old[8]}
+return {seq, existed, evicted, c}

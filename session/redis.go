@@ -16,6 +16,7 @@ import (
 //
 //	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count)
 //	<ns>:{<ns>:<id>}:log   list  journal messages, oldest first
+//	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy (lua/oplog.lua)
 type redisStore struct {
 	client redis.UniversalClient
 	opts   StoreOptions
@@ -35,9 +36,14 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 	return Observed(&redisStore{client: client, opts: opts}, opts.Observer), nil
 }
 
-func (r *redisStore) keys(id string) []string {
+// keys returns a session's head and log keys, and, when op is not empty,
+// the key of that save's answer (lua/oplog.lua).
+func (r *redisStore) keys(id, op string) []string {
 	tag := r.opts.Namespace + ":{" + r.opts.Namespace + ":" + id + "}:"
-	return []string{tag + "head", tag + "log"}
+	if op == "" {
+		return []string{tag + "head", tag + "log"}
+	}
+	return []string{tag + "head", tag + "log", tag + "q:" + op}
 }
 
 // saveArgs returns the script arguments publishing s.
@@ -48,7 +54,7 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return append(args, doc, 0), nil
+		return append(args, doc, 0, r.answerTTL()), nil
 	}
 	header := *s
 	header.Messages = nil
@@ -62,7 +68,7 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 		args[1] = "append"
 		from = s.saved.count
 	}
-	args = append(args, doc, len(s.Messages))
+	args = append(args, doc, len(s.Messages), r.answerTTL())
 	for _, m := range s.Messages[from:] {
 		b, err := compactMessage(m)
 		if err != nil {
@@ -73,17 +79,21 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 	return args, nil
 }
 
+// answerTTL is how long a save's answer stays, in milliseconds.
+func (r *redisStore) answerTTL() int64 { return lua.AnswerTTL(r.opts.OpTimeout).Milliseconds() }
+
 // save runs the save script on c and returns the new version.
 func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) error {
 	if err := validSession(s); err != nil {
 		return err
 	}
+	keys := r.keys(s.ID, lua.NewOpID()) // a refused append wrote nothing: its rewrite may reuse the key
 	for _, rewrite := range []bool{false, true} {
 		args, err := r.saveArgs(s, rewrite)
 		if err != nil {
 			return err
 		}
-		reply, err := lua.SessionSave.Run(ctx, c, r.keys(s.ID), args...).StringSlice()
+		reply, err := lua.SessionSave.Run(ctx, c, keys, args...).StringSlice()
 		if err != nil {
 			return fmt.Errorf("%w: save %q: %w", ErrUnavailable, s.ID, err)
 		}
@@ -128,7 +138,7 @@ func (r *redisStore) SaveDurable(ctx context.Context, s *Session) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout+r.opts.DurableTimeout)
 	defer cancel()
-	node, err := r.master(ctx, r.keys(s.ID)[0])
+	node, err := r.master(ctx, r.keys(s.ID, "")[0])
 	if err != nil {
 		return fmt.Errorf("%w: save %q: %w", ErrUnavailable, s.ID, err)
 	}
@@ -166,7 +176,7 @@ func (r *redisStore) Load(ctx context.Context, id string) (*Session, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout)
 	defer cancel()
-	reply, err := lua.SessionLoad.Run(ctx, r.client, r.keys(id)).Slice()
+	reply, err := lua.SessionLoad.Run(ctx, r.client, r.keys(id, "")).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("%w: load %q: %w", ErrUnavailable, id, err)
 	}
@@ -232,7 +242,7 @@ func (r *redisStore) Delete(ctx context.Context, id string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout)
 	defer cancel()
-	if err := r.client.Del(ctx, r.keys(id)...).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := r.client.Del(ctx, r.keys(id, "")...).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("%w: delete %q: %w", ErrUnavailable, id, err)
 	}
 	return nil

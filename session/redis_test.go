@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/lua"
 	"github.com/contstore/contstore/session"
 )
 
@@ -110,4 +111,45 @@ func TestStoreOptionsAreValidated(t *testing.T) {
 	}
 	_, err := session.NewRedisStore(nil, session.StoreOptions{})
 	assert.ErrorIs(t, err, session.ErrInvalid)
+}
+
+// A save whose reply is lost after it wrote, re-sent by the client after
+// another writer saved on top, answers the version it wrote instead of a
+// conflict: a writer that reloaded and applied its change again would apply
+// it twice.
+func TestLostSaveReplyAnswersTheVersionWritten(t *testing.T) {
+	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
+		t.Run(fmt.Sprint(mode), func(t *testing.T) {
+			mr, plain := redistest.Miniredis(t)
+			for _, s := range lua.All() {
+				require.NoError(t, plain.ScriptLoad(ctx, s.Source).Err())
+			}
+			loss := &redistest.ReplyLoss{}
+			lossy := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: 1, Dialer: loss.Dial})
+			t.Cleanup(func() { _ = lossy.Close() })
+			opts := session.StoreOptions{Namespace: "lost", Mode: mode}
+			a, err := session.NewRedisStore(lossy, opts)
+			require.NoError(t, err)
+			b, err := session.NewRedisStore(plain, opts)
+			require.NoError(t, err)
+
+			s := session.New("m", "", "")
+			s.Messages = append(s.Messages, json.RawMessage(`{"role":"user","content":"one"}`))
+			require.NoError(t, a.Save(ctx, s))
+			s.Messages = append(s.Messages, json.RawMessage(`{"role":"user","content":"two"}`))
+			loss.Lose(1, redistest.Containing(lua.SessionSave.Hash()), func() {
+				other, err := b.Load(ctx, s.ID)
+				require.NoError(t, err)
+				other.Messages = append(other.Messages, json.RawMessage(`{"role":"user","content":"three"}`))
+				require.NoError(t, b.Save(ctx, other))
+			})
+			require.NoError(t, a.Save(ctx, s), "the re-sent save answers as its first run did")
+			require.Equal(t, int64(1), loss.Lost())
+			assert.Equal(t, uint64(2), s.Version)
+			got, err := b.Load(ctx, s.ID)
+			require.NoError(t, err)
+			assert.Equal(t, uint64(3), got.Version, "the other writer's save stands")
+			assert.Len(t, got.Messages, 3)
+		})
+	}
 }

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -102,7 +104,7 @@ func (m *memory) audit(context.Context) (Audit, error) {
 	defer m.mu.Unlock()
 	var a Audit
 	now := m.opts.Now()
-	keys := keyspace{ns: m.opts.Namespace}
+	keys := newKeyspace(m.opts.Namespace, m.opts.Partitions)
 	// Named as in Redis, so that a state filed under the wrong partition
 	// shows.
 	keyOf := func(o identity.Owner) string { return keys.owner(o.Partition(m.opts.Partitions), o) }
@@ -136,9 +138,9 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 			}
 			node = n
 		}
-		var live []string
-		err := rediskeys.Scan(ctx, node, rediskeys.EscapeGlob(r.keys.partitionKey(p, "o:"))+"*", func(keys []string) error {
-			live = append(live, keys...)
+		var found []string
+		err := rediskeys.Scan(ctx, node, rediskeys.EscapeGlob(r.keys.ownerPrefix(p))+"*", func(keys []string) error {
+			found = append(found, keys...)
 			return nil
 		})
 		if err != nil {
@@ -153,28 +155,60 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 			return Audit{}, err
 		}
 		entries := make([]auditEntry, len(zs))
-		pipe := node.Pipeline()
-		fields := make([]*redis.SliceCmd, len(zs))
 		for i, z := range zs {
-			key, _ := z.Member.(string)
-			entries[i] = auditEntry{key: key, score: score(z.Score)}
-			fields[i] = pipe.HMGet(ctx, key, "t", "r")
+			member, _ := z.Member.(string)
+			entries[i] = auditEntry{key: r.keys.ownerPrefix(p) + member, score: score(z.Score)}
 		}
-		if len(zs) > 0 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				return Audit{}, err
+		// Read every state the LRU names or the scan found.
+		keys := append(slices.Clone(found), make([]string, 0, len(entries))...)
+		for _, e := range entries {
+			keys = append(keys, e.key)
+		}
+		fields, err := readTurns(ctx, node, keys)
+		if err != nil {
+			return Audit{}, err
+		}
+		var live []string
+		for i, k := range found {
+			if fields[i].live {
+				live = append(live, k)
 			}
 		}
 		for i := range entries {
-			v := fields[i].Val()
-			entries[i].live = len(v) == 2 && v[0] != nil
-			entries[i].hasContinuer = len(v) == 2 && v[1] != nil
+			f := fields[len(found)+i]
+			entries[i].live, entries[i].hasContinuer = f.live, f.published
 		}
 		r.opts.checkPartition(&a, p, entries, live, parseCount(acct, 0), parseCount(acct, 1), func(o identity.Owner) string {
-			return r.keys.owner(p, o)
+			return r.keys.owner(o.Partition(r.opts.Partitions), o)
 		})
 	}
 	return a, nil
+}
+
+// turnFields says whether a key holds a live state and whether that state
+// is published.
+type turnFields struct{ live, published bool }
+
+// readTurns reads the turn fields of keys in one pipeline.
+func readTurns(ctx context.Context, node redis.Cmdable, keys []string) ([]turnFields, error) {
+	out := make([]turnFields, len(keys))
+	if len(keys) == 0 {
+		return out, nil
+	}
+	pipe := node.Pipeline()
+	cmds := make([]*redis.StringCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.HGet(ctx, k, "t")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, err
+	}
+	for i, c := range cmds {
+		t, err := c.Result()
+		out[i].live = err == nil
+		out[i].published = err == nil && strings.HasPrefix(t, "-") // lua/reserve.lua
+	}
+	return out, nil
 }
 
 func parseCount(v []any, i int) int64 {

@@ -224,9 +224,10 @@ func (b *breaker) snapshot() BreakerStatus {
 
 // call runs fn against partition p of the backend through that
 // partition's breaker (no breaker when p < 0), and returns within OpTimeout
-// whatever fn does: on Redis, fn runs on its own goroutine, so a client that
-// ignores context deadlines (go-redis without ContextTimeoutEnabled) or
-// retries cannot hold the caller; the goroutine finishes in the background.
+// whatever fn does: unless the backend returns by its context's deadline
+// (in process; go-redis with ContextTimeoutEnabled), fn runs on its own
+// goroutine, so a client that ignores context deadlines or retries cannot
+// hold the caller; the goroutine finishes in the background.
 func call[T any](ctx context.Context, s *Store, p int, fn func(context.Context) (T, error)) (T, error) {
 	var zero T
 	b := s.breakers.of(p)

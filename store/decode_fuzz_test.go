@@ -86,7 +86,7 @@ func FuzzDecodeInspect(f *testing.F) {
 		if s != "" {
 			reply = fuzzReply(s)
 		}
-		st, err := decodeInspect(reply)
+		st, err := decodeInspect(reply, 4, 1)
 		if err != nil {
 			return
 		}

@@ -1,7 +1,7 @@
 package store
 
 import (
-	"fmt"
+	"strconv"
 
 	"github.com/contstore/contstore/identity"
 )
@@ -10,34 +10,61 @@ import (
 // All keys of a partition share the hash tag "{<ns>:<pp>}", so each script
 // touches one Cluster slot.
 //
-//	<ns>:{<ns>}:meta                hash    schema version and partition count
+//	<ns>:{<ns>}:meta                hash    schema version, partition count, fingerprint profile and key
 //	<ns>:{<ns>:<pp>}:o:<owner key>  hash    one owner's state
-//	<ns>:{<ns>:<pp>}:lru            zset    owner state keys by last touch
-//	<ns>:{<ns>:<pp>}:part           hash    turn sequence, stored bytes, continuations, evictions
+//	<ns>:{<ns>:<pp>}:q:<owner key>:<op>  string  the answer of one operation that changed the owner, for seconds
+//	<ns>:{<ns>:<pp>}:lru            zset    owner keys by last touch
+//	<ns>:{<ns>:<pp>}:part           hash    turn clock, stored bytes, continuations, evictions
 //
-// <pp> is the partition number in decimal, at least two digits.
+// <pp> is the partition number in decimal, at least two digits. The LRU's
+// members are owner keys: a state's key is its partition's owner prefix
+// followed by the member.
 type keyspace struct {
-	ns string
+	ns    string
+	parts []partitionKeys // by partition, built once
+}
+
+// partitionKeys are the key names of one partition.
+type partitionKeys struct {
+	prefix, answers, lru, part string
+}
+
+func newKeyspace(ns string, partitions int) keyspace {
+	k := keyspace{ns: ns, parts: make([]partitionKeys, partitions)}
+	for p := range k.parts {
+		base := ns + ":" + k.tag(p) + ":"
+		k.parts[p] = partitionKeys{prefix: base + "o:", answers: base + "q:", lru: base + "lru", part: base + "part"}
+	}
+	return k
 }
 
 // tag returns the hash tag of partition p.
-func (k keyspace) tag(p int) string { return fmt.Sprintf("{%s:%02d}", k.ns, p) }
-
-func (k keyspace) partitionKey(p int, kind string) string {
-	return k.ns + ":" + k.tag(p) + ":" + kind
+func (k keyspace) tag(p int) string {
+	pp := strconv.Itoa(p)
+	if p < 10 {
+		pp = "0" + pp
+	}
+	return "{" + k.ns + ":" + pp + "}"
 }
 
+// ownerPrefix returns the prefix of partition p's owner state keys.
+func (k keyspace) ownerPrefix(p int) string { return k.parts[p].prefix }
+
 // owner returns the key of an owner's state hash in its partition p.
-func (k keyspace) owner(p int, o identity.Owner) string {
-	return k.partitionKey(p, "o:"+o.Key())
+func (k keyspace) owner(p int, o identity.Owner) string { return k.parts[p].prefix + o.Key() }
+
+// answer returns the key of the answer of operation op of owner o in its
+// partition p (lua/oplog.lua).
+func (k keyspace) answer(p int, o identity.Owner, op string) string {
+	return k.parts[p].answers + o.Key() + ":" + op
 }
 
 // lru returns the key of partition p's LRU.
-func (k keyspace) lru(p int) string { return k.partitionKey(p, "lru") }
+func (k keyspace) lru(p int) string { return k.parts[p].lru }
 
-// part returns the key of partition p's hash: its turn sequence and
+// part returns the key of partition p's hash: its turn clock and
 // accounting.
-func (k keyspace) part(p int) string { return k.partitionKey(p, "part") }
+func (k keyspace) part(p int) string { return k.parts[p].part }
 
 // meta returns the key of the namespace's schema hash.
 func (k keyspace) meta() string { return k.ns + ":{" + k.ns + "}:meta" }

@@ -10,7 +10,7 @@ import (
 
 // Key names are the Redis schema: these must never change silently.
 func TestKeyNames(t *testing.T) {
-	k := keyspace{ns: "cont"}
+	k := newKeyspace("cont", 1024)
 	owner, _ := identity.Agent("s:1", "a")
 	for _, c := range []struct{ got, want string }{
 		{k.tag(7), "{cont:07}"},

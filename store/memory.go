@@ -49,7 +49,8 @@ type memOwner struct {
 	owner identity.Owner
 	key   string // owner.Key(), the LRU's tie-breaker as in Redis
 	turn  Turn
-	cont  *continuation
+	cont  *continuation // the published continuation; nil once consumed
+	kept  int64         // encoded bytes of the last continuation, which Redis keeps until the next publish
 	score score
 	index int // position in the LRU heap
 }
@@ -86,9 +87,13 @@ func (p *memPartition) remove(st *memOwner) {
 }
 
 // touch (re)inserts st with a new score, replacing the owner's previous
-// state if any.
-func (p *memPartition) touch(st *memOwner, sc score) {
+// state if any, and says what pruning must check, as lua/lru.lua's touch
+// does: the owner limit when the owner is new to the LRU, the byte limit
+// when the stored bytes grew.
+func (p *memPartition) touch(st *memOwner, sc score) (limits pruneChecks) {
+	limits = pruneChecks{owners: true, bytes: sc.size() > 0}
 	if old := p.owners[st.owner]; old != nil {
+		limits = pruneChecks{bytes: sc.size() > old.score.size()}
 		p.remove(old)
 	}
 	st.score = sc
@@ -98,59 +103,68 @@ func (p *memPartition) touch(st *memOwner, sc score) {
 	if sc.published() {
 		p.published++
 	}
+	return limits
 }
 
+// pruneChecks says which limits pruning checks besides idleness; when none
+// and the write found no idle state of its own, it does not prune.
+type pruneChecks struct{ owners, bytes, idle bool }
+
 // pruneOne evicts from p as lua/lru.lua does, never keep, and returns what
-// it evicted. keep was touched at now, so it is never idle.
-func (m *memory) pruneOne(p *memPartition, keep *memOwner, now time.Time) Evictions {
+// it evicted: the least recently touched while it is idle or over a limit
+// that check names.
+func (m *memory) pruneOne(p *memPartition, keep *memOwner, now time.Time, check pruneChecks) Evictions {
 	var ev Evictions
-	done := 0
-	for done < evictionBudget && len(p.lru) > 0 && m.expired(p.lru[0], now) {
-		p.remove(p.lru[0])
-		ev.TTL++
-		done++
-	}
-	for done < evictionBudget && (len(p.owners) > m.opts.partitionOwners() || p.bytes > m.opts.partitionBytes()) {
+	for ev.Total() < evictionBudget && (check.owners || check.bytes || check.idle) {
 		victim := p.lru.oldestExcept(keep)
 		if victim == nil {
 			break
 		}
-		if len(p.owners) > m.opts.partitionOwners() {
+		switch {
+		case m.expired(victim, now):
+			ev.TTL++
+		case check.owners && len(p.owners) > m.opts.partitionOwners():
 			ev.Owners++
-		} else {
+		case check.bytes && p.bytes > m.opts.partitionBytes():
 			ev.Bytes++
+		default:
+			p.evictions.add(ev)
+			return ev
 		}
 		p.remove(victim)
-		done++
 	}
 	p.evictions.add(ev)
 	return ev
 }
 
-func (m *memory) reserve(_ context.Context, owner identity.Owner, size int64, _ uint64) (reserved, error) {
+func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.opts.Now()
-	p := m.partition(owner)
+	part := owner.Partition(m.opts.Partitions)
+	p := &m.parts[part]
 	var got reserved
-	var ownerTurn Turn
-	if st := p.owners[owner]; st != nil {
-		if m.expired(st, now) {
+	var ownerSeq uint64
+	st := &memOwner{owner: owner, key: owner.Key()}
+	if old := p.owners[owner]; old != nil {
+		ownerSeq, _ = seqOf(old.turn, m.opts.Partitions, part)
+		if m.expired(old, now) {
 			p.evictions.TTL++
 			got.Evicted++
 		} else {
-			got.Existed, got.Prev, ownerTurn = true, st.cont, st.turn
+			got.Existed, got.Prev, st.kept = true, old.cont, old.kept
 		}
 	}
-	p.seq = nextSeq(p.seq, now, ownerTurn, m.opts.Partitions)
-	got.Turn = Turn(p.seq*uint64(m.opts.Partitions) + uint64(owner.Partition(m.opts.Partitions)))
-	st := &memOwner{owner: owner, key: owner.Key(), turn: got.Turn}
-	p.touch(st, packScore(now, false, size))
-	got.Evicted += int(m.pruneOne(p, st, now).Total())
+	p.seq = nextSeq(p.seq, now, ownerSeq)
+	got.Turn = turnOf(p.seq, m.opts.Partitions, part)
+	st.turn = got.Turn
+	check := p.touch(st, packScore(now, false, stateBytes(m.opts, part, owner)+st.kept))
+	check.idle = got.Evicted > 0
+	got.Evicted += int(m.pruneOne(p, st, now, check).Total())
 	return got, nil
 }
 
-func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (published, error) {
+func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.opts.Now()
@@ -161,9 +175,10 @@ func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c c
 	case st.turn != turn:
 		return published{Outcome: OutcomeStale}, nil
 	}
-	st.cont = &c
-	p.touch(st, packScore(now, true, size))
-	return published{Outcome: OutcomePublished, Evicted: int(m.pruneOne(p, st, now).Total())}, nil
+	st.cont, st.kept = &c, int64(len(encodeContinuation(c)))
+	part := owner.Partition(m.opts.Partitions)
+	check := p.touch(st, packScore(now, true, stateBytes(m.opts, part, owner)+st.kept))
+	return published{Outcome: OutcomePublished, Evicted: int(m.pruneOne(p, st, now, check).Total())}, nil
 }
 
 func (m *memory) abort(_ context.Context, owner identity.Owner, turn Turn) (bool, error) {
@@ -218,7 +233,7 @@ func (st *memOwner) state() State {
 func (m *memory) prune(_ context.Context, partition int) (Evictions, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.pruneOne(&m.parts[partition], nil, m.opts.Now()), nil
+	return m.pruneOne(&m.parts[partition], nil, m.opts.Now(), pruneChecks{owners: true, bytes: true, idle: true}), nil
 }
 
 func (m *memory) stats(context.Context) ([]PartitionStats, error) {

@@ -66,8 +66,9 @@ type Options struct {
 	// OpTimeout bounds each operation. Default 200ms.
 	OpTimeout time.Duration
 	// Now is the clock of the in-process backend and of the circuit
-	// breaker. Default time.Now. The Redis backend's state always uses the
-	// server's clock.
+	// breaker. Default time.Now. The Redis backend's idle TTL and LRU use
+	// the server's clock unless Now is set (tests set it to move time);
+	// its turn tokens always use the server's clock.
 	Now func() time.Time
 	// BreakerFailures is how many consecutive failed operations open the
 	// circuit breaker; while open, operations fail at once (Reserve fails
@@ -77,7 +78,9 @@ type Options struct {
 	// probe operation through. Default 1s.
 	BreakerCooldown time.Duration
 	// Observer, when set, sees every operation and breaker change.
-	Observer Observer
+	Observer   Observer
+	clockGiven bool // Now was set: the Redis scripts take the time from it
+
 	// Profile says which differences between requests do not change a
 	// conversation (package fingerprint). Default fingerprint.V2(). It is
 	// fixed for a namespace.
@@ -103,6 +106,8 @@ func (o Options) withDefaults() (Options, error) {
 	setDefault(&o.BreakerCooldown, DefaultBreakerCooldown)
 	if o.Now == nil {
 		o.Now = time.Now
+	} else {
+		o.clockGiven = true
 	}
 	if o.Replica == "" {
 		o.Replica = randomReplica()

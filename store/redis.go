@@ -33,8 +33,9 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
 	}
-	return newStore(opts, false, func(o Options) (backend, error) {
-		r := &redisBackend{client: client, opts: o, keys: keyspace{ns: o.Namespace}}
+	return newStore(opts, honoursDeadlines(client), func(o Options) (backend, error) {
+		r := &redisBackend{client: client, opts: o, keys: newKeyspace(o.Namespace, o.Partitions),
+			refresh: newClusterRefresher(client), newOpID: lua.NewOpID}
 		r.fp.Store(o.newParser())
 		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
 		defer cancel()
@@ -49,6 +50,21 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 		}
 		return r, nil
 	})
+}
+
+// honoursDeadlines reports whether client ends every command at its
+// context's deadline (ContextTimeoutEnabled: reads, writes, the pool wait and
+// retry backoff all watch the context). The store then calls it on the
+// caller's goroutine; otherwise each call runs on a goroutine of its own, so
+// that OpTimeout bounds it whatever the client does.
+func honoursDeadlines(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // How often a store checks its namespace's schema again, and how soon it
@@ -66,6 +82,12 @@ type redisBackend struct {
 	// fp parses under the namespace's key once a schema check has read it;
 	// before that, under the key this store proposes.
 	fp atomic.Pointer[fingerprint.Parser]
+	// refresh reloads a cluster client's slot map after errors that say
+	// it may be stale (nil for a client of one server).
+	refresh *clusterRefresher
+	// newOpID draws the operation id of a script that changes state
+	// (lua/oplog.lua).
+	newOpID func() string
 }
 
 func (r *redisBackend) parser() *fingerprint.Parser { return r.fp.Load() }
@@ -147,13 +169,48 @@ func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []strin
 		cmd.SetErr(err)
 		return cmd
 	}
-	return script.Run(ctx, r.client, keys, args...)
+	cmd := script.Run(ctx, r.client, keys, args...)
+	r.refresh.observe(cmd.Err())
+	return cmd
 }
 
-// ownerKeys returns an owner's partition, state key, LRU and accounting keys.
-func (r *redisBackend) ownerKeys(owner identity.Owner) (p int, state, lru, part string) {
-	p = owner.Partition(r.opts.Partitions)
-	return p, r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)
+// ownerKeys returns an owner's partition and the keys of its scripts: state,
+// LRU, accounting and, for a script that changes state, the key of a fresh
+// operation's answer (lua/oplog.lua). A client that re-sends the script
+// re-sends the key with it.
+func (r *redisBackend) ownerKeys(owner identity.Owner, changes bool) (int, []string) {
+	p := owner.Partition(r.opts.Partitions)
+	keys := []string{r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)}
+	if changes {
+		keys = append(keys, r.keys.answer(p, owner, r.newOpID()))
+	}
+	return p, keys
+}
+
+// clock returns the scripts' "now" argument: the store's clock when
+// Options.Now was given, else "0" for the server's.
+func (r *redisBackend) clock() string {
+	if !r.opts.clockGiven {
+		return "0"
+	}
+	return strconv.FormatInt(r.opts.Now().UnixMilli(), 10)
+}
+
+// head returns the arguments every owner script starts with: now, idle TTL
+// and the owner's LRU member, then, for a script that changes state, how
+// long its answer stays (lua/oplog.lua).
+func (r *redisBackend) head(owner identity.Owner, changes bool) []any {
+	if !changes {
+		return []any{r.clock(), r.opts.TTL.Milliseconds(), owner.Key()}
+	}
+	return []any{r.clock(), r.opts.TTL.Milliseconds(), owner.Key(), lua.AnswerTTL(r.opts.OpTimeout).Milliseconds()}
+}
+
+// seqArg returns turn's sequence number as the scripts compare it: "0",
+// which no state holds, for a token of another partition.
+func (r *redisBackend) seqArg(turn Turn, p int) string {
+	seq, _ := seqOf(turn, r.opts.Partitions, p)
+	return strconv.FormatUint(seq, 10)
 }
 
 // limits returns the trailing arguments of the scripts that prune.
@@ -161,26 +218,22 @@ func (r *redisBackend) limits() []any {
 	return []any{r.opts.partitionOwners(), r.opts.partitionBytes(), evictionBudget}
 }
 
-func (r *redisBackend) ttlMillis() int64 { return r.opts.TTL.Milliseconds() }
-
-func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner, size int64, nonce uint64) (reserved, error) {
-	p, state, lru, part := r.ownerKeys(owner)
-	args := append([]any{r.ttlMillis(), r.opts.Partitions, p, size}, r.limits()...)
-	args = append(args, strconv.FormatUint(nonce, 16))
-	reply, err := r.run(ctx, lua.Reserve, []string{state, lru, part}, args...).Slice()
+func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
+	p, keys := r.ownerKeys(owner, true)
+	args := append(r.head(owner, true), stateBytes(r.opts, p, owner))
+	reply, err := r.run(ctx, lua.Reserve, keys, append(args, r.limits()...)...).Slice()
 	if err != nil {
 		return reserved{}, err
 	}
-	return decodeReserve(reply)
+	got, err := decodeReserve(reply)
+	got.Turn = turnOf(got.seq, r.opts.Partitions, p)
+	return got, err
 }
 
-func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation, size int64) (published, error) {
-	_, state, lru, part := r.ownerKeys(owner)
-	args := append([]any{turn.String(), r.ttlMillis(), c.ResponseID, c.Origin.Replica,
-		strconv.FormatUint(c.Origin.ID, 10), c.Transcript.Items,
-		digestString(c.Transcript.Digest), digestString(c.Signature),
-		c.Transcript.Bytes, size}, r.limits()...)
-	reply, err := r.run(ctx, lua.Record, []string{state, lru, part}, args...).Slice()
+func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
+	p, keys := r.ownerKeys(owner, true)
+	args := append(r.head(owner, true), r.seqArg(turn, p), encodeContinuation(c), stateBytes(r.opts, p, owner))
+	reply, err := r.run(ctx, lua.Record, keys, append(args, r.limits()...)...).Slice()
 	if err != nil {
 		return published{}, err
 	}
@@ -188,41 +241,35 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 }
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
-	_, state, lru, part := r.ownerKeys(owner)
-	n, err := r.run(ctx, lua.Abort, []string{state, lru, part}, turn.String()).Int()
+	p, keys := r.ownerKeys(owner, true)
+	args := append(r.head(owner, true), r.seqArg(turn, p))
+	n, err := r.run(ctx, lua.Abort, keys, args...).Int()
 	return n == 1, err
 }
 
 func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
-	if err := r.schemaError(); err != nil {
-		return false, err
-	}
-	_, state, _, _ := r.ownerKeys(owner)
-	cur, err := r.client.HGet(ctx, state, "t").Result()
-	if errors.Is(err, redis.Nil) {
-		return false, nil
-	}
-	return cur == turn.String(), err
+	st, err := r.inspect(ctx, owner)
+	return st.Exists && st.Turn == turn, err
 }
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
-	_, state, lru, part := r.ownerKeys(owner)
-	n, err := r.run(ctx, lua.Clear, []string{state, lru, part}).Int()
+	_, keys := r.ownerKeys(owner, true)
+	n, err := r.run(ctx, lua.Clear, keys, r.head(owner, true)...).Int()
 	return n == 1, err
 }
 
 func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State, error) {
-	_, state, lru, _ := r.ownerKeys(owner)
-	reply, err := r.run(ctx, lua.Inspect, []string{state, lru}).Slice()
+	p, keys := r.ownerKeys(owner, false)
+	reply, err := r.run(ctx, lua.Inspect, keys[:2], r.head(owner, false)...).Slice()
 	if err != nil {
 		return State{}, err
 	}
-	return decodeInspect(reply)
+	return decodeInspect(reply, r.opts.Partitions, p)
 }
 
 func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
 	counts, err := r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.part(p)},
-		append([]any{r.ttlMillis()}, r.limits()...)...).Int64Slice()
+		append([]any{r.clock(), r.opts.TTL.Milliseconds(), r.keys.ownerPrefix(p)}, r.limits()...)...).Int64Slice()
 	if err != nil {
 		return Evictions{}, err
 	}
@@ -272,46 +319,27 @@ func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
 // header promises.
 var errBadReply = errors.New("store: malformed reply")
 
-// Digests travel and rest as signed decimal int64 strings: Redis keeps them
-// as compact integers and Lua never does arithmetic on them.
-func digestString(d uint64) string { return strconv.FormatInt(int64(d), 10) }
-
-func parseDigest(s string) (uint64, error) {
-	v, err := strconv.ParseInt(s, 10, 64)
-	return uint64(v), err
-}
-
-// decodeReserve decodes the reply of lua/reserve.lua.
+// decodeReserve decodes the reply of lua/reserve.lua; the caller composes
+// the turn from its sequence number.
 func decodeReserve(reply []any) (reserved, error) {
-	if len(reply) < 3 {
-		return reserved{}, fmt.Errorf("%w: reserve: %d elements, want at least 3", errBadReply, len(reply))
+	if len(reply) < 3 || len(reply) > 4 {
+		return reserved{}, fmt.Errorf("%w: reserve: %d elements, want 3 or 4", errBadReply, len(reply))
 	}
-	turn, err := replyUint(reply[0])
-	if err != nil || turn == 0 {
-		return reserved{}, fmt.Errorf("%w: reserve: turn %v", errBadReply, reply[0])
-	}
+	seq, ok0 := reply[0].(int64)
 	existed, ok1 := reply[1].(int64)
 	evicted, ok2 := reply[2].(int64)
-	if !ok1 || !ok2 || evicted < 0 {
-		return reserved{}, fmt.Errorf("%w: reserve: flags %v %v", errBadReply, reply[1], reply[2])
+	if !ok0 || seq <= 0 || !ok1 || !ok2 || evicted < 0 {
+		return reserved{}, fmt.Errorf("%w: reserve: %v", errBadReply, reply[:3])
 	}
-	got := reserved{Turn: Turn(turn), Existed: existed == 1, Evicted: int(evicted)}
+	got := reserved{seq: uint64(seq), Existed: existed == 1, Evicted: int(evicted)}
 	if len(reply) == 3 || reply[3] == nil {
 		return got, nil
 	}
-	names := []string{"r", "s", "i", "n", "d", "g", "b"}
-	if len(reply) != 3+len(names) {
-		return reserved{}, fmt.Errorf("%w: reserve: %d elements, want %d", errBadReply, len(reply), 3+len(names))
+	b, ok := reply[3].(string)
+	if !ok {
+		return reserved{}, fmt.Errorf("%w: reserve: continuation is %T", errBadReply, reply[3])
 	}
-	fields := make(map[string]string, len(names))
-	for i, name := range names {
-		s, ok := reply[3+i].(string)
-		if !ok {
-			return reserved{}, fmt.Errorf("%w: reserve: field %s is %T", errBadReply, name, reply[3+i])
-		}
-		fields[name] = s
-	}
-	c, err := decodeContinuation(fields)
+	c, err := decodeContinuation([]byte(b))
 	if err != nil {
 		return reserved{}, fmt.Errorf("reserve: %w", err)
 	}
@@ -336,87 +364,35 @@ func decodeRecord(reply []any) (published, error) {
 	}
 }
 
-// decodeInspect decodes the reply of lua/inspect.lua.
-func decodeInspect(reply []any) (State, error) {
+// decodeInspect decodes the reply of lua/inspect.lua for an owner of
+// partition p.
+func decodeInspect(reply []any, partitions, p int) (State, error) {
 	if len(reply) == 0 {
 		return State{}, nil
 	}
-	if len(reply) != 2 {
-		return State{}, fmt.Errorf("%w: inspect: %d elements, want 2", errBadReply, len(reply))
+	if len(reply) != 3 {
+		return State{}, fmt.Errorf("%w: inspect: %d elements, want 3", errBadReply, len(reply))
 	}
-	flat, ok := reply[1].([]any)
-	if !ok || len(flat)%2 != 0 {
-		return State{}, fmt.Errorf("%w: inspect: fields %v", errBadReply, reply[1])
+	str := func(i int) string { s, _ := reply[i].(string); return s }
+	t, err := strconv.ParseInt(str(1), 10, 64)
+	if err != nil || t == 0 {
+		return State{}, fmt.Errorf("%w: owner state: turn %v", errBadReply, reply[1])
 	}
-	fields := make(map[string]string, len(flat)/2)
-	for i := 0; i < len(flat); i += 2 {
-		k, ok1 := flat[i].(string)
-		v, ok2 := flat[i+1].(string)
-		if !ok1 || !ok2 {
-			return State{}, fmt.Errorf("%w: inspect: field %v", errBadReply, flat[i])
-		}
-		fields[k] = v
-	}
-	turn, err := strconv.ParseUint(fields["t"], 10, 64)
-	if err != nil || turn == 0 {
-		return State{}, fmt.Errorf("%w: owner state: turn %q", errBadReply, fields["t"])
-	}
-	st := State{Exists: true, Turn: Turn(turn)}
+	st := State{Exists: true, Turn: turnOf(uint64(max(t, -t)), partitions, p)}
 	if reply[0] != nil {
-		s, ok := reply[0].(string)
-		sc, err := strconv.ParseInt(s, 10, 64)
-		if !ok || err != nil {
+		sc, err := strconv.ParseInt(str(0), 10, 64)
+		if err != nil {
 			return State{}, fmt.Errorf("%w: inspect: LRU score %v", errBadReply, reply[0])
 		}
 		st.UpdatedAt = score(sc).touched()
 	}
-	if _, ok := fields["r"]; !ok {
+	if t > 0 {
 		return st, nil
 	}
-	c, err := decodeContinuation(fields)
+	c, err := decodeContinuation([]byte(str(2)))
 	if err != nil {
 		return State{}, fmt.Errorf("owner state: %w", err)
 	}
 	st.setContinuation(c)
 	return st, nil
-}
-
-// decodeContinuation reads the continuation fields of an owner hash.
-func decodeContinuation(f map[string]string) (continuation, error) {
-	c := continuation{ResponseID: f["r"], Origin: Socket{Replica: f["s"]}}
-	var errs []error
-	parse := func(name string, fn func(string) error) {
-		if err := fn(f[name]); err != nil {
-			errs = append(errs, fmt.Errorf("field %s=%q", name, f[name]))
-		}
-	}
-	parse("i", func(s string) (err error) { c.Origin.ID, err = strconv.ParseUint(s, 10, 64); return })
-	if c.Origin.ID == 0 { // stored for Socket{Any: true}
-		c.Origin = Socket{Any: true}
-	}
-	parse("n", func(s string) (err error) { c.Transcript.Items, err = strconv.Atoi(s); return })
-	parse("d", func(s string) (err error) { c.Transcript.Digest, err = parseDigest(s); return })
-	parse("g", func(s string) (err error) { c.Signature, err = parseDigest(s); return })
-	parse("b", func(s string) (err error) { c.Transcript.Bytes, err = strconv.ParseInt(s, 10, 64); return })
-	if len(errs) > 0 {
-		return continuation{}, fmt.Errorf("%w: continuation: %w", errBadReply, errors.Join(errs...))
-	}
-	if c.ResponseID == "" || c.Transcript.Items < 0 || c.Transcript.Bytes < 0 {
-		return continuation{}, fmt.Errorf("%w: continuation: empty response id or negative size", errBadReply)
-	}
-	return c, nil
-}
-
-func replyUint(v any) (uint64, error) {
-	switch v := v.(type) {
-	case string:
-		return strconv.ParseUint(v, 10, 64)
-	case int64:
-		if v < 0 {
-			return 0, fmt.Errorf("negative %d", v)
-		}
-		return uint64(v), nil
-	default:
-		return 0, fmt.Errorf("type %T", v)
-	}
 }

@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -42,40 +45,50 @@ var vecPath = filepath.Join("..", "testdata", "vectors.json")
 
 // vecFile is the layout of testdata/vectors.json.
 type vecFile struct {
-	About        []string          `json:"about"`
-	Constants    vecConstants      `json:"constants"`
-	Owners       []vecOwner        `json:"owners"`
-	OwnerKeys    []vecOwnerKey     `json:"owner_keys"`
-	Keys         []vecKeys         `json:"keys"`
-	SessionKeys  []vecSessionKeys  `json:"session_keys"`
-	Scores       []vecScore        `json:"scores"`
-	TurnTokens   []vecTurnToken    `json:"turn_tokens"`
-	Sequences    []vecSequence     `json:"sequences"`
-	StoredBytes  []vecStoredBytes  `json:"stored_bytes"`
-	Scripts      []vecScript       `json:"scripts"`
-	Scenario     vecScenario       `json:"store_scenario"`
-	SessionSteps []vecScenarioStep `json:"session_scenario"`
+	About         []string          `json:"about"`
+	Constants     vecConstants      `json:"constants"`
+	Owners        []vecOwner        `json:"owners"`
+	OwnerKeys     []vecOwnerKey     `json:"owner_keys"`
+	Keys          []vecKeys         `json:"keys"`
+	SessionKeys   []vecSessionKeys  `json:"session_keys"`
+	Scores        []vecScore        `json:"scores"`
+	Continuations []vecContinuation `json:"continuations"`
+	TurnTokens    []vecTurnToken    `json:"turn_tokens"`
+	Sequences     []vecSequence     `json:"sequences"`
+	StoredBytes   []vecStoredBytes  `json:"stored_bytes"`
+	Scripts       []vecScript       `json:"scripts"`
+	Scenario      vecScenario       `json:"store_scenario"`
+	SessionSteps  []vecScenarioStep `json:"session_scenario"`
 }
 
 var vecAbout = []string{
 	"Test vectors of the contstore protocol; PROTOCOL.md describes every rule they exercise.",
 	"Regenerate with: go test ./store -run TestVectors -update-vectors. go test ./store ./identity fails when this file and the code disagree.",
-	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64, the form stored in Redis}.",
+	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64}.",
+	"A turn token is given as a decimal string: tokens may exceed 2^53.",
 	"A text that is not valid UTF-8 is given in a *_hex field (its bytes in hex) instead of the plain field.",
-	"Scenario replies: a JSON string is a bulk string, a number an integer reply, null a nil reply, an array an array reply.",
+	"A continuation (opaque bytes) is given as {hex: its bytes in hex} wherever it appears: record's ARGV[6], reserve's reply [4], inspect's reply [3], field c of an owner state hash; so is the whole answer of a reserve that consumed one.",
+	"Scenario replies: a JSON string is a bulk string, a number an integer reply, null a nil reply, an array an array reply, {error: text} an error reply.",
 }
 
 type vecConstants struct {
-	MaxIDBytes             int    `json:"max_id_bytes"`
-	ScoreEpochMillis       int64  `json:"score_epoch_ms"`
-	ScoreTimeUnit          int64  `json:"score_time_unit"`
-	ScorePublished         int64  `json:"score_published"`
-	MaxStateBytes          int64  `json:"max_state_bytes"`
-	TurnEpochSeconds       int64  `json:"turn_epoch_s"`
-	TicksPerMilli          int64  `json:"ticks_per_ms"`
-	TurnLimit              int64  `json:"turn_limit"`
-	FreshStateOverhead     int64  `json:"fresh_state_overhead"`
-	PublishedStateOverhead int64  `json:"published_state_overhead"`
+	MaxIDBytes       int   `json:"max_id_bytes"`
+	ScoreEpochMillis int64 `json:"score_epoch_ms"`
+	ScoreTimeUnit    int64 `json:"score_time_unit"`
+	ScorePublished   int64 `json:"score_published"`
+	MaxStateBytes    int64 `json:"max_state_bytes"`
+	TurnEpochSeconds int64 `json:"turn_epoch_s"`
+	// SeqLimit is 2^53: sequence numbers, scores, sizes and counters stay
+	// below it (Lua numbers are doubles); turn tokens do not.
+	SeqLimit           int64 `json:"seq_limit"`
+	StateOverhead      int64 `json:"state_overhead"`
+	StateNameCost      int64 `json:"state_name_cost_percent"`
+	ContinuationFormat int   `json:"continuation_format"`
+	OpIDDigits         int   `json:"op_id_hex_digits"`
+	// An operation's answer stays max(MinAnswerTTL, AnswerTTLOpTimeouts ×
+	// OpTimeout).
+	MinAnswerTTLMillis     int64  `json:"min_answer_ttl_ms"`
+	AnswerTTLOpTimeouts    int64  `json:"answer_ttl_op_timeouts"`
 	EvictionBudget         int    `json:"eviction_budget"`
 	SchemaVersion          int    `json:"schema_version"`
 	DefaultNamespace       string `json:"default_namespace"`
@@ -85,6 +98,7 @@ type vecConstants struct {
 	DefaultMaxOwners       int    `json:"default_max_owners"`
 	DefaultMaxOwnerBytes   int64  `json:"default_max_owner_bytes"`
 	DefaultMaxTotalBytes   int64  `json:"default_max_total_bytes"`
+	DefaultOpTimeoutMillis int64  `json:"default_op_timeout_ms"`
 	MaxResponseIDBytes     int    `json:"max_response_id_bytes"`
 	MaxReplicaBytes        int    `json:"max_replica_bytes"`
 	MaxNamespaceBytes      int    `json:"max_namespace_bytes"`
@@ -217,9 +231,16 @@ type vecKeys struct {
 	Partition  int     `json:"partition"`
 	Tag        string  `json:"tag"`
 	State      string  `json:"state"`
-	LRU        string  `json:"lru"`
-	Part       string  `json:"part"`
-	Meta       string  `json:"meta"`
+	// OwnerPrefix is the partition's prefix of state keys (prune's ARGV[3]);
+	// LRUMember is the owner's member in the LRU: State without it.
+	OwnerPrefix string `json:"owner_prefix"`
+	LRUMember   string `json:"lru_member"`
+	// AnswerPrefix followed by an operation id is the key of the answer of
+	// one operation that changes the owner.
+	AnswerPrefix string `json:"answer_prefix"`
+	LRU          string `json:"lru"`
+	Part         string `json:"part"`
+	Meta         string `json:"meta"`
 }
 
 // vecOwnerIn returns the first owner "<prefix><n>" whose partition among
@@ -255,10 +276,12 @@ func vecKeyNames(t *testing.T) []vecKeys {
 	}
 	var vs []vecKeys
 	for _, c := range cases {
-		k := keyspace{ns: c.ns}
+		k := newKeyspace(c.ns, c.parts)
 		p := c.owner.Partition(c.parts)
 		v := vecKeys{Namespace: c.ns, Partitions: c.parts, Session: c.owner.Session(), OwnerKey: c.owner.Key(),
-			Partition: p, Tag: k.tag(p), State: k.owner(p, c.owner), LRU: k.lru(p), Part: k.part(p), Meta: k.meta()}
+			Partition: p, Tag: k.tag(p), State: k.owner(p, c.owner), OwnerPrefix: k.ownerPrefix(p), LRUMember: c.owner.Key(),
+			AnswerPrefix: strings.TrimSuffix(k.answer(p, c.owner, "op"), "op"), LRU: k.lru(p), Part: k.part(p), Meta: k.meta()}
+		require.Equal(t, v.State, v.OwnerPrefix+v.LRUMember)
 		if c.owner.IsAgent() {
 			v.Agent = vecStr(c.owner.AgentID())
 		}
@@ -272,6 +295,9 @@ type vecSessionKeys struct {
 	SessionID string `json:"session_id"`
 	Head      string `json:"head"`
 	Log       string `json:"log"`
+	// AnswerPrefix followed by an operation id is the key of a save's
+	// answer.
+	AnswerPrefix string `json:"answer_prefix"`
 }
 
 // vecSessionKeyNames finds the session keys by saving a journal session in
@@ -286,7 +312,7 @@ func vecSessionKeyNames(t *testing.T) []vecSessionKeys {
 		s := &session.Session{ID: c.id, Model: "m", Messages: []json.RawMessage{json.RawMessage(`{}`)}}
 		require.NoError(t, st.Save(context.Background(), s))
 		keys := mr.Keys()
-		require.Len(t, keys, 2)
+		require.Len(t, keys, 3)
 		v := vecSessionKeys{Namespace: c.ns, SessionID: c.id}
 		for _, k := range keys {
 			switch mr.Type(k) {
@@ -294,16 +320,20 @@ func vecSessionKeyNames(t *testing.T) []vecSessionKeys {
 				v.Head = k
 			case "list":
 				v.Log = k
+			case "string":
+				require.Regexp(t, `:[0-9a-f]{12}$`, k)
+				v.AnswerPrefix = k[:len(k)-12]
 			}
 		}
 		require.NotEmpty(t, v.Head)
 		require.NotEmpty(t, v.Log)
+		require.NotEmpty(t, v.AnswerPrefix)
 		vs = append(vs, v)
 	}
 	return vs
 }
 
-// ---- LRU scores, turns, stored bytes ----
+// ---- LRU scores, continuations, turns, stored bytes ----
 
 type vecScore struct {
 	TouchedMillis int64  `json:"touched_ms"`
@@ -338,14 +368,80 @@ func vecScores(t *testing.T) []vecScore {
 	return vs
 }
 
+// vecContinuation is a continuation and its encoding (field c of an owner
+// state), or, when not Valid, bytes that do not decode.
+type vecContinuation struct {
+	Name  string `json:"name"`
+	Hex   string `json:"hex"`
+	Valid bool   `json:"valid"`
+	// The decoded continuation, when Valid. AnySocket: any socket of any
+	// replica (socket id 0); OriginReplica and OriginSocket are then empty
+	// and "0".
+	ResponseID      *string            `json:"response_id,omitempty"`
+	AnySocket       bool               `json:"any_socket,omitempty"`
+	OriginReplica   *string            `json:"origin_replica,omitempty"`
+	OriginSocket    string             `json:"origin_socket,omitempty"`
+	Items           *int               `json:"items,omitempty"`
+	TranscriptBytes *int64             `json:"transcript_bytes,omitempty"`
+	Digest          *vectorfile.Digest `json:"digest,omitempty"`
+	Signature       *vectorfile.Digest `json:"signature,omitempty"`
+}
+
+func vecContinuations(t *testing.T) []vecContinuation {
+	cases := []struct {
+		name string
+		c    continuation
+	}{
+		{"a socket of a replica", continuation{ResponseID: "resp_68a1f0c2", Origin: Socket{Replica: "gw-a", ID: 7},
+			Signature: 0xd4d1fe4b38ed9369, Transcript: fingerprint.Transcript{Items: 2, Digest: 0x7c6d5e4f3a2b1c0d, Bytes: 118}}},
+		{"any socket (the upstream stores responses)", continuation{ResponseID: "resp_store", Origin: Socket{Any: true},
+			Signature: 1, Transcript: fingerprint.Transcript{Items: 1, Digest: 2, Bytes: 3}}},
+		{"multi-byte varints: 300 items, 2,000,000 bytes, socket id 2^64-1", continuation{ResponseID: "r", Origin: Socket{Replica: "replica-3fa94c1e2b7d", ID: 1<<64 - 1},
+			Signature: 0x8000000000000000, Transcript: fingerprint.Transcript{Items: 300, Digest: 0xffffffffffffffff, Bytes: 2_000_000}}},
+		{"non-ASCII ids, 128-byte response id", continuation{ResponseID: "é" + strings.Repeat("x", 126), Origin: Socket{Replica: "é—日本", ID: 128},
+			Transcript: fingerprint.Transcript{}}},
+		{"longest response id and replica", continuation{ResponseID: strings.Repeat("r", maxResponseIDBytes), Origin: Socket{Replica: strings.Repeat("g", maxReplicaBytes), ID: 1},
+			Signature: 0x0123456789abcdef, Transcript: fingerprint.Transcript{Items: 1, Digest: 0xfedcba9876543210, Bytes: 2}}},
+	}
+	var vs []vecContinuation
+	for _, c := range cases {
+		b := encodeContinuation(c.c)
+		back, err := decodeContinuation(b)
+		require.NoError(t, err, c.name)
+		require.Equal(t, c.c, back, c.name)
+		d, g := vectorfile.NewDigest(c.c.Transcript.Digest), vectorfile.NewDigest(c.c.Signature)
+		v := vecContinuation{Name: c.name, Hex: hex.EncodeToString(b), Valid: true, ResponseID: vecStr(c.c.ResponseID),
+			AnySocket: c.c.Origin.Any, OriginReplica: vecStr(c.c.Origin.Replica), OriginSocket: strconv.FormatUint(c.c.Origin.ID, 10),
+			Items: &c.c.Transcript.Items, TranscriptBytes: &c.c.Transcript.Bytes, Digest: &d, Signature: &g}
+		vs = append(vs, v)
+	}
+	digests := strings.Repeat("00", 16)
+	over := hex.EncodeToString(binary.AppendUvarint(nil, 1<<62+1))
+	for _, c := range []struct{ name, hex string }{
+		{"empty", ""},
+		{"unknown format byte", "02" + "0000" + digests + "01" + "01" + "72"},
+		{"truncated varint", "0180"},
+		{"item count above 2^62", "01" + over + "00" + digests + "01" + "01" + "72"},
+		{"truncated digests", "01" + "0000" + strings.Repeat("00", 15)},
+		{"no socket id", "01" + "0000" + digests},
+		{"empty response id", "01" + "0000" + digests + "01" + "00"},
+		{"response id longer than the rest", "01" + "0000" + digests + "01" + "03" + "7272"},
+	} {
+		b, err := hex.DecodeString(c.hex)
+		require.NoError(t, err)
+		_, err = decodeContinuation(b)
+		require.ErrorIs(t, err, errBadReply, c.name)
+		vs = append(vs, vecContinuation{Name: c.name, Hex: c.hex})
+	}
+	return vs
+}
+
 type vecTurnToken struct {
 	Seq        uint64 `json:"seq"`
 	Partitions int    `json:"partitions"`
 	Partition  int    `json:"partition"`
-	// Turn is seq * partitions + partition, or absent when that reaches
-	// 2^53 and reserve fails with "ERR turn overflow".
-	Turn     *uint64 `json:"turn,omitempty"`
-	Overflow bool    `json:"overflow,omitempty"`
+	// Turn is seq * partitions + partition, a 64-bit unsigned integer.
+	Turn string `json:"turn"`
 }
 
 type vecSequence struct {
@@ -356,152 +452,168 @@ type vecSequence struct {
 	TimeSeconds int64  `json:"time_s"`
 	TimeMicros  int64  `json:"time_us"`
 	Time        string `json:"time"`
-	// OwnerTurn is the owner's current turn (0: no state).
-	OwnerTurn  uint64 `json:"owner_turn"`
+	// OwnerT is field t of the owner's state before the call (0: no
+	// state): its turn's seq, negative once that turn published.
+	OwnerT     int64  `json:"owner_t"`
 	Partitions int    `json:"partitions"`
 	Partition  int    `json:"partition"`
-	Ticks      uint64 `json:"ticks"`
+	Micros     uint64 `json:"micros"`
 	Seq        uint64 `json:"seq"`
-	Turn       uint64 `json:"turn"`
+	Turn       string `json:"turn"`
 }
 
 // vecReserveRedis runs reserve.lua for owner on a fresh server whose
-// partition seq, owner turn (0: none) and clock are set first, and returns
-// the turn token of the reply.
-func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq, ownerTurn uint64, now time.Time) (string, error) {
+// partition seq, owner state field t (0: no state) and clock are set first,
+// and returns the turn token of the reply.
+func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint64, ownerT int64, now time.Time) Turn {
 	mr, client := redistest.Miniredis(t)
 	mr.SetTime(now)
 	opts, err := Options{Namespace: "v", Partitions: parts, Replica: "r"}.withDefaults()
 	require.NoError(t, err)
-	b := &redisBackend{client: client, opts: opts, keys: keyspace{ns: "v"}}
+	b := &redisBackend{client: client, opts: opts, keys: newKeyspace("v", parts), newOpID: lua.NewOpID}
 	b.schema.running = true
-	_, state, _, part := b.ownerKeys(owner)
+	_, keys := b.ownerKeys(owner, false)
 	ctx := context.Background()
 	if prevSeq > 0 {
-		require.NoError(t, client.HSet(ctx, part, "seq", prevSeq).Err())
+		require.NoError(t, client.HSet(ctx, keys[2], "seq", prevSeq).Err())
 	}
-	if ownerTurn > 0 {
-		require.NoError(t, client.HSet(ctx, state, "t", ownerTurn).Err())
+	if ownerT != 0 {
+		require.NoError(t, client.HSet(ctx, keys[0], "t", ownerT).Err())
 	}
-	got, err := b.reserve(ctx, owner, freshStateBytes(owner), 1)
-	if err != nil {
-		return "", err
-	}
-	return got.Turn.String(), nil
+	got, err := b.reserve(ctx, owner)
+	require.NoError(t, err)
+	return got.Turn
 }
 
 func vecTurnTokens(t *testing.T) []vecTurnToken {
-	ticks := clockTicks(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC))
+	us := clockMicros(time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC))
 	cases := []struct {
 		seq         uint64
 		parts, part int
 	}{
 		{1, 16, 0},
 		{1, 16, 15},
-		{ticks, 16, 7},
-		{ticks, 1024, 1023},
-		{ticks, 1, 0},
-		{1<<43 - 1, 1024, 1023},
-		{1 << 43, 1024, 0},
-		{1<<49 - 1, 16, 15},
-		{1 << 49, 16, 0},
+		{us, 16, 7},
+		{us, 1024, 1023},
+		{us, 1, 0},
+		{1<<53 - 1, 16, 15},
+		{1<<53 - 1, 1024, 1023},
 	}
 	epoch := time.Unix(turnEpochSeconds, 0)
 	var vs []vecTurnToken
 	for _, c := range cases {
-		v := vecTurnToken{Seq: c.seq, Partitions: c.parts, Partition: c.part}
-		turn := c.seq*uint64(c.parts) + uint64(c.part)
+		turn := Turn(c.seq*uint64(c.parts) + uint64(c.part))
 		owner := vecOwnerIn(t, "owner-", c.parts, func(p int) bool { return p == c.part })
-		got, err := vecReserveRedis(t, c.parts, owner, c.seq-1, 0, epoch)
-		if turn >= 1<<53 {
-			require.ErrorContains(t, err, "turn overflow")
-			v.Overflow = true
-		} else {
-			require.NoError(t, err)
-			require.Equal(t, strconv.FormatUint(turn, 10), got)
-			v.Turn = &turn
-			// The in-process backend gives the same token.
-			m, err := NewMemory(Options{Partitions: c.parts, MaxOwners: c.parts, Now: func() time.Time { return epoch }})
-			require.NoError(t, err)
-			mem := m.backend.(*memory)
-			mem.parts[c.part].seq = c.seq - 1
-			r, err := mem.reserve(context.Background(), owner, freshStateBytes(owner), 0)
-			require.NoError(t, err)
-			require.Equal(t, Turn(turn), r.Turn)
-		}
-		vs = append(vs, v)
+		// At the turn epoch the clock term is 0: the partition's seq decides.
+		require.Equal(t, turn, vecReserveRedis(t, c.parts, owner, c.seq-1, 0, epoch))
+		// The in-process backend gives the same token.
+		m, err := NewMemory(Options{Partitions: c.parts, MaxOwners: c.parts, Now: func() time.Time { return epoch }})
+		require.NoError(t, err)
+		mem := m.backend.(*memory)
+		mem.parts[c.part].seq = c.seq - 1
+		r, err := mem.reserve(context.Background(), owner)
+		require.NoError(t, err)
+		require.Equal(t, turn, r.Turn)
+		seq, ok := seqOf(turn, c.parts, c.part)
+		require.True(t, ok)
+		require.Equal(t, c.seq, seq)
+		vs = append(vs, vecTurnToken{Seq: c.seq, Partitions: c.parts, Partition: c.part, Turn: turn.String()})
 	}
 	return vs
 }
 
 func vecSequences(t *testing.T) []vecSequence {
 	at := time.Date(2025, 6, 1, 12, 0, 0, 123456000, time.UTC)
-	ticks := clockTicks(at)
+	us := int64(clockMicros(at))
 	cases := []struct {
-		name           string
-		prev, ownerSeq uint64 // ownerSeq: the seq of the owner's turn, 0 for none
-		now            time.Time
-		parts, part    int
+		name        string
+		prev        uint64
+		ownerT      int64 // the owner's t, 0 for no state
+		now         time.Time
+		parts, part int
 	}{
 		{"new partition: the clock", 0, 0, at, 16, 3},
-		{"clock ahead of the stored seq", ticks - 1000, 0, at, 16, 3},
-		{"stored seq ahead of the clock", ticks + 5000, 0, at, 16, 3},
-		{"owner's turn ahead of both (seq lost, clock behind)", 0, ticks + 9000, at, 16, 3},
-		{"owner's turn behind the stored seq", ticks + 5000, ticks + 10, at, 16, 3},
-		{"sub-millisecond ticks: 124 us is 0 ticks", 0, 0, time.Date(2025, 6, 1, 0, 0, 0, 124000, time.UTC), 16, 0},
-		{"sub-millisecond ticks: 125 us is 1 tick", 0, 0, time.Date(2025, 6, 1, 0, 0, 0, 125000, time.UTC), 16, 0},
-		{"sub-millisecond ticks: 999999 us", 0, 0, time.Date(2025, 6, 1, 0, 0, 0, 999999000, time.UTC), 1024, 1000},
+		{"clock ahead of the stored seq", uint64(us - 1000), 0, at, 16, 3},
+		{"stored seq ahead of the clock", uint64(us + 5000), 0, at, 16, 3},
+		{"owner's turn ahead of both (seq lost, clock behind)", 0, us + 9000, at, 16, 3},
+		{"owner's published turn (t negative) ahead of both", 0, -(us + 9000), at, 16, 3},
+		{"owner's turn behind the stored seq", uint64(us + 5000), us + 10, at, 16, 3},
+		{"microseconds: 1 us", 0, 0, time.Date(2025, 6, 1, 0, 0, 0, 1000, time.UTC), 16, 0},
+		{"microseconds: 999999 us", 0, 0, time.Date(2025, 6, 1, 0, 0, 0, 999999000, time.UTC), 1024, 1000},
 		{"epoch", 0, 0, time.Unix(turnEpochSeconds, 0), 1024, 5},
 	}
 	var vs []vecSequence
 	for _, c := range cases {
 		owner := vecOwnerIn(t, "owner-", c.parts, func(p int) bool { return p == c.part })
-		var ownerTurn uint64
-		if c.ownerSeq > 0 {
-			ownerTurn = c.ownerSeq*uint64(c.parts) + uint64(c.part)
-		}
-		seq := nextSeq(c.prev, c.now, Turn(ownerTurn), c.parts)
-		turn := seq*uint64(c.parts) + uint64(c.part)
-		got, err := vecReserveRedis(t, c.parts, owner, c.prev, ownerTurn, c.now)
-		require.NoError(t, err)
-		require.Equal(t, strconv.FormatUint(turn, 10), got, c.name)
+		seq := nextSeq(c.prev, c.now, uint64(max(c.ownerT, -c.ownerT)))
+		turn := turnOf(seq, c.parts, c.part)
+		require.Equal(t, turn, vecReserveRedis(t, c.parts, owner, c.prev, c.ownerT, c.now), c.name)
 		vs = append(vs, vecSequence{Name: c.name, PartitionSeq: c.prev, TimeSeconds: c.now.Unix(),
-			TimeMicros: int64(c.now.Nanosecond() / 1000), Time: c.now.UTC().Format(time.RFC3339Nano), OwnerTurn: ownerTurn,
-			Partitions: c.parts, Partition: c.part, Ticks: clockTicks(c.now), Seq: seq, Turn: turn})
+			TimeMicros: int64(c.now.Nanosecond() / 1000), Time: c.now.UTC().Format(time.RFC3339Nano), OwnerT: c.ownerT,
+			Partitions: c.parts, Partition: c.part, Micros: clockMicros(c.now), Seq: seq, Turn: turn.String()})
 	}
 	return vs
 }
 
+// vecStoredBytes is the stored-bytes estimate of an owner's state, without
+// and with a continuation of ContinuationBytes (the encoding's length), and
+// the size its LRU score holds.
 type vecStoredBytes struct {
-	Session    string  `json:"session"`
-	Agent      *string `json:"agent,omitempty"`
-	KeyBytes   int     `json:"key_bytes"`
-	ResponseID string  `json:"response_id"`
-	Replica    string  `json:"replica"`
-	Fresh      int64   `json:"fresh"`
-	Published  int64   `json:"published"`
+	Namespace     string  `json:"namespace"`
+	Partitions    int     `json:"partitions"`
+	Session       string  `json:"session"`
+	Agent         *string `json:"agent,omitempty"`
+	Partition     int     `json:"partition"`
+	StateKeyBytes int     `json:"state_key_bytes"`
+	MemberBytes   int     `json:"member_bytes"`
+	// The continuation: its encoding's length depends on these.
+	ResponseID        string `json:"response_id"`
+	OriginReplica     string `json:"origin_replica"`
+	OriginSocket      string `json:"origin_socket"`
+	Items             int    `json:"items"`
+	TranscriptBytes   int64  `json:"transcript_bytes"`
+	ContinuationBytes int    `json:"continuation_bytes"`
+	// WithoutContinuation is the estimate the store sends to reserve and
+	// record; WithContinuation adds the continuation's bytes, as the scripts
+	// do; ScoreSize is the size packed in the LRU score.
+	WithoutContinuation int64 `json:"without_continuation"`
+	WithContinuation    int64 `json:"with_continuation"`
+	ScoreSize           int64 `json:"score_size"`
 }
 
 func vecStoredBytesCases(t *testing.T) []vecStoredBytes {
 	cases := []struct {
+		ns            string
+		parts         int
 		session       string
 		agent         *string
 		resp, replica string
+		socket        uint64
+		items         int
+		bytes         int64
 	}{
-		{"session-a", nil, "resp_68a1f0c2", "gw-a"},
-		{"a:b", vecStr("c%d"), "resp_0123456789abcdef0123456789abcdef", "replica-3fa94c1e2b7d"},
-		{"é", nil, "r", "é"},
-		{strings.Repeat("%", 256), vecStr(strings.Repeat("%", 256)), strings.Repeat("r", maxResponseIDBytes), strings.Repeat("g", maxReplicaBytes)},
+		{"cont", 16, "session-a", nil, "resp_68a1f0c2", "gw-a", 7, 2, 118},
+		{"cont", 1024, "a:b", vecStr("c%d"), "resp_0123456789abcdef0123456789abcdef", "replica-3fa94c1e2b7d", 1<<64 - 1, 300, 2_000_000},
+		{"é", 1, "é", nil, "r", "é", 1, 1, 1},
+		{strings.Repeat("n", maxNamespaceBytes), 1024, "user-1", nil, "resp_1", "gw-a", 12, 4, 400},
+		{"cont", 16, strings.Repeat("%", 256), vecStr(strings.Repeat("%", 256)), strings.Repeat("r", maxResponseIDBytes), strings.Repeat("g", maxReplicaBytes), 1, 1, 1},
 	}
 	var vs []vecStoredBytes
 	for _, c := range cases {
 		o, err := vecOwnerOf(vecOwnerCase{session: c.session, agent: c.agent})
 		require.NoError(t, err)
-		cont := continuation{ResponseID: c.resp, Origin: Socket{Replica: c.replica, ID: 1}}
-		v := vecStoredBytes{Session: c.session, Agent: c.agent, KeyBytes: len(o.Key()), ResponseID: c.resp, Replica: c.replica,
-			Fresh: freshStateBytes(o), Published: publishedStateBytes(o, cont)}
-		require.Less(t, v.Published, int64(scorePublished))
-		vs = append(vs, v)
+		opts := Options{Namespace: c.ns, Partitions: c.parts}
+		p := o.Partition(c.parts)
+		cont := continuation{ResponseID: c.resp, Origin: Socket{Replica: c.replica, ID: c.socket},
+			Transcript: fingerprint.Transcript{Items: c.items, Bytes: c.bytes}}
+		n := len(encodeContinuation(cont))
+		without := stateBytes(opts, p, o)
+		with := without + int64(n)
+		vs = append(vs, vecStoredBytes{Namespace: c.ns, Partitions: c.parts, Session: c.session, Agent: c.agent, Partition: p,
+			StateKeyBytes: len(newKeyspace(c.ns, c.parts).owner(p, o)), MemberBytes: len(o.Key()),
+			ResponseID: c.resp, OriginReplica: c.replica, OriginSocket: strconv.FormatUint(c.socket, 10), Items: c.items, TranscriptBytes: c.bytes,
+			ContinuationBytes: n, WithoutContinuation: without, WithContinuation: with,
+			ScoreSize: packScore(time.UnixMilli(scoreEpochMillis), true, with).size()})
 	}
 	return vs
 }
@@ -519,16 +631,39 @@ type vecScript struct {
 	SHA1      string   `json:"sha1"`
 }
 
-func vecScripts(t *testing.T) []vecScript {
-	lru, err := os.ReadFile(filepath.Join("..", "lua", "lru.lua"))
+// vecLibraries returns the files of lua/ that are no script (oplog.lua,
+// lru.lua): the libraries scripts are composed with, by name.
+func vecLibraries(t *testing.T) map[string]string {
+	files, err := filepath.Glob(filepath.Join("..", "lua", "*.lua"))
 	require.NoError(t, err)
+	libs := map[string]string{}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".lua")
+		if slices.ContainsFunc(lua.All(), func(s *lua.Script) bool { return s.Name == name }) {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		libs[name] = string(b)
+	}
+	require.NotEmpty(t, libs)
+	return libs
+}
+
+func vecScripts(t *testing.T) []vecScript {
+	libs := vecLibraries(t)
+	names := slices.Sorted(maps.Keys(libs))
 	var vs []vecScript
 	for _, s := range lua.All() {
 		v := vecScript{Name: s.Name, File: "lua/" + s.Name + ".lua", Libraries: []string{}, Keys: s.Keys, Args: s.Args,
 			Variadic: s.Variadic, SourceLen: len(s.Source), SHA1: s.Hash()}
-		if s.Source != s.File {
-			require.Equal(t, string(lru)+"\n"+s.File, s.Source, "%s: composed source", s.Name)
-			v.Libraries = append(v.Libraries, "lua/lru.lua")
+		// The source is each library followed by "\n", then the file.
+		rest := s.Source
+		for rest != s.File {
+			i := slices.IndexFunc(names, func(n string) bool { return strings.HasPrefix(rest, libs[n]+"\n") })
+			require.GreaterOrEqual(t, i, 0, "%s: the composed source is no libraries followed by the file", s.Name)
+			v.Libraries = append(v.Libraries, "lua/"+names[i]+".lua")
+			rest = rest[len(libs[names[i]])+1:]
 		}
 		sum := sha1.Sum([]byte(s.Source))
 		require.Equal(t, hex.EncodeToString(sum[:]), s.Hash())
@@ -543,9 +678,17 @@ type vecCall struct {
 	Command string   `json:"command"`
 	Script  string   `json:"script,omitempty"`
 	Keys    []string `json:"keys,omitempty"`
-	Args    []string `json:"args"`
-	Reply   any      `json:"reply"`
+	// Args are strings, but record's continuation is a vecBytes.
+	Args  []any `json:"args"`
+	Reply any   `json:"reply"`
 }
+
+// vecBytes gives opaque bytes in hex.
+type vecBytes struct {
+	Hex string `json:"hex"`
+}
+
+func vecHex(s string) vecBytes { return vecBytes{Hex: hex.EncodeToString([]byte(s))} }
 
 type vecZMember struct {
 	Member string `json:"member"`
@@ -556,10 +699,15 @@ type vecKeyState struct {
 	Key  string `json:"key"`
 	Type string `json:"type"`
 	// PTTL is the key's remaining time to live in ms, -1 for none.
-	PTTL int64             `json:"pttl_ms"`
-	Hash map[string]string `json:"hash,omitempty"`
-	ZSet []vecZMember      `json:"zset,omitempty"`
-	List []string          `json:"list,omitempty"`
+	PTTL int64 `json:"pttl_ms"`
+	// Hash values are strings, but an owner state's continuation c is a
+	// vecBytes.
+	Hash map[string]any `json:"hash,omitempty"`
+	ZSet []vecZMember   `json:"zset,omitempty"`
+	List []string       `json:"list,omitempty"`
+	// String is a string, but a reserve's answer that holds the consumed
+	// continuation is a vecBytes.
+	String any `json:"string,omitempty"`
 }
 
 type vecScenarioStep struct {
@@ -579,12 +727,21 @@ type vecScenario struct {
 	Steps   []vecScenarioStep `json:"steps"`
 }
 
+// vecOpID is the n-th operation id of a scenario: 12 hex digits, as
+// lua.NewOpID draws them.
+func vecOpID(n uint64) string { return fmt.Sprintf("%012x", (n*0x9e3779b97f4a7c15)>>16) }
+
 // vecRecorder is a go-redis hook that records the commands a step sends.
+// It replaces the random operation id in the answer key of every
+// session_save with one of vecOpID, the same for every call that sent the
+// same id.
 type vecRecorder struct {
 	t       *testing.T
 	on      bool
 	calls   []vecCall
 	scripts map[string]string // SHA1 → name
+	opIDs   map[string]string // session_save: id drawn → id sent
+	drawn   uint64
 }
 
 func (r *vecRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -594,12 +751,43 @@ func (r *vecRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 
 func (r *vecRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.fixOpID(cmd)
 		err := next(ctx, cmd)
 		if r.on {
 			r.record(cmd)
 		}
 		return err
 	}
+}
+
+// script returns the name of the script cmd runs, or "".
+func (r *vecRecorder) script(cmd redis.Cmder) string {
+	args := cmd.Args()
+	switch strings.ToUpper(fmt.Sprint(args[0])) {
+	case "EVALSHA":
+		return r.scripts[fmt.Sprint(args[1])]
+	case "EVAL":
+		sum := sha1.Sum([]byte(fmt.Sprint(args[1])))
+		return r.scripts[hex.EncodeToString(sum[:])]
+	}
+	return ""
+}
+
+func (r *vecRecorder) fixOpID(cmd redis.Cmder) {
+	if r.script(cmd) != "session_save" {
+		return
+	}
+	args := cmd.Args()
+	key := args[3+2].(string) // KEYS[3], "<…>:q:<op id>"
+	cut := len(key) - len(lua.NewOpID())
+	drawn := key[cut:]
+	id, ok := r.opIDs[drawn]
+	if !ok {
+		r.drawn++
+		id = vecOpID(r.drawn)
+		r.opIDs[drawn], r.opIDs[id] = id, id
+	}
+	args[3+2] = key[:cut] + id
 }
 
 func (r *vecRecorder) record(cmd redis.Cmder) {
@@ -609,7 +797,7 @@ func (r *vecRecorder) record(cmd redis.Cmder) {
 	var rest []any
 	switch name {
 	case "EVALSHA", "EVAL":
-		c.Script = r.scripts[fmt.Sprint(args[1])]
+		c.Script = r.script(cmd)
 		require.NotEmpty(r.t, c.Script, "unknown script")
 		n := args[2].(int)
 		for _, k := range args[3 : 3+n] {
@@ -619,9 +807,14 @@ func (r *vecRecorder) record(cmd redis.Cmder) {
 	default:
 		rest = args[1:]
 	}
-	c.Args = []string{}
-	for _, a := range rest {
-		c.Args = append(c.Args, vecArg(r.t, a))
+	c.Args = []any{}
+	for i, a := range rest {
+		s := vecArg(r.t, a)
+		if c.Script == "record" && i == 5 { // ARGV[6], the continuation
+			c.Args = append(c.Args, vecHex(s))
+			continue
+		}
+		c.Args = append(c.Args, s)
 	}
 	var val any
 	var err error
@@ -640,6 +833,15 @@ func (r *vecRecorder) record(cmd redis.Cmder) {
 		c.Reply = map[string]any{"error": err.Error()}
 	default:
 		c.Reply = vecReply(r.t, val)
+	}
+	// The continuation in reserve's reply [4] and inspect's [3].
+	if reply, ok := c.Reply.([]any); ok {
+		at := map[string]int{"reserve": 3, "inspect": 2}
+		if i, ok := at[c.Script]; ok && i < len(reply) {
+			if s, ok := reply[i].(string); ok {
+				reply[i] = vecHex(s)
+			}
+		}
 	}
 	r.calls = append(r.calls, c)
 }
@@ -693,7 +895,15 @@ func vecDump(t *testing.T, c *redis.Client) []vecKeyState {
 		ks := vecKeyState{Key: k, Type: typ, PTTL: pttl}
 		switch typ {
 		case "hash":
-			ks.Hash, err = c.HGetAll(ctx, k).Result()
+			var h map[string]string
+			h, err = c.HGetAll(ctx, k).Result()
+			ks.Hash = map[string]any{}
+			for f, v := range h {
+				ks.Hash[f] = v
+				if f == "c" && strings.Contains(k, "}:o:") {
+					ks.Hash[f] = vecHex(v)
+				}
+			}
 		case "zset":
 			var zs []redis.Z
 			zs, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
@@ -702,6 +912,13 @@ func vecDump(t *testing.T, c *redis.Client) []vecKeyState {
 			}
 		case "list":
 			ks.List, err = c.LRange(ctx, k, 0, -1).Result()
+		case "string":
+			var s string
+			s, err = c.Get(ctx, k).Result()
+			ks.String = s
+			if vecConsumedAnswer.MatchString(s) {
+				ks.String = vecHex(s)
+			}
 		default:
 			t.Fatalf("key %s of type %s", k, typ)
 		}
@@ -710,6 +927,10 @@ func vecDump(t *testing.T, c *redis.Client) []vecKeyState {
 	}
 	return out
 }
+
+// vecConsumedAnswer matches the answer of a reserve that consumed a
+// continuation (lua/reserve.lua): "<seq>:<existed>1" and the continuation.
+var vecConsumedAnswer = regexp.MustCompile(`^[0-9]+:[01]1`)
 
 // vecServer is a miniredis with a stopped clock, a recording client and
 // every script loaded.
@@ -724,7 +945,7 @@ type vecServer struct {
 func newVecServer(t *testing.T, start time.Time) *vecServer {
 	mr, c := redistest.Miniredis(t)
 	mr.SetTime(start)
-	rec := &vecRecorder{t: t, scripts: map[string]string{}}
+	rec := &vecRecorder{t: t, scripts: map[string]string{}, opIDs: map[string]string{}}
 	c.AddHook(rec)
 	for _, s := range lua.All() {
 		sha, err := c.ScriptLoad(context.Background(), s.Source).Result()
@@ -766,15 +987,24 @@ var vecKey = func() (k fingerprint.Key) {
 
 var vecParser, _ = fingerprint.New(fingerprint.V2(), vecKey)
 
-// vecNonceBackend is the Redis backend with the reserve nonce fixed by the
-// scenario, so that its calls are reproducible.
-type vecNonceBackend struct {
-	*redisBackend
-	nonce uint64
+// vecOpIDs draws the operation ids of a scenario's stores from a counter
+// they share, so that its calls are reproducible.
+type vecOpIDs struct {
+	n *uint64
+	// again, when set, is the id of the next call: a call sent again.
+	again string
+	// last is the id of the last call.
+	last string
 }
 
-func (b *vecNonceBackend) reserve(ctx context.Context, owner identity.Owner, size int64, _ uint64) (reserved, error) {
-	return b.redisBackend.reserve(ctx, owner, size, b.nonce)
+func (o *vecOpIDs) next() string {
+	id := o.again
+	if id == "" {
+		*o.n++
+		id = vecOpID(*o.n)
+	}
+	o.again, o.last = "", id
+	return id
 }
 
 func vecReservation(r *Reservation) map[string]any {
@@ -795,24 +1025,30 @@ func vecReservation(r *Reservation) map[string]any {
 func vecStoreScenario(t *testing.T) vecScenario {
 	ctx := context.Background()
 	srv := newVecServer(t, time.Date(2025, 6, 1, 12, 0, 0, 123456000, time.UTC))
-	newStoreOn := func(o Options) (*Store, *vecNonceBackend) {
+	var drawn uint64
+	newStoreOn := func(o Options) (*Store, *redisBackend, *vecOpIDs) {
 		opts, err := o.withDefaults()
 		require.NoError(t, err)
-		rb := &redisBackend{client: srv.c, opts: opts, keys: keyspace{ns: opts.Namespace}}
+		ids := &vecOpIDs{n: &drawn}
+		rb := &redisBackend{client: srv.c, opts: opts, keys: newKeyspace(opts.Namespace, opts.Partitions), newOpID: ids.next}
 		rb.fp.Store(vecParser)
 		rb.schema.running = true // no background schema checks in the record
-		nb := &vecNonceBackend{redisBackend: rb}
-		return &Store{opts: opts, backend: nb, inline: true, breakers: newBreakers(opts)}, nb
+		return &Store{opts: opts, backend: rb, inline: true, breakers: newBreakers(opts)}, rb, ids
 	}
 	base := Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1}
-	s, nb := newStoreOn(base)
+	s, rb, ids := newStoreOn(base)
 	var steps []vecScenarioStep
-	add := func(st vecScenarioStep) { steps = append(steps, st) }
-	nonces := uint64(0)
-	nextNonce := func() uint64 {
-		nonces++
-		nb.nonce = nonces * 0x9e3779b97f4a7c15
-		return nb.nonce
+	// step records a step of a store whose operation ids ids draws; the
+	// input names the id the step's call sent.
+	step := func(ids *vecOpIDs, name, op string, in map[string]any, fn func() map[string]any) {
+		ids.last = ""
+		steps = append(steps, srv.step(name, op, in, func() map[string]any {
+			out := fn()
+			if ids.last != "" {
+				in["op_id"] = ids.last
+			}
+			return out
+		}))
 	}
 
 	mustOwner := func(o identity.Owner, err error) identity.Owner {
@@ -834,20 +1070,20 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		require.NoError(t, err)
 		return r
 	}
-	reserve := func(name string, o identity.Owner, b string, nonce uint64) *Reservation {
-		if nonce == 0 {
-			nonce = nextNonce()
-		}
-		nb.nonce = nonce
+	// reserveAgain reserves on s; again, when set, is the op id of an
+	// earlier call that this one sends again.
+	reserveAgain := func(name string, o identity.Owner, b, again string) *Reservation {
 		var res *Reservation
-		add(srv.step(name, "reserve", map[string]any{"owner": o.Key(), "request": b, "nonce": strconv.FormatUint(nonce, 16)}, func() map[string]any {
+		step(ids, name, "reserve", map[string]any{"owner": o.Key(), "request": b}, func() map[string]any {
+			ids.again = again
 			res = s.Reserve(ctx, o, parse(b))
 			require.NoError(t, res.Err)
 			return vecReservation(res)
-		}))
+		})
 		return res
 	}
-	record := func(name string, res *Reservation, b string, out Result) {
+	reserve := func(name string, o identity.Owner, b string) *Reservation { return reserveAgain(name, o, b, "") }
+	recordAgain := func(name string, res *Reservation, b string, out Result, again string) {
 		in := map[string]any{"owner": res.Owner.Key(), "turn": res.Turn.String(), "request": b,
 			"response_id": out.ResponseID, "socket_replica": out.Socket.Replica, "socket_id": strconv.FormatUint(out.Socket.ID, 10)}
 		outs := []string{}
@@ -855,11 +1091,20 @@ func vecStoreScenario(t *testing.T) vecScenario {
 			outs = append(outs, string(o))
 		}
 		in["output"] = outs
-		add(srv.step(name, "record", in, func() map[string]any {
+		step(ids, name, "record", in, func() map[string]any {
+			ids.again = again
 			got, err := s.Record(ctx, res, out)
 			require.NoError(t, err)
 			return map[string]any{"outcome": string(got)}
-		}))
+		})
+	}
+	record := func(name string, res *Reservation, b string, out Result) { recordAgain(name, res, b, out, "") }
+	inspect := func(name string, o identity.Owner) {
+		step(ids, name, "inspect", map[string]any{"owner": o.Key()}, func() map[string]any {
+			st, err := s.Inspect(ctx, o)
+			require.NoError(t, err)
+			return vecStateResult(st)
+		})
 	}
 	output := func(items ...string) []json.RawMessage {
 		var out []json.RawMessage
@@ -868,75 +1113,75 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		}
 		return out
 	}
-	tick := func() { srv.advance(1500 * time.Millisecond) }
+	later := func() { srv.advance(1500 * time.Millisecond) }
+	last := func() vecScenarioStep { return steps[len(steps)-1] }
 
-	add(srv.step("open the namespace: record or compare the schema", "open", map[string]any{"namespace": "cont", "partitions": 16}, func() map[string]any {
-		require.NoError(t, nb.checkSchema(ctx))
+	step(ids, "open the namespace: record or compare the schema", "open", map[string]any{"namespace": "cont", "partitions": 16}, func() map[string]any {
+		require.NoError(t, rb.checkSchema(ctx))
 		return map[string]any{"schema_ok": true}
-	}))
-	tick()
+	})
+	later()
 	r1 := body("Be brief.", u1)
-	a := reserve("first request of s1: no state", s1, r1, 0)
-	tick()
+	a := reserve("first request of s1: no state", s1, r1)
+	later()
 	record("record the first response", a, r1, Result{ResponseID: "resp_1", Socket: Socket{ID: 7}, Output: output(o1)})
-	tick()
+	later()
 	r2 := body("Be brief.", u1, o1, u2)
-	nonceB := nextNonce()
-	b := reserve("next request appends to the transcript: continue", s1, r2, nonceB)
-	add(srv.step("the same reserve call sent again (client retry): the first answer", "reserve", map[string]any{"owner": s1.Key(), "request": r2, "nonce": strconv.FormatUint(nonceB, 16)}, func() map[string]any {
-		nb.nonce = nonceB
-		res := s.Reserve(ctx, s1, parse(r2))
-		require.Equal(t, b.Turn, res.Turn)
-		return vecReservation(res)
-	}))
-	add(srv.step("is the turn current", "is_current", map[string]any{"owner": s1.Key(), "turn": b.Turn.String()}, func() map[string]any {
+	b := reserve("next request appends to the transcript: continue", s1, r2)
+	opB, first := ids.last, last()
+	later()
+	again := reserveAgain("the same reserve sent again later with the same op id (a client retry): the first run's answer from its answer key, although the continuation is consumed and the clock moved; nothing changes",
+		s1, r2, opB)
+	require.Equal(t, vecReservation(b), vecReservation(again))
+	require.Equal(t, first.Calls[0].Keys, last().Calls[0].Keys)
+	require.Equal(t, first.Calls[0].Args, last().Calls[0].Args)
+	step(ids, "is the turn current", "is_current", map[string]any{"owner": s1.Key(), "turn": b.Turn.String()}, func() map[string]any {
 		ok, err := s.IsCurrent(ctx, b)
 		require.NoError(t, err)
+		require.True(t, ok)
 		return map[string]any{"current": ok}
-	}))
-	add(srv.step("inspect an owner whose turn is in flight", "inspect", map[string]any{"owner": s1.Key()}, func() map[string]any {
-		st, err := s.Inspect(ctx, s1)
-		require.NoError(t, err)
-		return vecStateResult(st)
-	}))
-	tick()
+	})
+	inspect("inspect an owner whose turn is in flight", s1)
+	later()
 	record("a stale turn records: nothing changes", a, r1, Result{ResponseID: "resp_late", Socket: Socket{ID: 7}, Output: output(o1)})
-	record("the current turn records", b, r2, Result{ResponseID: "resp_2", Socket: Socket{Replica: "gw-b", ID: 12}, Output: output(o2)})
-	add(srv.step("inspect a published owner", "inspect", map[string]any{"owner": s1.Key()}, func() map[string]any {
-		st, err := s.Inspect(ctx, s1)
-		require.NoError(t, err)
-		return vecStateResult(st)
-	}))
-	tick()
+	out2 := Result{ResponseID: "resp_2", Socket: Socket{Replica: "gw-b", ID: 12}, Output: output(o2)}
+	record("the current turn records", b, r2, out2)
+	opRB := ids.last
+	later()
+	before := last()
+	recordAgain("the same record sent again later with the same op id: published, from its answer key; nothing changes (not even the LRU touch)", b, r2, out2, opRB)
+	vecSameState(t, before, last())
+	late := reserveAgain("the first reserve sent again once more, after its turn published a new continuation: still the first run's answer, with the continuation it consumed; nothing changes",
+		s1, r2, opB)
+	require.Equal(t, vecReservation(b), vecReservation(late))
+	vecSameState(t, before, last())
+	inspect("inspect a published owner", s1)
+	later()
 	r3 := body("Be verbose.", u1, o1, u2, o2)
-	c := reserve("changed instructions: prompt_changed", s1, r3, 0)
-	tick()
+	c := reserve("changed instructions: prompt_changed", s1, r3)
+	later()
 	record("record the full-context response", c, r3, Result{ResponseID: "resp_3", Socket: Socket{ID: 7}, Output: output(o1)})
-	tick()
+	later()
 	r4 := body("Be verbose.", u1, o1)
-	d := reserve("a request shorter than the transcript: not_append_only", s1, r4, 0)
-	add(srv.step("abort the current turn", "abort", map[string]any{"owner": s1.Key(), "turn": d.Turn.String()}, func() map[string]any {
+	d := reserve("a request shorter than the transcript: not_append_only", s1, r4)
+	step(ids, "abort the current turn", "abort", map[string]any{"owner": s1.Key(), "turn": d.Turn.String()}, func() map[string]any {
 		ok, err := s.Abort(ctx, d)
 		require.NoError(t, err)
 		return map[string]any{"removed": ok}
-	}))
-	tick()
-	e := reserve("after abort: missing_state", s1, r1, 0)
+	})
+	later()
+	e := reserve("after abort: missing_state", s1, r1)
 	record("a response without id is dropped (abort)", e, r1, Result{Socket: Socket{ID: 7}, Output: output(o1)})
-	tick()
-	f := reserve("an agent of s1: its own state", sub, r1, 0)
+	later()
+	f := reserve("an agent of s1: its own state", sub, r1)
 	record("the agent records", f, r1, Result{ResponseID: "resp_a1", Socket: Socket{ID: 9}, Output: output(o1)})
-	tick()
-	reserve("the agent sends its transcript unchanged: empty_delta", sub, body("Be brief.", u1, o1), 0)
-	add(srv.step("clear the agent", "clear", map[string]any{"owner": sub.Key()}, func() map[string]any {
+	later()
+	reserve("the agent sends its transcript unchanged: empty_delta", sub, body("Be brief.", u1, o1))
+	step(ids, "clear the agent", "clear", map[string]any{"owner": sub.Key()}, func() map[string]any {
 		require.NoError(t, s.Clear(ctx, sub))
 		return map[string]any{}
-	}))
-	add(srv.step("inspect a cleared owner", "inspect", map[string]any{"owner": sub.Key()}, func() map[string]any {
-		st, err := s.Inspect(ctx, sub)
-		require.NoError(t, err)
-		return vecStateResult(st)
-	}))
+	})
+	inspect("inspect a cleared owner", sub)
 
 	// Idle expiry: s2 and s3 publish, then nothing touches them for longer
 	// than the TTL.
@@ -944,41 +1189,60 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	s2 := vecOwnerIn(t, "idle-", 16, func(p int) bool { return p != p1 })
 	p2 := s2.Partition(16)
 	s3 := vecOwnerIn(t, "idle-", 16, func(p int) bool { return p != p1 && p != p2 })
-	tick()
-	g := reserve("another owner", s2, r1, 0)
+	later()
+	g := reserve("another owner", s2, r1)
 	record("it records", g, r1, Result{ResponseID: "resp_g", Socket: Socket{ID: 3}, Output: output(o1)})
-	h := reserve("a third owner", s3, r1, 0)
+	h := reserve("a third owner", s3, r1)
 	record("it records too", h, r1, Result{ResponseID: "resp_h", Socket: Socket{ID: 3}, Output: output(o1)})
 	srv.advance(DefaultTTL + time.Second)
-	add(srv.step("prune after the TTL: the idle state's bytes are given back", "prune", map[string]any{"partition": p2}, func() map[string]any {
-		ev, err := nb.prune(ctx, p2)
+	step(ids, "prune after the TTL: the idle state's bytes are given back", "prune", map[string]any{"partition": p2}, func() map[string]any {
+		ev, err := rb.prune(ctx, p2)
 		require.NoError(t, err)
 		return map[string]any{"ttl": ev.TTL, "owners": ev.Owners, "bytes": ev.Bytes}
-	}))
-	tick()
-	reserve("reserve finds its own expired LRU entry: missing_state, counted as a TTL eviction", s3, r2, 0)
-	reserve("s1 starts again", s1, r1, 0)
+	})
+	later()
+	reserve("reserve finds its own expired LRU entry: missing_state, counted as a TTL eviction", s3, r2)
+	reserve("s1 starts again", s1, r1)
 
-	// Owner limit: a store whose share is one owner per partition.
-	small, smallNB := newStoreOn(Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1, MaxOwners: 16})
-	tick()
+	// Owner limit: a store whose share is one owner per partition, and
+	// whose clock (Options.Now) the scripts take as "now".
+	small, _, smallIDs := newStoreOn(Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1, MaxOwners: 16,
+		Now: func() time.Time { return srv.now }})
+	later()
 	x := vecOwnerIn(t, "crowd-", 16, func(p int) bool { return p == p1 })
-	nonce := nextNonce()
-	smallNB.nonce = nonce
-	add(srv.step("a store with MaxOwners 16 (one per partition) reserves a second owner in s1's partition: s1 is evicted", "reserve",
-		map[string]any{"owner": x.Key(), "request": r1, "nonce": strconv.FormatUint(nonce, 16), "max_owners": 16}, func() map[string]any {
+	step(smallIDs, "a store with MaxOwners 16 (one per partition) and a clock of its own reserves a second owner in s1's partition: s1 is evicted", "reserve",
+		map[string]any{"owner": x.Key(), "request": r1, "max_owners": 16, "now_ms": srv.now.UnixMilli()}, func() map[string]any {
 			res := small.Reserve(ctx, x, parse(r1))
 			require.NoError(t, res.Err)
 			return vecReservation(res)
-		}))
+		})
 
 	return vecScenario{
 		Options: map[string]any{"namespace": "cont", "partitions": s.opts.Partitions, "ttl_ms": s.opts.TTL.Milliseconds(),
 			"max_owners": s.opts.MaxOwners, "max_total_bytes": s.opts.MaxTotalBytes, "max_owner_bytes": s.opts.MaxOwnerBytes,
 			"partition_owner_limit": s.opts.partitionOwners(), "partition_byte_limit": s.opts.partitionBytes(),
-			"eviction_budget": evictionBudget, "replica": s.opts.Replica},
+			"eviction_budget": evictionBudget, "replica": s.opts.Replica,
+			"op_timeout_ms": s.opts.OpTimeout.Milliseconds(), "answer_ttl_ms": lua.AnswerTTL(s.opts.OpTimeout).Milliseconds()},
 		Steps: steps,
 	}
+}
+
+// vecSameState checks that nothing changed from step before to step after:
+// the same keys with the same contents, and each TTL down by the time
+// between them (nothing refreshed it).
+func vecSameState(t *testing.T, before, after vecScenarioStep) {
+	t.Helper()
+	t0, err := time.Parse(time.RFC3339Nano, before.ServerTime)
+	require.NoError(t, err)
+	t1, err := time.Parse(time.RFC3339Nano, after.ServerTime)
+	require.NoError(t, err)
+	want := slices.Clone(before.State)
+	for i := range want {
+		if want[i].PTTL >= 0 {
+			want[i].PTTL -= t1.Sub(t0).Milliseconds()
+		}
+	}
+	assert.Equal(t, want, after.State, "%s: nothing changes", after.Name)
 }
 
 func vecStateResult(st State) map[string]any {
@@ -1036,6 +1300,20 @@ func vecSessionScenario(t *testing.T) []vecScenarioStep {
 			}
 		}))
 	}
+	// saveAgain sends the last step's script call again, as a client
+	// library re-sends a call whose reply was lost.
+	saveAgain := func(name string) {
+		prev := steps[len(steps)-1]
+		require.Len(t, prev.Calls, 1)
+		call := prev.Calls[0]
+		steps = append(steps, srv.step(name, "session_save", map[string]any{"resend": prev.Name}, func() map[string]any {
+			reply, err := lua.SessionSave.Run(ctx, srv.c, call.Keys, call.Args...).StringSlice()
+			require.NoError(t, err)
+			require.Equal(t, call.Reply, []any{reply[0], reply[1]})
+			return map[string]any{"status": reply[0], "version": reply[1]}
+		}))
+		vecSameState(t, prev, steps[len(steps)-1])
+	}
 	load := func(name string, st session.Store, id string) {
 		steps = append(steps, srv.step(name, "session_load", map[string]any{"session": id}, func() map[string]any {
 			return sessionResult(st.Load(ctx, id))
@@ -1048,6 +1326,7 @@ func vecSessionScenario(t *testing.T) []vecScenarioStep {
 	srv.advance(time.Second)
 	a.Messages = append(a.Messages, msg(`{"role":"user","content":"More"}`))
 	save("snapshot: next save", snap, a, "snapshot")
+	saveAgain("snapshot: the same save sent again with the same op id: ok and the version it wrote, from its answer key; nothing changes")
 	save("snapshot: a copy loaded at an older version conflicts", snap, stale, "snapshot")
 	load("snapshot: load", snap, "snap-1")
 
@@ -1057,13 +1336,14 @@ func vecSessionScenario(t *testing.T) []vecScenarioStep {
 	j.Messages = append(j.Messages, msg(`{"role":"user","content":"Weather?"}`))
 	j.Tokens.Input += 50
 	save("journal: an append-only extension pushes the new message", journal, j, "journal")
+	saveAgain("journal: the same append sent again with the same op id: ok from its answer key; nothing is pushed twice")
 	srv.advance(time.Second)
 	j.Messages[0] = msg(`{"role":"user","content":"Hi (edited)"}`)
 	save("journal: an edited history is rewritten", journal, j, "journal")
 	srv.advance(time.Second)
 	require.NoError(t, srv.c.Del(ctx, "sess:{sess:journal-1}:log").Err())
 	j.Messages = append(j.Messages, msg(`{"role":"assistant","content":"Sunny."}`))
-	save("journal: the log was lost, so the append is refused and rewritten", journal, j, "journal")
+	save("journal: the log was lost, so the append is refused and rewritten with the same op id", journal, j, "journal")
 	load("journal: load", journal, "journal-1")
 	return steps
 }
@@ -1076,25 +1356,27 @@ func vecBuild(t *testing.T) vecFile {
 		Constants: vecConstants{
 			MaxIDBytes:       identity.MaxIDBytes,
 			ScoreEpochMillis: scoreEpochMillis, ScoreTimeUnit: scoreTimeUnit, ScorePublished: scorePublished, MaxStateBytes: maxStateBytes,
-			TurnEpochSeconds: turnEpochSeconds, TicksPerMilli: ticksPerMilli, TurnLimit: 1 << 53,
-			FreshStateOverhead: freshStateOverhead, PublishedStateOverhead: publishedStateOverhead,
+			TurnEpochSeconds: turnEpochSeconds, SeqLimit: 1 << 53,
+			StateOverhead: stateOverhead, StateNameCost: stateNameCost, ContinuationFormat: continuationFormat,
+			OpIDDigits: len(lua.NewOpID()), MinAnswerTTLMillis: lua.AnswerTTL(0).Milliseconds(), AnswerTTLOpTimeouts: int64(lua.AnswerTTL(time.Hour) / time.Hour),
 			EvictionBudget: evictionBudget, SchemaVersion: schemaVersion,
 			DefaultNamespace: DefaultNamespace, DefaultPartitions: DefaultPartitions, MaxPartitions: MaxPartitions,
 			DefaultTTLMillis: DefaultTTL.Milliseconds(), DefaultMaxOwners: DefaultMaxOwners,
-			DefaultMaxOwnerBytes: DefaultMaxOwnerBytes, DefaultMaxTotalBytes: DefaultMaxTotalBytes,
+			DefaultMaxOwnerBytes: DefaultMaxOwnerBytes, DefaultMaxTotalBytes: DefaultMaxTotalBytes, DefaultOpTimeoutMillis: DefaultOpTimeout.Milliseconds(),
 			MaxResponseIDBytes: maxResponseIDBytes, MaxReplicaBytes: maxReplicaBytes, MaxNamespaceBytes: maxNamespaceBytes,
 		},
-		Owners:       vecOwners(t),
-		OwnerKeys:    vecOwnerKeys(t),
-		Keys:         vecKeyNames(t),
-		SessionKeys:  vecSessionKeyNames(t),
-		Scores:       vecScores(t),
-		TurnTokens:   vecTurnTokens(t),
-		Sequences:    vecSequences(t),
-		StoredBytes:  vecStoredBytesCases(t),
-		Scripts:      vecScripts(t),
-		Scenario:     vecStoreScenario(t),
-		SessionSteps: vecSessionScenario(t),
+		Owners:        vecOwners(t),
+		OwnerKeys:     vecOwnerKeys(t),
+		Keys:          vecKeyNames(t),
+		SessionKeys:   vecSessionKeyNames(t),
+		Scores:        vecScores(t),
+		Continuations: vecContinuations(t),
+		TurnTokens:    vecTurnTokens(t),
+		Sequences:     vecSequences(t),
+		StoredBytes:   vecStoredBytesCases(t),
+		Scripts:       vecScripts(t),
+		Scenario:      vecStoreScenario(t),
+		SessionSteps:  vecSessionScenario(t),
 	}
 }
 
@@ -1110,6 +1392,99 @@ func vecLoad(t *testing.T) vecFile {
 	var f vecFile
 	vectorfile.Load(t, vecPath, &f)
 	return f
+}
+
+// ---- the documented rules, written out independently ----
+
+// ruleUvarint appends v as an unsigned LEB128 varint.
+func ruleUvarint(b []byte, v uint64) []byte {
+	for v >= 0x80 {
+		b = append(b, byte(v)|0x80)
+		v >>= 7
+	}
+	return append(b, byte(v))
+}
+
+// ruleContinuation is a continuation as PROTOCOL.md 6.2 encodes it.
+type ruleContinuation struct {
+	responseID, replica string
+	socket              uint64
+	items, bytes        uint64
+	digest, signature   uint64
+}
+
+func (c ruleContinuation) encode() []byte {
+	b := ruleUvarint(ruleUvarint([]byte{1}, c.items), c.bytes)
+	for _, d := range []uint64{c.digest, c.signature} {
+		for shift := 56; shift >= 0; shift -= 8 {
+			b = append(b, byte(d>>shift))
+		}
+	}
+	b = ruleUvarint(b, c.socket)
+	b = ruleUvarint(b, uint64(len(c.responseID)))
+	b = append(b, c.responseID...)
+	if c.socket != 0 {
+		b = append(b, c.replica...)
+	}
+	return b
+}
+
+// ruleDecode decodes an encoded continuation, or reports false.
+func ruleDecode(b []byte) (ruleContinuation, bool) {
+	var c ruleContinuation
+	uvarint := func() (uint64, bool) {
+		var v uint64
+		for i := 0; i < 10 && i < len(b); i++ {
+			v |= uint64(b[i]&0x7f) << (7 * i)
+			if b[i] < 0x80 {
+				b = b[i+1:]
+				return v, true
+			}
+		}
+		return 0, false
+	}
+	if len(b) == 0 || b[0] != 1 {
+		return c, false
+	}
+	b = b[1:]
+	var ok1, ok2, ok3, ok4 bool
+	if c.items, ok1 = uvarint(); !ok1 || c.items > 1<<62 {
+		return c, false
+	}
+	if c.bytes, ok2 = uvarint(); !ok2 || c.bytes > 1<<62 || len(b) < 16 {
+		return c, false
+	}
+	for i := range 8 {
+		c.digest = c.digest<<8 | uint64(b[i])
+		c.signature = c.signature<<8 | uint64(b[8+i])
+	}
+	b = b[16:]
+	if c.socket, ok3 = uvarint(); !ok3 {
+		return c, false
+	}
+	n, ok4 := uvarint()
+	if !ok4 || n == 0 || n > uint64(len(b)) {
+		return c, false
+	}
+	c.responseID = string(b[:n])
+	if c.socket != 0 {
+		c.replica = string(b[n:])
+	}
+	return c, true
+}
+
+// ruleHex returns the bytes of a {"hex": …} value of the file.
+func ruleHex(t *testing.T, v any) []byte {
+	m, ok := v.(map[string]any)
+	require.True(t, ok, "%v is no {hex}", v)
+	b, err := hex.DecodeString(m["hex"].(string))
+	require.NoError(t, err)
+	return b
+}
+
+// ruleStateBytes is PROTOCOL.md 7.3 without the continuation.
+func ruleStateBytes(c vecConstants, stateKey, member string) int64 {
+	return c.StateOverhead + int64(len(stateKey)+len(member))*c.StateNameCost/100
 }
 
 // TestVectorsFollowTheDocumentedRules checks the stored vectors with the
@@ -1139,7 +1514,10 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Equal(t, int(xxhash.Sum64String(v.OwnerKey)%uint64(v.Partitions)), v.Partition)
 		tag := fmt.Sprintf("{%s:%02d}", v.Namespace, v.Partition)
 		assert.Equal(t, tag, v.Tag)
-		assert.Equal(t, v.Namespace+":"+tag+":o:"+v.OwnerKey, v.State)
+		assert.Equal(t, v.Namespace+":"+tag+":o:", v.OwnerPrefix)
+		assert.Equal(t, v.OwnerKey, v.LRUMember)
+		assert.Equal(t, v.OwnerPrefix+v.LRUMember, v.State)
+		assert.Equal(t, v.Namespace+":"+tag+":q:"+v.OwnerKey+":", v.AnswerPrefix)
 		assert.Equal(t, v.Namespace+":"+tag+":lru", v.LRU)
 		assert.Equal(t, v.Namespace+":"+tag+":part", v.Part)
 		assert.Equal(t, v.Namespace+":{"+v.Namespace+"}:meta", v.Meta)
@@ -1148,6 +1526,7 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		tag := "{" + v.Namespace + ":" + v.SessionID + "}"
 		assert.Equal(t, v.Namespace+":"+tag+":head", v.Head)
 		assert.Equal(t, v.Namespace+":"+tag+":log", v.Log)
+		assert.Equal(t, v.Namespace+":"+tag+":q:", v.AnswerPrefix)
 	}
 
 	for _, v := range f.Scores {
@@ -1156,39 +1535,91 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 			want += c.ScorePublished
 		}
 		assert.Equal(t, want, v.Score)
-		assert.Less(t, v.Score, c.TurnLimit, "scores stay below 2^53")
+		assert.Less(t, v.Score, c.SeqLimit, "scores stay below 2^53")
 	}
-	for _, v := range f.TurnTokens {
-		turn := v.Seq*uint64(v.Partitions) + uint64(v.Partition)
-		if v.Overflow {
-			assert.GreaterOrEqual(t, turn, uint64(c.TurnLimit))
-			assert.Nil(t, v.Turn)
-		} else {
-			assert.Less(t, turn, uint64(c.TurnLimit))
-			assert.Equal(t, turn, *v.Turn)
+
+	assert.Equal(t, 1, c.ContinuationFormat)
+	var valid, invalid int
+	for _, v := range f.Continuations {
+		b, err := hex.DecodeString(v.Hex)
+		require.NoError(t, err, v.Name)
+		got, ok := ruleDecode(b)
+		require.Equal(t, v.Valid, ok, v.Name)
+		if !v.Valid {
+			invalid++
+			continue
 		}
+		valid++
+		socket, err := strconv.ParseUint(v.OriginSocket, 10, 64)
+		require.NoError(t, err, v.Name)
+		digest, err := strconv.ParseUint(v.Digest.Hex, 16, 64)
+		require.NoError(t, err, v.Name)
+		signature, err := strconv.ParseUint(v.Signature.Hex, 16, 64)
+		require.NoError(t, err, v.Name)
+		want := ruleContinuation{responseID: *v.ResponseID, replica: *v.OriginReplica, socket: socket,
+			items: uint64(*v.Items), bytes: uint64(*v.TranscriptBytes), digest: digest, signature: signature}
+		assert.Equal(t, v.AnySocket, socket == 0, v.Name)
+		if v.AnySocket {
+			assert.Empty(t, *v.OriginReplica, v.Name)
+		}
+		assert.Equal(t, hex.EncodeToString(want.encode()), v.Hex, v.Name)
+		assert.Equal(t, want, got, v.Name)
+	}
+	assert.NotZero(t, valid)
+	assert.NotZero(t, invalid)
+
+	for _, v := range f.TurnTokens {
+		assert.Less(t, v.Seq, uint64(c.SeqLimit))
+		assert.Equal(t, strconv.FormatUint(v.Seq*uint64(v.Partitions)+uint64(v.Partition), 10), v.Turn)
 	}
 	for _, v := range f.Sequences {
-		ticks := uint64((v.TimeSeconds-c.TurnEpochSeconds)*1000*c.TicksPerMilli + v.TimeMicros*c.TicksPerMilli/1000)
-		assert.Equal(t, ticks, v.Ticks, v.Name)
-		seq := max(v.PartitionSeq+1, ticks)
-		if v.OwnerTurn != 0 {
-			seq = max(seq, v.OwnerTurn/uint64(v.Partitions)+1)
+		micros := uint64((v.TimeSeconds-c.TurnEpochSeconds)*1_000_000 + v.TimeMicros)
+		assert.Equal(t, micros, v.Micros, v.Name)
+		seq := max(v.PartitionSeq+1, micros)
+		if v.OwnerT != 0 {
+			seq = max(seq, uint64(max(v.OwnerT, -v.OwnerT))+1)
 		}
 		assert.Equal(t, seq, v.Seq, v.Name)
-		assert.Equal(t, seq*uint64(v.Partitions)+uint64(v.Partition), v.Turn, v.Name)
+		assert.Equal(t, strconv.FormatUint(seq*uint64(v.Partitions)+uint64(v.Partition), 10), v.Turn, v.Name)
 		at, err := time.Parse(time.RFC3339Nano, v.Time)
 		require.NoError(t, err)
 		assert.Equal(t, v.TimeSeconds, at.Unix())
 		assert.Equal(t, v.TimeMicros, int64(at.Nanosecond()/1000))
 	}
 	for _, v := range f.StoredBytes {
-		assert.Equal(t, c.FreshStateOverhead+int64(v.KeyBytes), v.Fresh)
-		assert.Equal(t, v.Fresh+c.PublishedStateOverhead+int64(len(v.ResponseID)+len(v.Replica)), v.Published)
+		esc := strings.NewReplacer("%", "%25", ":", "%3A")
+		key := "m:" + esc.Replace(v.Session)
+		if v.Agent != nil {
+			key = "a:" + esc.Replace(v.Session) + ":" + esc.Replace(*v.Agent)
+		}
+		p := int(xxhash.Sum64String(key) % uint64(v.Partitions))
+		assert.Equal(t, p, v.Partition)
+		stateKey := fmt.Sprintf("%s:{%s:%02d}:o:%s", v.Namespace, v.Namespace, p, key)
+		assert.Equal(t, len(stateKey), v.StateKeyBytes)
+		assert.Equal(t, len(key), v.MemberBytes)
+		socket, err := strconv.ParseUint(v.OriginSocket, 10, 64)
+		require.NoError(t, err)
+		cont := ruleContinuation{responseID: v.ResponseID, replica: v.OriginReplica, socket: socket, items: uint64(v.Items), bytes: uint64(v.TranscriptBytes)}
+		assert.Equal(t, len(cont.encode()), v.ContinuationBytes)
+		assert.Equal(t, ruleStateBytes(c, stateKey, key), v.WithoutContinuation)
+		assert.Equal(t, v.WithoutContinuation+int64(v.ContinuationBytes), v.WithContinuation)
+		assert.Equal(t, min(v.WithContinuation, c.MaxStateBytes), v.ScoreSize)
 	}
+
+	keysLine := regexp.MustCompile(`(?m)^-- KEYS\[\d+\]`)
+	argvLine := regexp.MustCompile(`(?m)^-- ARGV\[\d+(\+?)\]`)
 	for _, v := range f.Scripts {
 		src, err := os.ReadFile(filepath.Join("..", v.File))
 		require.NoError(t, err)
+		args := argvLine.FindAllStringSubmatch(string(src), -1)
+		variadic := len(args) > 0 && args[len(args)-1][1] == "+"
+		assert.Equal(t, len(keysLine.FindAllString(string(src), -1)), v.Keys, v.Name)
+		assert.Equal(t, variadic, v.Variadic, v.Name)
+		if variadic {
+			assert.Equal(t, len(args)-1, v.Args, v.Name)
+		} else {
+			assert.Equal(t, len(args), v.Args, v.Name)
+		}
 		for _, lib := range slices.Backward(v.Libraries) {
 			l, err := os.ReadFile(filepath.Join("..", lib))
 			require.NoError(t, err)
@@ -1199,29 +1630,234 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Equal(t, len(src), v.SourceLen, v.Name)
 	}
 
-	// In the scenario, every LRU score matches the state it names, and the
-	// partition hash sums the LRU.
-	for _, st := range f.Scenario.Steps {
-		zsets := map[string][]vecZMember{}
-		hashes := map[string]map[string]string{}
-		for _, k := range st.State {
-			zsets[k.Key], hashes[k.Key] = k.ZSet, k.Hash
-		}
-		for key, members := range zsets {
-			if !strings.HasSuffix(key, ":lru") {
-				continue
-			}
-			var size, published int64
-			for _, m := range members {
-				low := m.Score % c.ScoreTimeUnit
-				size += low % c.ScorePublished
-				if low >= c.ScorePublished {
-					published++
-				}
-			}
-			part := hashes[strings.TrimSuffix(key, "lru")+"part"]
-			assert.Equal(t, strconv.FormatInt(size, 10), part["bytes"], "%s: %s bytes", st.Name, key)
-			assert.Equal(t, strconv.FormatInt(published, 10), part["published"], "%s: %s published", st.Name, key)
+	ruleScenario(t, c, f.Scenario)
+	ruleSessionScenario(t, c, f.SessionSteps)
+}
+
+var ruleOpID = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+// ruleStrings reads a call's arguments, which are strings but for a
+// continuation ({hex}), given back as its bytes.
+func ruleStrings(t *testing.T, args []any) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if s, ok := a.(string); ok {
+			out[i] = s
+		} else {
+			out[i] = string(ruleHex(t, a))
 		}
 	}
+	return out
+}
+
+// ruleAnswer is the answer a change stores (PROTOCOL.md 8.2): reserve
+// "<seq>:<existed><consumed>" and the consumed continuation, record "P",
+// abort "A", clear "C".
+func ruleAnswer(t *testing.T, script string, reply any) string {
+	switch script {
+	case "reserve":
+		r := reply.([]any)
+		out := fmt.Sprintf("%.0f:%.0f", r[0].(float64), r[1].(float64))
+		if len(r) > 3 && r[3] != nil {
+			return out + "1" + string(ruleHex(t, r[3]))
+		}
+		return out + "0"
+	case "record":
+		return "P"
+	case "abort":
+		return "A"
+	default:
+		return "C"
+	}
+}
+
+// ruleChanged reports whether an owner script's reply says it changed
+// something (and stored its answer).
+func ruleChanged(script string, reply any) bool {
+	switch script {
+	case "reserve":
+		return true
+	case "record":
+		return reply.([]any)[0] == "published"
+	default:
+		return reply == 1.0
+	}
+}
+
+func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
+	opTimeout := int64(sc.Options["op_timeout_ms"].(float64))
+	answerTTL := int64(sc.Options["answer_ttl_ms"].(float64))
+	ttl := int64(sc.Options["ttl_ms"].(float64))
+	partitions := uint64(sc.Options["partitions"].(float64))
+	assert.Equal(t, max(c.MinAnswerTTLMillis, c.AnswerTTLOpTimeouts*opTimeout), answerTTL)
+
+	firstRun := map[string]any{} // answer key → the first call's reply
+	resent := map[string]int{}
+	for i, st := range sc.Steps {
+		at, err := time.Parse(time.RFC3339Nano, st.ServerTime)
+		require.NoError(t, err)
+		answers := map[string]string{} // answer key → the answer stored after the step
+		for _, k := range st.State {
+			if strings.Contains(k.Key, "}:q:") {
+				if s, ok := k.String.(string); ok {
+					answers[k.Key] = s
+				} else {
+					answers[k.Key] = string(ruleHex(t, k.String))
+				}
+			}
+		}
+		for _, call := range st.Calls {
+			if call.Command != "EVALSHA" {
+				continue
+			}
+			switch call.Script {
+			case "reserve", "record", "abort", "clear":
+			default:
+				continue
+			}
+			args := ruleStrings(t, call.Args)
+			// The owner scripts' keys and common arguments (8.2).
+			require.Len(t, call.Keys, 4, st.Name)
+			state, member := call.Keys[0], args[2]
+			prefix, ok := strings.CutSuffix(state, member)
+			require.True(t, ok && strings.HasSuffix(prefix, "}:o:"), "%s: member %q of %q", st.Name, member, state)
+			base := strings.TrimSuffix(prefix, "o:")
+			assert.Equal(t, []string{base + "lru", base + "part"}, call.Keys[1:3], st.Name)
+			answerKey := call.Keys[3]
+			op, ok := strings.CutPrefix(answerKey, base+"q:"+member+":")
+			assert.True(t, ok && ruleOpID.MatchString(op), "%s: answer key %q", st.Name, answerKey)
+			assert.Contains(t, []string{"0", strconv.FormatInt(at.UnixMilli(), 10)}, args[0], "%s: now", st.Name)
+			assert.Equal(t, strconv.FormatInt(ttl, 10), args[1], st.Name)
+			assert.Equal(t, strconv.FormatInt(answerTTL, 10), args[3], st.Name)
+			switch call.Script {
+			case "reserve":
+				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[4], st.Name)
+			case "record":
+				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[6], st.Name)
+				_, ok := ruleDecode([]byte(args[5]))
+				assert.True(t, ok, "%s: continuation", st.Name)
+			}
+			first, seen := firstRun[answerKey]
+			if !seen {
+				firstRun[answerKey] = call.Reply
+				// A run that changed something stores its answer; one that
+				// changed nothing stores none.
+				if ruleChanged(call.Script, call.Reply) {
+					assert.Equal(t, ruleAnswer(t, call.Script, call.Reply), answers[answerKey], "%s: answer", st.Name)
+				} else {
+					assert.NotContains(t, answers, answerKey, st.Name)
+				}
+			} else {
+				// Sent again with the same answer key: the first run's answer
+				// (a reserve reports no evictions), and nothing changes.
+				resent[call.Script]++
+				want := first
+				if r, ok := want.([]any); ok && call.Script == "reserve" {
+					want = append(slices.Clone(r[:2]), append([]any{0.0}, r[3:]...)...)
+				}
+				assert.Equal(t, want, call.Reply, st.Name)
+				vecSameState(t, sc.Steps[i-1], st)
+			}
+			// A reserve's token is its seq * P + the partition of its keys.
+			if r, ok := call.Reply.([]any); ok && call.Script == "reserve" {
+				pp := base[strings.LastIndex(base[:len(base)-2], ":")+1 : len(base)-2]
+				p, err := strconv.ParseUint(pp, 10, 64)
+				require.NoError(t, err, st.Name)
+				assert.Equal(t, strconv.FormatUint(uint64(r[0].(float64))*partitions+p, 10), st.Result["turn"], st.Name)
+			}
+		}
+		ruleState(t, c, st, answerTTL)
+	}
+	assert.NotZero(t, resent["reserve"], "a reserve sent again")
+	assert.NotZero(t, resent["record"], "a record sent again")
+}
+
+// ruleState checks the keys after a step: owner states hold t and c and
+// have their LRU entry, answers expire within the answer TTL, and each
+// partition hash sums its LRU.
+func ruleState(t *testing.T, c vecConstants, st vecScenarioStep, answerTTL int64) {
+	zsets := map[string][]vecZMember{}
+	hashes := map[string]map[string]any{}
+	for _, k := range st.State {
+		zsets[k.Key], hashes[k.Key] = k.ZSet, k.Hash
+	}
+	for _, k := range st.State {
+		if i := strings.Index(k.Key, "}:o:"); i >= 0 {
+			require.Equal(t, "hash", k.Type, st.Name)
+			member := k.Key[i+len("}:o:"):]
+			assert.True(t, slices.ContainsFunc(zsets[k.Key[:i]+"}:lru"], func(m vecZMember) bool { return m.Member == member }),
+				"%s: %s has no LRU entry", st.Name, k.Key)
+			for f := range k.Hash {
+				assert.Contains(t, []string{"t", "c"}, f, "%s: %s", st.Name, k.Key)
+			}
+			tv, err := strconv.ParseInt(k.Hash["t"].(string), 10, 64)
+			require.NoError(t, err, st.Name)
+			assert.NotZero(t, tv)
+			if cv, ok := k.Hash["c"]; ok {
+				_, ok := ruleDecode(ruleHex(t, cv))
+				assert.True(t, ok, "%s: %s holds no continuation", st.Name, k.Key)
+			} else {
+				assert.Positive(t, tv, "%s: %s published without c", st.Name, k.Key)
+			}
+		}
+		if strings.Contains(k.Key, "}:q:") {
+			require.Equal(t, "string", k.Type, st.Name)
+			assert.True(t, k.PTTL > 0 && k.PTTL <= answerTTL, "%s: %s PTTL %d", st.Name, k.Key, k.PTTL)
+		}
+	}
+	for key, members := range zsets {
+		if !strings.HasSuffix(key, ":lru") {
+			continue
+		}
+		var size, published int64
+		for _, m := range members {
+			low := m.Score % c.ScoreTimeUnit
+			size += low % c.ScorePublished
+			if low >= c.ScorePublished {
+				published++
+			}
+		}
+		part := hashes[strings.TrimSuffix(key, "lru")+"part"]
+		assert.Equal(t, strconv.FormatInt(size, 10), part["bytes"], "%s: %s bytes", st.Name, key)
+		assert.Equal(t, strconv.FormatInt(published, 10), part["published"], "%s: %s published", st.Name, key)
+	}
+}
+
+func ruleSessionScenario(t *testing.T, c vecConstants, steps []vecScenarioStep) {
+	answered := map[string]any{} // answer key → the reply that published
+	resent := 0
+	for _, st := range steps {
+		answers, pttls := map[string]any{}, map[string]int64{}
+		for _, k := range st.State {
+			answers[k.Key], pttls[k.Key] = k.String, k.PTTL
+		}
+		for _, call := range st.Calls {
+			if call.Script != "session_save" {
+				continue
+			}
+			require.Len(t, call.Keys, 3, st.Name)
+			tag := strings.TrimSuffix(call.Keys[0], "head")
+			assert.Equal(t, tag+"log", call.Keys[1], st.Name)
+			op, ok := strings.CutPrefix(call.Keys[2], tag+"q:")
+			assert.True(t, ok && ruleOpID.MatchString(op), "%s: answer key %q", st.Name, call.Keys[2])
+			args := ruleStrings(t, call.Args)
+			require.GreaterOrEqual(t, len(args), 6, st.Name)
+			answerTTL, err := strconv.ParseInt(args[5], 10, 64)
+			require.NoError(t, err, st.Name)
+			assert.GreaterOrEqual(t, answerTTL, c.MinAnswerTTLMillis, "%s: answer TTL", st.Name)
+			r := call.Reply.([]any)
+			if first, ok := answered[call.Keys[2]]; ok {
+				resent++
+				assert.Equal(t, first, r, st.Name)
+			} else if r[0] == "ok" {
+				answered[call.Keys[2]] = r
+				assert.Equal(t, r[1], answers[call.Keys[2]], "%s: answer", st.Name)
+				assert.LessOrEqual(t, pttls[call.Keys[2]], answerTTL, "%s: answer TTL", st.Name)
+			} else if !slices.ContainsFunc(st.Calls, func(o vecCall) bool { return slices.Equal(o.Keys, call.Keys) && o.Reply.([]any)[0] == "ok" }) {
+				// Nothing written, and no later call of the step wrote it.
+				assert.NotContains(t, answers, call.Keys[2], st.Name)
+			}
+		}
+	}
+	assert.NotZero(t, resent, "a session save sent again")
 }

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
+	rule "github.com/contstore/contstore/internal/oracle"
 	"github.com/contstore/contstore/store"
 )
 
@@ -64,11 +66,13 @@ func (c *oracle) violation(o *owner, rep *replica, kind string) violation {
 // continuation. It reports whether res may be used as it is: false for a
 // continuation ground truth does not allow.
 //
+// Ground truth is the rule of package oracle applied to o's offer: the
+// response last published for o since its previous reservation, with the
+// prompt and transcript it covers, and no state at all after an idle gap.
 // Not continuing when the truth would allow it is no violation (the state
-// may have been evicted); a continuation is allowed only if its response
-// is the last one published for o since o's previous reservation, the
-// prompt is unchanged since, the transcript it covers is a strict prefix
-// of input, and the delta is exactly the rest of input.
+// may have been evicted); a continuation must be the one the rule makes,
+// with the delta exactly the rest of input; after an idle gap the state
+// must be gone.
 func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, res *store.Reservation) bool {
 	off, idle := o.offer, o.idle
 	o.idle = false
@@ -78,10 +82,15 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 		return true
 	}
 	o.offer = nil
+	prior := rule.Prior[json.RawMessage]{Live: !idle}
+	if off != nil {
+		prior.Continuation = &rule.Continuation[json.RawMessage]{ResponseID: off.id, Prompt: promptID(off.promptGen), Transcript: off.items}
+	}
+	want := rule.Reserve(prior, rule.Request[json.RawMessage]{Prompt: promptID(o.promptGen), Items: input})
 	if !res.Continues() {
-		if idle && res.Reason != store.ReasonMissingState {
+		if want.Reason == store.ReasonMissingState && res.Reason != want.Reason {
 			v := c.violation(o, rep, "state outlived its TTL")
-			v.Expected, v.Got = string(store.ReasonMissingState)+" after an idle gap longer than the TTL", string(res.Reason)
+			v.Expected, v.Got = string(want.Reason)+" after an idle gap longer than the TTL", string(res.Reason)
 			c.report(v)
 		}
 		return true
@@ -95,21 +104,17 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 		return false
 	}
 	switch {
-	case off == nil && idle:
+	case want.Reason == store.ReasonMissingState:
 		v.Kind, v.Expected = "continued after an idle gap", "no continuation: the state expired"
-	case off == nil:
+	case want.Reason == store.ReasonSupersededTurn:
 		v.Kind, v.Expected = "no continuation to offer", "no continuation: nothing published since the last reservation"
 	case res.PreviousResponseID != off.id:
 		v.Kind, v.Expected = "wrong response", "continue from "+off.id
-	case off.promptGen != o.promptGen:
-		v.Kind, v.Expected = "prompt changed", string(store.ReasonPromptChanged)
-	case !isPrefix(off.items, input):
-		v.Kind, v.Expected = "not append-only", string(store.ReasonNotAppendOnly)
-	case len(input) == len(off.items):
-		v.Kind, v.Expected = "empty delta", string(store.ReasonEmptyDelta)
-	case res.DeltaCount != len(res.Delta) || !equalItems(res.Delta, input[len(off.items):]):
+	case !want.Continues():
+		v.Kind, v.Expected = violationKinds[want.Reason], string(want.Reason)
+	case res.DeltaCount != want.DeltaCount || !equalItems(res.Delta, input[want.Prefix:]):
 		v.Kind, v.Expected = "wrong delta", fmt.Sprintf("continue from %s with the %d items after the first %d",
-			off.id, len(input)-len(off.items), len(off.items))
+			off.id, want.DeltaCount, want.Prefix)
 		v.Got += fmt.Sprintf(" (DeltaCount %d)", res.DeltaCount)
 	default:
 		return true
@@ -117,6 +122,17 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 	c.report(v)
 	return false
 }
+
+// violationKinds names the violation of a continuation the rule refuses
+// for the reason.
+var violationKinds = map[store.Reason]string{
+	store.ReasonPromptChanged: "prompt changed",
+	store.ReasonNotAppendOnly: "not append-only",
+	store.ReasonEmptyDelta:    "empty delta",
+}
+
+// promptID is the identity of the prompt of generation gen.
+func promptID(gen int) string { return strconv.Itoa(gen) }
 
 // checkSuperseded checks the reservation of the second of two concurrent
 // requests of o, made while the first one's turn was current: it must say
@@ -144,11 +160,6 @@ func (c *oracle) checkOutcome(o *owner, rep *replica, kind string, got store.Out
 	}
 	v.Expected, v.Got = strings.Join(expected, " or "), string(got)
 	c.report(v)
-}
-
-// isPrefix reports whether prefix is a prefix of items, byte for byte.
-func isPrefix(prefix, items []json.RawMessage) bool {
-	return len(prefix) <= len(items) && equalItems(prefix, items[:len(prefix)])
 }
 
 // equalItems reports whether a and b hold the same items, byte for byte.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -314,15 +315,16 @@ func testOwnerCap(t *testing.T, open Opener) {
 }
 
 func testTTL(t *testing.T, open Opener) {
-	const ttl = 300 * time.Millisecond
-	s := open(t, store.Options{TTL: ttl})
+	const ttl = time.Hour
+	clock := redistest.NewClock(time.Now())
+	s := open(t, store.Options{TTL: ttl, Now: clock.Now})
 	owner, other := mainOwner(t, "session-idle"), mainOwner(t, "session-busy")
 	publish(t, s, owner, req(t, "one"), "resp_1")
-	start := time.Now()
 	publish(t, s, other, req(t, "one"), "resp_1")
+	clock.Add(ttl - time.Millisecond)
 	require.True(t, hasContinuation(t, s, owner), "state lives while younger than the TTL")
 
-	time.Sleep(2*ttl - time.Since(start))
+	clock.Add(2 * time.Millisecond) // past the TTL
 	res := s.Reserve(ctx, owner, req(t, "one", "two"))
 	assert.Equal(t, store.ReasonMissingState, res.Reason)
 	st, err := s.Inspect(ctx, other)
@@ -395,6 +397,9 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 		mu     sync.Mutex
 		events []*event
 		next   int
+		// Each worker's first two of every ten turns run alone, so that
+		// some turn continues however the others interleave.
+		solo sync.RWMutex
 	)
 	take := func() bool {
 		mu.Lock()
@@ -406,9 +411,32 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 	for w := range workers {
 		wg.Go(func() {
 			s := stores[w%len(stores)]
+			held := false // the solo lock, across a worker's two solo turns
+			defer func() {
+				if held {
+					solo.Unlock()
+				} else {
+					solo.RUnlock()
+				}
+			}()
+			solo.RLock()
 			for i := 0; take(); i++ {
+				ask := asks[(w+i)%2]
+				abort := (w+i)%5 == 0
+				switch i % 10 {
+				case 0: // publish the short request alone…
+					solo.RUnlock()
+					solo.Lock()
+					held, ask, abort = true, asks[0], false
+				case 1: // …and continue it with the long one
+					ask, abort = asks[1], false
+				case 2:
+					solo.Unlock()
+					solo.RLock()
+					held = false
+				}
 				ev := &event{}
-				ev.res = s.Reserve(ctx, owner, asks[(w+i)%2])
+				ev.res = s.Reserve(ctx, owner, ask)
 				ev.reservedAt = time.Now()
 				if ev.res.Err != nil {
 					t.Errorf("reserve: %v", ev.res.Err)
@@ -416,7 +444,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 				}
 				ev.recordStart = time.Now()
 				var err error
-				if (w+i)%5 == 0 {
+				if abort {
 					ev.aborted, err = s.Abort(ctx, ev.res)
 				} else {
 					ev.outcome, err = s.Record(ctx, ev.res, store.Result{
@@ -435,7 +463,9 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 		})
 	}
 	wg.Wait()
-	require.Len(t, events, turns)
+	if len(events) != turns {
+		t.Fatalf("%d of %d turns completed", len(events), turns)
+	}
 
 	sort.Slice(events, func(i, j int) bool { return events[i].res.Turn < events[j].res.Turn })
 	for i, ev := range events {
@@ -445,24 +475,36 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 		}
 	}
 	continued := 0
+	var problems []string
+	problem := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	for i, ev := range events {
 		if ev.res.Continues() {
 			continued++
-			require.Positive(t, i, "the first turn has nothing to continue")
-			prev := events[i-1]
-			assert.Equal(t, "resp-"+prev.res.Turn.String(), ev.res.PreviousResponseID,
-				"turn %v continues from the turn reserved just before it", ev.res.Turn)
-			assert.Equal(t, store.OutcomePublished, prev.outcome)
-			assert.Equal(t, 1, ev.res.DeltaCount)
+			switch {
+			case i == 0:
+				problem("turn %v, the first, continues from %q", ev.res.Turn, ev.res.PreviousResponseID)
+			case ev.res.PreviousResponseID != "resp-"+events[i-1].res.Turn.String():
+				problem("turn %v continues from %q, not from turn %v reserved just before it",
+					ev.res.Turn, ev.res.PreviousResponseID, events[i-1].res.Turn)
+			case events[i-1].outcome != store.OutcomePublished:
+				problem("turn %v continues from turn %v, whose record was %q (aborted %v)",
+					ev.res.Turn, events[i-1].res.Turn, events[i-1].outcome, events[i-1].aborted)
+			case ev.res.DeltaCount != 1:
+				problem("turn %v continues with %d delta items, want 1", ev.res.Turn, ev.res.DeltaCount)
+			}
 		}
-		if ev.outcome == store.OutcomePublished && i+1 < len(events) {
-			later := events[i+1]
-			assert.False(t, later.reservedAt.Before(ev.recordStart),
-				"turn %v published although turn %v was reserved before its record started", ev.res.Turn, later.res.Turn)
+		if i+1 == len(events) || !events[i+1].reservedAt.Before(ev.recordStart) {
+			continue
 		}
-		if ev.aborted && i+1 < len(events) {
-			assert.False(t, events[i+1].reservedAt.Before(ev.recordStart), "an abort succeeded for a superseded turn")
+		if ev.outcome == store.OutcomePublished {
+			problem("turn %v published although turn %v was reserved before its record started", ev.res.Turn, events[i+1].res.Turn)
 		}
+		if ev.aborted {
+			problem("turn %v was aborted although turn %v was reserved before the abort started", ev.res.Turn, events[i+1].res.Turn)
+		}
+	}
+	if len(problems) > 0 {
+		t.Errorf("in %d turns, %s", len(events), firstOf("problems", problems, 5))
 	}
 
 	assert.Positive(t, continued, "some turn continued")
@@ -478,7 +520,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 	case last.aborted:
 		assert.False(t, st.Exists)
 	default:
-		t.Fatalf("the last turn neither published nor aborted: %+v", last)
+		t.Fatalf("the last turn %v neither published nor aborted: record %q", last.res.Turn, last.outcome)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -30,6 +31,21 @@ func exists(t testing.TB, s *store.Store, o identity.Owner) bool {
 	return st.Exists
 }
 
+// assertSurvivors fails the test unless exactly owners[from:] have state.
+func assertSurvivors(t testing.TB, s *store.Store, owners []identity.Owner, from int) {
+	t.Helper()
+	var wrong []string
+	for i, o := range owners {
+		if got := exists(t, s, o); got != (i >= from) {
+			wrong = append(wrong, fmt.Sprintf("owner %d exists=%v", i, got))
+		}
+	}
+	if len(wrong) > 0 {
+		t.Errorf("owners %d to %d should have state and the %d before them none: %s",
+			from, len(owners)-1, from, firstOf("owners wrong", wrong, 5))
+	}
+}
+
 func stats(t testing.TB, s *store.Store) store.Stats {
 	t.Helper()
 	st, err := s.Stats(ctx)
@@ -44,9 +60,7 @@ func testEvictionKeepsMostRecent(t *testing.T, open Opener) {
 	for _, o := range owners {
 		require.NoError(t, s.Reserve(ctx, o, r).Err)
 	}
-	for i, o := range owners {
-		assert.Equal(t, i >= 50, exists(t, s, o), "owner %d", i)
-	}
+	assertSurvivors(t, s, owners, 50)
 	st := stats(t, s)
 	assert.Equal(t, int64(100), st.Total.Owners)
 	assert.Equal(t, int64(50), st.Total.Evictions.Owners)
@@ -55,7 +69,8 @@ func testEvictionKeepsMostRecent(t *testing.T, open Opener) {
 }
 
 func testTouchMovesToTheBack(t *testing.T, open Opener) {
-	s := open(t, store.Options{Partitions: 1, MaxOwners: 3})
+	clock := redistest.NewClock(time.Now())
+	s := open(t, store.Options{Partitions: 1, MaxOwners: 3, Now: clock.Now})
 	owners := numbered(t, "touch", 4)
 	r := req(t, "one")
 	first := publish(t, s, owners[0], r, "resp_0")
@@ -63,7 +78,7 @@ func testTouchMovesToTheBack(t *testing.T, open Opener) {
 	publish(t, s, owners[2], r, "resp_2")
 	// Touch the oldest again, a few milliseconds later so the LRU (which
 	// has millisecond resolution) sees it: the next eviction takes owners[1].
-	time.Sleep(10 * time.Millisecond)
+	clock.Add(10 * time.Millisecond)
 	out, err := s.Record(ctx, first, store.Result{ResponseID: "resp_0b", Socket: socket(1)})
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, out)
@@ -90,9 +105,7 @@ func testByteBudgetEvictsOldest(t *testing.T, open Opener) {
 	for i, o := range owners {
 		publish(t, s, o, r, fmt.Sprintf("resp_%05d", i)[:len("resp_probe")])
 	}
-	for i, o := range owners {
-		assert.Equal(t, i >= 6, exists(t, s, o), "owner %d", i)
-	}
+	assertSurvivors(t, s, owners, 6)
 	st := stats(t, s)
 	assert.Equal(t, int64(4), st.Total.Owners)
 	assert.Equal(t, 4*one, st.Total.StoredBytes)
@@ -101,11 +114,11 @@ func testByteBudgetEvictsOldest(t *testing.T, open Opener) {
 }
 
 func testSweepPrunesIdleStates(t *testing.T, open Opener) {
-	const ttl = 300 * time.Millisecond
-	s := open(t, store.Options{Partitions: 4, TTL: ttl})
+	const ttl = time.Hour
+	clock := redistest.NewClock(time.Now())
+	s := open(t, store.Options{Partitions: 4, TTL: ttl, Now: clock.Now})
 	owners := numbered(t, "sweep", 20)
 	r := req(t, "one")
-	start := time.Now()
 	for _, o := range owners {
 		publish(t, s, o, r, "resp_1")
 	}
@@ -114,7 +127,7 @@ func testSweepPrunesIdleStates(t *testing.T, open Opener) {
 	require.Equal(t, int64(20), before.Total.Published)
 	require.Len(t, before.Partitions, 4)
 
-	time.Sleep(2*ttl - time.Since(start))
+	clock.Add(2 * ttl)
 	assert.Equal(t, int64(20), stats(t, s).Total.Owners, "idle states stay counted until pruned")
 	swept, err := s.Sweep(ctx)
 	require.NoError(t, err)
@@ -131,15 +144,15 @@ func testSweepPrunesIdleStates(t *testing.T, open Opener) {
 }
 
 func testWritingPrunesIdleStates(t *testing.T, open Opener) {
-	const ttl = 300 * time.Millisecond
-	s := open(t, store.Options{Partitions: 1, TTL: ttl})
+	const ttl = time.Hour
+	clock := redistest.NewClock(time.Now())
+	s := open(t, store.Options{Partitions: 1, TTL: ttl, Now: clock.Now})
 	owners := numbered(t, "idle", 5)
 	r := req(t, "one")
-	start := time.Now()
 	for _, o := range owners {
 		publish(t, s, o, r, "resp_1")
 	}
-	time.Sleep(2*ttl - time.Since(start))
+	clock.Add(2 * ttl)
 	// Reserving an idle owner again finds its state gone and counts it.
 	res := s.Reserve(ctx, owners[0], r)
 	assert.Equal(t, store.ReasonMissingState, res.Reason)

@@ -3,6 +3,7 @@ package storetest
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/oracle"
 	"github.com/contstore/contstore/store"
 )
 
@@ -32,8 +34,9 @@ type ModelConfig struct {
 // CheckModel runs random sequences of reserve, record, abort, clear,
 // is-current, inspect, stats and time steps against the store under test
 // and the in-process store (the model), requiring the same observable
-// outcome from each, and then requires that after Sweep both agree, their
-// audits are clean and the limits hold.
+// outcome from each, and every reservation to be the decision of package
+// oracle for the state the model held; then it requires that after Sweep
+// both agree, their audits are clean and the limits hold.
 func CheckModel(t *testing.T, cfg ModelConfig) {
 	if cfg.Steps == nil {
 		cfg.Steps = []time.Duration{time.Millisecond, 3 * time.Second, 6 * time.Second, 20 * time.Second}
@@ -63,11 +66,14 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 		}
 		sut := cfg.Open(t, opts)
 		type pair struct {
-			req        *fingerprint.Request
+			req        modelRequest
 			model, sut *store.Reservation
 		}
 		var turns []pair
 		responses := 0
+		// published holds what each response the model published
+		// continues, as the oracle reads it.
+		published := map[string]oracle.Continuation[string]{}
 
 		eq := func(what string, want, got any) {
 			rt.Helper()
@@ -90,7 +96,28 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 			}
 			return st
 		}
+		// prior is the model's state of owner o as the oracle reads it.
+		prior := func(o identity.Owner) (oracle.Prior[string], store.State) {
+			st, err := model.Inspect(ctx, o)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			p := oracle.Prior[string]{Live: st.Exists}
+			if st.HasContinuation {
+				c, ok := published[st.ResponseID]
+				if !ok {
+					rt.Fatalf("the model holds response %q for %v, which no record published", st.ResponseID, o)
+				}
+				p.Continuation = &c
+			}
+			return p, st
+		}
+		// pick draws a turn reserved earlier: the latest one half the
+		// time, so that turns publish and the next reservations continue.
 		pick := func(rt *rapid.T) pair {
+			if rapid.Bool().Draw(rt, "latest turn") {
+				return turns[len(turns)-1]
+			}
 			return turns[rapid.IntRange(0, len(turns)-1).Draw(rt, "turn")]
 		}
 		// onTurn runs op on both stores for a turn reserved earlier and
@@ -110,39 +137,75 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 			}
 		}
 
-		rt.Repeat(map[string]func(*rapid.T){
-			"reserve": func(rt *rapid.T) {
-				o := rapid.SampledFrom(owners).Draw(rt, "owner")
-				r := rapid.SampledFrom(requests).Draw(rt, "request")
-				m, s := model.Reserve(ctx, o, r), sut.Reserve(ctx, o, r)
-				if s.Err != nil {
-					rt.Fatal(s.Err)
+		// reserve reserves a turn on both stores and requires the model's
+		// answer to be the oracle's and the store's to be the model's.
+		reserve := func(rt *rapid.T) pair {
+			// Half the reservations go to two owners, so that an owner
+			// often comes back to its published state.
+			o := rapid.SampledFrom(owners).Draw(rt, "owner")
+			if rapid.Bool().Draw(rt, "hot") {
+				o = rapid.SampledFrom(owners[:2]).Draw(rt, "hot owner")
+			}
+			r := requests[rapid.IntRange(0, len(requests)-1).Draw(rt, "request")]
+			before, st := prior(o)
+			m, s := model.Reserve(ctx, o, r.req), sut.Reserve(ctx, o, r.req)
+			if s.Err != nil {
+				rt.Fatal(s.Err)
+			}
+			if cfg.Advance == nil && before.Live && m.Reason == store.ReasonMissingState &&
+				!time.Now().Before(st.UpdatedAt.Add(model.Options().TTL)) {
+				// On the wall clock the state may expire between Inspect
+				// and Reserve.
+				before.Live = false
+			}
+			want := oracle.Reserve(before, r.oracle)
+			if got := decided(m, r); got != describeDecision(want) {
+				rt.Fatalf("reserve %v of %s: oracle %s, model %s", o, r, describeDecision(want), got)
+			}
+			eq("reserve", describe(m), describe(s))
+			p := pair{r, m, s}
+			turns = append(turns, p)
+			return p
+		}
+		// record records a response (or a result that publishes nothing)
+		// for turn p on both stores.
+		record := func(rt *rapid.T, p pair) {
+			responses++
+			out := store.Result{ResponseID: fmt.Sprintf("resp_%d", responses), Socket: store.Socket{Replica: "r", ID: 1}}
+			switch rapid.IntRange(0, 9).Draw(rt, "result") {
+			case 0:
+				out.ResponseID = ""
+			case 1:
+				out.Socket.ID = 0
+			case 2, 3, 4:
+				out.Output = []json.RawMessage{json.RawMessage(assistant("x"))}
+			}
+			mo, err1 := model.Record(ctx, p.model, out)
+			so, err2 := sut.Record(ctx, p.sut, out)
+			if err1 != nil || err2 != nil {
+				rt.Fatal(err1, err2)
+			}
+			eq("record", mo, so)
+			if mo == store.OutcomePublished {
+				transcript := slices.Clone(p.req.oracle.Items)
+				for _, it := range out.Output {
+					transcript = append(transcript, string(it))
 				}
-				eq("reserve", describe(m), describe(s))
-				turns = append(turns, pair{r, m, s})
-			},
+				published[out.ResponseID] = oracle.Continuation[string]{
+					ResponseID: out.ResponseID, Prompt: p.req.oracle.Prompt, Transcript: transcript}
+			}
+		}
+
+		rt.Repeat(map[string]func(*rapid.T){
+			"reserve": func(rt *rapid.T) { reserve(rt) },
 			"record": func(rt *rapid.T) {
 				if len(turns) == 0 {
 					rt.Skip("no turn yet")
 				}
-				p := pick(rt)
-				responses++
-				out := store.Result{ResponseID: fmt.Sprintf("resp_%d", responses), Socket: store.Socket{Replica: "r", ID: 1}}
-				switch rapid.IntRange(0, 9).Draw(rt, "result") {
-				case 0:
-					out.ResponseID = ""
-				case 1:
-					out.Socket.ID = 0
-				case 2, 3, 4:
-					out.Output = []json.RawMessage{json.RawMessage(assistant("x"))}
-				}
-				mo, err1 := model.Record(ctx, p.model, out)
-				so, err2 := sut.Record(ctx, p.sut, out)
-				if err1 != nil || err2 != nil {
-					rt.Fatal(err1, err2)
-				}
-				eq("record", mo, so)
+				record(rt, pick(rt))
 			},
+			// A gateway's turn: reserve, then record at once.
+			"turn": func(rt *rapid.T) { record(rt, reserve(rt)) },
 			"abort": onTurn("abort", func(s *store.Store, r *store.Reservation) (bool, error) {
 				return s.Abort(ctx, r)
 			}),
@@ -187,7 +250,7 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 				rt.Fatal(err)
 			}
 			if len(a.Problems) > 0 {
-				rt.Fatalf("audit: %q", a.Problems)
+				rt.Fatalf("audit: %s", firstOf("problems", a.Problems, 5))
 			}
 			if st := stats(s); a.Owners != st.Total.Owners {
 				rt.Fatalf("after sweep the LRU holds %d owners, %d are live", st.Total.Owners, a.Owners)
@@ -202,15 +265,61 @@ func describe(r *store.Reservation) string {
 	return fmt.Sprintf("reason=%q prev=%q delta=%d origin=%v turn=%v", r.Reason, r.PreviousResponseID, r.DeltaCount, r.Origin, r.Turn != 0)
 }
 
+// decided renders what reservation r of request q decides, as
+// describeDecision renders the oracle's, after checking that a
+// continuation's delta holds the request's own items.
+func decided(r *store.Reservation, q modelRequest) string {
+	prefix := 0
+	if r.Continues() {
+		prefix = len(q.oracle.Items) - len(r.Delta)
+		if prefix < 0 || !slices.Equal(rawStrings(r.Delta), q.oracle.Items[prefix:]) {
+			return fmt.Sprintf("reason=%q prev=%q with a delta of %d items that are not the request's last ones",
+				r.Reason, r.PreviousResponseID, len(r.Delta))
+		}
+	}
+	return fmt.Sprintf("reason=%q prev=%q prefix=%d delta=%d turn=%v", r.Reason, r.PreviousResponseID, prefix, r.DeltaCount, r.Turn != 0)
+}
+
+func describeDecision(d oracle.Decision) string {
+	return fmt.Sprintf("reason=%q prev=%q prefix=%d delta=%d turn=true", d.Reason, d.ResponseID, d.Prefix, d.DeltaCount)
+}
+
+func rawStrings(items []json.RawMessage) []string {
+	out := make([]string, len(items))
+	for i, it := range items {
+		out[i] = string(it)
+	}
+	return out
+}
+
+// modelRequest is a request of the model's family, parsed and as the
+// oracle reads it: the extra members as its prompt, its items' bytes.
+type modelRequest struct {
+	req    *fingerprint.Request
+	oracle oracle.Request[string]
+	name   string
+}
+
+func (q modelRequest) String() string { return q.name }
+
 // modelRequests returns requests that extend one another, edit history,
 // repeat, and change the prompt, so every reason comes up.
-func modelRequests(t testing.TB) []*fingerprint.Request {
+func modelRequests(t testing.TB) []modelRequest {
 	a, b, x := message("a"), message("b"), assistant("x")
+	names := map[string]string{a: "a", b: "b", x: "x"}
 	inputs := [][]string{{}, {a}, {a, x}, {a, x, b}, {a, x, b, x}, {a, x, b, x, a}, {b}, {a, b}}
-	var out []*fingerprint.Request
+	var out []modelRequest
 	for _, extra := range []string{"", `"service_tier":"flex"`} {
 		for _, in := range inputs {
-			out = append(out, parse(t, body(extra, in...)))
+			name := "["
+			for _, it := range in {
+				name += names[it]
+			}
+			name += "]"
+			if extra != "" {
+				name += "+" + extra
+			}
+			out = append(out, modelRequest{req: parse(t, body(extra, in...)), oracle: oracle.Request[string]{Prompt: extra, Items: in}, name: name})
 		}
 	}
 	return out

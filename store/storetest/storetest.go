@@ -155,3 +155,19 @@ func hasContinuation(t testing.TB, s *store.Store, owner identity.Owner) bool {
 	require.NoError(t, err)
 	return st.HasContinuation
 }
+
+// firstOf renders how many items there are, as "<count> <noun>", and the
+// first n of them, one a line, for failure messages that would otherwise
+// print a long list.
+func firstOf[T any](noun string, items []T, n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d %s", len(items), noun)
+	if len(items) > n {
+		fmt.Fprintf(&b, ", the first %d", n)
+	}
+	b.WriteString(":")
+	for _, it := range items[:min(n, len(items))] {
+		fmt.Fprintf(&b, "\n\t%v", it)
+	}
+	return b.String()
+}
