@@ -28,7 +28,7 @@ import (
 const (
 	faultOpTimeout = 100 * time.Millisecond
 	faultCooldown  = 300 * time.Millisecond
-	faultSlack     = 200 * time.Millisecond
+	faultSlack     = 2 * faultOpTimeout
 	faultBound     = faultOpTimeout + faultSlack
 	faultWorkers   = 8
 )
