@@ -54,6 +54,10 @@
 // continuation, carrying a TTL that every touch refreshes. Per partition, a
 // sorted set of owner keys by last touch (the LRU), an accounting hash
 // (stored bytes, published continuations, evictions by cause) and the turn
-// sequence. Time is the Redis server's, never a replica's. The scripts live
-// in package lua, each with a header naming its keys, arguments and replies.
+// clock, in microseconds of the server's clock. Every operation that changes
+// state leaves its answer for a few seconds under its own key, so that a
+// client that sends the script again (its reply was lost) gets the first
+// answer and nothing changes twice. Time is the Redis server's, never a
+// replica's, unless Options.Now is set. The scripts live in package lua,
+// each with a header naming its keys, arguments and replies.
 package store
