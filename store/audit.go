@@ -104,7 +104,7 @@ func (m *memory) audit(context.Context) (Audit, error) {
 	defer m.mu.Unlock()
 	var a Audit
 	now := m.opts.Now()
-	keys := newKeyspace(m.opts.Namespace, m.opts.Partitions)
+	keys := m.keys
 	// Named as in Redis, so that a state filed under the wrong partition
 	// shows.
 	keyOf := func(o identity.Owner) string { return keys.owner(o.Partition(m.opts.Partitions), o) }

@@ -16,7 +16,7 @@ import (
 // of the Redis backend. Eviction costs O(log n) per state.
 func NewMemory(opts Options) (*Store, error) {
 	return newStore(opts, true, func(o Options) (backend, error) {
-		m := &memory{opts: o, parts: make([]memPartition, o.Partitions), fp: o.newParser()}
+		m := &memory{opts: o, keys: newKeyspace(o.Namespace, o.Partitions), parts: make([]memPartition, o.Partitions), fp: o.newParser()}
 		for i := range m.parts {
 			m.parts[i].owners = make(map[identity.Owner]*memOwner)
 		}
@@ -30,6 +30,7 @@ func NewMemory(opts Options) (*Store, error) {
 type memory struct {
 	mu    sync.Mutex
 	opts  Options
+	keys  keyspace // Redis's key names, for the stored-bytes estimate and Audit
 	parts []memPartition
 	fp    *fingerprint.Parser // under a key of this process's own
 }
@@ -158,7 +159,7 @@ func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, err
 	p.seq = nextSeq(p.seq, now, ownerSeq)
 	got.Turn = turnOf(p.seq, m.opts.Partitions, part)
 	st.turn = got.Turn
-	check := p.touch(st, packScore(now, false, stateBytes(m.opts, part, owner)+st.kept))
+	check := p.touch(st, packScore(now, false, m.keys.stateBytes(part, owner)+st.kept))
 	check.idle = got.Evicted > 0
 	got.Evicted += int(m.pruneOne(p, st, now, check).Total())
 	return got, nil
@@ -177,7 +178,7 @@ func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c c
 	}
 	st.cont, st.kept = &c, int64(len(encodeContinuation(c)))
 	part := owner.Partition(m.opts.Partitions)
-	check := p.touch(st, packScore(now, true, stateBytes(m.opts, part, owner)+st.kept))
+	check := p.touch(st, packScore(now, true, m.keys.stateBytes(part, owner)+st.kept))
 	return published{Outcome: OutcomePublished, Evicted: int(m.pruneOne(p, st, now, check).Total())}, nil
 }
 

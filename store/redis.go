@@ -220,7 +220,7 @@ func (r *redisBackend) limits() []any {
 
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
 	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(owner, true), stateBytes(r.opts, p, owner))
+	args := append(r.head(owner, true), r.keys.stateBytes(p, owner))
 	reply, err := r.run(ctx, lua.Reserve, keys, append(args, r.limits()...)...).Slice()
 	if err != nil {
 		return reserved{}, err
@@ -232,7 +232,7 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(owner, true), r.seqArg(turn, p), encodeContinuation(c), stateBytes(r.opts, p, owner))
+	args := append(r.head(owner, true), r.seqArg(turn, p), encodeContinuation(c), r.keys.stateBytes(p, owner))
 	reply, err := r.run(ctx, lua.Record, keys, append(args, r.limits()...)...).Slice()
 	if err != nil {
 		return published{}, err

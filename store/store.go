@@ -507,10 +507,9 @@ const (
 )
 
 // stateBytes returns the estimate for the state of owner (in partition p)
-// without its continuation; the Redis scripts add the encoded
-// continuation's length.
-func stateBytes(o Options, p int, owner identity.Owner) int64 {
-	digits := len(strconv.Itoa(p))
-	key := 2*len(o.Namespace) + len(":{:}:o:") + max(digits, 2) + len(owner.Key())
-	return stateOverhead + int64(key+len(owner.Key()))*stateNameCost/100
+// without its continuation: its key is the partition's owner prefix and the
+// owner key, its LRU member the owner key. The Redis scripts add the
+// encoded continuation's length.
+func (k keyspace) stateBytes(p int, owner identity.Owner) int64 {
+	return stateOverhead + int64(len(k.parts[p].prefix)+2*len(owner.Key()))*stateNameCost/100
 }

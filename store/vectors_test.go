@@ -602,15 +602,15 @@ func vecStoredBytesCases(t *testing.T) []vecStoredBytes {
 	for _, c := range cases {
 		o, err := vecOwnerOf(vecOwnerCase{session: c.session, agent: c.agent})
 		require.NoError(t, err)
-		opts := Options{Namespace: c.ns, Partitions: c.parts}
+		keys := newKeyspace(c.ns, c.parts)
 		p := o.Partition(c.parts)
 		cont := continuation{ResponseID: c.resp, Origin: Socket{Replica: c.replica, ID: c.socket},
 			Transcript: fingerprint.Transcript{Items: c.items, Bytes: c.bytes}}
 		n := len(encodeContinuation(cont))
-		without := stateBytes(opts, p, o)
+		without := keys.stateBytes(p, o)
 		with := without + int64(n)
 		vs = append(vs, vecStoredBytes{Namespace: c.ns, Partitions: c.parts, Session: c.session, Agent: c.agent, Partition: p,
-			StateKeyBytes: len(newKeyspace(c.ns, c.parts).owner(p, o)), MemberBytes: len(o.Key()),
+			StateKeyBytes: len(keys.owner(p, o)), MemberBytes: len(o.Key()),
 			ResponseID: c.resp, OriginReplica: c.replica, OriginSocket: strconv.FormatUint(c.socket, 10), Items: c.items, TranscriptBytes: c.bytes,
 			ContinuationBytes: n, WithoutContinuation: without, WithContinuation: with,
 			ScoreSize: packScore(time.UnixMilli(scoreEpochMillis), true, with).size()})
