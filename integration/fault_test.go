@@ -214,12 +214,7 @@ func TestFaultRedisRestart(t *testing.T) {
 // partitions it served fail open and every other owner keeps continuing.
 func TestFaultClusterMasterKilled(t *testing.T) {
 	nodes := startFaultCluster(t, 0)
-	addrs := make([]string, len(nodes))
-	byAddr := map[string]*faultServer{}
-	for i, n := range nodes {
-		addrs[i] = n.Addr()
-		byAddr[n.Addr()] = n
-	}
+	addrs, byAddr := faultAddrs(nodes)
 	ctx := context.Background()
 	ns := redistest.Namespace(t)
 	const partitions = 16
@@ -333,12 +328,7 @@ const faultFailoverBound = 2 * time.Second
 // see a store failure, before, during or after.
 func TestFaultClusterFailover(t *testing.T) {
 	nodes := startFaultCluster(t, 1)
-	addrs := make([]string, len(nodes))
-	byAddr := map[string]*faultServer{}
-	for i, n := range nodes {
-		addrs[i] = n.Addr()
-		byAddr[n.Addr()] = n
-	}
+	addrs, byAddr := faultAddrs(nodes)
 	ctx := context.Background()
 	ns := redistest.Namespace(t)
 	const partitions = 16
@@ -585,4 +575,16 @@ func faultClusterClients(t *testing.T, addrs []string, n int) []redis.UniversalC
 		clients[i] = c
 	}
 	return clients
+}
+
+// faultAddrs returns the addresses of a fault cluster's nodes, and the node
+// at each address.
+func faultAddrs(nodes []*faultServer) ([]string, map[string]*faultServer) {
+	addrs := make([]string, len(nodes))
+	byAddr := map[string]*faultServer{}
+	for i, n := range nodes {
+		addrs[i] = n.Addr()
+		byAddr[n.Addr()] = n
+	}
+	return addrs, byAddr
 }
