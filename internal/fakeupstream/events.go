@@ -21,12 +21,16 @@ func (b *builder) emit(typ string, fields ...member) {
 	b.events = append(b.events, Event{Type: typ, Data: o.bytes()})
 }
 
-// run emits the events of move, from response.created to the last
-// response.output_item.done, and returns the output items.
-func (b *builder) run(move Move, ids itemIDs) []json.RawMessage {
+// start emits response.created and response.in_progress.
+func (b *builder) start() {
 	inProgress := b.response("in_progress", nil, nil, 0)
 	b.emit("response.created", member{"response", inProgress})
 	b.emit("response.in_progress", member{"response", inProgress})
+}
+
+// items emits the output items of move, up to the last
+// response.output_item.done, and returns them.
+func (b *builder) items(move Move, ids itemIDs) []json.RawMessage {
 	var output []json.RawMessage
 	if move.Reason != "" {
 		output = append(output, b.reasoning(len(output), ids.reasoning, move.Reason))
@@ -108,8 +112,10 @@ func (b *builder) wantsEncrypted() bool {
 
 // response is the response object in a status: the request's parameters
 // echoed as the real API echoes them, defaults where the request has none.
-// usage and completedAt are set only once completed.
-func (b *builder) response(status string, output []json.RawMessage, usage object, completedAt int64) json.RawMessage {
+// usage and completedAt are set only once the response ends; why holds the
+// "error" or "incomplete_details" member of a response that did not
+// complete.
+func (b *builder) response(status string, output []json.RawMessage, usage object, completedAt int64, why ...member) json.RawMessage {
 	if output == nil {
 		output = []json.RawMessage{}
 	}
@@ -120,7 +126,7 @@ func (b *builder) response(status string, output []json.RawMessage, usage object
 	if usage != nil {
 		usageValue = usage
 	}
-	return object{
+	o := object{
 		{"id", b.id},
 		{"object", "response"},
 		{"created_at", b.createdAt},
@@ -152,7 +158,15 @@ func (b *builder) response(status string, output []json.RawMessage, usage object
 		{"usage", usageValue},
 		b.echo("user", nil),
 		b.echo("metadata", object{}),
-	}.bytes()
+	}
+	for _, m := range why {
+		for i := range o {
+			if o[i].key == m.key {
+				o[i] = m
+			}
+		}
+	}
+	return o.bytes()
 }
 
 // echo is the request's member key as sent, or def when it is absent or

@@ -11,14 +11,18 @@ import (
 	"sync"
 )
 
-// Recorder writes one JSON line per answered call:
+// Recorder writes one JSON line per answered call, a call answered with a
+// response (completed, incomplete or failed; not an error, an error event
+// or a dropped connection):
 //
-//	{"owner":{"session":S,"agent":A},"headers":{…},"request":<body>,"response_id":"resp_…","output":[…]}
+//	{"owner":{"session":S,"agent":A},"headers":{…},"request":<body>,"response_id":"resp_…","output":[…],"transport":"http"}
 //
 // headers holds the request headers that identify sessions, agents and
 // turns (names lowercased, several values joined with ", "), never
-// credentials; request is the body exactly as received (compacted only if
-// it spans several lines); output holds the output items exactly as sent.
+// credentials, of the HTTP request or of the WebSocket upgrade; request is
+// the body exactly as received (compacted only if it spans several lines),
+// over WebSocket the whole response.create message; output holds the
+// output items exactly as sent; transport is "http" or "websocket".
 type Recorder struct {
 	mu  sync.Mutex
 	w   io.Writer
@@ -52,6 +56,7 @@ type TraceLine struct {
 	Request    json.RawMessage   `json:"request"`
 	ResponseID string            `json:"response_id"`
 	Output     []json.RawMessage `json:"output"`
+	Transport  string            `json:"transport"`
 }
 
 // Identifying headers, recorded by name or by prefix.
@@ -161,6 +166,7 @@ func (r *Recorder) Record(req Request, res *Result) {
 		{"request", json.RawMessage(body)},
 		{"response_id", res.ID},
 		{"output", res.Output},
+		{"transport", req.Transport},
 	}.bytes()
 	line = append(line, '\n')
 

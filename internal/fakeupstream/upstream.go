@@ -5,25 +5,44 @@
 // Upstream.Create answers one create-response request: the Script decides
 // the output items (reasoning, a function call of one of the request's
 // tools, or an assistant message) from the conversation so far, and the
-// result carries both the completed response object and the streaming
-// events that produce it, numbered as the real API numbers them. A
-// transport writes either: the HTTP transport (ServeHTTP) answers JSON, or
-// Server-Sent Events when the request says "stream": true. Another
-// transport (a WebSocket mode, say) calls Create the same way and supplies,
-// through Request.Local, the responses its connection keeps.
+// result carries both the final response object and the streaming events
+// that produce it, numbered as the real API numbers them. A transport
+// writes either, and supplies through Request.Local the responses it keeps
+// itself. Upstream.ServeHTTP serves both transports on one handler:
+//
+//   - HTTP: POST …/responses answers JSON, or Server-Sent Events when the
+//     request says "stream": true.
+//   - WebSocket mode: a GET …/responses WebSocket upgrade opens a
+//     connection on which each text message {"type":"response.create",
+//     …the create-response body…} is answered with the same events as JSON
+//     text messages, one response at a time, in the order received. The
+//     connection keeps its latest response, whatever "store" says, so the
+//     next request may continue it with previous_response_id and only new
+//     input; a request that fails forgets the response it referenced.
+//     Errors are error events ({"type":"error","status":400,"error":{…}})
+//     after which the connection stays usable, except that at the end of
+//     Options.ConnectionLifetime (60 minutes) the connection gets
+//     websocket_connection_limit_reached and is closed.
 //
 // previous_response_id: a request that stores its response ("store" true
 // or absent, as with the real API) keeps its transcript in memory, and any
-// later request with "store" true may continue it. Over HTTP a request with
-// "store": false keeps nothing and can continue nothing: it fails with 400
-// and code previous_response_not_found.
+// later request with "store" true may continue it, over either transport.
+// Otherwise only a WebSocket connection's latest response can be continued,
+// on that connection: anything else fails with 400 and code
+// previous_response_not_found.
+//
+// Options.Fault scripts failures, over both transports: an error status
+// before any event, a response.failed or response.incomplete response, an
+// error event, or a connection dropped after some events (see FaultKind).
+// Options.EventDelay slows every event down.
 //
 // A Recorder, when set, gets one line per answered call: the owner, the
-// identifying request headers, the request body as received and the output
-// items as sent.
+// identifying request headers, the request body as received, the output
+// items as sent and the transport.
 package fakeupstream
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -35,8 +54,27 @@ import (
 	"time"
 )
 
-// ErrorCodeNotFound is the error code of an unknown previous_response_id.
-const ErrorCodeNotFound = "previous_response_not_found"
+// Error codes clients act upon.
+const (
+	// ErrorCodeNotFound is the error code of an unknown previous_response_id.
+	ErrorCodeNotFound = "previous_response_not_found"
+	// ErrorCodeConnectionLimit is the error code of a WebSocket connection
+	// at the end of its lifetime.
+	ErrorCodeConnectionLimit = "websocket_connection_limit_reached"
+)
+
+// Transports, as Request.Transport and the trace name them.
+const (
+	// TransportHTTP is a POST, answered with JSON or Server-Sent Events.
+	TransportHTTP = "http"
+	// TransportWebSocket is a response.create message of a WebSocket mode
+	// connection.
+	TransportWebSocket = "websocket"
+)
+
+// DefaultConnectionLifetime is how long the real API keeps a WebSocket
+// connection open.
+const DefaultConnectionLifetime = 60 * time.Minute
 
 // Options configure an Upstream.
 type Options struct {
@@ -49,14 +87,28 @@ type Options struct {
 	// IDSeed is mixed into every id: upstreams with different seeds make
 	// different ids, one seed always the same ids in the same order.
 	IDSeed string
+	// EventDelay is the wait before each event is sent, over both
+	// transports (a JSON answer waits as long as its events would); zero
+	// sends them at once.
+	EventDelay time.Duration
+	// ConnectionLifetime is how long a WebSocket connection lasts
+	// (DefaultConnectionLifetime when zero or less).
+	ConnectionLifetime time.Duration
+	// Fault, when not nil, scripts the failure of each call that passes
+	// validation (its previous_response_id resolved); it may be called
+	// concurrently.
+	Fault func(Request) Fault
 }
 
 // Upstream is the fake Responses upstream. It is safe for concurrent use.
 type Upstream struct {
-	script   Script
-	recorder *Recorder
-	now      func() time.Time
-	seed     string
+	script     Script
+	recorder   *Recorder
+	now        func() time.Time
+	seed       string
+	eventDelay time.Duration
+	lifetime   time.Duration
+	fault      func(Request) Fault
 
 	mu     sync.Mutex
 	seq    uint64
@@ -69,7 +121,12 @@ func New(opts Options) *Upstream {
 	if now == nil {
 		now = time.Now
 	}
+	lifetime := opts.ConnectionLifetime
+	if lifetime <= 0 {
+		lifetime = DefaultConnectionLifetime
+	}
 	return &Upstream{script: opts.Script, recorder: opts.Recorder, now: now, seed: opts.IDSeed,
+		eventDelay: opts.EventDelay, lifetime: lifetime, fault: opts.Fault,
 		stored: make(map[string][]json.RawMessage)}
 }
 
@@ -79,9 +136,11 @@ type Request struct {
 	Body []byte
 	// Header holds the request headers (for the recorder).
 	Header http.Header
+	// Transport is TransportHTTP or TransportWebSocket (for the recorder).
+	Transport string
 	// Local, when not nil, resolves a previous_response_id to the
 	// transcript of a response the transport itself keeps (a WebSocket
-	// connection's store=false cache). It is asked before the store.
+	// connection's latest response). It is asked before the store.
 	Local func(id string) ([]json.RawMessage, bool)
 }
 
@@ -91,16 +150,26 @@ type Result struct {
 	ID string
 	// Stream tells whether the request asked for a stream of events.
 	Stream bool
-	// Response is the completed response object.
+	// Response is the final response object: completed, or failed or
+	// incomplete as Fault says; nil when the events end with an error.
 	Response json.RawMessage
 	// Events are the streaming events, from response.created to
-	// response.completed, numbered from 0.
+	// response.completed (or the event Fault ends them with), numbered
+	// from 0.
 	Events []Event
 	// Output are the output items, as Response and the events carry them.
 	Output []json.RawMessage
 	// Transcript is the conversation the response closes: the resolved
 	// input followed by Output.
 	Transcript []json.RawMessage
+	// Fault is the call's scripted fault; the transport carries out a
+	// FaultDrop.
+	Fault Fault
+}
+
+// continuable tells whether a later request may continue the response.
+func (r *Result) continuable() bool {
+	return r.Fault.Kind != FaultFailed && r.Fault.Kind != FaultError
 }
 
 // Event is one streaming event: its type and its JSON object.
@@ -128,6 +197,17 @@ func (e *Error) MarshalJSON() ([]byte, error) {
 		{"param", nullable(e.Param)},
 		{"code", nullable(e.Code)},
 	}}}.MarshalJSON()
+}
+
+// detail is the error object of a WebSocket error event:
+// {"type":…,"code":…,"message":…,"param":…}.
+func (e *Error) detail() object {
+	return object{
+		{"type", e.Type},
+		{"code", nullable(e.Code)},
+		{"message", e.Message},
+		{"param", nullable(e.Param)},
+	}
 }
 
 func nullable(s string) any {
@@ -203,35 +283,64 @@ func (u *Upstream) Create(r Request) (*Result, *Error) {
 	if apiErr != nil {
 		return nil, apiErr
 	}
+	var fault Fault
+	if u.fault != nil {
+		fault = u.fault(r)
+	}
+	if fault.Kind == FaultStatus {
+		return nil, statusError(fault.Status)
+	}
 
 	move := u.script.Next(Conversation{Items: conversation, Tools: req.functionTools()})
 	if !req.reasons() {
 		move.Reason = ""
 	}
 	id, items := u.ids(move)
-	created := u.now().Unix()
-	b := &builder{req: &req, params: params, id: id, createdAt: created, chunks: u.script.chunks()}
-	output := b.run(move, items)
-	completed := b.response("completed", output, u.usage(conversation, output, move), u.now().Unix())
-	b.emit("response.completed", member{"response", completed})
-
-	res := &Result{
-		ID:         id,
-		Stream:     req.Stream,
-		Response:   completed,
-		Events:     b.events,
-		Output:     output,
-		Transcript: append(slices.Clip(conversation), output...),
+	b := &builder{req: &req, params: params, id: id, createdAt: u.now().Unix(), chunks: u.script.chunks()}
+	b.start()
+	res := &Result{ID: id, Stream: req.Stream, Output: []json.RawMessage{}, Fault: fault}
+	switch fault.Kind {
+	case FaultFailed:
+		res.Response = b.response("failed", nil, nil, 0, failure)
+		b.emit("response.failed", member{"response", res.Response})
+	case FaultError:
+		e := streamError()
+		b.emit("error", member{"code", e.Code}, member{"message", e.Message}, member{"param", nil})
+	case FaultIncomplete:
+		res.Output = b.items(move, items)
+		res.Response = b.response("incomplete", res.Output, u.usage(conversation, res.Output, move), 0, truncation)
+		b.emit("response.incomplete", member{"response", res.Response})
+	default:
+		res.Output = b.items(move, items)
+		res.Response = b.response("completed", res.Output, u.usage(conversation, res.Output, move), u.now().Unix())
+		b.emit("response.completed", member{"response", res.Response})
 	}
-	if req.stores() {
+	res.Events = b.events
+	res.Transcript = append(slices.Clip(conversation), res.Output...)
+	if req.stores() && res.continuable() {
 		u.mu.Lock()
 		u.stored[id] = res.Transcript
 		u.mu.Unlock()
 	}
-	if u.recorder != nil {
+	if u.recorder != nil && res.Response != nil && fault.Kind != FaultDrop {
 		u.recorder.Record(r, res)
 	}
 	return res, nil
+}
+
+// pause waits the event delay before an event; false when ctx ends first.
+func (u *Upstream) pause(ctx context.Context) bool {
+	if u.eventDelay <= 0 {
+		return true
+	}
+	t := time.NewTimer(u.eventDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // resolve returns the whole conversation of a request: the transcript of

@@ -1,10 +1,16 @@
 // Command fakeupstream serves the scripted fake OpenAI Responses upstream of
-// internal/fakeupstream over HTTP, for real clients to run against.
+// internal/fakeupstream, for real clients to run against: over HTTP (POST
+// /v1/responses, JSON or Server-Sent Events) and in WebSocket mode (a
+// WebSocket upgrade of GET /v1/responses), both on the one listener.
 //
 //	fakeupstream -listen 127.0.0.1:0 -trace calls.jsonl -tool-calls 3
 //
+// -connection-lifetime bounds each WebSocket connection (60 minutes, as
+// the real API's), -event-delay slows every streamed event down.
+//
 // It prints the address it listens on as the first line of its standard
-// output, then serves until SIGINT or SIGTERM.
+// output, then serves until SIGINT or SIGTERM. Shutting down waits for the
+// HTTP requests in progress, not for WebSocket connections.
 package main
 
 import (
@@ -34,6 +40,8 @@ func main() {
 	commands := flag.String("commands", strings.Join(fakeupstream.DefaultCommands, ","), "comma-separated shell commands the model runs, in turn")
 	chunks := flag.Int("chunks", 3, "deltas per streamed text")
 	seed := flag.String("seed", "", "seed of the response and item ids (default: the trace file's name)")
+	lifetime := flag.Duration("connection-lifetime", fakeupstream.DefaultConnectionLifetime, "how long a WebSocket connection lasts before websocket_connection_limit_reached")
+	eventDelay := flag.Duration("event-delay", 0, "wait before each event sent, over HTTP and WebSocket")
 	flag.Parse()
 	log.SetPrefix("fakeupstream: ")
 	log.SetFlags(0)
@@ -50,11 +58,12 @@ func main() {
 	if *seed == "" {
 		*seed = filepath.Base(*tracePath)
 	}
-	opts := fakeupstream.Options{IDSeed: *seed, Script: fakeupstream.Script{
-		ToolCalls: *toolCalls,
-		Commands:  strings.Split(*commands, ","),
-		Chunks:    *chunks,
-	}}
+	opts := fakeupstream.Options{IDSeed: *seed, ConnectionLifetime: *lifetime, EventDelay: *eventDelay,
+		Script: fakeupstream.Script{
+			ToolCalls: *toolCalls,
+			Commands:  strings.Split(*commands, ","),
+			Chunks:    *chunks,
+		}}
 	if trace != nil {
 		opts.Recorder = fakeupstream.NewRecorder(trace)
 		opts.Recorder.AllHeaders = *allHeaders
