@@ -1,0 +1,372 @@
+// Command contproxy is a deployable Responses gateway over package proxy:
+// it serves POST /v1/responses in front of a Responses upstream (HTTP, or
+// the WebSocket mode) and, when the continuation store says a request only
+// appends to the previous turn of its conversation, sends the upstream
+// previous_response_id and the new input items instead of the whole
+// history. Replicas that share a Redis (or a Redis Cluster) and a
+// namespace share what they know; without Redis the state lives in the
+// process.
+//
+//	contproxy -fake-upstream                                      # a first try, built-in fake upstream
+//	contproxy -upstream https://api.openai.com/v1 -redis redis://127.0.0.1:6379/0 -replica gw-1
+//	contproxy -upstream wss://api.openai.com/v1 -redis-cluster 10.0.0.1:7000,10.0.0.2:7000
+//
+// Every flag can also be set in the environment as CONTPROXY_<FLAG>, upper
+// case with dashes as underscores (CONTPROXY_REDIS, CONTPROXY_UPSTREAM);
+// a flag on the command line wins. Besides /v1/responses it serves
+// GET /healthz (200 "ok"; 503 once shutting down) and GET /metrics
+// (Prometheus). SIGINT or SIGTERM stop it gracefully: it stops accepting
+// requests and lets the turns in flight finish, streams included, for up
+// to -shutdown-timeout.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/proxy"
+	"github.com/contstore/contstore/store"
+	"github.com/contstore/contstore/store/prommetrics"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, nil)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "contproxy:", err)
+		os.Exit(2)
+	}
+}
+
+// config is the command line.
+type config struct {
+	listen, upstream, transport, redisURL, redisCluster string
+	namespace, replica, logLevel                        string
+	fakeUpstream                                        bool
+	sockets                                             int
+	maxBody                                             int64
+	upstreamTimeout, shutdownTimeout, opTimeout         time.Duration
+}
+
+// envPrefix prefixes the environment variables that set flags.
+const envPrefix = "CONTPROXY_"
+
+// parse reads args, then the environment for the flags args left unset.
+func parse(args []string, env func(string) (string, bool), stderr io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("contproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `Usage: contproxy [flags]
+
+A Responses gateway that continues conversations with previous_response_id
+and only the new input items when the shared continuation store allows it.
+Serves POST /v1/responses, GET /healthz and GET /metrics.
+
+  contproxy -fake-upstream
+  contproxy -upstream https://api.openai.com/v1 -redis redis://127.0.0.1:6379/0 -replica gw-1
+  contproxy -upstream wss://api.openai.com/v1 -redis-cluster 10.0.0.1:7000,10.0.0.2:7000
+
+Every flag may be set as CONTPROXY_<FLAG> in the environment
+(CONTPROXY_UPSTREAM, CONTPROXY_REDIS_CLUSTER, ...); the command line wins.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve clients on")
+	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
+	fs.BoolVar(&c.fakeUpstream, "fake-upstream", false, "serve the built-in fake Responses upstream on a loopback port and use it (over -transport)")
+	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream)")
+	fs.StringVar(&c.redisURL, "redis", "", "Redis `URL` (redis://[user:password@]host:port/db, rediss:// for TLS) shared by the replicas")
+	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
+	fs.StringVar(&c.namespace, "namespace", store.DefaultNamespace, "key namespace in Redis; replicas sharing it share continuations")
+	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
+	fs.IntVar(&c.sockets, "sockets", proxy.DefaultSockets, "WebSocket transport: upstream sockets kept per client credential")
+	fs.Int64Var(&c.maxBody, "max-body", proxy.DefaultMaxBodyBytes, "largest request body in `bytes` (413 above)")
+	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "bound on one turn upstream, streaming included")
+	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := env(name); ok && !set[f.Name] && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", name, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return c, envErr
+	}
+	switch {
+	case fs.NArg() > 0:
+		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	case c.fakeUpstream && c.upstream != "":
+		return c, errors.New("-upstream and -fake-upstream exclude each other")
+	case !c.fakeUpstream && c.upstream == "":
+		return c, errors.New("-upstream is required (or -fake-upstream for a first try)")
+	case c.redisURL != "" && c.redisCluster != "":
+		return c, errors.New("-redis and -redis-cluster exclude each other")
+	case c.transport != "" && c.transport != "http" && c.transport != "websocket":
+		return c, fmt.Errorf("-transport %q: want http or websocket", c.transport)
+	case c.sockets < 1:
+		return c, fmt.Errorf("-sockets %d: need at least 1", c.sockets)
+	case c.maxBody < 1:
+		return c, fmt.Errorf("-max-body %d: need at least 1", c.maxBody)
+	}
+	if c.transport == "" {
+		c.transport = "http"
+		if strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://") {
+			c.transport = "websocket"
+		}
+	}
+	if c.replica == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "contproxy"
+		}
+		c.replica = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	return c, nil
+}
+
+// run serves until ctx ends, then shuts down gracefully. ready, when not
+// nil, gets the address it listens on.
+func run(ctx context.Context, args []string, env func(string) (string, bool), stderr io.Writer, ready func(addr string)) error {
+	c, err := parse(args, env, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("-log-level: %w", err)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := prommetrics.New(prommetrics.Options{})
+	if err := metrics.Register(reg); err != nil {
+		return err
+	}
+	st, closeRedis, err := openStore(c, metrics)
+	if err != nil {
+		return err
+	}
+	defer closeRedis()
+	reg.MustRegister(metrics.StatsCollector(st, time.Second))
+
+	upstream := c.upstream
+	var fake *http.Server
+	if c.fakeUpstream {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("fake upstream: %w", err)
+		}
+		fake = &http.Server{Handler: fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}),
+			ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = fake.Serve(ln) }()
+		scheme := "http"
+		if c.transport == "websocket" {
+			scheme = "ws"
+		}
+		upstream = scheme + "://" + ln.Addr().String() + "/v1"
+		logger.Info("fake upstream listening", "upstream", upstream)
+	}
+	var up proxy.Upstream
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	if c.transport == "websocket" {
+		up, err = proxy.NewWebSocketUpstream(upstream, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets, Client: client})
+	} else {
+		up, err = proxy.NewHTTPUpstream(upstream, client)
+	}
+	if err != nil {
+		return err
+	}
+	p, err := proxy.New(proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody,
+		UpstreamTimeout: c.upstreamTimeout, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	reg.MustRegister(statsCollector{p})
+
+	go sweep(ctx, st, logger)
+
+	var stopping atomic.Bool
+	mux := http.NewServeMux()
+	mux.Handle("/v1/responses", p)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if stopping.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
+			fmt.Sprintf("Invalid URL (%s %s): this gateway serves POST /v1/responses.", r.Method, r.URL.Path))
+	})
+
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	logger.Info("contproxy listening", "addr", ln.Addr().String(), "replica", c.replica, "upstream", upstream,
+		"transport", c.transport, "redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace)
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	stopping.Store(true)
+	logger.Info("shutting down; letting turns in flight finish", "timeout", c.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	if fake != nil {
+		_ = fake.Shutdown(sctx)
+	}
+	if err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// openStore opens the store the flags name, and returns what closes its
+// Redis client.
+func openStore(c config, metrics *prommetrics.Metrics) (*store.Store, func(), error) {
+	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: metrics}
+	// The client settings the README recommends: the client honours the
+	// store's deadline, and a re-sent script answers as its first run.
+	timeout := c.opTimeout + 300*time.Millisecond
+	switch {
+	case c.redisURL != "":
+		ro, err := redis.ParseURL(c.redisURL)
+		if err != nil {
+			return nil, nil, fmt.Errorf("-redis: %w", err)
+		}
+		ro.ContextTimeoutEnabled, ro.MaxRetries = true, 1
+		ro.ReadTimeout, ro.WriteTimeout, ro.DialTimeout, ro.PoolTimeout = timeout, timeout, time.Second, c.opTimeout
+		client := redis.NewClient(ro)
+		st, err := store.NewRedis(client, opts)
+		if err != nil {
+			_ = client.Close()
+			return nil, nil, err
+		}
+		return st, func() { _ = client.Close() }, nil
+	case c.redisCluster != "":
+		client := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1,
+			ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: time.Second, PoolTimeout: c.opTimeout,
+		})
+		st, err := store.NewRedis(client, opts)
+		if err != nil {
+			_ = client.Close()
+			return nil, nil, err
+		}
+		return st, func() { _ = client.Close() }, nil
+	default:
+		st, err := store.NewMemory(opts)
+		return st, func() {}, err
+	}
+}
+
+// sweepEvery is how often idle state is pruned.
+const sweepEvery = time.Minute
+
+// sweep prunes idle owners every sweepEvery until ctx ends, so that idle
+// partitions give memory back.
+func sweep(ctx context.Context, st *store.Store, logger *slog.Logger) {
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := st.Sweep(ctx); err != nil {
+				logger.Warn("sweep failed", "err", err)
+			}
+		}
+	}
+}
+
+// statsCollector exports a proxy's Stats as counters.
+type statsCollector struct{ p *proxy.Proxy }
+
+var statsDescs = func() map[string]*prometheus.Desc {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("contproxy_"+name, help, nil, nil)
+	}
+	return map[string]*prometheus.Desc{
+		"turns":          d("turns_total", "Requests sent upstream, passthrough ones included."),
+		"continued":      d("turns_continued_total", "Turns sent as a continuation and answered."),
+		"retries":        d("full_context_retries_total", "Continuations the upstream refused, resent with the full context."),
+		"passthrough":    d("passthrough_total", "Requests carrying their own previous_response_id or conversation."),
+		"upstreamErrors": d("upstream_errors_total", "Turns the upstream could not be reached for, or dropped."),
+		"itemsReceived":  d("input_items_received_total", "Input items in client requests."),
+		"itemsSent":      d("input_items_sent_total", "Input items sent upstream."),
+		"bytesReceived":  d("request_bytes_received_total", "Request body bytes from clients."),
+		"bytesSent":      d("request_bytes_sent_total", "Request body bytes sent upstream."),
+	}
+}()
+
+// Describe implements prometheus.Collector.
+func (statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range statsDescs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
+	st := s.p.Stats()
+	for k, v := range map[string]int64{
+		"turns": st.Turns, "continued": st.Continued, "retries": st.FullContextRetries,
+		"passthrough": st.Passthrough, "upstreamErrors": st.UpstreamErrors,
+		"itemsReceived": st.ItemsReceived, "itemsSent": st.ItemsSent,
+		"bytesReceived": st.BytesReceived, "bytesSent": st.BytesSent,
+	} {
+		ch <- prometheus.MustNewConstMetric(statsDescs[k], prometheus.CounterValue, float64(v))
+	}
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+)
+
+// noEnv is an empty environment.
+func noEnv(string) (string, bool) { return "", false }
+
+func TestFlagsComeFromTheEnvironmentUnlessGiven(t *testing.T) {
+	env := map[string]string{"CONTPROXY_UPSTREAM": "wss://up.example/v1", "CONTPROXY_SOCKETS": "4",
+		"CONTPROXY_REPLICA": "from-env"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	c, err := parse([]string{"-replica", "from-flag"}, lookup, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "wss://up.example/v1", c.upstream)
+	assert.Equal(t, "websocket", c.transport, "from the URL's scheme")
+	assert.Equal(t, 4, c.sockets)
+	assert.Equal(t, "from-flag", c.replica)
+
+	env["CONTPROXY_SOCKETS"] = "many"
+	_, err = parse(nil, lookup, io.Discard)
+	assert.ErrorContains(t, err, "CONTPROXY_SOCKETS")
+}
+
+func TestBadFlagsAreRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"-fake-upstream", "-upstream", "http://x/v1"},
+		{"-fake-upstream", "-redis", "redis://x", "-redis-cluster", "a:1"},
+		{"-fake-upstream", "-transport", "carrier-pigeon"},
+		{"-fake-upstream", "-sockets", "0"},
+		{"-fake-upstream", "stray"},
+	} {
+		_, err := parse(args, noEnv, io.Discard)
+		assert.Error(t, err, "%q", args)
+	}
+}
+
+// start runs contproxy with args until the test ends or stop is called.
+func start(t *testing.T, args ...string) (addr string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"-listen", "127.0.0.1:0", "-log-level", "warn"}, args...), noEnv, io.Discard,
+			func(a string) { ready <- a })
+	}()
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		t.Fatalf("contproxy stopped: %v", err)
+	}
+	stopped := false
+	stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		return <-done
+	}
+	t.Cleanup(func() { _ = stop() })
+	return addr, stop
+}
+
+func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
+	for _, tr := range []string{"http", "websocket"} {
+		t.Run(tr, func(t *testing.T) {
+			addr, _ := start(t, "-fake-upstream", "-transport", tr)
+			resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"store":false,"input":"hi"}`))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Contains(t, string(b), "event: response.completed")
+
+			for path, want := range map[string]string{"/healthz": "ok", "/metrics": "contproxy_turns_total 1"} {
+				resp, err := http.Get("http://" + addr + path)
+				require.NoError(t, err)
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				assert.Contains(t, string(b), want, path)
+			}
+			resp, err = http.Get("http://" + addr + "/v2/other")
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+		})
+	}
+}
+
+func TestShutdownLetsAStreamInFlightFinish(t *testing.T) {
+	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{EventDelay: 20 * time.Millisecond}))
+	t.Cleanup(up.Close)
+	addr, stop := start(t, "-upstream", up.URL+"/v1")
+	resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	_, err = r.ReadString('\n') // the stream has begun
+	require.NoError(t, err)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	rest, err := io.ReadAll(r)
+	require.NoError(t, err)
+	assert.Contains(t, string(rest), "event: response.completed", "the turn in flight finished")
+	require.NoError(t, <-stopped)
+}

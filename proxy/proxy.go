@@ -1,0 +1,613 @@
+// Package proxy is a Responses gateway in one http.Handler: it serves
+// POST /v1/responses in front of a Responses upstream and, when the
+// continuation store says a request only appends to the previous turn of
+// the same conversation, sends the upstream previous_response_id and the
+// new input items instead of the whole history.
+//
+// For each request the proxy reads the owner (Identity), parses the body
+// and reserves a turn (store.Store.Reserve). It continues when the
+// reservation offers a continuation that the turn's upstream connection
+// can continue (Upstream), else it sends the full context. It streams the
+// upstream's events to the client as they arrive (stream true) or relays
+// its JSON answer, then records the response (store.Store.Record) after
+// response.completed, or aborts the turn (store.Store.Abort) on anything
+// else. An upstream that refuses a continuation before anything reached
+// the client gets the same turn again with the full context, unseen by the
+// client. The client sees what it would see without the proxy: when a turn
+// was continued, the previous_response_id the proxy added is shown as null.
+//
+// A request that carries its own previous_response_id or conversation is
+// forwarded as sent, outside the store. Store failures never fail a
+// request: the store fails open and the full context goes upstream.
+//
+// Embedding it:
+//
+//	st, _ := store.NewRedis(client, store.Options{Replica: "gw-1"})
+//	up, _ := proxy.NewHTTPUpstream("https://api.openai.com/v1", nil)
+//	p, _ := proxy.New(proxy.Config{Store: st, Upstream: up})
+//	defer p.Close()
+//	http.Handle("/v1/responses", p)
+//	log.Fatal(http.ListenAndServe("127.0.0.1:8080", nil))
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// ErrInvalidConfig is wrapped by New's errors.
+var ErrInvalidConfig = errors.New("proxy: invalid config")
+
+// Defaults of Config.
+const (
+	DefaultMaxBodyBytes    = 64 << 20
+	DefaultUpstreamTimeout = 10 * time.Minute
+)
+
+// Config configures a Proxy.
+type Config struct {
+	// Store decides continuations. Required.
+	Store *store.Store
+	// Upstream carries the turns. Required.
+	Upstream Upstream
+	// Identity says where requests name their owner. Zero: DefaultIdentity.
+	Identity Identity
+	// MaxBodyBytes bounds a request body (413 above). Default
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// UpstreamTimeout bounds one turn upstream, streaming included.
+	// Default DefaultUpstreamTimeout.
+	UpstreamTimeout time.Duration
+	// Logger gets a debug record per turn and a warning per fallback.
+	// Default: discard.
+	Logger *slog.Logger
+}
+
+// Proxy is the gateway handler. It is safe for concurrent use.
+type Proxy struct {
+	cfg   Config
+	stats counters
+}
+
+// New returns a proxy for cfg.
+func New(cfg Config) (*Proxy, error) {
+	switch {
+	case cfg.Store == nil:
+		return nil, fmt.Errorf("%w: no Store", ErrInvalidConfig)
+	case cfg.Upstream == nil:
+		return nil, fmt.Errorf("%w: no Upstream", ErrInvalidConfig)
+	case cfg.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, cfg.MaxBodyBytes)
+	case cfg.UpstreamTimeout < 0:
+		return nil, fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
+	}
+	if cfg.Identity.Session == nil && cfg.Identity.Agent == nil {
+		cfg.Identity = DefaultIdentity
+	}
+	if err := cfg.Identity.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = DefaultUpstreamTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Proxy{cfg: cfg}, nil
+}
+
+// Close closes the upstream connections the proxy keeps. Call it after the
+// HTTP server has shut down, so that no turn is in flight.
+func (p *Proxy) Close() error { return p.cfg.Upstream.close() }
+
+// Stats counts what the proxy did since it started.
+type Stats struct {
+	// Turns counts requests sent upstream, passthrough ones included.
+	Turns int64
+	// Continued counts turns sent as a continuation and answered.
+	Continued int64
+	// FullContextRetries counts continuations the upstream refused,
+	// resent with the full context.
+	FullContextRetries int64
+	// Passthrough counts requests that carried their own
+	// previous_response_id or conversation.
+	Passthrough int64
+	// UpstreamErrors counts turns the upstream could not be reached for,
+	// or that it dropped.
+	UpstreamErrors int64
+	// ItemsReceived and ItemsSent count input items in client requests
+	// and in upstream requests (retries included).
+	ItemsReceived, ItemsSent int64
+	// BytesReceived and BytesSent count request body bytes from clients
+	// and to the upstream (retries included).
+	BytesReceived, BytesSent int64
+}
+
+type counters struct {
+	turns, continued, retries, passthrough, upstreamErrors atomic.Int64
+	itemsReceived, itemsSent, bytesReceived, bytesSent     atomic.Int64
+}
+
+// Stats returns the proxy's counters.
+func (p *Proxy) Stats() Stats {
+	c := &p.stats
+	return Stats{
+		Turns: c.turns.Load(), Continued: c.continued.Load(), FullContextRetries: c.retries.Load(),
+		Passthrough: c.passthrough.Load(), UpstreamErrors: c.upstreamErrors.Load(),
+		ItemsReceived: c.itemsReceived.Load(), ItemsSent: c.itemsSent.Load(),
+		BytesReceived: c.bytesReceived.Load(), BytesSent: c.bytesSent.Load(),
+	}
+}
+
+// turn is one client request on its way upstream.
+type turn struct {
+	// header holds the client's request headers.
+	header http.Header
+	// stream tells whether the client asked for events.
+	stream bool
+	// stores tells whether the upstream keeps the response ("store" true
+	// or absent).
+	stores bool
+	// res is the turn's reservation; nil for a passthrough request.
+	res *store.Reservation
+}
+
+// ServeHTTP serves POST requests creating a response; mount it on
+// /v1/responses.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "",
+			fmt.Sprintf("Invalid method %s for %s: use POST.", r.Method, r.URL.Path))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
+				fmt.Sprintf("The request body is larger than %d bytes.", p.cfg.MaxBodyBytes))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
+		return
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_json",
+			"The request body is not a JSON object: "+err.Error())
+		return
+	}
+	t := &turn{header: r.Header, stream: string(top["stream"]) == "true", stores: string(top["store"]) != "false"}
+	p.stats.turns.Add(1)
+	p.stats.bytesReceived.Add(int64(len(body)))
+	if passthrough(top) {
+		p.stats.passthrough.Add(1)
+		p.stats.bytesSent.Add(int64(len(body)))
+		p.forward(w, r, t, body)
+		return
+	}
+	req, err := p.cfg.Store.ParseRequest(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "input", "invalid_request", err.Error())
+		return
+	}
+	who, err := p.cfg.Identity.owner(r.Header, body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_identity", err.Error())
+		return
+	}
+	p.stats.itemsReceived.Add(int64(req.Len()))
+	// Store operations outlive a client that hangs up: the turn must be
+	// recorded or aborted whatever the client does.
+	sctx := context.WithoutCancel(r.Context())
+	t.res = p.cfg.Store.Reserve(sctx, who, req)
+	p.run(w, r, t, who)
+}
+
+// forward sends a passthrough request upstream and relays the answer.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t *turn, body []byte) {
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
+	defer cancel()
+	c, err := p.cfg.Upstream.acquire(ctx, t)
+	if err != nil {
+		p.upstreamError(w, err)
+		return
+	}
+	defer c.release()
+	rep, err := c.send(ctx, body, t.stream)
+	if err != nil {
+		p.upstreamError(w, err)
+		return
+	}
+	defer rep.close()
+	relay(w, t, rep, "")
+}
+
+// run sends a reserved turn upstream, relays the answer and ends the turn.
+func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identity.Owner) {
+	start := time.Now()
+	sctx := context.WithoutCancel(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
+	defer cancel()
+	res := t.res
+	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
+	if res.Reason == store.ReasonStoreUnavailable {
+		lg.Warn("store unavailable, sending full context", "err", res.Err)
+	}
+	c, err := p.cfg.Upstream.acquire(ctx, t)
+	if err != nil {
+		p.abort(sctx, lg, res)
+		p.upstreamError(w, err)
+		return
+	}
+	defer c.release()
+
+	continued := c.continues(res)
+	if res.Continues() && !continued {
+		res = res.FullContextRetry() // offered, but not on this connection
+	}
+	body := res.UpstreamBody()
+	rep, err := p.send(ctx, c, res, body, t.stream)
+	if err == nil && continued && refused(rep) {
+		rep.close()
+		lg.Warn("upstream refused the continuation, resending full context",
+			"previous_response_id", res.PreviousResponseID)
+		p.stats.retries.Add(1)
+		res, continued = res.FullContextRetry(), false
+		body = res.UpstreamBody()
+		rep, err = p.send(ctx, c, res, body, t.stream)
+	}
+	if err != nil {
+		p.abort(sctx, lg, res)
+		p.upstreamError(w, err)
+		return
+	}
+	defer rep.close()
+	hide := ""
+	if continued {
+		hide = res.PreviousResponseID
+	}
+	out := relay(w, t, rep, hide)
+	lg = lg.With("reason", res.Reason, "continued", continued, "items", res.Request().Len(),
+		"sent", res.DeltaCount, "status", out.status)
+	switch {
+	case out.err != nil:
+		p.stats.upstreamErrors.Add(1)
+		p.abort(sctx, lg, res)
+		lg.Warn("upstream answer cut short; turn aborted", "err", out.err)
+	case !out.completed:
+		p.abort(sctx, lg, res)
+	case out.clientGone:
+		// The response exists upstream, but the client never saw it.
+		p.abort(sctx, lg, res)
+	default:
+		if continued {
+			p.stats.continued.Add(1)
+		}
+		outcome, err := p.cfg.Store.Record(sctx, res, store.Result{
+			ResponseID: out.id, Socket: c.socket(), Output: out.output,
+		})
+		if err != nil {
+			lg.Warn("record failed; the next turn sends full context", "err", err)
+		}
+		lg = lg.With("response_id", out.id, "outcome", outcome)
+	}
+	lg.Debug("turn", "latency", time.Since(start))
+}
+
+// send sends body on c, counting what goes upstream.
+func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, body []byte, stream bool) (*reply, error) {
+	p.stats.itemsSent.Add(int64(res.DeltaCount))
+	p.stats.bytesSent.Add(int64(len(body)))
+	return c.send(ctx, body, stream)
+}
+
+// abort ends a turn that published nothing.
+func (p *Proxy) abort(ctx context.Context, lg *slog.Logger, res *store.Reservation) {
+	if _, err := p.cfg.Store.Abort(ctx, res); err != nil {
+		lg.Warn("abort failed", "err", err)
+	}
+}
+
+// upstreamError answers a turn the upstream could not be reached for.
+func (p *Proxy) upstreamError(w http.ResponseWriter, err error) {
+	p.stats.upstreamErrors.Add(1)
+	p.cfg.Logger.Warn("upstream request failed", "err", err)
+	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable",
+		"The upstream could not be reached: "+err.Error())
+}
+
+// refused tells whether an upstream answer, before anything reached the
+// client, refuses the continuation: previous_response_not_found, or an
+// error about the previous_response_id parameter. It peeks at a stream's
+// first event and keeps it for the relay.
+func refused(rep *reply) bool {
+	isRefusal := func(errObj gjson.Result) bool {
+		return errObj.Get("code").String() == notFoundCode || errObj.Get("param").String() == "previous_response_id"
+	}
+	if rep.next == nil {
+		return rep.status/100 == 4 && isRefusal(gjson.GetBytes(rep.body, "error"))
+	}
+	ev, err := rep.next()
+	next := rep.next
+	rep.next = func() (event, error) {
+		rep.next = next
+		return ev, err
+	}
+	if err != nil {
+		return false
+	}
+	switch ev.typ {
+	case "error":
+		e := gjson.GetBytes(ev.data, "error")
+		if !e.Exists() {
+			e = gjson.ParseBytes(ev.data) // the SSE error event is flat
+		}
+		return isRefusal(e)
+	case "response.failed":
+		return isRefusal(gjson.GetBytes(ev.data, "response.error"))
+	}
+	return false
+}
+
+// notFoundCode is the upstream's error code for a previous response it
+// does not hold.
+const notFoundCode = "previous_response_not_found"
+
+// outcome is what a relayed answer was.
+type outcome struct {
+	status int
+	// completed tells whether the response completed; id and output are
+	// then its id and output items.
+	completed bool
+	id        string
+	output    []json.RawMessage
+	// clientGone tells whether writing to the client failed.
+	clientGone bool
+	// err is set when the upstream's answer broke off.
+	err error
+}
+
+// relay writes the upstream's answer to the client: the events as SSE when
+// the client asked for a stream, else JSON. hide is the previous response
+// id the proxy added, shown to the client as null; "" when none was added.
+func relay(w http.ResponseWriter, t *turn, rep *reply, hide string) outcome {
+	if rep.next == nil {
+		return relayBody(w, rep, hide)
+	}
+	if !t.stream {
+		return relayAssembled(w, rep, hide)
+	}
+	return relayStream(w, rep, hide)
+}
+
+// relayBody relays a whole JSON answer.
+func relayBody(w http.ResponseWriter, rep *reply, hide string) outcome {
+	out := outcome{status: rep.status}
+	body := rep.body
+	if rep.status/100 == 2 {
+		r := gjson.ParseBytes(body)
+		out.id = r.Get("id").String()
+		out.completed = r.Get("status").String() == "completed" && out.id != ""
+		out.output = rawArray(r.Get("output"))
+		body = hideID(body, "previous_response_id", hide)
+	}
+	copyHeader(w.Header(), rep.header)
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(rep.status)
+	if _, err := w.Write(body); err != nil {
+		out.clientGone = true
+	}
+	return out
+}
+
+// collector gathers a stream's output as the events go by.
+type collector struct {
+	items     map[int64]json.RawMessage
+	order     []int64
+	terminal  string // the terminal event's type, "" until one is seen
+	id        string
+	final     []json.RawMessage // response.completed's output
+	finalResp []byte            // the terminal event's response object
+	errEvent  []byte            // an error event's data
+}
+
+// see notes one event; it returns true after a terminal event.
+func (c *collector) see(ev event) bool {
+	switch ev.typ {
+	case "response.output_item.done":
+		r := gjson.ParseBytes(ev.data)
+		i := r.Get("output_index").Int()
+		if c.items == nil {
+			c.items = map[int64]json.RawMessage{}
+		}
+		if _, ok := c.items[i]; !ok {
+			c.order = append(c.order, i)
+		}
+		c.items[i] = json.RawMessage(r.Get("item").Raw)
+	case "response.completed", "response.failed", "response.incomplete":
+		resp := gjson.GetBytes(ev.data, "response")
+		c.terminal, c.id, c.finalResp = ev.typ, resp.Get("id").String(), []byte(resp.Raw)
+		c.final = rawArray(resp.Get("output"))
+		return true
+	case "error":
+		c.terminal, c.errEvent = ev.typ, ev.data
+		return true
+	}
+	return false
+}
+
+// outcome returns what the stream was.
+func (c *collector) outcome(status int) outcome {
+	out := outcome{status: status, completed: c.terminal == "response.completed" && c.id != "", id: c.id}
+	out.output = c.final
+	if len(out.output) == 0 && len(c.items) > 0 {
+		slices.Sort(c.order)
+		for _, i := range c.order {
+			out.output = append(out.output, c.items[i])
+		}
+	}
+	return out
+}
+
+// relayStream relays events as Server-Sent Events, flushed one by one.
+func relayStream(w http.ResponseWriter, rep *reply, hide string) outcome {
+	var col collector
+	ev, err := rep.next()
+	if err == nil && ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists() {
+		// A WebSocket upstream refusing the request: over HTTP it would
+		// have answered this status and error before any event.
+		return writeErrorEvent(w, ev.data)
+	}
+	copyHeader(w.Header(), rep.header)
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.Header().Del("Content-Length")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	gone := false
+	var buf bytes.Buffer
+	for ; err == nil; ev, err = rep.next() {
+		done := col.see(ev)
+		if !gone {
+			buf.Reset()
+			buf.WriteString("event: ")
+			buf.WriteString(ev.typ)
+			buf.WriteString("\ndata: ")
+			buf.Write(hideID(ev.data, "response.previous_response_id", hide))
+			buf.WriteString("\n\n")
+			if _, werr := w.Write(buf.Bytes()); werr != nil {
+				gone = true // keep reading: the turn ends when the upstream's does
+			} else if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if done {
+			break
+		}
+	}
+	out := col.outcome(http.StatusOK)
+	out.clientGone = gone
+	if err != nil && !errors.Is(err, io.EOF) {
+		out.err = err
+	} else if col.terminal == "" {
+		out.err = io.ErrUnexpectedEOF // the upstream ended the stream without a terminal event
+	}
+	return out
+}
+
+// relayAssembled answers a client that asked for JSON from an upstream
+// that streams (WebSocket mode): the terminal event's response object, or
+// the error an error event carries.
+func relayAssembled(w http.ResponseWriter, rep *reply, hide string) outcome {
+	var col collector
+	var err error
+	for {
+		var ev event
+		if ev, err = rep.next(); err != nil || col.see(ev) {
+			break
+		}
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
+			"The upstream ended the response early: "+err.Error())
+		return outcome{status: http.StatusBadGateway, err: err}
+	}
+	if col.terminal == "error" {
+		return writeErrorEvent(w, col.errEvent)
+	}
+	out := col.outcome(http.StatusOK)
+	body := hideID(col.finalResp, "previous_response_id", hide)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	if _, werr := w.Write(body); werr != nil {
+		out.clientGone = true
+	}
+	return out
+}
+
+// writeErrorEvent answers an error event as the HTTP API answers an
+// error: its status (500 when it has none) and {"error": {…}}.
+func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
+	r := gjson.ParseBytes(data)
+	status := int(r.Get("status").Int())
+	if status < 400 || status > 599 {
+		status = http.StatusInternalServerError
+	}
+	e := r.Get("error")
+	if !e.Exists() {
+		e = r // a flat error event
+	}
+	writeError(w, status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(),
+		e.Get("message").String())
+	return outcome{status: status}
+}
+
+// hideID shows the member at path as null when it holds id.
+func hideID(data []byte, path, id string) []byte {
+	if id == "" || gjson.GetBytes(data, path).String() != id {
+		return data
+	}
+	out, err := sjson.SetRawBytes(data, path, []byte("null"))
+	if err != nil {
+		return data
+	}
+	return out
+}
+
+// rawArray returns the elements of a JSON array.
+func rawArray(r gjson.Result) []json.RawMessage {
+	if !r.IsArray() {
+		return nil
+	}
+	var items []json.RawMessage
+	r.ForEach(func(_, v gjson.Result) bool {
+		items = append(items, json.RawMessage(v.Raw))
+		return true
+	})
+	return items
+}
+
+// writeError answers an error in the Responses API's shape:
+// {"error":{"message":…,"type":…,"param":…,"code":…}}, with null for an
+// empty param or code.
+func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
+	nullable := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	if typ == "" {
+		typ = "server_error"
+	}
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": msg, "type": typ, "param": nullable(param), "code": nullable(code),
+	}})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

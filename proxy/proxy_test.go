@@ -1,0 +1,477 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/store"
+)
+
+// transport names an upstream transport under test.
+type transport string
+
+const (
+	overHTTP      transport = "http"
+	overWebSocket transport = "websocket"
+)
+
+// rig is a proxy in front of the fake upstream.
+type rig struct {
+	proxy    *Proxy
+	url      string // the proxy's /v1/responses
+	upstream *httptest.Server
+	fault    atomic.Pointer[func(fakeupstream.Request) fakeupstream.Fault]
+}
+
+// newRig starts the fake upstream and a proxy on st (an in-process store
+// when nil) over tr.
+func newRig(t *testing.T, tr transport, st *store.Store) *rig {
+	t.Helper()
+	r := &rig{}
+	fake := fakeupstream.New(fakeupstream.Options{
+		Script: fakeupstream.Script{ToolCalls: 2},
+		Fault: func(req fakeupstream.Request) fakeupstream.Fault {
+			if f := r.fault.Load(); f != nil {
+				return (*f)(req)
+			}
+			return fakeupstream.Fault{}
+		},
+	})
+	r.upstream = httptest.NewServer(fake)
+	t.Cleanup(r.upstream.Close)
+	if st == nil {
+		var err error
+		st, err = store.NewMemory(store.Options{Replica: "r1"})
+		require.NoError(t, err)
+	}
+	r.proxy = newProxy(t, tr, st, r.upstream.URL+"/v1")
+	srv := httptest.NewServer(r.proxy)
+	t.Cleanup(srv.Close)
+	r.url = srv.URL + "/v1/responses"
+	return r
+}
+
+// newProxy returns a proxy on st in front of base over tr.
+func newProxy(t *testing.T, tr transport, st *store.Store, base string) *Proxy {
+	t.Helper()
+	var up Upstream
+	var err error
+	switch tr {
+	case overHTTP:
+		up, err = NewHTTPUpstream(base, nil)
+	case overWebSocket:
+		up, err = NewWebSocketUpstream("ws"+strings.TrimPrefix(base, "http"),
+			WebSocketOptions{Replica: st.Options().Replica, Sockets: 2})
+	}
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: up})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// setFault makes the fake upstream answer calls with f.
+func (r *rig) setFault(f func(fakeupstream.Request) fakeupstream.Fault) { r.fault.Store(&f) }
+
+// answer is a response as the client saw it.
+type answer struct {
+	status int
+	// events are the SSE events' types, for a stream.
+	events   []string
+	response map[string]json.RawMessage // the final response object
+	output   []json.RawMessage
+	body     []byte
+}
+
+// post sends one request as the client would.
+func post(t *testing.T, url string, header http.Header, body map[string]any) answer {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
+	require.NoError(t, err)
+	if header != nil {
+		req.Header = header.Clone()
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	a := answer{status: resp.StatusCode}
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		a.body, err = io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		if a.status == http.StatusOK {
+			require.NoError(t, json.Unmarshal(a.body, &a.response), "%s", a.body)
+			require.NoError(t, json.Unmarshal(a.response["output"], &a.output))
+		}
+		return a
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: ") {
+			continue
+		}
+		var ev struct {
+			Type     string                     `json:"type"`
+			Item     json.RawMessage            `json:"item"`
+			Response map[string]json.RawMessage `json:"response"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line[len("data: "):]), &ev))
+		a.events = append(a.events, ev.Type)
+		switch ev.Type {
+		case "response.output_item.done":
+			a.output = append(a.output, ev.Item)
+		case "response.completed", "response.failed", "response.incomplete":
+			a.response = ev.Response
+		}
+	}
+	return a
+}
+
+// conversation plays a client's tool loop: user turns, each answered after
+// function calls, the whole history sent every time.
+type conversation struct {
+	t       *testing.T
+	url     string
+	header  http.Header
+	params  map[string]any
+	history []any
+	// answers are every answer the client got.
+	answers []answer
+}
+
+func newConversation(t *testing.T, url, session string, stream, stores bool) *conversation {
+	return &conversation{t: t, url: url, header: http.Header{"X-Session-Id": {session}}, params: map[string]any{
+		"model": "gpt-test", "stream": stream, "store": stores,
+		"tools": []any{map[string]any{"type": "function", "name": "run_command", "parameters": map[string]any{
+			"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}},
+			"required": []any{"command"}}}},
+	}}
+}
+
+// say sends a user message and runs the tool loop until the model answers.
+func (c *conversation) say(text string) {
+	c.t.Helper()
+	c.history = append(c.history, map[string]any{"role": "user", "content": text})
+	for step := 0; ; step++ {
+		require.Less(c.t, step, 10, "the tool loop did not end")
+		body := map[string]any{"input": c.history}
+		for k, v := range c.params {
+			body[k] = v
+		}
+		a := post(c.t, c.url, c.header, body)
+		require.Equal(c.t, http.StatusOK, a.status, "%s", a.body)
+		c.answers = append(c.answers, a)
+		require.Equal(c.t, "null", string(a.response["previous_response_id"]), "the client sent no previous_response_id")
+		var call bool
+		for _, raw := range a.output {
+			var it map[string]any
+			require.NoError(c.t, json.Unmarshal(raw, &it))
+			c.history = append(c.history, it)
+			if it["type"] == "function_call" {
+				call = true
+				c.history = append(c.history, map[string]any{"type": "function_call_output",
+					"call_id": it["call_id"], "output": "ok"})
+			}
+		}
+		if !call {
+			return
+		}
+	}
+}
+
+func TestConversationsContinue(t *testing.T) {
+	for _, tc := range []struct {
+		tr            transport
+		stream, store bool
+		continues     bool
+	}{
+		{overHTTP, false, true, true},
+		{overHTTP, true, true, true},
+		{overHTTP, true, false, false}, // the HTTP upstream cannot continue store=false
+		{overWebSocket, true, false, true},
+		{overWebSocket, false, false, true},
+		{overWebSocket, true, true, true},
+	} {
+		t.Run(fmt.Sprintf("%s/stream=%v/store=%v", tc.tr, tc.stream, tc.store), func(t *testing.T) {
+			r := newRig(t, tc.tr, nil)
+			c := newConversation(t, r.url, "s1", tc.stream, tc.store)
+			c.say("hello")
+			c.say("again")
+			turns := int64(len(c.answers))
+			require.Equal(t, int64(6), turns, "2 user turns of 2 tool calls and a reply")
+			st := r.proxy.Stats()
+			assert.Equal(t, turns, st.Turns)
+			if tc.continues {
+				assert.Equal(t, turns-1, st.Continued, "every turn after the first continues")
+				assert.Less(t, st.ItemsSent, st.ItemsReceived)
+			} else {
+				assert.Zero(t, st.Continued)
+				assert.Equal(t, st.ItemsReceived, st.ItemsSent)
+			}
+			assert.Zero(t, st.FullContextRetries)
+			if tc.stream {
+				a := c.answers[len(c.answers)-1]
+				assert.Equal(t, "response.created", a.events[0])
+				assert.Equal(t, "response.completed", a.events[len(a.events)-1])
+			}
+		})
+	}
+}
+
+func TestRefusedContinuationIsRetriedWithFullContext(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+			st, err := store.NewMemory(store.Options{Replica: "r1"})
+			require.NoError(t, err)
+			r := newRig(t, overHTTP, st)
+			c := newConversation(t, r.url, "s1", stream, true)
+			c.say("hello")
+			// A new upstream holds none of the old one's responses.
+			fresh := httptest.NewServer(fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}))
+			t.Cleanup(fresh.Close)
+			p := newProxy(t, overHTTP, st, fresh.URL+"/v1")
+			srv := httptest.NewServer(p)
+			t.Cleanup(srv.Close)
+			c.url = srv.URL + "/v1/responses"
+			c.say("again")
+			s := p.Stats()
+			assert.Equal(t, int64(1), s.FullContextRetries, "the first turn on the new upstream is refused, then resent")
+			assert.Equal(t, s.Turns-1, s.Continued, "the later turns continue on the new upstream")
+		})
+	}
+}
+
+func TestWebSocketContinuesOnlyOnTheSocketHoldingTheResponse(t *testing.T) {
+	r := newRig(t, overWebSocket, nil)
+	a := newConversation(t, r.url, "a", true, false)
+	b := newConversation(t, r.url, "b", true, false)
+	a.say("hello")
+	b.say("hello")
+	a.say("again")
+	b.say("again")
+	st := r.proxy.Stats()
+	// Two sockets, two conversations taking turns: each keeps its socket.
+	assert.Equal(t, st.Turns-2, st.Continued)
+	assert.Zero(t, st.FullContextRetries)
+
+	// Three conversations on two sockets: a turn whose socket moved on
+	// sends the full context, and nothing is refused.
+	c := newConversation(t, r.url, "c", true, false)
+	c.say("hello")
+	a.say("third")
+	assert.Zero(t, r.proxy.Stats().FullContextRetries)
+}
+
+func TestFailedResponsesAreAbortedAndShownAsSent(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tr, stream), func(t *testing.T) {
+				r := newRig(t, tr, nil)
+				c := newConversation(t, r.url, "s1", stream, tr == overHTTP)
+				c.say("hello")
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+					return fakeupstream.Fault{Kind: fakeupstream.FaultFailed}
+				})
+				body := map[string]any{"input": append(c.history, map[string]any{"role": "user", "content": "x"})}
+				for k, v := range c.params {
+					body[k] = v
+				}
+				a := post(t, r.url, c.header, body)
+				require.Equal(t, http.StatusOK, a.status)
+				assert.Equal(t, `"failed"`, string(a.response["status"]))
+				assert.Equal(t, "null", string(a.response["previous_response_id"]))
+				if stream {
+					assert.Equal(t, "response.failed", a.events[len(a.events)-1])
+				}
+				// The failed turn was aborted: the next one still continues
+				// from the last completed response.
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} })
+				before := r.proxy.Stats().Continued
+				c.say("again")
+				assert.Greater(t, r.proxy.Stats().Continued, before)
+			})
+		}
+	}
+}
+
+func TestDroppedStreamAbortsTheTurn(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			r := newRig(t, tr, nil)
+			c := newConversation(t, r.url, "s1", true, tr == overHTTP)
+			c.say("hello")
+			r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+				return fakeupstream.Fault{Kind: fakeupstream.FaultDrop, Events: 3}
+			})
+			body := map[string]any{"input": append(c.history, map[string]any{"role": "user", "content": "x"})}
+			for k, v := range c.params {
+				body[k] = v
+			}
+			a := post(t, r.url, c.header, body)
+			require.Equal(t, http.StatusOK, a.status)
+			assert.Len(t, a.events, 3, "the client sees what the upstream sent, then the end")
+			assert.Equal(t, int64(1), r.proxy.Stats().UpstreamErrors)
+			r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} })
+			c.say("again") // the dropped socket is replaced
+		})
+	}
+}
+
+func TestUpstreamErrorsReachTheClient(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tr, stream), func(t *testing.T) {
+				r := newRig(t, tr, nil)
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+					return fakeupstream.Fault{Kind: fakeupstream.FaultStatus, Status: http.StatusTooManyRequests}
+				})
+				c := newConversation(t, r.url, "s1", stream, true)
+				body := map[string]any{"input": []any{map[string]any{"role": "user", "content": "x"}}}
+				for k, v := range c.params {
+					body[k] = v
+				}
+				a := post(t, r.url, c.header, body)
+				assert.Equal(t, http.StatusTooManyRequests, a.status)
+				assert.Contains(t, string(a.body), "rate_limit_exceeded")
+			})
+		}
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	valid := `{"model":"m","input":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		name   string
+		method string
+		header http.Header
+		body   string
+		status int
+		want   string
+	}{
+		{"method", http.MethodGet, nil, "", http.StatusMethodNotAllowed, "use POST"},
+		{"not JSON", http.MethodPost, nil, `{"model":`, http.StatusBadRequest, "not a JSON object"},
+		{"invalid input", http.MethodPost, nil, `{"model":"m","input":[{"a":1,"a":2}]}`, http.StatusBadRequest, "offset"},
+		{"empty session header", http.MethodPost, http.Header{"X-Session-Id": {""}}, valid, http.StatusBadRequest, "header X-Session-Id is empty"},
+		{"empty agent header", http.MethodPost, http.Header{"X-Session-Id": {"s"}, "X-Agent-Id": {""}}, valid, http.StatusBadRequest, "header X-Agent-Id is empty"},
+		{"agent without session", http.MethodPost, http.Header{"X-Agent-Id": {"a"}}, valid, http.StatusBadRequest, "no source names a session"},
+		{"session not a string", http.MethodPost, nil, `{"model":"m","metadata":{"session_id":3},"input":[]}`, http.StatusBadRequest, "body metadata.session_id is a number"},
+		{"session too long", http.MethodPost, http.Header{"Session-Id": {strings.Repeat("x", 300)}}, valid, http.StatusBadRequest, "header session-id"},
+		{"too large", http.MethodPost, nil, `{"model":"m","input":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}`, http.StatusRequestEntityTooLarge, "larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, r.url, strings.NewReader(tc.body))
+			require.NoError(t, err)
+			for k, v := range tc.header {
+				req.Header[k] = v
+			}
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, tc.status, resp.StatusCode, "%s", b)
+			var e struct {
+				Error struct{ Message, Type string }
+			}
+			require.NoError(t, json.Unmarshal(b, &e), "%s", b)
+			assert.Contains(t, e.Error.Message, tc.want)
+			assert.NotEmpty(t, e.Error.Type)
+		})
+	}
+	assert.Zero(t, r.proxy.Stats().ItemsSent, "nothing went upstream")
+}
+
+func TestUnreachableUpstreamIs502(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			dead := httptest.NewServer(http.NotFoundHandler())
+			base := dead.URL + "/v1"
+			dead.Close()
+			st, err := store.NewMemory(store.Options{Replica: "r1"})
+			require.NoError(t, err)
+			srv := httptest.NewServer(newProxy(t, tr, st, base))
+			t.Cleanup(srv.Close)
+			a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s"}},
+				map[string]any{"model": "m", "input": "hi"})
+			assert.Equal(t, http.StatusBadGateway, a.status)
+			assert.Contains(t, string(a.body), "upstream_unreachable")
+		})
+	}
+}
+
+func TestClientHangingUpAbortsTheTurn(t *testing.T) {
+	r := newRig(t, overWebSocket, nil)
+	c := newConversation(t, r.url, "s1", true, false)
+	c.say("hello")
+	body, err := json.Marshal(map[string]any{"model": "gpt-test", "stream": true, "store": false,
+		"input": append(c.history, map[string]any{"role": "user", "content": "x"}), "tools": c.params["tools"]})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header = c.header.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, err = bufio.NewReader(resp.Body).ReadString('\n') // the first event started
+	require.NoError(t, err)
+	cancel()
+	resp.Body.Close()
+	// The socket is read to its end and reused; the conversation goes on.
+	require.Eventually(t, func() bool { return r.proxy.Stats().Turns == int64(len(c.answers))+1 }, 10*time.Second, time.Millisecond)
+	c.say("again")
+}
+
+func TestPassthroughRequestsSkipTheStore(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	first := post(t, r.url, nil, map[string]any{"model": "m", "input": "hi"})
+	require.Equal(t, http.StatusOK, first.status)
+	var id string
+	require.NoError(t, json.Unmarshal(first.response["id"], &id))
+	a := post(t, r.url, nil, map[string]any{"model": "m", "input": "again", "previous_response_id": id})
+	require.Equal(t, http.StatusOK, a.status)
+	assert.Equal(t, `"`+id+`"`, string(a.response["previous_response_id"]), "the client's own id is shown")
+	assert.Equal(t, int64(1), r.proxy.Stats().Passthrough)
+}
+
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	st, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream("http://127.0.0.1:1/v1", nil)
+	require.NoError(t, err)
+	for name, cfg := range map[string]Config{
+		"no store":     {Upstream: up},
+		"no upstream":  {Store: st},
+		"bad source":   {Store: st, Upstream: up, Identity: Identity{Session: []Source{{}}}},
+		"neg body":     {Store: st, Upstream: up, MaxBodyBytes: -1},
+		"neg timeouts": {Store: st, Upstream: up, UpstreamTimeout: -1},
+	} {
+		_, err := New(cfg)
+		assert.ErrorIs(t, err, ErrInvalidConfig, name)
+	}
+	for _, u := range []string{"ftp://x/v1", "http:///v1", "::"} {
+		_, err := NewHTTPUpstream(u, nil)
+		assert.ErrorIs(t, err, ErrInvalidConfig, u)
+	}
+	_, err = NewWebSocketUpstream("http://x/v1", WebSocketOptions{Replica: "r"})
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = NewWebSocketUpstream("ws://x/v1", WebSocketOptions{})
+	assert.ErrorIs(t, err, ErrInvalidConfig, "no replica")
+}

@@ -1,0 +1,234 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/store"
+)
+
+// Upstream carries turns to a Responses upstream: NewHTTPUpstream or
+// NewWebSocketUpstream.
+type Upstream interface {
+	// acquire returns the connection one turn uses.
+	acquire(ctx context.Context, t *turn) (conn, error)
+	// close closes every connection the upstream keeps.
+	close() error
+}
+
+// conn is an upstream connection held by one turn.
+type conn interface {
+	// continues tells whether the reservation's previous response can be
+	// continued on this connection.
+	continues(res *store.Reservation) bool
+	// send sends one create-response body; stream says whether the
+	// client asked for events.
+	send(ctx context.Context, body []byte, stream bool) (*reply, error)
+	// socket is where a response answered on this connection lives.
+	socket() store.Socket
+	// release returns the connection once the reply is read or dropped.
+	release()
+}
+
+// reply is an upstream's answer: a whole body, or a stream of events.
+type reply struct {
+	status int
+	header http.Header
+	// body is the whole answer (JSON) when next is nil.
+	body []byte
+	// next returns the next event; io.EOF after the last one.
+	next func() (event, error)
+	// done releases what the reply holds; it may be nil.
+	done func()
+}
+
+// event is one streaming event: its type and its JSON object.
+type event struct {
+	typ  string
+	data []byte
+}
+
+// close releases the reply.
+func (r *reply) close() {
+	if r != nil && r.done != nil {
+		r.done()
+	}
+}
+
+// responsesURL returns base + "/responses" after checking base's scheme.
+func responsesURL(base string, schemes ...string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("%w: upstream URL %q: %v", ErrInvalidConfig, base, err)
+	}
+	for _, s := range schemes {
+		if u.Scheme == s && u.Host != "" {
+			return strings.TrimSuffix(base, "/") + "/responses", nil
+		}
+	}
+	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path]", ErrInvalidConfig, base,
+		strings.Join(schemes, "/"))
+}
+
+// httpUpstream is the Responses HTTP API: any replica can continue a
+// response stored upstream (store true), none can continue one that is not.
+type httpUpstream struct {
+	url    string
+	client *http.Client
+}
+
+// NewHTTPUpstream returns the Responses HTTP API at baseURL (such as
+// "https://api.openai.com/v1"; turns go to baseURL + "/responses"), called
+// with client (http.DefaultClient when nil). Over HTTP a response is
+// continued only when the request stores it upstream ("store" true or
+// absent): then any replica may continue it. A turn with "store": false is
+// still reserved and recorded, but always sent with its full context.
+func NewHTTPUpstream(baseURL string, client *http.Client) (Upstream, error) {
+	u, err := responsesURL(baseURL, "http", "https")
+	if err != nil {
+		return nil, err
+	}
+	if client == nil {
+		client = http.DefaultClient
+	}
+	return &httpUpstream{url: u, client: client}, nil
+}
+
+func (u *httpUpstream) acquire(_ context.Context, t *turn) (conn, error) {
+	return &httpConn{up: u, t: t}, nil
+}
+
+func (u *httpUpstream) close() error {
+	u.client.CloseIdleConnections()
+	return nil
+}
+
+// httpConn is one HTTP request.
+type httpConn struct {
+	up *httpUpstream
+	t  *turn
+}
+
+func (c *httpConn) continues(res *store.Reservation) bool {
+	return c.t.stores && res.Continues() && res.Origin.Any
+}
+
+func (c *httpConn) socket() store.Socket {
+	if c.t.stores {
+		return store.Socket{Any: true}
+	}
+	return store.Socket{} // not kept upstream: nothing to continue
+}
+
+func (c *httpConn) release() {}
+
+func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.up.url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyHeader(req.Header, c.t.header)
+	req.Header.Del("Accept-Encoding") // let the transport negotiate, and decode, compression
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.up.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	rep := &reply{status: resp.StatusCode, header: resp.Header, done: func() { _ = resp.Body.Close() }}
+	if stream && resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		rep.next = sseReader(resp.Body)
+		return rep, nil
+	}
+	defer rep.close()
+	rep.done = nil
+	if rep.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody+1)); err != nil {
+		return nil, fmt.Errorf("reading the upstream's answer: %w", err)
+	}
+	if len(rep.body) > maxUpstreamBody {
+		return nil, fmt.Errorf("the upstream's answer is larger than %d bytes", maxUpstreamBody)
+	}
+	return rep, nil
+}
+
+// maxUpstreamBody bounds a JSON answer and one streamed event.
+const maxUpstreamBody = 64 << 20
+
+// sseReader reads Server-Sent Events: each event's "event:" type (or the
+// data's own "type" member) and its "data:" lines joined.
+func sseReader(r io.Reader) func() (event, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), maxUpstreamBody)
+	return func() (event, error) {
+		var ev event
+		var data [][]byte
+		for sc.Scan() {
+			line := sc.Bytes()
+			switch {
+			case len(line) == 0:
+				if data == nil {
+					continue // blank lines between events, or a comment-only block
+				}
+				ev.data = bytes.Join(data, []byte("\n"))
+				if ev.typ == "" {
+					ev.typ = eventType(ev.data)
+				}
+				return ev, nil
+			case line[0] == ':':
+				// comment (keep-alive)
+			case bytes.HasPrefix(line, []byte("event:")):
+				ev.typ = string(bytes.TrimSpace(line[len("event:"):]))
+			case bytes.HasPrefix(line, []byte("data:")):
+				d := line[len("data:"):]
+				d = bytes.TrimPrefix(d, []byte(" "))
+				data = append(data, bytes.Clone(d))
+			}
+		}
+		if err := sc.Err(); err != nil {
+			return event{}, err
+		}
+		if data != nil {
+			return event{}, io.ErrUnexpectedEOF // the stream ended inside an event
+		}
+		return event{}, io.EOF
+	}
+}
+
+// hopHeaders are the hop-by-hop headers a proxy does not forward (RFC 9110
+// section 7.6.1), and Content-Length, which the proxy sets itself.
+var hopHeaders = []string{
+	"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Host",
+}
+
+// copyHeader adds src's end-to-end headers to dst.
+func copyHeader(dst, src http.Header) {
+	skip := map[string]bool{}
+	for _, k := range hopHeaders {
+		skip[k] = true
+	}
+	for _, f := range src.Values("Connection") {
+		for _, k := range strings.Split(f, ",") {
+			skip[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
+		}
+	}
+	for k, vs := range src {
+		if !skip[k] {
+			dst[k] = append(dst[k], vs...)
+		}
+	}
+}
+
+// errClosed is returned for turns sent after Close.
+var errClosed = errors.New("proxy: upstream closed")
+
+// eventType is the "type" member of an event's data.
+func eventType(data []byte) string { return gjson.GetBytes(data, "type").String() }

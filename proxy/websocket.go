@@ -1,0 +1,425 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/contstore/contstore/store"
+)
+
+// Defaults of WebSocketOptions.
+const (
+	DefaultSockets        = 16
+	DefaultSocketLifetime = 55 * time.Minute
+	DefaultDialTimeout    = 10 * time.Second
+)
+
+// WebSocketOptions configure NewWebSocketUpstream.
+type WebSocketOptions struct {
+	// Replica is the replica id of the proxy's store
+	// (store.Options.Replica): a continuation is taken on this replica's
+	// sockets only when its origin names this replica. Required.
+	Replica string
+	// Sockets bounds the sockets kept per credential. Default
+	// DefaultSockets.
+	Sockets int
+	// Lifetime is how long a socket is used before it is replaced; the
+	// upstream closes its sockets after 60 minutes. Default
+	// DefaultSocketLifetime.
+	Lifetime time.Duration
+	// DialTimeout bounds opening a socket. Default DefaultDialTimeout.
+	DialTimeout time.Duration
+	// Header, when it has an Authorization, is sent on every socket's
+	// handshake and the clients' credentials are not used. Otherwise the
+	// client's Authorization, OpenAI-Organization, OpenAI-Project and
+	// OpenAI-Beta headers are, and sockets are kept per credential.
+	Header http.Header
+	// Client makes the handshakes (http.DefaultClient when nil).
+	Client *http.Client
+}
+
+// credentialHeaders are the client headers a socket's handshake carries,
+// and that tell its credential apart.
+var credentialHeaders = []string{"Authorization", "OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta"}
+
+// wsUpstream is the Responses API's WebSocket mode: a pool of sockets per
+// replica, each carrying one response at a time. With store false the
+// upstream keeps only each socket's latest response, so a continuation is
+// taken only on the socket that produced it, while that socket still holds
+// it; a response stored upstream (store true) continues on any socket.
+type wsUpstream struct {
+	url  string
+	opts WebSocketOptions
+	now  func() time.Time
+
+	mu      sync.Mutex
+	pools   map[[32]byte]*wsPool
+	nextID  uint64
+	closed  bool
+	changed chan struct{} // closed and replaced whenever a socket is released
+}
+
+// wsPool holds the sockets of one credential.
+type wsPool struct {
+	header  http.Header
+	sockets []*wsSocket
+}
+
+// wsSocket is one upstream socket, or a slot for one.
+type wsSocket struct {
+	id     uint64 // unique per process; a new socket gets a new id
+	busy   bool
+	ws     *websocket.Conn
+	frames chan []byte // filled by the socket's reader; closed when it stops
+	born   time.Time
+	// latest is the upstream's latest response on this socket, "" when
+	// it holds none or it is unknown.
+	latest string
+	// released is when the socket last finished a turn.
+	released time.Time
+}
+
+// NewWebSocketUpstream returns the Responses WebSocket mode at baseURL
+// (such as "wss://api.openai.com/v1"; sockets open baseURL +
+// "/responses"). Each turn is sent as a response.create event on a socket
+// of the pool, and its events go back to the client as Server-Sent Events,
+// or as the final response object when the client asked for JSON. Request
+// headers other than the credentials are not sent: a socket is shared by
+// many clients' turns.
+func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, error) {
+	u, err := responsesURL(baseURL, "ws", "wss")
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case opts.Replica == "":
+		return nil, fmt.Errorf("%w: WebSocketOptions.Replica is empty", ErrInvalidConfig)
+	case opts.Sockets < 0 || opts.Lifetime < 0 || opts.DialTimeout < 0:
+		return nil, fmt.Errorf("%w: negative WebSocketOptions (Sockets %d, Lifetime %v, DialTimeout %v)",
+			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout)
+	}
+	if opts.Sockets == 0 {
+		opts.Sockets = DefaultSockets
+	}
+	if opts.Lifetime == 0 {
+		opts.Lifetime = DefaultSocketLifetime
+	}
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = DefaultDialTimeout
+	}
+	return &wsUpstream{url: u, opts: opts, now: time.Now, pools: map[[32]byte]*wsPool{},
+		changed: make(chan struct{})}, nil
+}
+
+// credential returns the handshake headers of a turn and their key.
+func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
+	if u.opts.Header.Get("Authorization") != "" {
+		return u.opts.Header, [32]byte{}
+	}
+	out := u.opts.Header.Clone()
+	if out == nil {
+		out = http.Header{}
+	}
+	key := sha256.New()
+	for _, k := range credentialHeaders {
+		if v := h.Get(k); v != "" {
+			out.Set(k, v)
+		}
+		fmt.Fprintf(key, "%q\n", h.Get(k))
+	}
+	var sum [32]byte
+	copy(sum[:], key.Sum(nil))
+	return out, sum
+}
+
+func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
+	header, key := u.credential(t.header)
+	for {
+		u.mu.Lock()
+		if u.closed {
+			u.mu.Unlock()
+			return nil, errClosed
+		}
+		pool := u.pools[key]
+		if pool == nil {
+			pool = &wsPool{header: header}
+			u.pools[key] = pool
+		}
+		if s := u.pick(pool, t.res); s != nil {
+			s.busy = true
+			u.mu.Unlock()
+			c := &wsConn{up: u, pool: pool, s: s, t: t}
+			if err := c.ready(ctx); err != nil {
+				c.release()
+				return nil, err
+			}
+			return c, nil
+		}
+		changed := u.changed
+		u.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for an upstream socket (%d in use): %w", u.opts.Sockets, ctx.Err())
+		}
+	}
+}
+
+// pick returns the socket a turn takes, or nil to wait for one; u.mu is
+// held. A turn
+// whose continuation lives on a socket of this pool that still holds it
+// waits for that socket. Any other turn takes an idle socket holding no
+// response, else a new one while the pool has room, else the idle socket
+// whose response has waited longest.
+func (u *wsUpstream) pick(pool *wsPool, res *store.Reservation) *wsSocket {
+	if res.Continues() && res.Origin.Replica == u.opts.Replica {
+		for _, s := range pool.sockets {
+			if s.id == res.Origin.ID && s.holds(res.PreviousResponseID, u.now(), u.opts.Lifetime) {
+				if s.busy {
+					return nil
+				}
+				return s
+			}
+		}
+	}
+	var idle *wsSocket
+	for _, s := range pool.sockets {
+		if !s.busy && s.latest == "" {
+			return s
+		}
+		if !s.busy && (idle == nil || s.released.Before(idle.released)) {
+			idle = s
+		}
+	}
+	if len(pool.sockets) < u.opts.Sockets {
+		s := &wsSocket{}
+		pool.sockets = append(pool.sockets, s)
+		return s
+	}
+	if idle != nil {
+		return idle // the one whose response has waited longest
+	}
+	return nil
+}
+
+// holds tells whether the socket is open, within its lifetime and holds
+// response id.
+func (s *wsSocket) holds(id string, now time.Time, lifetime time.Duration) bool {
+	return s.ws != nil && s.latest == id && id != "" && now.Sub(s.born) < lifetime
+}
+
+func (u *wsUpstream) close() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.closed = true
+	for _, pool := range u.pools {
+		for _, s := range pool.sockets {
+			if s.ws != nil {
+				_ = s.ws.Close(websocket.StatusNormalClosure, "proxy shutting down")
+				s.ws = nil
+			}
+		}
+	}
+	return nil
+}
+
+// wsConn is a socket held by one turn.
+type wsConn struct {
+	up   *wsUpstream
+	pool *wsPool
+	s    *wsSocket
+	t    *turn
+	// clean tells whether the last response on the socket was read to its
+	// end, so that the socket can carry the next one.
+	clean bool
+}
+
+// ready makes sure the held socket is open, within its lifetime, and has
+// nothing left over from before (such as the upstream's lifetime error on
+// an idle socket).
+func (c *wsConn) ready(ctx context.Context) error {
+	s := c.s
+	c.up.mu.Lock()
+	defer c.up.mu.Unlock()
+	if s.ws != nil && c.up.now().Sub(s.born) >= c.up.opts.Lifetime {
+		c.drop()
+	}
+	for s.ws != nil {
+		select {
+		case f, ok := <-s.frames:
+			if !ok || eventType(f) == "error" {
+				c.drop() // the upstream closed it, or said why it will
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if s.ws != nil {
+		c.clean = true
+		return nil
+	}
+	// Dial without the lock: other turns go on meanwhile.
+	c.up.mu.Unlock()
+	ws, err := c.dial(ctx)
+	c.up.mu.Lock()
+	if err != nil {
+		return err
+	}
+	c.up.nextID++
+	s.id, s.ws, s.born, s.latest, s.frames = c.up.nextID, ws, c.up.now(), "", make(chan []byte, 64)
+	go read(ws, s.frames)
+	c.clean = true
+	return nil
+}
+
+// dial opens a socket.
+func (c *wsConn) dial(ctx context.Context) (*websocket.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, c.up.opts.DialTimeout)
+	defer cancel()
+	ws, _, err := websocket.Dial(dctx, c.up.url, &websocket.DialOptions{
+		HTTPHeader: c.pool.header, HTTPClient: c.up.opts.Client,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("opening an upstream socket: %w", err)
+	}
+	ws.SetReadLimit(maxUpstreamBody)
+	return ws, nil
+}
+
+// read moves a socket's messages to frames until the socket fails.
+func read(ws *websocket.Conn, frames chan<- []byte) {
+	defer close(frames)
+	for {
+		_, data, err := ws.Read(context.Background())
+		if err != nil {
+			return
+		}
+		frames <- data
+	}
+}
+
+// drop closes the held socket, the slot opening a new one when next used;
+// u.mu is held.
+func (c *wsConn) drop() {
+	if c.s.ws != nil {
+		_ = c.s.ws.CloseNow()
+		go func(frames <-chan []byte) {
+			for range frames { // let the reader see the close and stop
+			}
+		}(c.s.frames)
+	}
+	c.s.ws, c.s.latest, c.s.frames = nil, "", nil
+}
+
+func (c *wsConn) continues(res *store.Reservation) bool {
+	if !res.Continues() {
+		return false
+	}
+	if res.Origin.Any {
+		return c.t.stores // stored upstream: any socket can continue it
+	}
+	return res.Origin.Replica == c.up.opts.Replica && res.Origin.ID == c.s.id &&
+		c.s.holds(res.PreviousResponseID, c.up.now(), c.up.opts.Lifetime)
+}
+
+func (c *wsConn) socket() store.Socket {
+	if c.t.stores {
+		return store.Socket{Any: true}
+	}
+	return store.Socket{Replica: c.up.opts.Replica, ID: c.s.id}
+}
+
+func (c *wsConn) release() {
+	c.up.mu.Lock()
+	defer c.up.mu.Unlock()
+	if !c.clean {
+		c.drop() // a response may still be arriving on it
+	}
+	c.s.busy, c.s.released = false, c.up.now()
+	close(c.up.changed)
+	c.up.changed = make(chan struct{})
+}
+
+// send sends body as a response.create event and returns its events. The
+// socket is read to the response's end even when the client hangs up, so
+// that it can carry the next turn.
+func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
+	if !c.clean {
+		return nil, errors.New("upstream socket still busy with the previous response")
+	}
+	msg, err := createEvent(body)
+	if err != nil {
+		return nil, err
+	}
+	frames := c.s.frames
+	// The socket outlives the client's request; the turn's timeout bounds it.
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = c.up.now().Add(DefaultUpstreamTimeout)
+	}
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	c.clean = false
+	if err := c.s.ws.Write(rctx, websocket.MessageText, msg); err != nil {
+		cancel()
+		return nil, fmt.Errorf("sending to the upstream socket: %w", err)
+	}
+	finished := false
+	next := func() (event, error) {
+		if finished {
+			return event{}, io.EOF
+		}
+		select {
+		case data, ok := <-frames:
+			if !ok {
+				return event{}, fmt.Errorf("the upstream socket closed mid-response: %w", io.ErrUnexpectedEOF)
+			}
+			ev := event{typ: eventType(data), data: data}
+			switch ev.typ {
+			case "response.completed", "response.incomplete":
+				c.finish(gjson.GetBytes(data, "response.id").String())
+				finished = true
+			case "response.failed", "error":
+				c.finish("") // a failed turn evicts what the socket held
+				finished = true
+			}
+			return ev, nil
+		case <-rctx.Done():
+			return event{}, fmt.Errorf("waiting for the upstream socket: %w", rctx.Err())
+		}
+	}
+	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: cancel}, nil
+}
+
+// finish notes the end of the socket's response: latest is what the
+// socket now holds.
+func (c *wsConn) finish(latest string) {
+	c.up.mu.Lock()
+	c.s.latest, c.clean = latest, true
+	c.up.mu.Unlock()
+}
+
+// createEvent turns a create-response body into a response.create event:
+// stream and stream_options go, as every response streams on a socket.
+func createEvent(body []byte) ([]byte, error) {
+	msg, err := sjson.SetBytes(body, "type", "response.create")
+	for _, k := range []string{"stream", "stream_options"} {
+		if err == nil && gjson.GetBytes(msg, k).Exists() {
+			msg, err = sjson.DeleteBytes(msg, k)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("building response.create: %w", err)
+	}
+	return msg, nil
+}
