@@ -5,6 +5,7 @@
 # redis-server with apt-get when missing and running as root.
 
 GO        ?= go
+NPM       ?= npm
 PKGS      ?= ./...
 TESTFLAGS ?=
 FUZZTIME  ?= 60s
@@ -17,7 +18,7 @@ GOFILES = $(shell find . -type f -name '*.go' -not -path './vendor/*' -not -path
 
 .DEFAULT_GOAL := help
 
-.PHONY: help test test-short bench fuzz fmt fmt-check vet compose-check
+.PHONY: help test test-short e2e bench fuzz fmt fmt-check vet compose-check
 
 help: ## List the targets
 	@echo 'Targets:'
@@ -31,6 +32,19 @@ test: fmt-check vet compose-check ## Check formatting, vet, docker-compose.yml, 
 
 test-short: ## Run the tests with -short and without Redis (Redis tests are skipped)
 	$(GO) test -short $(TESTFLAGS) $(PKGS)
+
+e2e: ## Run the end-to-end tests with real clients (installs them with npm)
+	@lock=testdata/clients/node_modules/.package-lock.json; \
+	if [ "$$lock" -nt testdata/clients/package-lock.json ] && [ "$$lock" -nt testdata/clients/package.json ]; then \
+		echo 'e2e: the clients in testdata/clients/node_modules are up to date'; \
+	elif ! command -v $(NPM) >/dev/null 2>&1; then \
+		echo 'e2e: $(NPM) not found, the clients cannot be installed: the tests that need them are skipped (they fail with CI=true)'; \
+	else \
+		echo 'e2e: installing the clients (npm ci in testdata/clients)'; \
+		cd testdata/clients && timeout 900 $(NPM) ci --no-audit --no-fund --loglevel=error; \
+	fi
+	$(GO) vet -tags e2e ./e2e
+	GO='$(GO)' $(REDIS_ENV) $(GO) test -tags e2e -count=1 -timeout 20m -v $(TESTFLAGS) ./e2e
 
 bench: ## Run the benchmarks against real Redis (BENCH=regexp)
 	$(REDIS_ENV) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKGS)

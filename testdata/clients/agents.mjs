@@ -1,17 +1,15 @@
 // Drives the OpenAI Agents SDK against the fake upstream: one agent with a
 // function tool, three user turns in one conversation. Each run() is given
 // the whole history (the previous result's history plus the new user
-// message), with store: false and no previous_response_id.
+// message), with store: false, or true with FAKE_STORE=true, and no
+// previous_response_id. See fake.mjs for the environment.
 //
 //   FAKE_BASE_URL=http://127.0.0.1:PORT/v1 node agents.mjs
 import OpenAI from 'openai';
 import { Agent, run, setDefaultOpenAIClient, setOpenAIAPI, setTracingDisabled, tool } from '@openai/agents';
+import { instructions, runCommand, runCommandParameters, settings, userTurns } from './fake.mjs';
 
-const baseURL = process.env.FAKE_BASE_URL;
-if (!baseURL) {
-  console.error('FAKE_BASE_URL is not set');
-  process.exit(2);
-}
+const { baseURL, apiKey, store } = settings();
 
 // No trace export: the fake upstream is the only thing the SDK may talk to.
 setTracingDisabled(true);
@@ -19,47 +17,35 @@ setOpenAIAPI('responses');
 setDefaultOpenAIClient(
   new OpenAI({
     baseURL,
-    apiKey: process.env.FAKE_API_KEY || 'fake-key',
+    apiKey,
     maxRetries: 0,
     timeout: 30_000,
     defaultHeaders: { 'x-session-id': 'agents-1' },
   }),
 );
 
-const runCommand = tool({
+const runCommandTool = tool({
   name: 'run_command',
   description: 'Run a shell command and return its output.',
-  parameters: {
-    type: 'object',
-    properties: { command: { type: 'string', description: 'The command line to run.' } },
-    required: ['command'],
-    additionalProperties: false,
-  },
+  parameters: runCommandParameters,
   strict: true,
   async execute(input) {
     const { command } = typeof input === 'string' ? JSON.parse(input) : input;
-    const outputs = { 'echo hello': 'hello', ls: 'README.md\npackage.json', pwd: '/work' };
-    return `$ ${command}\n${outputs[command] ?? ''}`;
+    return runCommand(command);
   },
 });
 
 const agent = new Agent({
   name: 'Shell helper',
-  instructions: 'You are a terse assistant. Use run_command to inspect the machine before answering.',
+  instructions,
   model: 'gpt-5.1',
-  tools: [runCommand],
+  tools: [runCommandTool],
   modelSettings: {
-    store: false,
+    store,
     reasoning: { effort: 'low', summary: 'auto' },
     providerData: { include: ['reasoning.encrypted_content'] },
   },
 });
-
-const userTurns = [
-  'What directory am I in?',
-  'Now list the files there.',
-  'Thanks. Summarise what you found in one line.',
-];
 
 let history = [];
 for (const text of userTurns) {

@@ -1,6 +1,7 @@
 // Drives the OpenAI JS SDK against the fake upstream: one conversation of
 // three user turns, each a tool loop, every request carrying the full
-// history with store: false (no previous_response_id).
+// history with store: false, or true with FAKE_STORE=true (never
+// previous_response_id). See fake.mjs for the environment.
 //
 //   FAKE_BASE_URL=http://127.0.0.1:PORT/v1 node jssdk.mjs create-stream|create|stream-helper
 //
@@ -10,6 +11,7 @@
 // stream-helper  responses.stream() then finalResponse(), history gets its
 //                output as the helper returns it
 import OpenAI from 'openai';
+import { instructions, runCommand, runCommandParameters, settings, userTurns } from './fake.mjs';
 
 const patterns = ['create-stream', 'create', 'stream-helper'];
 const pattern = process.argv[2];
@@ -17,15 +19,11 @@ if (!patterns.includes(pattern)) {
   console.error(`usage: node jssdk.mjs ${patterns.join('|')}`);
   process.exit(2);
 }
-const baseURL = process.env.FAKE_BASE_URL;
-if (!baseURL) {
-  console.error('FAKE_BASE_URL is not set');
-  process.exit(2);
-}
+const { baseURL, apiKey, store } = settings();
 
 const client = new OpenAI({
   baseURL,
-  apiKey: process.env.FAKE_API_KEY || 'fake-key',
+  apiKey,
   maxRetries: 0,
   timeout: 30_000,
   defaultHeaders: { 'x-session-id': `jssdk-${pattern}` },
@@ -33,38 +31,20 @@ const client = new OpenAI({
 
 const params = {
   model: 'gpt-5.1',
-  instructions: 'You are a terse assistant. Use run_command to inspect the machine before answering.',
+  instructions,
   tools: [
     {
       type: 'function',
       name: 'run_command',
       description: 'Run a shell command and return its output.',
-      parameters: {
-        type: 'object',
-        properties: { command: { type: 'string', description: 'The command line to run.' } },
-        required: ['command'],
-        additionalProperties: false,
-      },
+      parameters: runCommandParameters,
       strict: true,
     },
   ],
-  store: false,
+  store,
   include: ['reasoning.encrypted_content'],
   reasoning: { effort: 'low', summary: 'auto' },
 };
-
-const userTurns = [
-  'What directory am I in?',
-  'Now list the files there.',
-  'Thanks. Summarise what you found in one line.',
-];
-
-// runCommand pretends to run the command the model asked for.
-function runCommand(call) {
-  const { command } = JSON.parse(call.arguments);
-  const outputs = { 'echo hello': 'hello', ls: 'README.md\npackage.json', pwd: '/work' };
-  return `$ ${command}\n${outputs[command] ?? ''}`;
-}
 
 // respond sends the whole history and returns the output items to append.
 async function respond(input) {
@@ -112,7 +92,8 @@ for (const text of userTurns) {
       break;
     }
     for (const call of calls) {
-      history.push({ type: 'function_call_output', call_id: call.call_id, output: runCommand(call) });
+      const { command } = JSON.parse(call.arguments);
+      history.push({ type: 'function_call_output', call_id: call.call_id, output: runCommand(command) });
     }
   }
 }

@@ -1,0 +1,338 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/contstore/contstore/internal/redistest"
+)
+
+// toolCalls is the number of function calls the fake model makes after
+// each user message in TestClients.
+const toolCalls = 3
+
+// continuation is what a scenario expects of a client's later turns.
+type continuation struct {
+	// atLeast is the fraction of later turns that must be continued.
+	atLeast float64
+	// never says that no turn may be continued.
+	never bool
+}
+
+// scenario is one deployment the clients run against.
+type scenario struct {
+	name string
+	// transport is the contproxy's upstream transport, "http" or "ws".
+	transport string
+	// store is the store value the clients send, but Codex, which always
+	// sends store=false.
+	store bool
+	// replicas is the number of contproxy replicas behind the round-robin
+	// proxy.
+	replicas int
+	// others is what is expected of every client but Codex; codex of Codex.
+	others, codex continuation
+	// noRetries says that the upstream must refuse no continuation.
+	noRetries bool
+}
+
+// scenarios is the matrix of TestClients.
+var scenarios = []scenario{
+	{
+		// The baseline: the clients straight to the fake upstream (through
+		// the round-robin proxy), as they run without contproxy.
+		name: "baseline-no-contproxy", transport: "http", store: false, replicas: 0,
+		others: continuation{never: true}, codex: continuation{never: true},
+	},
+	{
+		// Codex sends store=false, which HTTP cannot continue: the upstream
+		// keeps nothing for it.
+		name: "A-http-store-2-replicas", transport: "http", store: true, replicas: 2,
+		others: continuation{atLeast: 0.95}, codex: continuation{never: true}, noRetries: true,
+	},
+	{
+		name: "B-ws-1-replica", transport: "ws", store: false, replicas: 1,
+		others: continuation{atLeast: 0.95}, codex: continuation{atLeast: 0.95}, noRetries: true,
+	},
+	{
+		// A response lives on the socket of the replica that made it, and
+		// round-robin sends every other turn to the other replica.
+		name: "C-ws-2-replicas", transport: "ws", store: false, replicas: 2,
+	},
+}
+
+// clientEnvironment is what a client run gets.
+type clientEnvironment struct {
+	nodeTools
+	st    *stack
+	store bool
+}
+
+// client is one real client, run once per scenario.
+type client struct {
+	name string
+	// isCodex marks the Codex CLI.
+	isCodex bool
+	run     func(ctx context.Context, e clientEnvironment) error
+}
+
+// clients are the clients of TestClients.
+var clients = []client{
+	{name: "codex", isCodex: true, run: runCodex},
+	{name: "jssdk-create-stream", run: jsSDK("create-stream")},
+	{name: "jssdk-create", run: jsSDK("create")},
+	{name: "jssdk-stream-helper", run: jsSDK("stream-helper")},
+	{name: "agents", run: runAgents},
+	{name: "go-sdk-stream", run: runGoSDK},
+}
+
+// TestClients runs every client in every scenario and checks that each
+// succeeds, that the upstream answered exactly the conversations the
+// clients sent, and that enough later turns were continued. It logs the
+// table of what was sent upstream against the full context.
+func TestClients(t *testing.T) {
+	tools := nodeClients(t)
+	addr := redisAddr(t)
+	var rows []runResult
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			ns := redistest.Namespace(t)
+			cleanNamespace(t, addr, ns)
+			st := startStack(t, sc.name, stackConfig{
+				transport: sc.transport,
+				replicas:  sc.replicas,
+				redis:     addr,
+				namespace: ns,
+				toolCalls: toolCalls,
+			})
+			env := clientEnvironment{nodeTools: tools, st: st, store: sc.store}
+			for _, cl := range clients {
+				t.Run(cl.name, func(t *testing.T) {
+					r := runOne(t, sc, cl, env)
+					rows = append(rows, r)
+					check(t, sc, cl, r)
+				})
+			}
+		})
+	}
+	table := resultsTable(rows)
+	t.Logf("turns continued and input sent upstream vs the full context the clients sent (%d tool calls per user message):\n%s",
+		toolCalls, table)
+	report.add(fmt.Sprintf("## Clients\n\nTurns continued and input sent upstream vs the full context the clients sent "+
+		"(fake model: %d tool calls per user message).\n\n%s", toolCalls, table))
+}
+
+// runOne runs client cl in scenario sc and measures the run.
+func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResult {
+	t.Helper()
+	up := env.st.up
+	before, err := readTrace(up.trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	postsBefore, err := up.posts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*clientTimeout)
+	defer cancel()
+	countersBefore, err := env.st.counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.st.rr.begin(cl.name)
+	runErr := cl.run(ctx, env)
+	after, err := readTrace(up.trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := measure(sc.name, cl.name, env.st.rr.callsOf(cl.name), after[len(before):])
+	r.err = runErr
+	r.refused, r.retries = -1, -1
+	if len(env.st.replicas) > 0 {
+		d, err := env.st.settle(ctx, countersBefore, &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.compare(&r)
+		r.retries = d.retries
+	}
+	if sc.transport == "http" {
+		postsAfter, err := up.posts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		posts := postsAfter - postsBefore
+		r.refused = max(posts-r.turns, 0)
+		if posts < r.turns {
+			r.mismatches = append(r.mismatches, fmt.Sprintf("the upstream logged %d requests but answered %d", posts, r.turns))
+		}
+	}
+	return r
+}
+
+// check reports what is wrong with a run.
+func check(t *testing.T, sc scenario, cl client, r runResult) {
+	t.Helper()
+	if r.err != nil {
+		t.Errorf("the client failed: %v", r.err)
+	}
+	for _, f := range r.failures {
+		t.Errorf("the client was sent an error: %s", f)
+	}
+	for _, m := range r.mismatches {
+		t.Errorf("%s", m)
+	}
+	if r.refused > 0 {
+		t.Errorf("the upstream refused %d requests (the client saw none of them)", r.refused)
+	}
+	if sc.noRetries && r.retries > 0 {
+		t.Errorf("contproxy resent %d refused continuations with the full context", r.retries)
+	}
+	if r.requests == 0 {
+		t.Errorf("the client sent no request")
+	}
+	wantStore := strconv.FormatBool(sc.store && !cl.isCodex)
+	if len(r.stores) != 1 || r.stores[0] != wantStore {
+		t.Errorf("the upstream requests have store %v, want %s", r.stores, wantStore)
+	}
+	wantTransport := map[string]string{"http": "http", "ws": "websocket"}[sc.transport]
+	if len(r.transports) != 1 || r.transports[0] != wantTransport {
+		t.Errorf("the upstream calls went over %v, want %s", r.transports, wantTransport)
+	}
+	want := sc.others
+	if cl.isCodex {
+		want = sc.codex
+	}
+	switch {
+	case want.never && r.continued != 0:
+		t.Errorf("%d turns were continued, want none", r.continued)
+	case r.rate() < want.atLeast:
+		t.Errorf("%d of %d later turns were continued (%.0f%%), want at least %.0f%%",
+			r.continued, r.later(), 100*r.rate(), 100*want.atLeast)
+	}
+}
+
+// saysDone checks that out holds the fake model's final answer to each of
+// n user messages, each line starting with prefix.
+func saysDone(out, prefix string, n int) error {
+	for k := 1; k <= n; k++ {
+		want := fmt.Sprintf("%sDone with message %d after %d tool calls", prefix, k, toolCalls)
+		if !strings.Contains(out, want) {
+			return fmt.Errorf("no %q in its output:\n%s", want, clip(out, 4000))
+		}
+	}
+	return nil
+}
+
+// codexDone is the fake model's final answer as Codex prints it. Codex
+// sends its environment context as a user message of its own, so the
+// message numbers are not those of the prompts.
+var codexDone = regexp.MustCompile(fmt.Sprintf(`Done with message \d+ after %d tool calls`, toolCalls))
+
+// jsSDK returns the run of jssdk.mjs with pattern.
+func jsSDK(pattern string) func(ctx context.Context, e clientEnvironment) error {
+	return func(_ context.Context, e clientEnvironment) error {
+		out, err := runClient("jssdk-"+pattern, e.st.dir, e.dir, nodeEnv(e), e.node, "jssdk.mjs", pattern)
+		if err != nil {
+			return err
+		}
+		return saysDone(out, "["+pattern+"] ", len(userTurns))
+	}
+}
+
+// runAgents runs agents.mjs.
+func runAgents(_ context.Context, e clientEnvironment) error {
+	out, err := runClient("agents", e.st.dir, e.dir, nodeEnv(e), e.node, "agents.mjs")
+	if err != nil {
+		return err
+	}
+	return saysDone(out, "[agents] ", len(userTurns))
+}
+
+// nodeEnv is the environment of a node driver.
+func nodeEnv(e clientEnvironment) []string {
+	return clientEnv("FAKE_BASE_URL="+e.st.rr.baseURL(), "FAKE_API_KEY=fake-key",
+		"FAKE_STORE="+strconv.FormatBool(e.store))
+}
+
+// runGoSDK holds one streaming Go SDK conversation.
+func runGoSDK(ctx context.Context, e clientEnvironment) error {
+	c := &goConversation{client: newGoClient(e.st.rr.baseURL()), session: "go-sdk-stream", store: e.store, stream: true}
+	var said []string
+	for _, text := range userTurns {
+		s, err := c.userTurn(ctx, text)
+		if err != nil {
+			return err
+		}
+		said = append(said, s)
+	}
+	return saysDone(strings.Join(said, "\n"), "", len(userTurns))
+}
+
+// codexPrompts are the user messages of the Codex session: codex exec,
+// then codex exec resume --last for each further one.
+var codexPrompts = []string{
+	"Show me where we are and what is here.",
+	"Run the same checks again, please.",
+	"One more time, then tell me you are done.",
+}
+
+// runCodex runs one Codex session: codex exec, then resumed user turns, in
+// a fresh CODEX_HOME whose provider is the round-robin proxy.
+func runCodex(_ context.Context, e clientEnvironment) error {
+	root := filepath.Join(e.st.dir, "codex")
+	home, work := filepath.Join(root, "home"), filepath.Join(root, "work")
+	for _, dir := range []string{home, work} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	config := fmt.Sprintf(`model = "gpt-5.5"
+model_provider = "fake"
+model_reasoning_summary = "detailed"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[model_providers.fake]
+name = "Fake upstream"
+base_url = %q
+wire_api = "responses"
+env_key = "FAKE_API_KEY"
+supports_websockets = false
+request_max_retries = 0
+stream_max_retries = 0
+`, e.st.rr.baseURL())
+	if err := os.WriteFile(filepath.Join(home, "config.toml"), []byte(config), 0o644); err != nil {
+		return err
+	}
+	env := clientEnv("CODEX_HOME="+home, "HOME="+root, "FAKE_API_KEY=fake-key")
+	flags := []string{"exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--color", "never"}
+	for i, prompt := range codexPrompts {
+		args := slices.Concat(flags, []string{prompt})
+		if i > 0 {
+			args = slices.Concat(flags, []string{"resume", "--last", prompt})
+		}
+		out, err := runClient(fmt.Sprintf("codex-%d", i+1), root, work, env, e.codex, args...)
+		if err != nil {
+			return err
+		}
+		if !codexDone.MatchString(out) {
+			return fmt.Errorf("codex, user turn %d: no %q in its output:\n%s", i+1, codexDone, clip(out, 4000))
+		}
+	}
+	return nil
+}

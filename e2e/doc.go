@@ -1,0 +1,32 @@
+//go:build e2e
+
+// Package e2e tests the continuation proxy (cmd/contproxy) end to end with
+// real clients: the Codex CLI, the OpenAI JS SDK, the Agents SDK and the
+// official Go SDK hold their conversations through a round-robin reverse
+// proxy in front of one or two contproxy replicas sharing one Redis, which
+// forward to the scripted fake upstream (internal/cmd/fakeupstream). Every
+// server listens on 127.0.0.1 and every client run is bounded in time.
+//
+// The tests are behind the build tag e2e:
+//
+//	make e2e
+//	scripts/redis-env.sh go test -tags e2e -count=1 -timeout 20m -v ./e2e
+//
+// They need node with the clients pinned in testdata/clients installed
+// ("npm ci" there, which make e2e runs) and a Redis server at
+// CONTSTORE_REDIS_ADDR (scripts/redis-env.sh starts one). When something is
+// missing the tests are skipped, or fail with CI=true. E2E_REPORT names a
+// file to write the measured tables to, as markdown.
+//
+// TestClients runs every client in each scenario of a matrix: straight to
+// the fake upstream (the baseline), an HTTP upstream with store=true behind
+// two replicas, and a WebSocket upstream with store=false behind one and
+// behind two replicas. Each client must succeed and get no error; the
+// upstream must have answered each request once, resolving a conversation
+// of exactly the items the client sent; contproxy's own counters must agree.
+// From the fake upstream's trace it measures how many later turns were
+// continued with previous_response_id and how much of the full context was
+// sent upstream, and requires enough continuations where the scenario
+// allows them. TestAddedLatency measures the latency a contproxy adds to a
+// turn, with in-process and with Redis state.
+package e2e

@@ -1,0 +1,298 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+)
+
+// upstreamCall is one call the fake upstream answered, from its trace.
+type upstreamCall struct {
+	// owner is the conversation owner the upstream attributed the call to.
+	owner fakeupstream.Owner
+	// transport is "http" or "websocket".
+	transport string
+	// previous is the request's previous_response_id.
+	previous string
+	// store is the request's store member, nil when absent.
+	store *bool
+	// items and bytes are the input items and the body the upstream got.
+	items, bytes int
+	// seen is, when the answer is a message, the number of items of the
+	// conversation the upstream resolved (its transcript of previous plus
+	// the input), as the fake model says it; -1 otherwise.
+	seen int
+}
+
+// seenPattern finds the item count in the fake model's message, "Done with
+// message 2 after 3 tool calls (17 items seen). You said: …".
+var seenPattern = regexp.MustCompile(`\((\d+) items seen\)`)
+
+// readTrace reads the calls of a fake upstream's trace file.
+func readTrace(path string) ([]upstreamCall, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var calls []upstreamCall
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		var line fakeupstream.TraceLine
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", path, len(calls)+1, err)
+		}
+		var req struct {
+			PreviousResponseID string `json:"previous_response_id"`
+			Store              *bool  `json:"store"`
+		}
+		if err := json.Unmarshal(line.Request, &req); err != nil {
+			return nil, fmt.Errorf("%s:%d: request: %v", path, len(calls)+1, err)
+		}
+		calls = append(calls, upstreamCall{
+			owner:     line.Owner,
+			transport: line.Transport,
+			previous:  req.PreviousResponseID,
+			store:     req.Store,
+			items:     inputItems(line.Request),
+			bytes:     len(line.Request),
+			seen:      itemsSeen(line.Output),
+		})
+	}
+	return calls, sc.Err()
+}
+
+// itemsSeen returns the number of items the fake model's message in output
+// says it saw, -1 when output has no such message.
+func itemsSeen(output []json.RawMessage) int {
+	for _, raw := range output {
+		var item struct {
+			Type    string `json:"type"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		}
+		if json.Unmarshal(raw, &item) != nil || item.Type != "message" {
+			continue
+		}
+		for _, part := range item.Content {
+			if m := seenPattern.FindStringSubmatch(part.Text); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// runResult is what one client run did, seen by the client, by the
+// round-robin proxy and by the fake upstream.
+type runResult struct {
+	scenario, client string
+	// err is the client's own failure, nil when it succeeded.
+	err error
+	// requests is the number of create-response requests the client sent.
+	requests int
+	// failures are the errors the client was sent.
+	failures []string
+	// turns is the number of calls the upstream answered; conversations
+	// the number of owners they belong to; continued how many had a
+	// previous_response_id.
+	turns, conversations, continued int
+	// itemsUp and bytesUp are the input items and the body bytes sent
+	// upstream; itemsFull and bytesFull what the clients sent, the full
+	// context.
+	itemsUp, bytesUp, itemsFull, bytesFull int
+	// stores are the distinct store values of the upstream requests
+	// ("true", "false", "absent").
+	stores []string
+	// transports are the distinct upstream transports.
+	transports []string
+	// refused is the number of requests the upstream received but did not
+	// answer (a continuation it refused, say), -1 when unknown (the
+	// WebSocket upstream does not log its messages).
+	refused int
+	// retries is the number of continuations the upstream refused and
+	// contproxy resent with the full context, by its own count; -1 without
+	// contproxy.
+	retries int
+	// mismatches are disagreements between what the client sent and what
+	// the upstream saw.
+	mismatches []string
+}
+
+// later is the number of turns after each conversation's first.
+func (r *runResult) later() int { return r.turns - r.conversations }
+
+// rate is the fraction of later turns that were continued.
+func (r *runResult) rate() float64 {
+	if r.later() <= 0 {
+		return 0
+	}
+	return float64(r.continued) / float64(r.later())
+}
+
+// measure compares a client's requests with the upstream calls they made.
+// A request answered without previous_response_id must reach the upstream
+// with all of its items, and the conversation the upstream resolved for a
+// request must have as many items as the client sent.
+func measure(scenario, client string, calls []clientCall, up []upstreamCall) runResult {
+	r := runResult{scenario: scenario, client: client, requests: len(calls), turns: len(up)}
+	for i, c := range calls {
+		r.itemsFull += c.items
+		r.bytesFull += c.bytes
+		if c.failure != "" {
+			r.failures = append(r.failures, fmt.Sprintf("request %d: %s", i+1, c.failure))
+		}
+	}
+	owners := map[fakeupstream.Owner]bool{}
+	stores, transports := map[string]bool{}, map[string]bool{}
+	for _, u := range up {
+		owners[u.owner] = true
+		if u.previous != "" {
+			r.continued++
+		}
+		r.itemsUp += u.items
+		r.bytesUp += u.bytes
+		store := "absent"
+		if u.store != nil {
+			store = strconv.FormatBool(*u.store)
+		}
+		stores[store] = true
+		transports[u.transport] = true
+	}
+	r.conversations = len(owners)
+	r.stores, r.transports = slices.Sorted(maps.Keys(stores)), slices.Sorted(maps.Keys(transports))
+	if len(up) != len(calls) {
+		r.mismatches = append(r.mismatches,
+			fmt.Sprintf("the upstream answered %d calls for %d client requests", len(up), len(calls)))
+		return r
+	}
+	for i, u := range up {
+		c := calls[i]
+		if u.previous == "" && u.items != c.items {
+			r.mismatches = append(r.mismatches, fmt.Sprintf(
+				"request %d: sent upstream without previous_response_id but with %d of the client's %d items",
+				i+1, u.items, c.items))
+		}
+		if u.seen >= 0 && u.seen != c.items {
+			r.mismatches = append(r.mismatches, fmt.Sprintf(
+				"request %d: the client sent %d items, the upstream answered a conversation of %d (previous_response_id %q, %d items sent)",
+				i+1, c.items, u.seen, u.previous, u.items))
+		}
+	}
+	return r
+}
+
+// resultsTable formats runs as a markdown table.
+func resultsTable(rows []runResult) string {
+	header := []string{"scenario", "client", "ok", "requests", "later turns", "continued",
+		"items upstream / full", "bytes upstream / full", "client errors", "refused upstream", "full-context retries",
+		"store", "transport"}
+	var cells [][]string
+	for _, r := range rows {
+		ok := "yes"
+		if r.err != nil || len(r.failures) > 0 || len(r.mismatches) > 0 || r.refused > 0 {
+			ok = "NO"
+		}
+		refused, retries := "-", "-"
+		if r.refused >= 0 {
+			refused = strconv.Itoa(r.refused)
+		}
+		if r.retries >= 0 {
+			retries = strconv.Itoa(r.retries)
+		}
+		cells = append(cells, []string{
+			r.scenario, r.client, ok,
+			strconv.Itoa(r.requests),
+			strconv.Itoa(r.later()),
+			fmt.Sprintf("%d (%.0f%%)", r.continued, 100*r.rate()),
+			fmt.Sprintf("%d / %d (%s)", r.itemsUp, r.itemsFull, percent(r.itemsUp, r.itemsFull)),
+			fmt.Sprintf("%s / %s (%s)", kib(r.bytesUp), kib(r.bytesFull), percent(r.bytesUp, r.bytesFull)),
+			strconv.Itoa(len(r.failures)),
+			refused,
+			retries,
+			strings.Join(r.stores, ","),
+			strings.Join(r.transports, ","),
+		})
+	}
+	return markdownTable(header, cells)
+}
+
+// percent formats part/whole as a percentage.
+func percent(part, whole int) string {
+	if whole == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(part)/float64(whole))
+}
+
+// kib formats a byte count in KiB.
+func kib(n int) string { return fmt.Sprintf("%.1f KiB", float64(n)/1024) }
+
+// markdownTable formats a table with aligned columns.
+func markdownTable(header []string, rows [][]string) string {
+	widths := make([]int, len(header))
+	for _, row := range append([][]string{header}, rows...) {
+		for i, cell := range row {
+			widths[i] = max(widths[i], len([]rune(cell)))
+		}
+	}
+	var b strings.Builder
+	line := func(row []string) {
+		b.WriteString("|")
+		for i, cell := range row {
+			fmt.Fprintf(&b, " %s%s |", cell, strings.Repeat(" ", widths[i]-len([]rune(cell))))
+		}
+		b.WriteString("\n")
+	}
+	line(header)
+	rule := make([]string, len(header))
+	for i, w := range widths {
+		rule[i] = strings.Repeat("-", w)
+	}
+	line(rule)
+	for _, row := range rows {
+		line(row)
+	}
+	return b.String()
+}
+
+// report collects the sections of the markdown report, written at the end
+// to the file E2E_REPORT names.
+var report reportFile
+
+// reportFile is the markdown report.
+type reportFile struct {
+	mu       sync.Mutex
+	sections []string
+}
+
+// add appends a section.
+func (r *reportFile) add(section string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sections = append(r.sections, section)
+}
+
+// write writes the report to path; an empty path or report writes nothing.
+func (r *reportFile) write(path string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if path == "" || len(r.sections) == 0 {
+		return nil
+	}
+	return os.WriteFile(path, []byte(strings.Join(r.sections, "\n")), 0o644)
+}
