@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -474,4 +475,15 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 	_, err = NewWebSocketUpstream("ws://x/v1", WebSocketOptions{})
 	assert.ErrorIs(t, err, ErrInvalidConfig, "no replica")
+}
+
+func TestAFailingStoreFailsOpen(t *testing.T) {
+	st, err := store.NewRedis(redistest.Failing(t), store.Options{Replica: "r1", OpTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	r := newRig(t, overHTTP, st)
+	c := newConversation(t, r.url, "s1", true, true)
+	c.say("hello") // every turn answered, with the full context
+	s := r.proxy.Stats()
+	assert.Zero(t, s.Continued)
+	assert.Equal(t, s.ItemsReceived, s.ItemsSent)
 }
