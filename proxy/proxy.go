@@ -77,12 +77,21 @@ type Config struct {
 	// Logger gets a debug record per turn and a warning per fallback.
 	// Default: discard.
 	Logger *slog.Logger
+	// Forwarding, when set, hands turns whose socket is another
+	// replica's to that replica.
+	Forwarding *Forwarding
+	// RoutingHeader names the answer header that carries the replica
+	// holding the socket a response lives on, for load balancers that can
+	// follow it (header affinity). Default "Contproxy-Replica"; "-" for
+	// none.
+	RoutingHeader string
 }
 
 // Proxy is the gateway handler. It is safe for concurrent use.
 type Proxy struct {
-	cfg   Config
-	stats counters
+	cfg     Config
+	replica string // the store's replica id
+	stats   counters
 }
 
 // New returns a proxy for cfg.
@@ -112,7 +121,17 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{cfg: cfg}, nil
+	if cfg.Forwarding != nil {
+		f := *cfg.Forwarding
+		if err := f.check(); err != nil {
+			return nil, err
+		}
+		cfg.Forwarding = &f
+	}
+	if cfg.RoutingHeader == "" {
+		cfg.RoutingHeader = defaultRoutingHeader
+	}
+	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica}, nil
 }
 
 // Close closes the upstream connections the proxy keeps. Call it after the
@@ -134,6 +153,11 @@ type Stats struct {
 	// UpstreamErrors counts turns the upstream could not be reached for,
 	// or that it dropped.
 	UpstreamErrors int64
+	// Forwarded counts turns handed to the replica holding their socket
+	// and answered there; ForwardFailures those it could not take, served
+	// here with the full context; ForwardedIn the turns this replica
+	// carried for others.
+	Forwarded, ForwardFailures, ForwardedIn int64
 	// ItemsReceived and ItemsSent count input items in client requests
 	// and in upstream requests (retries included).
 	ItemsReceived, ItemsSent int64
@@ -144,6 +168,7 @@ type Stats struct {
 
 type counters struct {
 	turns, continued, retries, passthrough, upstreamErrors atomic.Int64
+	forwarded, forwardFailures, forwardedIn                atomic.Int64
 	itemsReceived, itemsSent, bytesReceived, bytesSent     atomic.Int64
 }
 
@@ -153,6 +178,7 @@ func (p *Proxy) Stats() Stats {
 	return Stats{
 		Turns: c.turns.Load(), Continued: c.continued.Load(), FullContextRetries: c.retries.Load(),
 		Passthrough: c.passthrough.Load(), UpstreamErrors: c.upstreamErrors.Load(),
+		Forwarded: c.forwarded.Load(), ForwardFailures: c.forwardFailures.Load(), ForwardedIn: c.forwardedIn.Load(),
 		ItemsReceived: c.itemsReceived.Load(), ItemsSent: c.itemsSent.Load(),
 		BytesReceived: c.bytesReceived.Load(), BytesSent: c.bytesSent.Load(),
 	}
@@ -167,8 +193,16 @@ type turn struct {
 	// stores tells whether the upstream keeps the response ("store" true
 	// or absent).
 	stores bool
-	// res is the turn's reservation; nil for a passthrough request.
+	// res is the turn's reservation; nil for a passthrough or forwarded
+	// request.
 	res *store.Reservation
+	// want and prev are the socket and the response the turn continues
+	// from, when it does.
+	want store.Socket
+	prev string
+	// forwarded tells whether another replica handed the turn over: it
+	// runs on want only, and only while want holds prev.
+	forwarded bool
 }
 
 // ServeHTTP serves POST requests creating a response; mount it on
@@ -196,6 +230,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"The request body is not a JSON object: "+err.Error())
 		return
 	}
+	if r.Header.Get(forwardHeader) != "" {
+		p.serveForwarded(w, r, body)
+		return
+	}
 	t := &turn{header: r.Header, stream: string(top["stream"]) == "true", stores: string(top["store"]) != "false"}
 	p.stats.turns.Add(1)
 	p.stats.bytesReceived.Add(int64(len(body)))
@@ -220,6 +258,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// recorded or aborted whatever the client does.
 	sctx := context.WithoutCancel(r.Context())
 	t.res = p.cfg.Store.Reserve(sctx, who, req)
+	if t.res.Continues() {
+		t.want, t.prev = t.res.Origin, t.res.PreviousResponseID
+	}
 	p.run(w, r, t, who)
 }
 
@@ -253,13 +294,16 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if res.Reason == store.ReasonStoreUnavailable {
 		lg.Warn("store unavailable, sending full context", "err", res.Err)
 	}
-	c, err := p.cfg.Upstream.acquire(ctx, t)
-	if err != nil {
+	var c conn
+	var err error
+	if fc := p.forwardTarget(ctx, t); fc != nil {
+		c = fc
+	} else if c, err = p.cfg.Upstream.acquire(ctx, t); err != nil {
 		p.abort(sctx, lg, res)
 		p.upstreamError(w, err)
 		return
 	}
-	defer c.release()
+	defer func() { c.release() }()
 
 	continued := c.continues(res)
 	if res.Continues() && !continued {
@@ -267,6 +311,19 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	}
 	body := res.UpstreamBody()
 	rep, err := p.send(ctx, c, res, body, t.stream)
+	if _, forwarded := c.(*forwardConn); forwarded && err != nil {
+		lg.Info("forwarding failed; serving the turn here with full context", "origin", res.Origin.Replica, "err", err)
+		p.stats.forwardFailures.Add(1)
+		if c, err = p.cfg.Upstream.acquire(ctx, t); err != nil {
+			c = noConn{}
+			p.abort(sctx, lg, res)
+			p.upstreamError(w, err)
+			return
+		}
+		res, continued = res.FullContextRetry(), false
+		body = res.UpstreamBody()
+		rep, err = p.send(ctx, c, res, body, t.stream)
+	}
 	if err == nil && continued && refused(rep) {
 		rep.close()
 		lg.Warn("upstream refused the continuation, resending full context",
@@ -280,6 +337,9 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		p.abort(sctx, lg, res)
 		p.upstreamError(w, err)
 		return
+	}
+	if at := c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
+		w.Header().Set(p.cfg.RoutingHeader, at.Replica)
 	}
 	defer rep.close()
 	hide := ""
@@ -303,6 +363,9 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		if continued {
 			p.stats.continued.Add(1)
 		}
+		if _, forwarded := c.(*forwardConn); forwarded {
+			p.stats.forwarded.Add(1)
+		}
 		outcome, err := p.cfg.Store.Record(sctx, res, store.Result{
 			ResponseID: out.id, Socket: c.socket(), Output: out.output,
 		})
@@ -313,6 +376,11 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	}
 	lg.Debug("turn", "latency", time.Since(start))
 }
+
+// noConn stands for no connection once acquiring one failed.
+type noConn struct{ conn }
+
+func (noConn) release() {}
 
 // send sends body on c, counting what goes upstream.
 func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, body []byte, stream bool) (*reply, error) {

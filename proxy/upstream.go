@@ -227,8 +227,14 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// errClosed is returned for turns sent after Close.
-var errClosed = errors.New("proxy: upstream closed")
+// Errors of acquire.
+var (
+	// errClosed is returned for turns sent after Close.
+	errClosed = errors.New("proxy: upstream closed")
+	// errMovedOn is returned for a forwarded turn whose socket no longer
+	// holds its previous response.
+	errMovedOn = errors.New("proxy: the socket holds another response now")
+)
 
 // eventType is the "type" member of an event's data.
 func eventType(data []byte) string { return gjson.GetBytes(data, "type").String() }

@@ -155,7 +155,12 @@ func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
 			pool = &wsPool{header: header}
 			u.pools[key] = pool
 		}
-		if s := u.pick(pool, t.res); s != nil {
+		s, gone := u.pick(pool, t)
+		if gone {
+			u.mu.Unlock()
+			return nil, errMovedOn
+		}
+		if s != nil {
 			s.busy = true
 			u.mu.Unlock()
 			c := &wsConn{up: u, pool: pool, s: s, t: t}
@@ -176,26 +181,29 @@ func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
 }
 
 // pick returns the socket a turn takes, or nil to wait for one; u.mu is
-// held. A turn
-// whose continuation lives on a socket of this pool that still holds it
-// waits for that socket. Any other turn takes an idle socket holding no
-// response, else a new one while the pool has room, else the idle socket
-// whose response has waited longest.
-func (u *wsUpstream) pick(pool *wsPool, res *store.Reservation) *wsSocket {
-	if res.Continues() && res.Origin.Replica == u.opts.Replica {
+// held. A turn whose continuation lives on a socket of this pool that
+// still holds it waits for that socket; a forwarded turn takes only that
+// socket, and gets gone when it holds the response no more. Any other
+// turn takes an idle socket holding no response, else a new one while the
+// pool has room, else the idle socket whose response has waited longest.
+func (u *wsUpstream) pick(pool *wsPool, t *turn) (s *wsSocket, gone bool) {
+	if t.prev != "" && t.want.Replica == u.opts.Replica {
 		for _, s := range pool.sockets {
-			if s.id == res.Origin.ID && s.holds(res.PreviousResponseID, u.now(), u.opts.Lifetime) {
+			if s.id == t.want.ID && s.holds(t.prev, u.now(), u.opts.Lifetime) {
 				if s.busy {
-					return nil
+					return nil, false
 				}
-				return s
+				return s, false
 			}
 		}
+	}
+	if t.forwarded {
+		return nil, true
 	}
 	var idle *wsSocket
 	for _, s := range pool.sockets {
 		if !s.busy && s.latest == "" {
-			return s
+			return s, false
 		}
 		if !s.busy && (idle == nil || s.released.Before(idle.released)) {
 			idle = s
@@ -204,12 +212,9 @@ func (u *wsUpstream) pick(pool *wsPool, res *store.Reservation) *wsSocket {
 	if len(pool.sockets) < u.opts.Sockets {
 		s := &wsSocket{}
 		pool.sockets = append(pool.sockets, s)
-		return s
+		return s, false
 	}
-	if idle != nil {
-		return idle // the one whose response has waited longest
-	}
-	return nil
+	return idle, false // the one whose response has waited longest, or none
 }
 
 // holds tells whether the socket is open, within its lifetime and holds
@@ -323,6 +328,9 @@ func (c *wsConn) drop() {
 }
 
 func (c *wsConn) continues(res *store.Reservation) bool {
+	if c.t.forwarded {
+		return true // the origin checked the socket when it took it
+	}
 	if !res.Continues() {
 		return false
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/proxy"
 	"github.com/contstore/contstore/store"
@@ -64,6 +65,7 @@ func main() {
 type config struct {
 	listen, upstream, transport, redisURL, redisCluster string
 	namespace, replica, logLevel                        string
+	advertise, forwardSecret, routingHeader             string
 	fakeUpstream                                        bool
 	sockets                                             int
 	maxBody                                             int64
@@ -109,6 +111,9 @@ Flags:
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", proxy.DefaultUpstreamTimeout, "bound on one turn upstream, streaming included")
 	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
+	fs.StringVar(&c.advertise, "advertise", "", "`address` (host:port) the other replicas reach this one at, for forwarding (default: -listen, when it names a host)")
+	fs.StringVar(&c.forwardSecret, "forward-secret", "", "secret shared by the replicas, at least 32 bytes, that turns on forwarding: a WebSocket turn landing on a replica that does not hold its socket goes to the one that does (set it as CONTPROXY_FORWARD_SECRET: flags show in ps)")
+	fs.StringVar(&c.routingHeader, "routing-header", "Contproxy-Replica", "answer `header` naming the replica holding the turn's socket, for load balancer affinity; - for none")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -142,11 +147,28 @@ Flags:
 		return c, fmt.Errorf("-sockets %d: need at least 1", c.sockets)
 	case c.maxBody < 1:
 		return c, fmt.Errorf("-max-body %d: need at least 1", c.maxBody)
+	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
+		return c, fmt.Errorf("-forward-secret has %d bytes, need at least 32", len(c.forwardSecret))
 	}
 	if c.transport == "" {
 		c.transport = "http"
 		if strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://") {
 			c.transport = "websocket"
+		}
+	}
+	if c.forwardSecret != "" {
+		switch {
+		case c.redisURL == "" && c.redisCluster == "":
+			return c, errors.New("-forward-secret needs -redis or -redis-cluster: the replicas find each other there")
+		case c.transport != "websocket":
+			return c, errors.New("-forward-secret needs the WebSocket transport: over HTTP any replica continues")
+		}
+		if c.advertise == "" {
+			host, _, err := net.SplitHostPort(c.listen)
+			if err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
+				return c, fmt.Errorf("-advertise is required with -forward-secret when -listen %q names no host", c.listen)
+			}
+			c.advertise = c.listen
 		}
 	}
 	if c.replica == "" {
@@ -178,11 +200,13 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	if err := metrics.Register(reg); err != nil {
 		return err
 	}
-	st, closeRedis, err := openStore(c, metrics)
+	st, rdb, err := openStore(c, metrics)
 	if err != nil {
 		return err
 	}
-	defer closeRedis()
+	if rdb != nil {
+		defer rdb.Close()
+	}
 	reg.MustRegister(metrics.StatsCollector(st, time.Second))
 
 	upstream := c.upstream
@@ -212,8 +236,28 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	if err != nil {
 		return err
 	}
-	p, err := proxy.New(proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody,
-		UpstreamTimeout: c.upstreamTimeout, Logger: logger})
+	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody,
+		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader}
+	announced := make(chan struct{})
+	if c.forwardSecret != "" {
+		dir, err := directory.NewRedis(rdb, c.namespace, directory.Options{OpTimeout: c.opTimeout})
+		if err != nil {
+			return err
+		}
+		cfg.Forwarding = &proxy.Forwarding{Directory: dir, Secret: []byte(c.forwardSecret)}
+		go func() {
+			defer close(announced)
+			// Withdrawn when ctx ends: peers stop forwarding here while the
+			// turns in flight finish.
+			_ = dir.Run(ctx, c.replica, c.advertise, func(err error) {
+				logger.Warn("announcing this replica failed; peers serve its turns with full context", "err", err)
+			})
+		}()
+	} else {
+		close(announced)
+	}
+	defer func() { <-announced }()
+	p, err := proxy.New(cfg)
 	if err != nil {
 		return err
 	}
@@ -272,9 +316,9 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	return nil
 }
 
-// openStore opens the store the flags name, and returns what closes its
-// Redis client.
-func openStore(c config, metrics *prommetrics.Metrics) (*store.Store, func(), error) {
+// openStore opens the store the flags name, and its Redis client (nil for
+// the in-process store).
+func openStore(c config, metrics *prommetrics.Metrics) (*store.Store, redis.UniversalClient, error) {
 	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: metrics}
 	// The client settings the README recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.
@@ -293,7 +337,7 @@ func openStore(c config, metrics *prommetrics.Metrics) (*store.Store, func(), er
 			_ = client.Close()
 			return nil, nil, err
 		}
-		return st, func() { _ = client.Close() }, nil
+		return st, client, nil
 	case c.redisCluster != "":
 		client := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1,
@@ -304,10 +348,10 @@ func openStore(c config, metrics *prommetrics.Metrics) (*store.Store, func(), er
 			_ = client.Close()
 			return nil, nil, err
 		}
-		return st, func() { _ = client.Close() }, nil
+		return st, client, nil
 	default:
 		st, err := store.NewMemory(opts)
-		return st, func() {}, err
+		return st, nil, err
 	}
 }
 
@@ -344,6 +388,9 @@ var statsDescs = func() map[string]*prometheus.Desc {
 		"retries":        d("full_context_retries_total", "Continuations the upstream refused, resent with the full context."),
 		"passthrough":    d("passthrough_total", "Requests carrying their own previous_response_id or conversation."),
 		"upstreamErrors": d("upstream_errors_total", "Turns the upstream could not be reached for, or dropped."),
+		"forwarded":      d("forwarded_total", "Turns handed to the replica holding their socket and answered there."),
+		"forwardFailed":  d("forward_failures_total", "Turns the origin replica could not take, served here with full context."),
+		"forwardedIn":    d("forwarded_in_total", "Turns this replica carried for others."),
 		"itemsReceived":  d("input_items_received_total", "Input items in client requests."),
 		"itemsSent":      d("input_items_sent_total", "Input items sent upstream."),
 		"bytesReceived":  d("request_bytes_received_total", "Request body bytes from clients."),
@@ -364,6 +411,7 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, v := range map[string]int64{
 		"turns": st.Turns, "continued": st.Continued, "retries": st.FullContextRetries,
 		"passthrough": st.Passthrough, "upstreamErrors": st.UpstreamErrors,
+		"forwarded": st.Forwarded, "forwardFailed": st.ForwardFailures, "forwardedIn": st.ForwardedIn,
 		"itemsReceived": st.ItemsReceived, "itemsSent": st.ItemsSent,
 		"bytesReceived": st.BytesReceived, "bytesSent": st.BytesSent,
 	} {

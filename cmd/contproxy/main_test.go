@@ -4,16 +4,20 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/redistest"
 )
 
 // noEnv is an empty environment.
@@ -121,4 +125,65 @@ func TestShutdownLetsAStreamInFlightFinish(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, string(rest), "event: response.completed", "the turn in flight finished")
 	require.NoError(t, <-stopped)
+}
+
+func TestReplicasOnRedisForwardTurnsToTheirSocket(t *testing.T) {
+	rdb := redistest.Standalone(t)
+	ns := redistest.Namespace(t)
+	redistest.CleanupNamespace(t, rdb, ns)
+	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{}))
+	t.Cleanup(up.Close)
+	var addrs []string
+	for _, id := range []string{"gw-1", "gw-2"} {
+		port := freePort(t)
+		addr, _ := start(t, "-listen", port, "-upstream", "ws"+strings.TrimPrefix(up.URL, "http")+"/v1",
+			"-redis", "redis://"+rdb.Options().Addr, "-namespace", ns, "-replica", id,
+			"-forward-secret", strings.Repeat("k", 32))
+		addrs = append(addrs, addr)
+	}
+	history := `{"role":"user","content":"hi"}`
+	for turn := range 4 {
+		resp, err := http.Post("http://"+addrs[turn%2]+"/v1/responses", "application/json",
+			strings.NewReader(`{"model":"m","store":false,"metadata":{"session_id":"s1"},"input":[`+history+`]}`))
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		output := gjson.GetBytes(b, "output").Raw
+		history += "," + output[1:len(output)-1] + `,{"role":"user","content":"more"}`
+	}
+	var continued, forwarded float64
+	for _, a := range addrs {
+		continued += metric(t, a, "contproxy_turns_continued_total")
+		forwarded += metric(t, a, "contproxy_forwarded_total")
+	}
+	assert.Equal(t, 3.0, continued, "every later turn continues")
+	assert.Equal(t, 2.0, forwarded, "the conversation's socket stays on gw-1: gw-2's turns go there")
+}
+
+// freePort returns a loopback address nothing listens on.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// metric reads one counter from a replica's /metrics.
+func metric(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	t.Fatalf("no %s in the metrics of %s", name, addr)
+	return 0
 }

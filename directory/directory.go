@@ -1,0 +1,275 @@
+// Package directory lets gateway replicas find each other. Each replica
+// announces the address its peers reach it at, and keeps renewing the
+// announcement, which lives TTL without renewal; a lookup answers the
+// address of a live replica, cached briefly in process. A replica that
+// dies stops renewing and drops out within TTL.
+//
+// On Redis the directory lives in the continuation store's namespace, one
+// string per replica, outside the store's stored-bytes budget (a few dozen
+// bytes per replica):
+//
+//	<ns>:{<ns>}:replica:<replica id>   string   the replica's address, with TTL
+//
+// Lookups fail open in the callers' sense: an error or an unknown replica
+// means "serve the turn here".
+package directory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+	"unicode"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors.
+var (
+	// ErrInvalid is wrapped by the errors of calls given an invalid
+	// namespace, replica id, address or option.
+	ErrInvalid = errors.New("directory: invalid argument")
+	// ErrUnavailable wraps the errors of a directory that cannot be
+	// reached.
+	ErrUnavailable = errors.New("directory: unavailable")
+)
+
+// Options configure a Directory. A zero field takes its default.
+type Options struct {
+	// TTL is how long an announcement lives without renewal; Run renews
+	// it every TTL/3. Default 6s.
+	TTL time.Duration
+	// CacheTTL is how long a lookup's answer is reused in process.
+	// Default 1s.
+	CacheTTL time.Duration
+	// OpTimeout bounds each call to Redis. Default 200ms.
+	OpTimeout time.Duration
+	// Now is the clock of the cache and of the in-process backend.
+	// Default time.Now.
+	Now func() time.Time
+}
+
+// maxReplicaBytes bounds a replica id, as identity bounds owner ids.
+const maxReplicaBytes = 256
+
+// Directory maps replica ids to addresses. It is safe for concurrent use.
+type Directory struct {
+	opts Options
+	b    backend
+
+	mu    sync.Mutex
+	cache map[string]cached
+}
+
+// cached is a lookup's answer and when it goes stale.
+type cached struct {
+	addr  string
+	until time.Time
+}
+
+// backend stores announcements.
+type backend interface {
+	set(ctx context.Context, replica, addr string, ttl time.Duration) error
+	get(ctx context.Context, replica string) (string, error) // "" when none
+	del(ctx context.Context, replica string) error
+}
+
+// NewRedis returns the directory of namespace on client.
+func NewRedis(client redis.UniversalClient, namespace string, opts Options) (*Directory, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: no Redis client", ErrInvalid)
+	}
+	if err := validNamespace(namespace); err != nil {
+		return nil, err
+	}
+	return newDirectory(opts, &redisBackend{c: client, prefix: namespace + ":{" + namespace + "}:replica:"})
+}
+
+// NewMemory returns a directory in process, for replicas of one process.
+func NewMemory(opts Options) (*Directory, error) {
+	return newDirectory(opts, &memoryBackend{entries: map[string]entry{}})
+}
+
+func newDirectory(opts Options, b backend) (*Directory, error) {
+	if opts.TTL < 0 || opts.CacheTTL < 0 || opts.OpTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative option (TTL %v, CacheTTL %v, OpTimeout %v)", ErrInvalid,
+			opts.TTL, opts.CacheTTL, opts.OpTimeout)
+	}
+	if opts.TTL == 0 {
+		opts.TTL = 6 * time.Second
+	}
+	if opts.CacheTTL == 0 {
+		opts.CacheTTL = time.Second
+	}
+	if opts.OpTimeout == 0 {
+		opts.OpTimeout = 200 * time.Millisecond
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if m, ok := b.(*memoryBackend); ok {
+		m.now = opts.Now
+	}
+	return &Directory{opts: opts, b: b, cache: map[string]cached{}}, nil
+}
+
+// Announce says that replica is reachable at addr, for TTL.
+func (d *Directory) Announce(ctx context.Context, replica, addr string) error {
+	if err := validReplica(replica); err != nil {
+		return err
+	}
+	if addr == "" || strings.ContainsFunc(addr, unicode.IsSpace) {
+		return fmt.Errorf("%w: address %q", ErrInvalid, addr)
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.opts.OpTimeout)
+	defer cancel()
+	return unavailable(d.b.set(ctx, replica, addr, d.opts.TTL))
+}
+
+// Withdraw removes replica's announcement.
+func (d *Directory) Withdraw(ctx context.Context, replica string) error {
+	if err := validReplica(replica); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.opts.OpTimeout)
+	defer cancel()
+	return unavailable(d.b.del(ctx, replica))
+}
+
+// Run announces replica at addr, renews the announcement every TTL/3
+// until ctx ends, then withdraws it. A failed renewal is retried at the
+// next tick; errors go to failed (which may be nil).
+func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(error)) error {
+	if err := d.Announce(ctx, replica, addr); errors.Is(err, ErrInvalid) {
+		return err
+	} else if err != nil && failed != nil {
+		failed(err)
+	}
+	t := time.NewTicker(d.opts.TTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return d.Withdraw(context.WithoutCancel(ctx), replica)
+		case <-t.C:
+			if err := d.Announce(ctx, replica, addr); err != nil && failed != nil && ctx.Err() == nil {
+				failed(err)
+			}
+		}
+	}
+}
+
+// Lookup returns the address replica announced, or "" when it has no live
+// announcement.
+func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) {
+	if err := validReplica(replica); err != nil {
+		return "", err
+	}
+	now := d.opts.Now()
+	d.mu.Lock()
+	c, ok := d.cache[replica]
+	d.mu.Unlock()
+	if ok && now.Before(c.until) {
+		return c.addr, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.opts.OpTimeout)
+	defer cancel()
+	addr, err := d.b.get(ctx, replica)
+	if err != nil {
+		return "", unavailable(err)
+	}
+	d.mu.Lock()
+	if len(d.cache) > 4096 {
+		clear(d.cache) // replica ids come from stored state: bound what they cost here
+	}
+	d.cache[replica] = cached{addr: addr, until: now.Add(d.opts.CacheTTL)}
+	d.mu.Unlock()
+	return addr, nil
+}
+
+// unavailable wraps a backend error in ErrUnavailable.
+func unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// validReplica checks a replica id: 1 to 256 bytes, no control characters.
+func validReplica(id string) error {
+	if id == "" || len(id) > maxReplicaBytes || strings.ContainsFunc(id, unicode.IsControl) {
+		return fmt.Errorf("%w: replica id %q (1 to %d bytes, no control characters)", ErrInvalid, id, maxReplicaBytes)
+	}
+	return nil
+}
+
+// validNamespace checks a namespace as the store does: 1 to 64 bytes of
+// printable characters, no spaces, no braces.
+func validNamespace(ns string) error {
+	if ns == "" || len(ns) > 64 || strings.ContainsAny(ns, "{}") ||
+		strings.ContainsFunc(ns, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) {
+		return fmt.Errorf("%w: namespace %q", ErrInvalid, ns)
+	}
+	return nil
+}
+
+// redisBackend keeps announcements as strings with a TTL.
+type redisBackend struct {
+	c      redis.UniversalClient
+	prefix string
+}
+
+func (b *redisBackend) set(ctx context.Context, replica, addr string, ttl time.Duration) error {
+	return b.c.Set(ctx, b.prefix+replica, addr, ttl).Err()
+}
+
+func (b *redisBackend) get(ctx context.Context, replica string) (string, error) {
+	addr, err := b.c.Get(ctx, b.prefix+replica).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return addr, err
+}
+
+func (b *redisBackend) del(ctx context.Context, replica string) error {
+	return b.c.Del(ctx, b.prefix+replica).Err()
+}
+
+// memoryBackend keeps announcements in a map.
+type memoryBackend struct {
+	now     func() time.Time
+	mu      sync.Mutex
+	entries map[string]entry
+}
+
+type entry struct {
+	addr  string
+	until time.Time
+}
+
+func (b *memoryBackend) set(_ context.Context, replica, addr string, ttl time.Duration) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.entries[replica] = entry{addr: addr, until: b.now().Add(ttl)}
+	return nil
+}
+
+func (b *memoryBackend) get(_ context.Context, replica string) (string, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.entries[replica]
+	if !ok || !b.now().Before(e.until) {
+		delete(b.entries, replica)
+		return "", nil
+	}
+	return e.addr, nil
+}
+
+func (b *memoryBackend) del(_ context.Context, replica string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.entries, replica)
+	return nil
+}

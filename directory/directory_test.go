@@ -1,0 +1,135 @@
+package directory
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/redistest"
+)
+
+// backends returns a directory of each kind, with the clock now drives
+// (Redis keeps its own: only the cache follows now there).
+func backends(t *testing.T, now func() time.Time) map[string]*Directory {
+	t.Helper()
+	opts := Options{TTL: time.Minute, CacheTTL: time.Second, Now: now}
+	mem, err := NewMemory(opts)
+	require.NoError(t, err)
+	out := map[string]*Directory{"memory": mem}
+	_, mr := redistest.Miniredis(t)
+	clients := map[string]redis.UniversalClient{"miniredis": mr}
+	if !testing.Short() {
+		clients["redis"] = redistest.Standalone(t)
+		clients["cluster"] = redistest.Cluster(t)
+	}
+	for name, c := range clients {
+		ns := redistest.Namespace(t)
+		redistest.CleanupNamespace(t, c, ns)
+		d, err := NewRedis(c, ns, opts)
+		require.NoError(t, err)
+		out[name] = d
+	}
+	return out
+}
+
+func TestAnnouncedReplicasAreFound(t *testing.T) {
+	clock := redistest.NewClock(time.Unix(1_800_000_000, 0))
+	for name, d := range backends(t, clock.Now) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
+			addr, err := d.Lookup(ctx, "gw-1")
+			require.NoError(t, err)
+			assert.Equal(t, "10.0.0.1:8080", addr)
+			addr, err = d.Lookup(ctx, "gw-2")
+			require.NoError(t, err)
+			assert.Empty(t, addr, "never announced")
+
+			require.NoError(t, d.Withdraw(ctx, "gw-1"))
+			addr, _ = d.Lookup(ctx, "gw-1")
+			assert.Equal(t, "10.0.0.1:8080", addr, "cached for CacheTTL")
+			clock.Add(2 * time.Second)
+			addr, err = d.Lookup(ctx, "gw-1")
+			require.NoError(t, err)
+			assert.Empty(t, addr, "withdrawn")
+		})
+	}
+}
+
+func TestAnnouncementsExpireWithoutRenewal(t *testing.T) {
+	clock := redistest.NewClock(time.Unix(1_800_000_000, 0))
+	d, err := NewMemory(Options{TTL: 3 * time.Second, Now: clock.Now})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, d.Announce(ctx, "gw-1", "a:1"))
+	clock.Add(2 * time.Second)
+	addr, _ := d.Lookup(ctx, "gw-1")
+	assert.Equal(t, "a:1", addr)
+	clock.Add(2 * time.Second)
+	addr, _ = d.Lookup(ctx, "gw-1")
+	assert.Empty(t, addr, "3 s without renewal")
+
+	// On Redis the announcement is a key with the TTL.
+	_, c := redistest.Miniredis(t)
+	rd, err := NewRedis(c, "ns", Options{TTL: 3 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, rd.Announce(ctx, "gw-1", "a:1"))
+	ttl, err := c.PTTL(ctx, "ns:{ns}:replica:gw-1").Result()
+	require.NoError(t, err)
+	assert.Equal(t, 3*time.Second, ttl)
+}
+
+func TestRunRenewsThenWithdraws(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	d, err := NewRedis(c, "ns", Options{TTL: 30 * time.Millisecond, CacheTTL: time.Nanosecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx, "gw-1", "a:1", nil) }()
+	require.Eventually(t, func() bool { addr, _ := d.Lookup(context.Background(), "gw-1"); return addr == "a:1" },
+		5*time.Second, time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	n, err := c.Exists(context.Background(), "ns:{ns}:replica:gw-1").Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "withdrawn when Run ends")
+}
+
+func TestInvalidArgumentsChangeNothing(t *testing.T) {
+	for name, d := range backends(t, time.Now) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			require.NoError(t, d.Announce(ctx, "gw-1", "a:1"))
+			for _, bad := range []struct{ replica, addr string }{
+				{"", "a:1"}, {strings.Repeat("r", 257), "a:1"}, {"gw\n1", "a:1"}, {"gw-1", ""}, {"gw-1", "a b"},
+			} {
+				assert.ErrorIs(t, d.Announce(ctx, bad.replica, bad.addr), ErrInvalid, "%q %q", bad.replica, bad.addr)
+			}
+			assert.ErrorIs(t, d.Withdraw(ctx, ""), ErrInvalid)
+			_, err := d.Lookup(ctx, "")
+			assert.ErrorIs(t, err, ErrInvalid)
+			addr, err := d.Lookup(ctx, "gw-1")
+			require.NoError(t, err)
+			assert.Equal(t, "a:1", addr)
+		})
+	}
+	for _, ns := range []string{"", "a b", "{x}", strings.Repeat("n", 65)} {
+		_, err := NewRedis(redis.NewClient(&redis.Options{}), ns, Options{})
+		assert.ErrorIs(t, err, ErrInvalid, ns)
+	}
+	_, err := NewMemory(Options{TTL: -1})
+	assert.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestUnreachableRedisIsUnavailable(t *testing.T) {
+	d, err := NewRedis(redistest.Failing(t), "ns", Options{OpTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	assert.ErrorIs(t, d.Announce(context.Background(), "gw-1", "a:1"), ErrUnavailable)
+	_, err = d.Lookup(context.Background(), "gw-1")
+	assert.ErrorIs(t, err, ErrUnavailable)
+}

@@ -1,0 +1,213 @@
+package proxy
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/directory"
+	"github.com/contstore/contstore/store"
+)
+
+// Forwarding hands a turn whose continuation lives on another replica's
+// upstream socket (the WebSocket mode with store=false) to that replica,
+// which sends it on that socket and streams the upstream's events back.
+// The turn is reserved, recorded or aborted once, by the replica the
+// client reached; the origin only carries it. One hop at most: a forwarded
+// turn is never forwarded again. When the origin is unknown to the
+// directory, does not answer within Timeout, or refuses (its socket moved
+// on), the turn is served here with the full context.
+//
+// Replicas authenticate forwarded turns with Secret: the Contproxy-Forward
+// header carries a timestamp, the socket, the previous response id and an
+// HMAC-SHA256 over them and the body. A request whose header is missing a
+// part, is older than MaxSkew, or whose HMAC is wrong is refused (403) and
+// runs nothing; a client cannot make a replica send anything on a socket
+// without the secret.
+type Forwarding struct {
+	// Directory tells where the replicas are; every replica announces
+	// itself there (directory.Directory.Run). Required.
+	Directory *directory.Directory
+	// Secret is shared by the replicas: at least 32 bytes. Required.
+	Secret []byte
+	// Timeout bounds the origin's answer headers. Default 2s.
+	Timeout time.Duration
+	// MaxSkew is how old a forwarded request may be. Default 30s.
+	MaxSkew time.Duration
+	// Client sends forwarded turns (a client with Timeout as its
+	// response header timeout when nil).
+	Client *http.Client
+}
+
+// forwardHeader carries a forwarded turn's authentication.
+const forwardHeader = "Contproxy-Forward"
+
+// defaultRoutingHeader names the replica holding a turn's socket in
+// answers.
+const defaultRoutingHeader = "Contproxy-Replica"
+
+// check validates f and fills its defaults.
+func (f *Forwarding) check() error {
+	switch {
+	case f.Directory == nil:
+		return fmt.Errorf("%w: Forwarding.Directory is nil", ErrInvalidConfig)
+	case len(f.Secret) < 32:
+		return fmt.Errorf("%w: Forwarding.Secret has %d bytes, want at least 32", ErrInvalidConfig, len(f.Secret))
+	case f.Timeout < 0 || f.MaxSkew < 0:
+		return fmt.Errorf("%w: negative Forwarding.Timeout %v or MaxSkew %v", ErrInvalidConfig, f.Timeout, f.MaxSkew)
+	}
+	if f.Timeout == 0 {
+		f.Timeout = 2 * time.Second
+	}
+	if f.MaxSkew == 0 {
+		f.MaxSkew = 30 * time.Second
+	}
+	if f.Client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.ResponseHeaderTimeout = f.Timeout
+		f.Client = &http.Client{Transport: tr}
+	}
+	return nil
+}
+
+// sign returns the HMAC of a forwarded turn.
+func (f *Forwarding) sign(ts int64, socket uint64, prev string, body []byte) string {
+	sum := sha256.Sum256(body)
+	m := hmac.New(sha256.New, f.Secret)
+	fmt.Fprintf(m, "contproxy-forward-v1\n%d\n%d\n%s\n%x", ts, socket, prev, sum)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// header returns the Contproxy-Forward value of a turn sent now.
+func (f *Forwarding) header(now time.Time, socket uint64, prev string, body []byte) string {
+	ts := now.Unix()
+	return fmt.Sprintf("t=%d, socket=%d, prev=%s, sig=%s", ts, socket, prev, f.sign(ts, socket, prev, body))
+}
+
+// verify checks a Contproxy-Forward value and returns the socket and the
+// previous response it names.
+func (f *Forwarding) verify(now time.Time, value string, body []byte) (uint64, string, error) {
+	parts := map[string]string{}
+	for _, kv := range strings.Split(value, ", ") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return 0, "", fmt.Errorf("malformed %s header", forwardHeader)
+		}
+		parts[k] = v
+	}
+	ts, err1 := strconv.ParseInt(parts["t"], 10, 64)
+	socket, err2 := strconv.ParseUint(parts["socket"], 10, 64)
+	prev, sig := parts["prev"], parts["sig"]
+	if err1 != nil || err2 != nil || socket == 0 || prev == "" || sig == "" || len(parts) != 4 {
+		return 0, "", fmt.Errorf("malformed %s header", forwardHeader)
+	}
+	if age := now.Sub(time.Unix(ts, 0)); age > f.MaxSkew || age < -f.MaxSkew {
+		return 0, "", fmt.Errorf("stale %s header (%v old)", forwardHeader, age.Round(time.Second))
+	}
+	if !hmac.Equal([]byte(sig), []byte(f.sign(ts, socket, prev, body))) {
+		return 0, "", fmt.Errorf("wrong %s signature", forwardHeader)
+	}
+	return socket, prev, nil
+}
+
+// forwardConn carries a turn to the replica holding its socket.
+type forwardConn struct {
+	f      *Forwarding
+	addr   string
+	origin store.Socket
+	prev   string
+	t      *turn
+}
+
+// forwardTarget returns the connection that hands t to its origin
+// replica, or nil when the turn is served here.
+func (p *Proxy) forwardTarget(ctx context.Context, t *turn) *forwardConn {
+	f := p.cfg.Forwarding
+	if f == nil || t.prev == "" || t.want.Any || t.want.ID == 0 || t.want.Replica == p.replica {
+		return nil
+	}
+	addr, err := f.Directory.Lookup(ctx, t.want.Replica)
+	if err != nil {
+		p.cfg.Logger.Warn("directory lookup failed; serving here", "replica", t.want.Replica, "err", err)
+		return nil
+	}
+	if addr == "" {
+		return nil // the origin is gone: its sockets with it
+	}
+	return &forwardConn{f: f, addr: addr, origin: t.want, prev: t.prev, t: t}
+}
+
+func (c *forwardConn) continues(res *store.Reservation) bool { return res.Continues() }
+
+func (c *forwardConn) socket() store.Socket { return c.origin }
+
+func (c *forwardConn) release() {}
+
+func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+"/v1/responses", strings.NewReader(string(body)))
+	if err != nil {
+		return nil, err
+	}
+	copyHeader(req.Header, c.t.header)
+	req.Header.Del("Accept-Encoding")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(forwardHeader, c.f.header(time.Now(), c.origin.ID, c.prev, body))
+	resp, err := c.f.Client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("forwarding to %s at %s: %w", c.origin.Replica, c.addr, err)
+	}
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		_ = resp.Body.Close()
+		return nil, fmt.Errorf("replica %s refused the turn: %d %s", c.origin.Replica, resp.StatusCode,
+			gjson.GetBytes(b, "error.message").String())
+	}
+	return &reply{status: resp.StatusCode, header: resp.Header, next: sseReader(resp.Body),
+		done: func() { _ = resp.Body.Close() }}, nil
+}
+
+// serveForwarded runs a turn another replica handed over: on the socket it
+// names, only while that socket holds the response it continues, its
+// events streamed back as they come.
+func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, body []byte) {
+	f := p.cfg.Forwarding
+	if f == nil {
+		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused",
+			"This replica does not take forwarded turns.")
+		return
+	}
+	socket, prev, err := f.verify(time.Now(), r.Header.Get(forwardHeader), body)
+	if err != nil {
+		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused", err.Error())
+		return
+	}
+	p.stats.forwardedIn.Add(1)
+	t := &turn{header: r.Header, stream: true, stores: gjson.GetBytes(body, "store").Raw != "false",
+		want: store.Socket{Replica: p.replica, ID: socket}, prev: prev, forwarded: true}
+	actx, cancel := context.WithTimeout(r.Context(), f.Timeout)
+	c, err := p.cfg.Upstream.acquire(actx, t)
+	cancel()
+	if err != nil {
+		writeError(w, http.StatusConflict, "invalid_request_error", "", "forward_refused", err.Error())
+		return
+	}
+	defer c.release()
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
+	defer cancel()
+	rep, err := c.send(ctx, body, true)
+	if err != nil {
+		p.upstreamError(w, err)
+		return
+	}
+	defer rep.close()
+	relayStream(w, rep, "")
+}
