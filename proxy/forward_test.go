@@ -16,6 +16,7 @@ import (
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -176,4 +177,34 @@ func TestForwardSignatureIsThePublishedOne(t *testing.T) {
 	assert.Equal(t, "resp_abc", prev)
 	_, _, err = f.verify(time.Unix(1_800_000_031, 0), want, body)
 	assert.ErrorContains(t, err, "stale")
+}
+
+func TestAnUnreachableDirectoryServesTurnsHere(t *testing.T) {
+	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}))
+	t.Cleanup(up.Close)
+	base, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	dir, err := directory.NewRedis(redistest.Failing(t), "ns", directory.Options{OpTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	var proxies []*Proxy
+	for _, id := range []string{"r1", "r2"} {
+		ws, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(up.URL, "http")+"/v1", WebSocketOptions{Replica: id})
+		require.NoError(t, err)
+		p, err := New(Config{Store: base.WithReplica(id), Upstream: ws, Forwarding: &Forwarding{Directory: dir, Secret: testSecret}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		proxies = append(proxies, p)
+	}
+	next := 0
+	lb := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		proxies[next%2].ServeHTTP(w, r)
+		next++
+	}))
+	t.Cleanup(lb.Close)
+	c := newConversation(t, lb.URL+"/v1/responses", "s1", true, false)
+	c.say("hello") // every answer is the upstream's: say checks the status
+	for _, p := range proxies {
+		assert.Zero(t, p.Stats().Forwarded)
+		assert.Zero(t, p.Stats().Continued, "each turn lands on the replica without the socket")
+	}
 }
