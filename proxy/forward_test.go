@@ -32,7 +32,7 @@ type replicaSet struct {
 	url     string // the balancer's /v1/responses
 }
 
-func newReplicaSet(t *testing.T, n int) *replicaSet {
+func newReplicaSet(t testing.TB, n int) *replicaSet {
 	t.Helper()
 	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}))
 	t.Cleanup(up.Close)

@@ -40,7 +40,7 @@ type rig struct {
 
 // newRig starts the fake upstream and a proxy on st (an in-process store
 // when nil) over tr.
-func newRig(t *testing.T, tr transport, st *store.Store) *rig {
+func newRig(t testing.TB, tr transport, st *store.Store) *rig {
 	t.Helper()
 	r := &rig{}
 	fake := fakeupstream.New(fakeupstream.Options{
@@ -67,7 +67,7 @@ func newRig(t *testing.T, tr transport, st *store.Store) *rig {
 }
 
 // newProxy returns a proxy on st in front of base over tr.
-func newProxy(t *testing.T, tr transport, st *store.Store, base string) *Proxy {
+func newProxy(t testing.TB, tr transport, st *store.Store, base string) *Proxy {
 	t.Helper()
 	var up Upstream
 	var err error
@@ -99,7 +99,7 @@ type answer struct {
 }
 
 // post sends one request as the client would.
-func post(t *testing.T, url string, header http.Header, body map[string]any) answer {
+func post(t testing.TB, url string, header http.Header, body map[string]any) answer {
 	t.Helper()
 	b, err := json.Marshal(body)
 	require.NoError(t, err)
@@ -149,7 +149,7 @@ func post(t *testing.T, url string, header http.Header, body map[string]any) ans
 // conversation plays a client's tool loop: user turns, each answered after
 // function calls, the whole history sent every time.
 type conversation struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	header  http.Header
 	params  map[string]any
@@ -158,7 +158,7 @@ type conversation struct {
 	answers []answer
 }
 
-func newConversation(t *testing.T, url, session string, stream, stores bool) *conversation {
+func newConversation(t testing.TB, url, session string, stream, stores bool) *conversation {
 	return &conversation{t: t, url: url, header: http.Header{"X-Session-Id": {session}}, params: map[string]any{
 		"model": "gpt-test", "stream": stream, "store": stores,
 		"tools": []any{map[string]any{"type": "function", "name": "run_command", "parameters": map[string]any{
