@@ -3,11 +3,22 @@
 //
 // It simulates gateway replicas serving many conversations, each with a main
 // thread and sub-agents, drives the store exactly as a gateway does (reserve,
-// send upstream, record or abort), and checks every reservation and record
-// against the simulator's ground truth. The report gives throughput, latency
+// send upstream or forward to the replica holding the upstream socket,
+// record or abort), and checks every reservation and record against the
+// simulator's ground truth. The report gives throughput, latency
 // percentiles, the continuation hit rate, the input saved upstream, Redis
 // memory and server time per script, and the correctness violations found,
 // which must be zero: any violation makes the exit status 1.
+//
+// By default it plays one workload three ways and puts the comparison
+// first: (a) the deployment, 4 replicas behind a round-robin balancer
+// sharing the store, with an upstream that keeps each response only on
+// the socket that produced it (store=false) and forwarding on; (b) the
+// same workload on one replica, the best one process can do; (c) the same
+// workload with one in-process store per replica, as single-process
+// gateways do today, whose wrong continuations are counted. The workload
+// (every prompt change, edit, failure and idle gap) depends only on -seed
+// and the workload flags, not on -concurrency or timing.
 //
 // With no target, contbench runs against an embedded Redis (miniredis), whose
 // figures say nothing about a real server. Point it at a deployment with
@@ -19,8 +30,10 @@
 // the store instead and explains every turn that does not continue (see
 // contbench replay -h).
 //
-// Exit status: 0 when the run found no violation, 1 when it found some,
-// 2 for bad flags or a target that cannot be used, 130 when interrupted.
+// Exit status: 0 when the shared-store runs, (a) and (b), found no
+// violation, 1 when they found some, 2 for bad flags or a target that
+// cannot be used, 130 when interrupted. The violations of (c) are
+// expected and do not change it.
 package main
 
 import (
@@ -40,6 +53,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/store"
 )
 
@@ -51,8 +65,9 @@ const (
 	exitInterrupted = 130
 )
 
-// defaultTurns bounds a run when neither -turns nor -duration is given.
-const defaultTurns = 20000
+// defaultTurns bounds each run when neither -turns nor -duration is
+// given.
+const defaultTurns = 10000
 
 // main runs the command until it ends or is interrupted.
 func main() {
@@ -104,6 +119,9 @@ const (
 	sticky     routing = "sticky"
 )
 
+// maxSockets bounds the upstream sockets of a replica.
+const maxSockets = 1_000_000
+
 // backendMemory selects the in-process store shared by all replicas.
 const backendMemory = "memory"
 
@@ -138,7 +156,7 @@ type config struct {
 	rates         rates
 	seed          uint64
 
-	compare   bool
+	baselines bool
 	calibrate bool
 	jsonPath  string
 	quiet     bool
@@ -172,9 +190,20 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 			"Simulates gateway replicas driving a continuation store, checks every\n"+
 			"decision against ground truth and reports what the deployment delivers.\n"+
 			"With no -redis, -cluster or -backend it uses an embedded Redis.\n\n"+
+			"By default it plays one workload (-seed, -conversations, -turns) three\n"+
+			"ways, %d turns each unless -turns or -duration is given, and reports\n"+
+			"the comparison first:\n"+
+			"  (a) the deployment: -replicas replicas (4) behind a -routing balancer\n"+
+			"      (round-robin) sharing the store, upstream same-socket, -forward on;\n"+
+			"  (b) one replica with as many upstream sockets as (a)'s replicas have:\n"+
+			"      the best one process can do;\n"+
+			"  (c) one in-process store per replica, as single-process gateways do\n"+
+			"      today; its wrong continuations are counted, not failures.\n"+
+			"-baselines=false plays (a) alone, for load tests and calibration. The\n"+
+			"-compare flag, which added (c), is gone: (b) and (c) are the default.\n\n"+
 			"Subcommand:\n  contbench replay [flags] TRACE.jsonl...\n"+
 			"    \treplay recorded client traffic through the store and explain every miss\n"+
-			"    \t(contbench replay -h)\n\nFlags:\n")
+			"    \t(contbench replay -h)\n\nFlags:\n", defaultTurns)
 		fs.PrintDefaults()
 	}
 
@@ -187,7 +216,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.Int64Var(&cfg.maxTotalBytes, "max-total-bytes", 1<<30, "most bytes the store keeps")
 	fs.DurationVar(&cfg.opTimeout, "op-timeout", store.DefaultOpTimeout, "bound on each store operation")
 	fs.StringVar(&cfg.namespace, "namespace", "", "Redis key namespace; it must hold no continuation state yet (default: a fresh contbench-<random> one)")
-	fs.BoolVar(&cfg.keep, "keep", false, "keep the namespace's keys after the run")
+	fs.BoolVar(&cfg.keep, "keep", false, "keep the namespace's keys after the run (those of (a); (b)'s namespace of its own is removed)")
 
 	fs.IntVar(&cfg.replicas, "replicas", 4, "gateway replicas, each with its own Redis client and store")
 	fs.IntVar(&cfg.conversations, "conversations", 200, "conversations (sessions)")
@@ -195,10 +224,10 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.concurrency, "concurrency", 16, "concurrent turns (workers)")
 	fs.IntVar(&cfg.sockets, "sockets", 64, "upstream sockets per replica")
 	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long (0: no time limit)")
-	fs.Int64Var(&cfg.turns, "turns", defaultTurns, "stop after this many turns (0: no limit; the default applies only without -duration)")
+	fs.Int64Var(&cfg.turns, "turns", defaultTurns, "turns of each run, split evenly over the owners (0: no limit; the default applies only without -duration)")
 	fs.StringVar(&upstream, "upstream", string(sameSocket), "upstream continuation rule: same-socket (store=false: only the socket holding the latest response) or any (store=true)")
 	fs.StringVar(&route, "routing", string(roundRobin), "how turns reach replicas: round-robin, random or sticky")
-	fs.BoolVar(&cfg.forward, "forward", false, "forward a continuation to the replica holding its origin socket instead of sending the full context")
+	fs.BoolVar(&cfg.forward, "forward", true, "forward a turn whose continuation lives on another replica's upstream socket to that replica, found in the directory (-forward=false: send the full context)")
 
 	fs.Float64Var(&cfg.rates.promptChange, "prompt-change", 0.02, "probability per turn that the owner's prompt fields change")
 	fs.Float64Var(&cfg.rates.edit, "edit", 0.02, "probability per turn that the client edits an earlier item")
@@ -207,9 +236,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&cfg.rates.noID, "no-id", 0.01, "probability per turn that the response id is lost")
 	fs.Float64Var(&cfg.rates.socketLoss, "socket-loss", 0.02, "probability per turn that the upstream socket reconnects and forgets its response")
 	fs.Float64Var(&cfg.rates.idle, "idle", 0.002, "probability per turn of an idle gap longer than the TTL after it")
-	fs.Uint64Var(&cfg.seed, "seed", 1, "random seed of the workload")
+	fs.Uint64Var(&cfg.seed, "seed", 1, "random seed of the workload: with the workload flags and -turns it decides every event, whatever -concurrency")
 
-	fs.BoolVar(&cfg.compare, "compare", false, "run the same workload again with one in-process store per replica and report both")
+	fs.BoolVar(&cfg.baselines, "baselines", true, "also play the workload on one replica (b) and with one in-process store per replica (c); with -duration alone they play as many turns as (a) did")
 	fs.BoolVar(&cfg.calibrate, "calibrate", false, "measure the Redis PING and no-op script ceilings with the same clients and concurrency")
 	fs.StringVar(&cfg.jsonPath, "json", "", "also write the report as JSON to `file`")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "print the report only: no progress, no notes on stderr")
@@ -269,8 +298,8 @@ func (c *config) validate() error {
 		return bad("agents", "is %d, want 0..1000", c.agents)
 	case c.concurrency < 1 || c.concurrency > 10000:
 		return bad("concurrency", "is %d, want 1..10000", c.concurrency)
-	case c.sockets < 1 || c.sockets > 1_000_000:
-		return bad("sockets", "is %d, want 1..1000000", c.sockets)
+	case c.sockets < 1 || c.sockets > maxSockets:
+		return bad("sockets", "is %d, want 1..%d", c.sockets, maxSockets)
 	case c.duration < 0:
 		return bad("duration", "is %v, want 0 (no limit) or more", c.duration)
 	case c.turns < 0:
@@ -362,7 +391,13 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "contbench: %v\n", err)
 		return exitUsage
 	}
-	rep.Run = simulate(ctx, cfg, tgt.stores, true, "shared store", notes)
+	dir, err := tgt.directory(cfg, cfg.namespace)
+	if err != nil {
+		fmt.Fprintf(stderr, "contbench: %v\n", err)
+		return exitUsage
+	}
+	rep.Run = simulate(ctx, cfg, tgt.stores, dir, true, labelDeployment, notes)
+	rep.Run.Namespace = tgt.ns
 	switch {
 	case ctx.Err() != nil:
 	case tgt.embedded:
@@ -373,23 +408,15 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	case tgt.hasServerInfo():
 		measureServer(ctx, cfg, tgt, before, rep)
 	}
-	if r := rep.Run; r.Misses[missOriginElsewhere] > r.Turns/4 {
-		rep.note("%d turns could have continued on another replica's socket: -forward (or sticky routing) lets them",
-			r.Misses[missOriginElsewhere])
-	}
 	if cfg.calibrate && ctx.Err() == nil {
 		rep.Calibrate = calibrate(ctx, cfg, tgt, rep)
 	}
-	if cfg.compare && ctx.Err() == nil {
-		perReplica, err := memoryStores(cfg)
-		if err != nil {
-			fmt.Fprintf(stderr, "contbench: %v\n", err)
-			return exitUsage
+	if cfg.baselines && ctx.Err() == nil {
+		if err := playBaselines(ctx, cfg, tgt, rep, notes); err != nil {
+			rep.note("the baselines were not played: %v", err)
 		}
-		cmp := simulate(ctx, cfg, perReplica, false, "per-replica memory", notes)
-		rep.Compare = &cmp
-		rep.note("the per-replica column is what gateways with in-process stores would do; its violations do not change the exit status")
 	}
+	rep.finish(cfg)
 
 	rep.write(stdout)
 	if cfg.jsonPath != "" {
@@ -402,9 +429,59 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	case ctx.Err() != nil:
 		fmt.Fprintln(stderr, "contbench: interrupted")
 		return exitInterrupted
-	case rep.Run.Violations > 0:
-		fmt.Fprintf(stderr, "contbench: %d oracle violations: the store answered what ground truth does not allow (see the report)\n", rep.Run.Violations)
+	case rep.Headline.Violations > 0:
+		fmt.Fprintf(stderr, "contbench: %d oracle violations in the shared-store runs: the store answered what ground truth does not allow (see the report)\n",
+			rep.Headline.Violations)
 		return exitViolations
 	}
 	return exitOK
+}
+
+// Deployments, as the report's columns name them.
+const (
+	labelDeployment = "(a) deployment"
+	labelOneReplica = "(b) one replica"
+	labelPerReplica = "(c) per-replica stores"
+)
+
+// playBaselines plays the workload of the deployment's run again on one
+// replica of the same backend, then with one in-process store per
+// replica, and adds both to rep. A deployment run bounded by -duration
+// alone gives them its turn count, so that all three play the same turns.
+func playBaselines(ctx context.Context, cfg *config, tgt *target, rep *report, notes io.Writer) error {
+	same := *cfg
+	if same.turns == 0 {
+		same.turns, same.duration = rep.Run.Turns, 0
+	}
+	if same.turns == 0 {
+		return nil // the deployment played nothing to compare
+	}
+	one := same
+	one.replicas, one.sockets = 1, min(cfg.replicas*cfg.sockets, maxSockets)
+	stores, dir, remove, err := tgt.oneReplica(ctx, &one)
+	if err != nil {
+		return fmt.Errorf("setting up the one-replica baseline: %w", err)
+	}
+	single := simulate(ctx, &one, stores, dir, true, labelOneReplica, notes)
+	if tgt.newClient != nil {
+		single.Namespace = stores[0].Options().Namespace
+	}
+	rep.OneReplica = &single
+	if err := remove(); err != nil {
+		rep.note("removing the one-replica baseline's namespace: %v", err)
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	perReplica, err := memoryStores(&same)
+	if err != nil {
+		return err
+	}
+	dir, err = directory.NewMemory(directory.Options{OpTimeout: cfg.opTimeout})
+	if err != nil {
+		return err
+	}
+	c := simulate(ctx, &same, perReplica, dir, false, labelPerReplica, notes)
+	rep.PerReplica = &c
+	return nil
 }

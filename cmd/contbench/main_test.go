@@ -11,10 +11,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/rediskeys"
@@ -77,24 +79,63 @@ func requireSound(t *testing.T, b bench, turns int64) {
 }
 
 func TestEmbeddedRedisStickyRun(t *testing.T) {
-	b := runBench(t, "-turns", "2000", "-conversations", "50", "-routing", "sticky", "-upstream", "any")
+	b := runBench(t, "-turns", "2000", "-conversations", "50", "-routing", "sticky", "-upstream", "any", "-baselines=false")
 	requireSound(t, b, 2000)
 	assert.Equal(t, "embedded miniredis", b.report.Target)
 	assert.Greater(t, b.report.Run.HitRate, 0.5)
 	assert.Contains(t, strings.Join(b.report.Notes, "\n"), "embedded Redis")
+	assert.Nil(t, b.report.OneReplica)
+	assert.Nil(t, b.report.PerReplica)
 }
 
-func TestDefaultWorkloadOnEmbeddedRedis(t *testing.T) {
+// requireSameWorkload checks that runs played the same workload.
+func requireSameWorkload(t *testing.T, want runResult, runs ...*runResult) {
+	t.Helper()
+	for _, r := range runs {
+		require.NotNil(t, r)
+		assert.Equal(t, want.Turns, r.Turns, r.Label)
+		assert.Equal(t, want.Workload, r.Workload, r.Label)
+	}
+}
+
+// The default run: the deployment forwards, the headline compares it with
+// one replica and per-replica stores, on the same workload.
+func TestDefaultRunOnEmbeddedRedis(t *testing.T) {
 	b := runBench(t, "-turns", "1000")
 	requireSound(t, b, 1000)
-	r := b.report.Run
-	assert.Positive(t, r.Misses[missOriginElsewhere], "round-robin over socket-bound continuations")
+	rep := b.report
+	r := rep.Run
+	assert.Zero(t, r.Misses[missOriginElsewhere], "forwarding is on")
+	assert.Positive(t, r.Forwarding.Forwarded, "round-robin over socket-bound continuations")
+	assert.Zero(t, r.Forwarding.Fallbacks, r.Forwarding.FirstLookupError)
+	assert.Zero(t, r.Forwarding.AnnounceErrors)
+	assert.Equal(t, r.Forwarding.Forwarded, r.Forwarding.Lookup.Count, "one lookup per forwarded turn")
 	assert.Positive(t, r.Records[string(store.OutcomeStale)], "concurrent pairs leave a stale record")
 	assert.Positive(t, r.Records[string(store.OutcomeDropped)], "lost response ids are dropped")
+
+	requireSameWorkload(t, r, rep.OneReplica, rep.PerReplica)
+	assert.Zero(t, rep.OneReplica.Violations)
+	assert.Zero(t, rep.OneReplica.Forwarding.Forwarded, "one replica holds every socket")
+	assert.Positive(t, rep.PerReplica.WrongContinuations)
+	assert.NotEqual(t, r.Namespace, rep.OneReplica.Namespace, "the one-replica run has state of its own")
+
+	h := rep.Headline
+	assert.True(t, h.Pass)
+	assert.Equal(t, r.HitRate, h.HitRate)
+	require.NotNil(t, h.OneReplicaHitRate)
+	require.NotNil(t, h.RatioToOneReplica)
+	assert.InDelta(t, r.HitRate / *h.OneReplicaHitRate, *h.RatioToOneReplica, 1e-9)
+	require.NotNil(t, h.PerReplicaWrongContinuations)
+	assert.Equal(t, rep.PerReplica.WrongContinuations, *h.PerReplicaWrongContinuations)
+	assert.Len(t, h.Definitions, 7)
+	assert.True(t, strings.HasPrefix(b.stdout, "hit rate (a) deployment"), b.stdout)
+	assert.Contains(t, b.stdout, "\nresult   ")
+	assert.Contains(t, b.stdout, "PASS    0 violations in (a) and (b)")
+	assert.NotContains(t, b.stdout, "%", "rates are fractions")
 }
 
 func TestMemoryBackend(t *testing.T) {
-	b := runBench(t, "-backend", "memory", "-turns", "3000", "-routing", "sticky", "-upstream", "any")
+	b := runBench(t, "-backend", "memory", "-turns", "3000", "-routing", "sticky", "-upstream", "any", "-baselines=false")
 	requireSound(t, b, 3000)
 	assert.Equal(t, "in-process store shared by all replicas", b.report.Target)
 	assert.Greater(t, b.report.Run.HitRate, 0.5)
@@ -106,6 +147,55 @@ func TestMemoryBackendStopsAfterDuration(t *testing.T) {
 	require.Equal(t, exitOK, b.code, b.stderr)
 	assert.Positive(t, b.report.Run.Turns)
 	assert.Less(t, b.report.Run.Seconds, 5.0)
+	require.NotNil(t, b.report.OneReplica)
+	require.NotNil(t, b.report.PerReplica)
+	assert.Equal(t, b.report.Run.Turns, b.report.OneReplica.Turns, "the baselines play the deployment's turns")
+	assert.Equal(t, b.report.Run.Turns, b.report.PerReplica.Turns)
+}
+
+// The workload is each owner's own: its counts depend on the seed and the
+// workload flags, never on how many workers play it.
+func TestSeedReproducesTheWorkloadAtAnyConcurrency(t *testing.T) {
+	args := []string{"-backend", "memory", "-baselines=false", "-conversations", "20", "-agents", "1", "-turns", "1500",
+		"-prompt-change", "0.05", "-edit", "0.05", "-concurrent", "0.1", "-abort", "0.05", "-no-id", "0.05",
+		"-socket-loss", "0.05", "-idle", "0.02"}
+	one := runBench(t, append(args, "-concurrency", "1")...)
+	requireSound(t, one, 1500)
+	eight := runBench(t, append(args, "-concurrency", "8")...)
+	requireSound(t, eight, 1500)
+	for _, e := range eventOrder {
+		assert.Positive(t, one.report.Run.Workload[e], e)
+	}
+	requireSameWorkload(t, one.report.Run, &eight.report.Run)
+
+	other := runBench(t, append(args, "-concurrency", "8", "-seed", "2")...)
+	requireSound(t, other, 1500)
+	assert.NotEqual(t, one.report.Run.Workload, other.report.Run.Workload, "another seed, another workload")
+}
+
+// Owners come back from idle gaps longer than the TTL to find their state
+// gone, on the embedded Redis's clock; the run is bounded by time, so no
+// gap is cut short.
+func TestIdleGapsOutliveTheTTL(t *testing.T) {
+	b := runBench(t, "-ttl", "100ms", "-idle", "0.05", "-duration", "1s", "-conversations", "50", "-baselines=false")
+	require.Equal(t, exitOK, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
+	r := b.report.Run
+	assert.Zero(t, r.Violations, "violations: %+v", r.Examples)
+	assert.Positive(t, r.Workload[eventIdle])
+	assert.Zero(t, r.IdleGapsCut)
+	require.NotNil(t, r.State, r.StateError)
+	assert.Positive(t, r.State.Evictions.TTL, "idle owners' state expired")
+}
+
+func TestForwardingOff(t *testing.T) {
+	b := runBench(t, "-backend", "memory", "-turns", "2000", "-forward=false", "-baselines=false")
+	requireSound(t, b, 2000)
+	r := b.report.Run
+	assert.False(t, b.report.Forward)
+	assert.Zero(t, r.Forwarding.Forwarded)
+	assert.Zero(t, r.Forwarding.Lookup.Count)
+	assert.Greater(t, r.Misses[missOriginElsewhere], r.Turns/4)
+	assert.Contains(t, strings.Join(b.report.Notes, "\n"), "forwarding (the default, -forward) or sticky routing lets them")
 }
 
 // namespaceKeys counts the keys of namespace ns on every server c reaches.
@@ -135,6 +225,12 @@ func TestStandaloneRedis(t *testing.T) {
 	b := runBench(t, "-redis", target, "-namespace", ns, "-turns", "3000", "-calibrate")
 	requireSound(t, b, 3000)
 	assert.Zero(t, namespaceKeys(t, c, ns), "the namespace is removed after the run")
+	one := b.report.OneReplica
+	require.NotNil(t, one)
+	requireSameWorkload(t, b.report.Run, one, b.report.PerReplica)
+	assert.Zero(t, one.Violations)
+	require.NotEmpty(t, one.Namespace)
+	assert.Zero(t, namespaceKeys(t, c, one.Namespace), "so is the one-replica run's")
 
 	rs := b.report.Redis
 	require.NotNil(t, rs, "notes: %v", b.report.Notes)
@@ -156,11 +252,13 @@ func TestKeepLeavesTheNamespaceAndItCannotBeReused(t *testing.T) {
 	redistest.CleanupNamespace(t, c, ns)
 	target := "redis://" + c.Options().Addr
 
-	b := runBench(t, "-redis", target, "-namespace", ns, "-turns", "300", "-keep")
+	b := runBench(t, "-redis", target, "-namespace", ns, "-conversations", "50", "-turns", "300", "-keep")
 	requireSound(t, b, 300)
 	assert.Positive(t, namespaceKeys(t, c, ns), "-keep keeps the keys")
+	require.NotNil(t, b.report.OneReplica)
+	assert.Zero(t, namespaceKeys(t, c, b.report.OneReplica.Namespace), "but not the one-replica run's")
 
-	again := runBench(t, "-redis", target, "-namespace", ns, "-turns", "300")
+	again := runBench(t, "-redis", target, "-namespace", ns, "-turns", "300", "-baselines=false")
 	assert.Equal(t, exitUsage, again.code)
 	assert.Contains(t, again.stderr, "already holds continuation state")
 	assert.Positive(t, namespaceKeys(t, c, ns), "a namespace contbench did not create is left alone")
@@ -171,10 +269,13 @@ func TestCluster(t *testing.T) {
 	ns := redistest.Namespace(t)
 	redistest.CleanupNamespace(t, c, ns)
 
-	b := runBench(t, "-cluster", strings.Join(c.Options().Addrs, ","), "-namespace", ns, "-turns", "2000",
-		"-forward")
+	b := runBench(t, "-cluster", strings.Join(c.Options().Addrs, ","), "-namespace", ns, "-turns", "2000")
 	requireSound(t, b, 2000)
-	assert.Positive(t, b.report.Run.Forwarded)
+	assert.Positive(t, b.report.Run.Forwarding.Forwarded)
+	assert.Zero(t, b.report.Run.Forwarding.Fallbacks, b.report.Run.Forwarding.FirstLookupError)
+	require.NotNil(t, b.report.OneReplica)
+	assert.Zero(t, b.report.OneReplica.Violations)
+	assert.Zero(t, namespaceKeys(t, c, b.report.OneReplica.Namespace))
 	require.NotNil(t, b.report.Redis, "notes: %v", b.report.Notes)
 	assert.Positive(t, b.report.Redis.Scripts.Calls)
 	assert.Zero(t, namespaceKeys(t, c, ns), "the namespace is removed from every master")
@@ -239,39 +340,90 @@ func TestBrokenStoreFailsTheRun(t *testing.T) {
 	code := execute(context.Background(), cfg, &stdout, &stderr)
 
 	assert.Equal(t, exitViolations, code)
-	assert.Contains(t, stdout.String(), "VIOLATIONS (shared store)")
+	assert.Contains(t, stdout.String(), "\nresult   ")
+	assert.Contains(t, stdout.String(), "FAIL")
+	assert.Contains(t, stdout.String(), "VIOLATIONS ((a) deployment)")
 	assert.Contains(t, stdout.String(), "prompt changed: ")
 	assert.Contains(t, stderr.String(), "oracle violations")
 }
 
-// requireComparison runs the workload with upstream flags mode on one
-// sticky replica, then on four round-robin replicas with -compare: the
-// shared store keeps the single replica's hit rate, per-replica stores
-// lose most of it and offer stale continuations.
-func requireComparison(t *testing.T, mode ...string) {
+// requireHeadline runs the default comparison with upstream flags mode:
+// the shared store keeps the single replica's hit rate, per-replica
+// stores lose most of it and offer wrong continuations, which do not fail
+// the run.
+func requireHeadline(t *testing.T, mode ...string) {
 	t.Helper()
-	base := append([]string{"-backend", "memory", "-conversations", "50", "-turns", "2000"}, mode...)
-	single := runBench(t, append(base, "-replicas", "1", "-routing", "sticky")...)
-	requireSound(t, single, 2000)
-
-	b := runBench(t, append(base, "-replicas", "4", "-routing", "round-robin", "-compare")...)
+	b := runBench(t, append([]string{"-backend", "memory", "-conversations", "50", "-turns", "2000"}, mode...)...)
 	requireSound(t, b, 2000)
-	require.NotNil(t, b.report.Compare)
-	shared, perReplica := b.report.Run.HitRate, b.report.Compare.HitRate
-	t.Logf("hit rates: one sticky replica %.3f, shared store %.3f, per-replica stores %.3f",
-		single.report.Run.HitRate, shared, perReplica)
-	assert.GreaterOrEqual(t, shared, 0.9*single.report.Run.HitRate)
-	assert.Less(t, perReplica, 0.5*shared)
-	assert.Positive(t, b.report.Compare.Violations, "per-replica stores offer stale continuations")
-	assert.Contains(t, b.stdout, "per-replica memory")
+	rep := b.report
+	requireSameWorkload(t, rep.Run, rep.OneReplica, rep.PerReplica)
+	h := rep.Headline
+	require.NotNil(t, h.OneReplicaHitRate)
+	require.NotNil(t, h.RatioToOneReplica)
+	require.NotNil(t, h.PerReplicaHitRate)
+	t.Logf("hit rates: deployment %.3f, one replica %.3f (ratio %.3f), per-replica stores %.3f",
+		h.HitRate, *h.OneReplicaHitRate, *h.RatioToOneReplica, *h.PerReplicaHitRate)
+	assert.GreaterOrEqual(t, *h.RatioToOneReplica, 0.9)
+	assert.Less(t, *h.PerReplicaHitRate, 0.5*h.HitRate)
+	assert.Positive(t, *h.PerReplicaWrongContinuations, "per-replica stores offer stale continuations")
+	assert.True(t, h.Pass)
+	assert.Contains(t, b.stdout, "(c) per-replica stores")
 }
 
-func TestCompareUnderAnySocketUpstream(t *testing.T) {
-	requireComparison(t, "-upstream", "any")
+func TestHeadlineUnderAnySocketUpstream(t *testing.T) {
+	requireHeadline(t, "-upstream", "any")
 }
 
-func TestCompareUnderSameSocketUpstreamWithForwarding(t *testing.T) {
-	requireComparison(t, "-upstream", "same-socket", "-forward")
+func TestHeadlineUnderSameSocketUpstreamWithForwarding(t *testing.T) {
+	requireHeadline(t, "-upstream", "same-socket")
+}
+
+// newTestWorker returns a worker of a two-replica memory simulation that
+// finds replicas in dir.
+func newTestWorker(t *testing.T, dir *directory.Directory, args ...string) *worker {
+	t.Helper()
+	cfg, err := parseConfig(append([]string{"-backend", "memory", "-replicas", "2", "-quiet"}, args...), io.Discard)
+	require.NoError(t, err)
+	stores, err := memoryStores(cfg)
+	require.NoError(t, err)
+	gs := []gatewayStore{stores[0], stores[1]}
+	return newWorker(newSim(cfg, gs, dir), 0)
+}
+
+func TestForwardTargetFallsBackWhenTheDirectoryCannotTell(t *testing.T) {
+	ctx := context.Background()
+	dir, err := directory.NewMemory(directory.Options{})
+	require.NoError(t, err)
+
+	w := newTestWorker(t, dir)
+	assert.Nil(t, w.forwardTarget(ctx, "replica-2"), "replica-2 never announced itself")
+	assert.Equal(t, int64(1), w.tally.unknownOrigin)
+	assert.Equal(t, int64(1), w.tally.misses[missForwardFallback])
+
+	require.NoError(t, dir.Announce(ctx, "replica-1", "replica-1"))
+	w = newTestWorker(t, dir)
+	got := w.forwardTarget(ctx, "replica-1")
+	require.NotNil(t, got)
+	assert.Equal(t, "replica-1", got.name)
+	assert.Equal(t, int64(1), w.lookup.TotalCount())
+	assert.Zero(t, w.tally.misses[missForwardFallback])
+
+	w = newTestWorker(t, dir, "-forward=false")
+	assert.Nil(t, w.forwardTarget(ctx, "replica-1"))
+	assert.Equal(t, int64(1), w.tally.misses[missOriginElsewhere])
+	assert.Zero(t, w.lookup.TotalCount(), "no lookup when forwarding is off")
+
+	mr := miniredis.RunT(t)
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { _ = client.Close() })
+	down, err := directory.NewRedis(client, "contbench-test", directory.Options{})
+	require.NoError(t, err)
+	mr.Close()
+	w = newTestWorker(t, down)
+	assert.Nil(t, w.forwardTarget(ctx, "replica-2"), "the directory is down")
+	assert.Equal(t, int64(1), w.tally.lookupErrors)
+	assert.NotEmpty(t, w.tally.firstLookupError)
+	assert.Equal(t, int64(1), w.tally.misses[missForwardFallback])
 }
 
 func TestBadFlagsExitWithUsageStatus(t *testing.T) {
@@ -312,6 +464,9 @@ func TestBadFlagsExitWithUsageStatus(t *testing.T) {
 		{[]string{"-redis", "redis://127.0.0.1:1", "-cluster", "127.0.0.1:2"}, "-cluster"},
 		{[]string{"-cluster", "127.0.0.1"}, "-cluster"},
 		{[]string{"-no-such-flag"}, "-no-such-flag"},
+		{[]string{"-compare"}, "-compare"},
+		{[]string{"-baselines=maybe"}, "-baselines"},
+		{[]string{"-forward=maybe"}, "-forward"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -334,4 +489,5 @@ func TestHelpExitsZero(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	assert.Equal(t, exitOK, run(context.Background(), []string{"-h"}, &stdout, &stderr))
 	assert.Contains(t, stderr.String(), "-conversations")
+	assert.Contains(t, stderr.String(), "-baselines=false plays (a) alone")
 }

@@ -41,8 +41,11 @@ type oracle struct {
 	issued *responses
 	owners []*owner
 
-	mu       sync.Mutex
-	count    int64
+	mu    sync.Mutex
+	count int64
+	// wrong counts the violations that are continuations ground truth
+	// forbids.
+	wrong    int64
 	examples []violation
 }
 
@@ -54,6 +57,14 @@ func (c *oracle) report(v violation) {
 	if len(c.examples) < maxExamples {
 		c.examples = append(c.examples, v)
 	}
+}
+
+// reportContinuation records v, a continuation ground truth forbids.
+func (c *oracle) reportContinuation(v violation) {
+	c.report(v)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.wrong++
 }
 
 // violation starts a violation about o's current turn on replica rep.
@@ -100,7 +111,7 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 	v.Got = fmt.Sprintf("continue from %s with %d delta items", res.PreviousResponseID, len(res.Delta))
 	if i, ok := c.issued.ownerOf(res.PreviousResponseID); ok && c.owners[i] != o {
 		v.Kind, v.Expected = "cross-owner", "no response of another owner; "+res.PreviousResponseID+" answered "+c.owners[i].id.String()
-		c.report(v)
+		c.reportContinuation(v)
 		return false
 	}
 	switch {
@@ -119,7 +130,7 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 	default:
 		return true
 	}
-	c.report(v)
+	c.reportContinuation(v)
 	return false
 }
 

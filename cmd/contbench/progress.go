@@ -56,8 +56,8 @@ func showProgress(w io.Writer, s *sim, label string) (stop func()) {
 			}
 			elapsed := time.Since(start)
 			turns, continued := s.turns.Load(), s.continued.Load()
-			status := fmt.Sprintf("%s: %d turns, %.0f turns/s, hit rate %.1f%%",
-				label, turns, perSecond(turns, elapsed.Seconds()), percent(continued, turns))
+			status := fmt.Sprintf("%s: %d turns, %.0f turns/s, hit rate %.3f",
+				label, turns, perSecond(turns, elapsed.Seconds()), share(continued, turns))
 			if bar == nil {
 				fmt.Fprintf(w, "contbench: %s\n", status)
 				continue

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 // report is everything a run found; the table and the JSON file show the
 // same figures.
 type report struct {
+	// Headline is the comparison the report opens with.
+	Headline      headline     `json:"headline"`
 	Target        string       `json:"target"`
 	Namespace     string       `json:"namespace,omitempty"`
 	Seed          uint64       `json:"seed"`
@@ -31,43 +34,77 @@ type report struct {
 	Forward       bool         `json:"forward"`
 	TTLSeconds    float64      `json:"ttl_seconds"`
 	Partitions    int          `json:"partitions"`
-	Run           runResult    `json:"run"`
-	Compare       *runResult   `json:"compare,omitempty"`
-	Redis         *redisStats  `json:"redis,omitempty"`
-	Calibrate     *calibration `json:"calibrate,omitempty"`
-	Notes         []string     `json:"notes,omitempty"`
+	// Run is the deployment's run, (a); OneReplica and PerReplica are the
+	// baselines (b) and (c), when played.
+	Run        runResult    `json:"deployment"`
+	OneReplica *runResult   `json:"one_replica,omitempty"`
+	PerReplica *runResult   `json:"per_replica_stores,omitempty"`
+	Redis      *redisStats  `json:"redis,omitempty"`
+	Calibrate  *calibration `json:"calibrate,omitempty"`
+	Notes      []string     `json:"notes,omitempty"`
 }
 
 // runResult is what one simulation delivered.
 type runResult struct {
-	// Stores says which stores the replicas used.
-	Stores            string             `json:"stores"`
+	// Label names the run: (a), (b) or (c). Namespace is where its state
+	// lived on Redis.
+	Label             string             `json:"label"`
+	Namespace         string             `json:"namespace,omitempty"`
 	Seconds           float64            `json:"duration_seconds"`
 	Turns             int64              `json:"turns"`
 	TurnsPerSecond    float64            `json:"turns_per_second"`
 	StoreOpsPerSecond float64            `json:"store_ops_per_second"`
 	Ops               map[string]opStats `json:"ops"`
 	// Offered counts the reservations that offered a continuation;
-	// Continued the turns the upstream continued.
+	// Continued the turns the upstream continued. OfferRate and HitRate
+	// are their fractions of the turns.
 	Offered   int64   `json:"offered"`
+	OfferRate float64 `json:"offer_rate"`
 	Continued int64   `json:"continued"`
 	HitRate   float64 `json:"hit_rate"`
 	// Misses counts the turns that did not continue, by reason: the
-	// store's, then the gateway's (origin elsewhere, not found upstream,
-	// upstream failed, refused by the oracle).
+	// store's, then the gateway's (origin elsewhere, forward fallback,
+	// not found upstream, upstream failed, refused by the oracle).
 	Misses       map[string]int64 `json:"misses"`
-	Forwarded    int64            `json:"forwarded"`
+	Forwarding   forwardStats     `json:"forwarding"`
 	Input        inputStats       `json:"input"`
 	Records      map[string]int64 `json:"records"`
 	AbortsMissed int64            `json:"aborts_missed"`
 	FailOpen     int64            `json:"fail_open"`
 	Errors       int64            `json:"errors"`
 	FirstError   string           `json:"first_error,omitempty"`
-	Workload     map[string]int64 `json:"workload"`
-	Violations   int64            `json:"violations"`
-	Examples     []violation      `json:"violation_examples,omitempty"`
-	State        *stateStats      `json:"state,omitempty"`
-	StateError   string           `json:"state_error,omitempty"`
+	// Workload counts the workload's events; they depend only on the seed
+	// and the workload flags.
+	Workload map[string]int64 `json:"workload"`
+	// IdleGapsCut counts the idle gaps cut short because every owner with
+	// turns left was idle; the expiry of their state is not checked.
+	IdleGapsCut int64 `json:"idle_gaps_cut_short"`
+	Violations  int64 `json:"violations"`
+	// WrongContinuations counts the violations that are continuations
+	// ground truth forbids.
+	WrongContinuations int64       `json:"wrong_continuations"`
+	Examples           []violation `json:"violation_examples,omitempty"`
+	State              *stateStats `json:"state,omitempty"`
+	StateError         string      `json:"state_error,omitempty"`
+}
+
+// forwardStats describes the turns handed to the replica holding their
+// continuation's socket.
+type forwardStats struct {
+	// Forwarded counts the turns forwarded; Fallbacks those served here
+	// with the full context instead, because the directory lookup failed
+	// (LookupErrors) or did not know the origin replica (UnknownOrigin).
+	Forwarded     int64 `json:"forwarded"`
+	Fallbacks     int64 `json:"fallbacks"`
+	LookupErrors  int64 `json:"lookup_errors"`
+	UnknownOrigin int64 `json:"unknown_origin"`
+	// Lookup is the latency of the directory lookup each forwarded turn
+	// (or fallback) makes; FirstLookupError the first lookup error.
+	Lookup           opStats `json:"directory_lookup"`
+	FirstLookupError string  `json:"first_lookup_error,omitempty"`
+	// AnnounceErrors counts the replicas' failed announcements and
+	// withdrawals.
+	AnnounceErrors int64 `json:"announce_errors"`
 }
 
 // opStats describes one store operation: how many, how fast, and its
@@ -83,16 +120,16 @@ type opStats struct {
 }
 
 // inputStats compares the input sent upstream with a full-context
-// baseline.
+// baseline; the saved fractions are of the full context.
 type inputStats struct {
-	ItemsSent     int64   `json:"items_sent"`
-	ItemsFull     int64   `json:"items_full_context"`
-	ItemsSaved    int64   `json:"items_saved"`
-	ItemsSavedPct float64 `json:"items_saved_pct"`
-	BytesSent     int64   `json:"bytes_sent"`
-	BytesFull     int64   `json:"bytes_full_context"`
-	BytesSaved    int64   `json:"bytes_saved"`
-	BytesSavedPct float64 `json:"bytes_saved_pct"`
+	ItemsSent          int64   `json:"items_sent"`
+	ItemsFull          int64   `json:"items_full_context"`
+	ItemsSaved         int64   `json:"items_saved"`
+	ItemsSavedFraction float64 `json:"items_saved_fraction"`
+	BytesSent          int64   `json:"bytes_sent"`
+	BytesFull          int64   `json:"bytes_full_context"`
+	BytesSaved         int64   `json:"bytes_saved"`
+	BytesSavedFraction float64 `json:"bytes_saved_fraction"`
 }
 
 // stateStats is what the store holds after a run (store.Stats).
@@ -176,7 +213,7 @@ var missOrder = func() []string {
 	for _, r := range storeReasons {
 		names = append(names, string(r))
 	}
-	return append(names, missOriginElsewhere, missNotFound, missUpstreamFailed, missRejected)
+	return append(names, missOriginElsewhere, missForwardFallback, missNotFound, missUpstreamFailed, missRejected)
 }()
 
 // outcomeOrder lists the record outcomes in report order.
@@ -190,18 +227,22 @@ var eventOrder = []string{
 	eventUpstreamFail, eventNoID, eventSocketLoss, eventIdle,
 }
 
+// eventLabel is how the table names a workload event.
+func eventLabel(event string) string { return strings.ReplaceAll(event, "_", " ") }
+
 // result sums the workers' figures into the result of the run.
 func (s *sim) result(label string, workers []*worker, elapsed time.Duration) runResult {
 	secs := elapsed.Seconds()
 	res := runResult{
-		Stores:    label,
-		Seconds:   secs,
-		Turns:     s.turns.Load(),
-		Continued: s.continued.Load(),
-		Ops:       map[string]opStats{},
-		Misses:    map[string]int64{},
-		Records:   map[string]int64{},
-		Workload:  map[string]int64{},
+		Label:       label,
+		Seconds:     secs,
+		Turns:       s.turns.Load(),
+		Continued:   s.continued.Load(),
+		Ops:         map[string]opStats{},
+		Misses:      map[string]int64{},
+		Records:     map[string]int64{},
+		Workload:    map[string]int64{},
+		IdleGapsCut: s.sched.cutShort(),
 	}
 	for _, m := range missOrder {
 		res.Misses[m] = 0
@@ -224,7 +265,13 @@ func (s *sim) result(label string, workers []*worker, elapsed time.Duration) run
 		for k, v := range t.events {
 			res.Workload[k] += v
 		}
-		res.Forwarded += t.forwarded
+		f := &res.Forwarding
+		f.Forwarded += t.forwarded
+		f.LookupErrors += t.lookupErrors
+		f.UnknownOrigin += t.unknownOrigin
+		if f.FirstLookupError == "" {
+			f.FirstLookupError = t.firstLookupError
+		}
 		res.FailOpen += t.failOpen
 		res.Errors += t.errors
 		res.AbortsMissed += t.abortsMissed
@@ -237,41 +284,50 @@ func (s *sim) result(label string, workers []*worker, elapsed time.Duration) run
 		in.BytesFull += t.bytesFull
 	}
 	in.ItemsSaved, in.BytesSaved = in.ItemsFull-in.ItemsSent, in.BytesFull-in.BytesSent
-	in.ItemsSavedPct, in.BytesSavedPct = percent(in.ItemsSaved, in.ItemsFull), percent(in.BytesSaved, in.BytesFull)
+	in.ItemsSavedFraction, in.BytesSavedFraction = share(in.ItemsSaved, in.ItemsFull), share(in.BytesSaved, in.BytesFull)
 	res.Input = in
 
 	var ops int64
 	for op, name := range opNames {
-		h := hdrhistogram.New(1, maxLatencyMicros, 3)
-		for _, w := range workers {
-			h.Merge(w.latency[op])
-		}
-		st := opStats{
-			Count: h.TotalCount(),
-			P50:   h.ValueAtQuantile(50),
-			P90:   h.ValueAtQuantile(90),
-			P99:   h.ValueAtQuantile(99),
-			P999:  h.ValueAtQuantile(99.9),
-			Max:   h.Max(),
-		}
-		st.PerSecond = perSecond(st.Count, secs)
+		st := latencyStats(workers, secs, func(w *worker) *hdrhistogram.Histogram { return w.latency[op] })
 		res.Ops[name] = st
 		ops += st.Count
 	}
+	f := &res.Forwarding
+	f.Fallbacks = f.LookupErrors + f.UnknownOrigin
+	f.Lookup = latencyStats(workers, secs, func(w *worker) *hdrhistogram.Histogram { return w.lookup })
+	f.AnnounceErrors = s.announceErrors.Load()
 	res.Offered = res.Turns
 	for _, r := range storeReasons {
 		res.Offered -= res.Misses[string(r)]
 	}
 	res.TurnsPerSecond = perSecond(res.Turns, secs)
 	res.StoreOpsPerSecond = perSecond(ops, secs)
-	if res.Turns > 0 {
-		res.HitRate = float64(res.Continued) / float64(res.Turns)
-	}
+	res.OfferRate, res.HitRate = share(res.Offered, res.Turns), share(res.Continued, res.Turns)
 
 	s.oracle.mu.Lock()
-	res.Violations, res.Examples = s.oracle.count, s.oracle.examples
+	res.Violations, res.WrongContinuations, res.Examples = s.oracle.count, s.oracle.wrong, s.oracle.examples
 	s.oracle.mu.Unlock()
 	return res
+}
+
+// latencyStats merges the workers' histograms of one operation (hist
+// picks a worker's) into its figures over secs seconds.
+func latencyStats(workers []*worker, secs float64, hist func(*worker) *hdrhistogram.Histogram) opStats {
+	h := hdrhistogram.New(1, maxLatencyMicros, 3)
+	for _, w := range workers {
+		h.Merge(hist(w))
+	}
+	st := opStats{
+		Count: h.TotalCount(),
+		P50:   h.ValueAtQuantile(50),
+		P90:   h.ValueAtQuantile(90),
+		P99:   h.ValueAtQuantile(99),
+		P999:  h.ValueAtQuantile(99.9),
+		Max:   h.Max(),
+	}
+	st.PerSecond = perSecond(st.Count, secs)
+	return st
 }
 
 // storeState reads what stores hold; shared stores are read once.
@@ -304,23 +360,24 @@ func perSecond(n int64, secs float64) float64 {
 	return float64(n) / secs
 }
 
-// percent returns part as a percentage of whole.
-func percent(part, whole int64) float64 {
+// share returns part as a fraction of whole; 0 when whole is.
+func share(part, whole int64) float64 {
 	if whole == 0 {
 		return 0
 	}
-	return 100 * float64(part) / float64(whole)
+	return float64(part) / float64(whole)
 }
 
 // table lays out labelled rows of values in columns.
 type table struct {
+	cols int // value columns
 	rows [][]string
 }
 
 // section starts a group of rows; headers head the value columns.
 func (t *table) section(name string, headers ...string) {
-	if len(headers) == 0 {
-		headers = []string{""} // keeps the line in the column block
+	for len(headers) < t.cols {
+		headers = append(headers, "") // keeps the line in the column blocks
 	}
 	t.rows = append(t.rows, append([]string{name}, headers...))
 }
@@ -332,26 +389,41 @@ func (t *table) row(label string, values ...string) {
 
 // write prints the table.
 func (t *table) write(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	for _, r := range t.rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
-	}
+	aligned(w, func(tw io.Writer) {
+		for _, r := range t.rows {
+			fmt.Fprintln(tw, strings.Join(r, "\t"))
+		}
+	})
+}
+
+// aligned prints to w the tab-separated lines fill writes, their columns
+// aligned and no padding left at their ends.
+func aligned(w io.Writer, fill func(tw io.Writer)) {
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	fill(tw)
 	_ = tw.Flush()
+	for line := range strings.Lines(b.String()) {
+		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
+	}
 }
 
 // runs returns the simulations the report covers.
 func (r *report) runs() []*runResult {
 	runs := []*runResult{&r.Run}
-	if r.Compare != nil {
-		runs = append(runs, r.Compare)
+	for _, b := range []*runResult{r.OneReplica, r.PerReplica} {
+		if b != nil {
+			runs = append(runs, b)
+		}
 	}
 	return runs
 }
 
-// write prints the report as a table, then the violation examples and
-// the notes.
+// write prints the report: the headline and its definitions, then every
+// figure as a table, then the violation examples and the notes.
 func (r *report) write(w io.Writer) {
-	fmt.Fprintf(w, "contbench: %s, %d replicas, %d workers, %d conversations (%d owners), upstream %s, routing %s",
+	r.writeHeadline(w)
+	fmt.Fprintf(w, "\ncontbench: %s, %d replicas, %d workers, %d conversations (%d owners), upstream %s, routing %s",
 		r.Target, r.Replicas, r.Concurrency, r.Conversations, r.Owners, r.Upstream, r.Routing)
 	if r.Forward {
 		fmt.Fprint(w, ", forwarding")
@@ -359,7 +431,7 @@ func (r *report) write(w io.Writer) {
 	fmt.Fprintf(w, ", seed %d\n\n", r.Seed)
 
 	runs := r.runs()
-	var t table
+	t := table{cols: len(runs)}
 	each := func(label string, f func(*runResult) string) {
 		values := make([]string, len(runs))
 		for i, run := range runs {
@@ -369,7 +441,7 @@ func (r *report) write(w io.Writer) {
 	}
 	headers := make([]string, len(runs))
 	for i, run := range runs {
-		headers[i] = run.Stores
+		headers[i] = run.Label
 	}
 
 	t.section("run", headers...)
@@ -390,43 +462,40 @@ func (r *report) write(w io.Writer) {
 	t.section("latency µs", latencyHeaders...)
 	for _, op := range opNames {
 		each(op, func(x *runResult) string {
-			s := x.Ops[op]
-			if s.Count == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%d / %d / %d / %d / %d", s.P50, s.P90, s.P99, s.P999, s.Max)
+			return latencyString(x.Ops[op])
 		})
 	}
+	each("directory lookup per forwarded turn", func(x *runResult) string { return latencyString(x.Forwarding.Lookup) })
 
 	t.section("continuation")
 	each("hit rate", func(x *runResult) string {
-		return fmt.Sprintf("%.1f%% (%d of %d turns)", 100*x.HitRate, x.Continued, x.Turns)
+		return fmt.Sprintf("%.3f (%d of %d turns)", x.HitRate, x.Continued, x.Turns)
 	})
 	each("offered by the store", func(x *runResult) string {
-		return fmt.Sprintf("%.1f%% (%d turns)", percent(x.Offered, x.Turns), x.Offered)
+		return fmt.Sprintf("%.3f (%d turns)", x.OfferRate, x.Offered)
 	})
-	each("forwarded to origin", func(x *runResult) string { return fmt.Sprint(x.Forwarded) })
+	each("forwarded to origin", func(x *runResult) string { return fmt.Sprint(x.Forwarding.Forwarded) })
+	each("forward fallbacks", func(x *runResult) string {
+		f := x.Forwarding
+		return fmt.Sprintf("%d (%d lookup errors, %d unknown)", f.Fallbacks, f.LookupErrors, f.UnknownOrigin)
+	})
 	for _, m := range missOrder {
 		each("miss: "+m, func(x *runResult) string { return fmt.Sprint(x.Misses[m]) })
 	}
 
 	t.section("input sent upstream vs full context")
 	each("items", func(x *runResult) string {
-		return fmt.Sprintf("%d of %d (%d saved, %.1f%%)", x.Input.ItemsSent, x.Input.ItemsFull, x.Input.ItemsSaved, x.Input.ItemsSavedPct)
+		return fmt.Sprintf("%d of %d, saved %.3f", x.Input.ItemsSent, x.Input.ItemsFull, x.Input.ItemsSavedFraction)
 	})
 	each("bytes", func(x *runResult) string {
-		return fmt.Sprintf("%s of %s (%s saved, %.1f%%)", bytesString(x.Input.BytesSent), bytesString(x.Input.BytesFull),
-			bytesString(x.Input.BytesSaved), x.Input.BytesSavedPct)
+		return fmt.Sprintf("%s of %s, saved %.3f", bytesString(x.Input.BytesSent), bytesString(x.Input.BytesFull),
+			x.Input.BytesSavedFraction)
 	})
 
 	t.section("store")
-	each("records", func(x *runResult) string {
-		parts := make([]string, len(outcomeOrder))
-		for i, o := range outcomeOrder {
-			parts[i] = fmt.Sprintf("%s %d", o, x.Records[string(o)])
-		}
-		return strings.Join(parts, ", ")
-	})
+	for _, o := range outcomeOrder {
+		each("record: "+string(o), func(x *runResult) string { return fmt.Sprint(x.Records[string(o)]) })
+	}
 	each("aborts finding no current turn", func(x *runResult) string { return fmt.Sprint(x.AbortsMissed) })
 	each("fail-open reservations", func(x *runResult) string { return fmt.Sprint(x.FailOpen) })
 	each("errors", func(x *runResult) string { return fmt.Sprint(x.Errors) })
@@ -446,11 +515,13 @@ func (r *report) write(w io.Writer) {
 
 	t.section("workload")
 	for _, e := range eventOrder {
-		each(e, func(x *runResult) string { return fmt.Sprint(x.Workload[e]) })
+		each(eventLabel(e), func(x *runResult) string { return fmt.Sprint(x.Workload[e]) })
 	}
 
 	t.section("oracle")
 	each("violations", func(x *runResult) string { return fmt.Sprint(x.Violations) })
+	each("of which wrong continuations", func(x *runResult) string { return fmt.Sprint(x.WrongContinuations) })
+	each("idle gaps cut short", func(x *runResult) string { return fmt.Sprint(x.IdleGapsCut) })
 
 	if rs := r.Redis; rs != nil {
 		t.section("redis server")
@@ -464,21 +535,29 @@ func (r *report) write(w io.Writer) {
 		t.section(fmt.Sprintf("calibration (%.0f s each)", c.Seconds))
 		t.row("PING ops/s", fmt.Sprintf("%.0f", c.PingPerSecond))
 		t.row("no-op EVALSHA ops/s", fmt.Sprintf("%.0f", c.EvalshaPerSecond))
-		t.row("store ops/s (main run)", fmt.Sprintf("%.0f = %.1f%% of the EVALSHA ceiling", c.StorePerSecond, 100*c.FractionOfEvalsha))
+		t.row("store ops/s (main run)", fmt.Sprintf("%.0f = %.3f of the EVALSHA ceiling", c.StorePerSecond, c.FractionOfEvalsha))
 	}
 	t.write(w)
 
 	for _, run := range runs {
 		if run.FirstError != "" {
-			fmt.Fprintf(w, "\nfirst store error (%s): %s\n", run.Stores, run.FirstError)
+			fmt.Fprintf(w, "\nfirst store error (%s): %s\n", run.Label, run.FirstError)
+		}
+		if e := run.Forwarding.FirstLookupError; e != "" {
+			fmt.Fprintf(w, "\nfirst directory lookup error (%s): %s\n", run.Label, e)
 		}
 		if run.StateError != "" {
-			fmt.Fprintf(w, "\nreading the store's state (%s): %s\n", run.Stores, run.StateError)
+			fmt.Fprintf(w, "\nreading the store's state (%s): %s\n", run.Label, run.StateError)
 		}
 		if run.Violations == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\nVIOLATIONS (%s): %d; the first %d:\n", run.Stores, run.Violations, len(run.Examples))
+		if run == r.PerReplica {
+			fmt.Fprintf(w, "\n%s: %d violations, expected (they do not fail the run); the first %d:\n",
+				run.Label, run.Violations, len(run.Examples))
+		} else {
+			fmt.Fprintf(w, "\nVIOLATIONS (%s): %d; the first %d:\n", run.Label, run.Violations, len(run.Examples))
+		}
 		for i, v := range run.Examples {
 			fmt.Fprintf(w, "  %d. %s: %s turn %d on %s: expected %s; got %s\n", i+1, v.Kind, v.Owner, v.Turn, v.Replica, v.Expected, v.Got)
 		}
@@ -486,7 +565,7 @@ func (r *report) write(w io.Writer) {
 	if len(r.Notes) > 0 {
 		fmt.Fprintln(w)
 		for _, n := range r.Notes {
-			fmt.Fprintf(w, "note: %s\n", n)
+			writeWrapped(w, "note: "+n)
 		}
 	}
 }
@@ -501,6 +580,35 @@ func (r *report) writeJSON(path string) error {
 		return fmt.Errorf("writing the JSON report: %w", err)
 	}
 	return nil
+}
+
+// wrapWidth is the width the report wraps its prose lines to.
+const wrapWidth = 100
+
+// writeWrapped prints text as lines of at most wrapWidth bytes where its
+// words allow, the lines after the first indented.
+func writeWrapped(w io.Writer, text string) {
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) > wrapWidth:
+			fmt.Fprintln(w, line)
+			line = "    " + word
+		default:
+			line += " " + word
+		}
+	}
+	fmt.Fprintln(w, line)
+}
+
+// latencyString gives the percentiles of s, "-" when it has none.
+func latencyString(s opStats) string {
+	if s.Count == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d / %d / %d / %d / %d", s.P50, s.P90, s.P99, s.P999, s.Max)
 }
 
 // scriptString describes server time in scripts.

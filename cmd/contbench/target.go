@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/embedded"
 	"github.com/contstore/contstore/internal/rediskeys"
@@ -104,19 +105,28 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 	if err != nil {
 		return nil, errors.Join(err, t.close(ctx, true))
 	}
-	st, err := s.Stats(ctx)
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("reading namespace %q: %w", t.ns, err), t.close(ctx, true))
-	}
-	if tot := st.Total; tot.Owners > 0 || tot.StoredBytes > 0 || tot.Evictions.Total() > 0 {
-		return nil, errors.Join(fmt.Errorf("namespace %q already holds continuation state (%d owners): give contbench a namespace of its own",
-			t.ns, tot.Owners), t.close(ctx, true))
+	if err := checkEmpty(ctx, s, t.ns); err != nil {
+		return nil, errors.Join(err, t.close(ctx, true))
 	}
 	t.owned = true
 	if err := warmUp(ctx, s); err != nil {
 		return nil, errors.Join(fmt.Errorf("warming %s up: %w", t.desc, err), t.close(ctx, true))
 	}
 	return t, nil
+}
+
+// checkEmpty returns an error unless the store s of namespace ns holds no
+// continuation state.
+func checkEmpty(ctx context.Context, s *store.Store, ns string) error {
+	st, err := s.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("reading namespace %q: %w", ns, err)
+	}
+	if tot := st.Total; tot.Owners > 0 || tot.StoredBytes > 0 || tot.Evictions.Total() > 0 {
+		return fmt.Errorf("namespace %q already holds continuation state (%d owners): give contbench a namespace of its own",
+			ns, tot.Owners)
+	}
+	return nil
 }
 
 // warmUp runs each store operation once in every partition, on throwaway
@@ -176,6 +186,61 @@ func (t *target) connect(ctx context.Context, cfg *config) error {
 		t.stores = append(t.stores, s)
 	}
 	return nil
+}
+
+// directory returns the directory the replicas of namespace ns announce
+// themselves in, as the proxy's do: on Redis, the directory of ns on the
+// first replica's client; on the memory backend, one in process.
+func (t *target) directory(cfg *config, ns string) (*directory.Directory, error) {
+	opts := directory.Options{OpTimeout: cfg.opTimeout}
+	if t.newClient == nil {
+		return directory.NewMemory(opts)
+	}
+	if len(t.clients) == 0 {
+		return nil, fmt.Errorf("%s: the replicas are not connected", t.desc)
+	}
+	return directory.NewRedis(t.clients[0], ns, opts)
+}
+
+// oneReplica returns the store and the directory of one replica of cfg on
+// the target's backend, with state of its own: on Redis, in a fresh
+// namespace, which remove deletes (the embedded Redis goes with the run).
+func (t *target) oneReplica(ctx context.Context, cfg *config) (_ []*store.Store, _ *directory.Directory, remove func() error, _ error) {
+	opts := cfg.storeOptions(replicaName(0))
+	remove = func() error { return nil }
+	if t.newClient == nil {
+		s, err := store.NewMemory(opts)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		dir, err := t.directory(cfg, opts.Namespace)
+		return []*store.Store{s}, dir, remove, err
+	}
+	if len(t.clients) == 0 {
+		return nil, nil, nil, fmt.Errorf("%s: the replicas are not connected", t.desc)
+	}
+	opts.Namespace = freshNamespace()
+	s, err := store.NewRedis(t.clients[0], opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := checkEmpty(cctx, s, opts.Namespace); err != nil {
+		return nil, nil, nil, err
+	}
+	dir, err := t.directory(cfg, opts.Namespace)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if !t.embedded {
+		remove = func() error {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			defer cancel()
+			return rediskeys.DeletePrefix(ctx, t.admin, opts.Namespace+":")
+		}
+	}
+	return []*store.Store{s}, dir, remove, nil
 }
 
 // disconnect closes the replicas' clients and forgets their stores.
