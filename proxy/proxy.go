@@ -382,11 +382,15 @@ type noConn struct{ conn }
 
 func (noConn) release() {}
 
-// send sends body on c, counting what goes upstream.
+// send sends body on c, counting what goes upstream: a forward the origin
+// did not take sent nothing.
 func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, body []byte, stream bool) (*reply, error) {
-	p.stats.itemsSent.Add(int64(res.DeltaCount))
-	p.stats.bytesSent.Add(int64(len(body)))
-	return c.send(ctx, body, stream)
+	rep, err := c.send(ctx, body, stream)
+	if _, forwarded := c.(*forwardConn); err == nil || !forwarded {
+		p.stats.itemsSent.Add(int64(res.DeltaCount))
+		p.stats.bytesSent.Add(int64(len(body)))
+	}
+	return rep, err
 }
 
 // abort ends a turn that published nothing.
