@@ -43,6 +43,8 @@ type scenario struct {
 	others, codex continuation
 	// noRetries says that the upstream must refuse no continuation.
 	noRetries bool
+	// forward turns forwarding on between the replicas.
+	forward bool
 }
 
 // scenarios is the matrix of TestClients.
@@ -65,8 +67,15 @@ var scenarios = []scenario{
 	},
 	{
 		// A response lives on the socket of the replica that made it, and
-		// round-robin sends every other turn to the other replica.
+		// round-robin sends every other turn to the other replica, which
+		// without forwarding sends it with the full context.
 		name: "C-ws-2-replicas", transport: "ws", store: false, replicas: 2,
+	},
+	{
+		// With forwarding, a turn landing on a replica that does not hold
+		// its socket goes to the one that does: three turns in four here.
+		name: "D-ws-4-replicas-forwarding", transport: "ws", store: false, replicas: 4, forward: true,
+		others: continuation{atLeast: 0.9}, codex: continuation{atLeast: 0.9}, noRetries: true,
 	},
 }
 
@@ -75,6 +84,9 @@ type clientEnvironment struct {
 	nodeTools
 	st    *stack
 	store bool
+	// before, when set, is called with n before the client's nth
+	// create-response request goes to a replica.
+	before func(n int)
 }
 
 // client is one real client, run once per scenario.
@@ -113,6 +125,7 @@ func TestClients(t *testing.T) {
 				redis:     addr,
 				namespace: ns,
 				toolCalls: toolCalls,
+				forward:   sc.forward,
 			})
 			env := clientEnvironment{nodeTools: tools, st: st, store: sc.store}
 			for _, cl := range clients {
@@ -128,7 +141,8 @@ func TestClients(t *testing.T) {
 	t.Logf("turns continued and input sent upstream vs the full context the clients sent (%d tool calls per user message):\n%s",
 		toolCalls, table)
 	report.add(fmt.Sprintf("## Clients\n\nTurns continued and input sent upstream vs the full context the clients sent "+
-		"(fake model: %d tool calls per user message).\n\n%s", toolCalls, table))
+		"(fake model: %d tool calls per user message). Forwarded (failed): the turns a replica handed to the one "+
+		"holding their socket, and of those the ones it served itself with the full context.\n\n%s", toolCalls, table))
 }
 
 // runOne runs client cl in scenario sc and measures the run.
@@ -149,7 +163,7 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 	if err != nil {
 		t.Fatal(err)
 	}
-	env.st.rr.begin(cl.name)
+	env.st.rr.begin(cl.name, env.before)
 	runErr := cl.run(ctx, env)
 	after, err := readTrace(up.trace)
 	if err != nil {
@@ -157,7 +171,7 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 	}
 	r := measure(sc.name, cl.name, env.st.rr.callsOf(cl.name), after[len(before):])
 	r.err = runErr
-	r.refused, r.retries = -1, -1
+	r.refused, r.retries, r.forwarded, r.forwardFailures = -1, -1, -1, -1
 	if len(env.st.replicas) > 0 {
 		d, err := env.st.settle(ctx, countersBefore, &r)
 		if err != nil {
@@ -165,6 +179,9 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 		}
 		d.compare(&r)
 		r.retries = d.retries
+		if env.st.forwardSecret != "" {
+			r.forwarded, r.forwardFailures = d.forwarded, d.forwardFailures
+		}
 	}
 	if sc.transport == "http" {
 		postsAfter, err := up.posts()

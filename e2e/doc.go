@@ -3,9 +3,12 @@
 // Package e2e tests the continuation proxy (cmd/contproxy) end to end with
 // real clients: the Codex CLI, the OpenAI JS SDK, the Agents SDK and the
 // official Go SDK hold their conversations through a round-robin reverse
-// proxy in front of one or two contproxy replicas sharing one Redis, which
-// forward to the scripted fake upstream (internal/cmd/fakeupstream). Every
-// server listens on 127.0.0.1 and every client run is bounded in time.
+// proxy in front of contproxy replicas sharing one Redis, which forward to
+// the scripted fake upstream (internal/cmd/fakeupstream). Every server
+// listens on 127.0.0.1 and every client run is bounded in time. Like a
+// load balancer with passive health checks, the round-robin proxy sends a
+// request that cannot reach its replica to the next one and skips the
+// failed replica for a while.
 //
 // The tests are behind the build tag e2e:
 //
@@ -20,13 +23,18 @@
 //
 // TestClients runs every client in each scenario of a matrix: straight to
 // the fake upstream (the baseline), an HTTP upstream with store=true behind
-// two replicas, and a WebSocket upstream with store=false behind one and
-// behind two replicas. Each client must succeed and get no error; the
-// upstream must have answered each request once, resolving a conversation
-// of exactly the items the client sent; contproxy's own counters must agree.
-// From the fake upstream's trace it measures how many later turns were
-// continued with previous_response_id and how much of the full context was
-// sent upstream, and requires enough continuations where the scenario
-// allows them. TestAddedLatency measures the latency a contproxy adds to a
-// turn, with in-process and with Redis state.
+// two replicas, a WebSocket upstream with store=false behind one and
+// behind two replicas, and behind four replicas that forward a turn to the
+// replica holding its upstream socket. Each client must succeed and get no
+// error; the upstream must have answered each request once, resolving a
+// conversation of exactly the items the client sent; contproxy's own
+// counters must agree. From the fake upstream's trace it measures how many
+// later turns were continued with previous_response_id and how much of the
+// full context was sent upstream, and requires enough continuations where
+// the scenario allows them. TestReplicaKilled kills, between two requests
+// of a conversation, the forwarding replica holding its socket, and checks
+// that only the turn that continued from it goes with the full context.
+// TestForgedForward checks that a replica refuses forged forwarded turns
+// without sending anything upstream. TestAddedLatency measures the latency
+// a contproxy adds to a turn, with in-process and with Redis state.
 package e2e

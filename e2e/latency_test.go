@@ -47,10 +47,10 @@ func TestAddedLatency(t *testing.T) {
 		{name: "direct", about: "the fake upstream itself", baseURL: up.url("http")},
 		{name: "memory", about: "contproxy, in-process state", baseURL: startContproxy(t, dir, replicaConfig{
 			name: "latency-memory", upstream: up.url("http"), logLevel: "warn",
-		}) + "/v1"},
+		}).base + "/v1"},
 		{name: "redis", about: "contproxy on Redis", baseURL: startContproxy(t, dir, replicaConfig{
 			name: "latency-redis", upstream: up.url("http"), redis: addr, namespace: ns, logLevel: "warn",
-		}) + "/v1"},
+		}).base + "/v1"},
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()

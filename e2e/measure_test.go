@@ -128,6 +128,14 @@ type runResult struct {
 	// contproxy resent with the full context, by its own count; -1 without
 	// contproxy.
 	retries int
+	// forwarded is the number of turns handed to the replica holding their
+	// socket, forwardFailures of those it could not take, by contproxy's
+	// count; -1 without forwarding.
+	forwarded, forwardFailures int
+	// calls are the client's requests, up the upstream's answers to them,
+	// in order.
+	calls []clientCall
+	up    []upstreamCall
 	// mismatches are disagreements between what the client sent and what
 	// the upstream saw.
 	mismatches []string
@@ -149,7 +157,7 @@ func (r *runResult) rate() float64 {
 // with all of its items, and the conversation the upstream resolved for a
 // request must have as many items as the client sent.
 func measure(scenario, client string, calls []clientCall, up []upstreamCall) runResult {
-	r := runResult{scenario: scenario, client: client, requests: len(calls), turns: len(up)}
+	r := runResult{scenario: scenario, client: client, requests: len(calls), turns: len(up), calls: calls, up: up}
 	for i, c := range calls {
 		r.itemsFull += c.items
 		r.bytesFull += c.bytes
@@ -200,19 +208,22 @@ func measure(scenario, client string, calls []clientCall, up []upstreamCall) run
 func resultsTable(rows []runResult) string {
 	header := []string{"scenario", "client", "ok", "requests", "later turns", "continued",
 		"items upstream / full", "bytes upstream / full", "client errors", "refused upstream", "full-context retries",
-		"store", "transport"}
+		"forwarded (failed)", "store", "transport"}
 	var cells [][]string
 	for _, r := range rows {
 		ok := "yes"
 		if r.err != nil || len(r.failures) > 0 || len(r.mismatches) > 0 || r.refused > 0 {
 			ok = "NO"
 		}
-		refused, retries := "-", "-"
+		refused, retries, forwarded := "-", "-", "-"
 		if r.refused >= 0 {
 			refused = strconv.Itoa(r.refused)
 		}
 		if r.retries >= 0 {
 			retries = strconv.Itoa(r.retries)
+		}
+		if r.forwarded >= 0 {
+			forwarded = fmt.Sprintf("%d (%d)", r.forwarded, r.forwardFailures)
 		}
 		cells = append(cells, []string{
 			r.scenario, r.client, ok,
@@ -224,6 +235,7 @@ func resultsTable(rows []runResult) string {
 			strconv.Itoa(len(r.failures)),
 			refused,
 			retries,
+			forwarded,
 			strings.Join(r.stores, ","),
 			strings.Join(r.transports, ","),
 		})

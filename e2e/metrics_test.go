@@ -16,6 +16,11 @@ import (
 // replicas of a stack.
 type counters struct {
 	turns, continued, retries, upstreamErrors, itemsReceived, itemsSent int
+	// forwarded counts the turns a replica handed to the replica holding
+	// their socket, answered there; forwardFailures those it could not hand
+	// over and served itself with the full context; forwardedIn the turns a
+	// replica carried for another.
+	forwarded, forwardFailures, forwardedIn int
 }
 
 // fields maps the Prometheus names of the counters to their fields.
@@ -27,15 +32,26 @@ func (c *counters) fields() map[string]*int {
 		"contproxy_upstream_errors_total":      &c.upstreamErrors,
 		"contproxy_input_items_received_total": &c.itemsReceived,
 		"contproxy_input_items_sent_total":     &c.itemsSent,
+		"contproxy_forwarded_total":            &c.forwarded,
+		"contproxy_forward_failures_total":     &c.forwardFailures,
+		"contproxy_forwarded_in_total":         &c.forwardedIn,
 	}
 }
 
 // sub returns c - o.
 func (c counters) sub(o counters) counters {
-	return counters{
-		turns: c.turns - o.turns, continued: c.continued - o.continued, retries: c.retries - o.retries,
-		upstreamErrors: c.upstreamErrors - o.upstreamErrors,
-		itemsReceived:  c.itemsReceived - o.itemsReceived, itemsSent: c.itemsSent - o.itemsSent,
+	of := o.fields()
+	for name, f := range c.fields() {
+		*f -= *of[name]
+	}
+	return c
+}
+
+// add adds o to c.
+func (c *counters) add(o counters) {
+	of := o.fields()
+	for name, f := range c.fields() {
+		*f += *of[name]
 	}
 }
 
@@ -86,11 +102,14 @@ func (c *counters) scrape(ctx context.Context, base string) error {
 // client has what it needs.
 const countersTimeout = 10 * time.Second
 
-// counters returns the counters of the stack's replicas, summed.
+// counters returns the counters of the stack's replicas, summed; a killed
+// replica's are those read just before it was killed.
 func (st *stack) counters(ctx context.Context) (counters, error) {
 	var c counters
-	for _, base := range st.replicas {
-		if err := c.scrape(ctx, base); err != nil {
+	for _, r := range st.replicas {
+		if final := r.finalCounters(); final != nil {
+			c.add(*final)
+		} else if err := c.scrape(ctx, r.base); err != nil {
 			return c, err
 		}
 	}
@@ -127,10 +146,20 @@ func (d counters) compare(r *runResult) {
 	if d.itemsReceived != r.itemsFull {
 		add("contproxy counts %d input items received, the client sent %d", d.itemsReceived, r.itemsFull)
 	}
-	if d.retries == 0 && d.itemsSent != r.itemsUp {
+	// contproxy counts the items of every attempt that reached the
+	// upstream: a refused continuation counts its delta as well as the
+	// full context sent after it; a forward the origin did not take counts
+	// nothing.
+	if d.itemsSent < r.itemsUp || d.retries == 0 && d.itemsSent != r.itemsUp {
 		add("contproxy counts %d input items sent upstream, the upstream got %d", d.itemsSent, r.itemsUp)
 	}
 	if d.upstreamErrors != 0 {
 		add("contproxy counts %d upstream errors", d.upstreamErrors)
+	}
+	if d.forwarded > d.forwardedIn {
+		add("contproxy counts %d turns forwarded but %d carried for another replica", d.forwarded, d.forwardedIn)
+	}
+	if d.forwarded > d.continued {
+		add("contproxy counts %d turns forwarded but %d continued", d.forwarded, d.continued)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +36,8 @@ type process struct {
 	stdout, stderr string // file paths
 	done           chan struct{}
 	err            error // the exit status, once done is closed
+	// killed tells that the test killed the process on purpose.
+	killed atomic.Bool
 }
 
 // startProcess starts bin with args in dir, with the environment env and
@@ -107,6 +110,19 @@ func (p *process) stop() error {
 	return fmt.Errorf("no exit within %v of SIGTERM, killed: %v", stopTimeout, p.err)
 }
 
+// kill kills the process group with SIGKILL, as a crash would end it, and
+// waits up to stopTimeout for the process to be gone.
+func (p *process) kill() error {
+	p.killed.Store(true)
+	p.signal(syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(stopTimeout):
+		return fmt.Errorf("%s still runs %v after SIGKILL", p.name, stopTimeout)
+	}
+}
+
 // wait waits up to timeout for the process to exit by itself, then stops
 // it; it returns the exit status, or an error saying it timed out.
 func (p *process) wait(timeout time.Duration) error {
@@ -159,13 +175,13 @@ func startServer(t *testing.T, name, dir string, bin string, args ...string) *pr
 }
 
 // supervise stops the server process p (bin with args) when the test ends:
-// it must exit cleanly on SIGTERM. When the test failed, the end of its log
-// is printed.
+// it must exit cleanly on SIGTERM, unless the test killed it. When the test
+// failed, the end of its log is printed.
 func supervise(t *testing.T, p *process, bin string, args []string) {
 	t.Helper()
 	cmdline := filepath.Base(bin) + " " + strings.Join(args, " ")
 	t.Cleanup(func() {
-		if err := p.stop(); err != nil {
+		if err := p.stop(); err != nil && !p.killed.Load() {
 			t.Errorf("%s (%s): %v", p.name, cmdline, err)
 		}
 		if t.Failed() {

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // clientCall is one create-response request a client sent through the
@@ -29,21 +30,52 @@ type clientCall struct {
 	// failure describes an error the client was sent, in the status line,
 	// the body or a streamed error event; "" when there was none.
 	failure string
+	// holder is the replica the answer says holds the turn's upstream
+	// socket (the Contproxy-Replica header), "" when it names none.
+	holder string
+	// retried counts the backends that failed to take the request before
+	// one did.
+	retried int
+	// sent is when the request went to its first backend.
+	sent time.Time
 }
+
+// routingHeader is the answer header naming the replica that holds the
+// turn's upstream socket (contproxy's -routing-header default).
+const routingHeader = "Contproxy-Replica"
+
+// downFor is how long the round-robin proxy skips a backend it could not
+// reach.
+const downFor = 10 * time.Second
 
 // roundRobin is a reverse proxy in front of the backends (contproxy
 // replicas) that sends each request to the next backend in turn, streams
 // responses as they come (Server-Sent Events flow) and records every
-// create-response request.
+// create-response request. Like a load balancer with passive health
+// checks, it sends a request that could not reach its backend (a
+// connection error before any of the answer) to the next one, and skips
+// the failed backend for downFor.
 type roundRobin struct {
-	targets []*url.URL
-	next    atomic.Uint64
-	proxy   *httputil.ReverseProxy
-	srv     *httptest.Server
+	proxy *httputil.ReverseProxy
+	srv   *httptest.Server
+	// inflight counts the requests being proxied, each until its answer
+	// has been read to its end.
+	inflight atomic.Int64
 
-	mu     sync.Mutex
-	client string
-	calls  []*clientCall
+	mu       sync.Mutex
+	backends []*backend
+	next     int
+	client   string
+	calls    []*clientCall
+	// before, when set, is called with n before the client's nth
+	// create-response request goes to a backend.
+	before func(n int)
+}
+
+// backend is one of the round-robin proxy's backends.
+type backend struct {
+	url       *url.URL
+	downUntil time.Time // skipped until then
 }
 
 // callKey is the context key of a request's *clientCall.
@@ -59,12 +91,15 @@ func newRoundRobin(t *testing.T, backends ...string) *roundRobin {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rr.targets = append(rr.targets, u)
+		rr.backends = append(rr.backends, &backend{url: u})
 	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(transport.CloseIdleConnections)
 	rr.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(rr.targets[(rr.next.Add(1)-1)%uint64(len(rr.targets))])
+			pr.SetURL(rr.pick(nil))
 		},
+		Transport:      &failover{rr: rr, next: transport},
 		FlushInterval:  -1,
 		ModifyResponse: rr.watch,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -82,11 +117,12 @@ func newRoundRobin(t *testing.T, backends ...string) *roundRobin {
 // baseURL is the proxy's OpenAI base URL, http://127.0.0.1:PORT/v1.
 func (rr *roundRobin) baseURL() string { return rr.srv.URL + "/v1" }
 
-// begin labels the requests that follow as client's.
-func (rr *roundRobin) begin(client string) {
+// begin labels the requests that follow as client's, and sets the hook
+// called before each of them (nil for none).
+func (rr *roundRobin) begin(client string, before func(n int)) {
 	rr.mu.Lock()
 	defer rr.mu.Unlock()
-	rr.client = client
+	rr.client, rr.before = client, before
 }
 
 // callsOf returns the recorded requests of client, in order.
@@ -102,9 +138,60 @@ func (rr *roundRobin) callsOf(client string) []clientCall {
 	return out
 }
 
+// pick returns the next backend in turn that is neither down nor in
+// skip; when every backend not in skip is down, the first of those in
+// turn; nil when skip holds every backend.
+func (rr *roundRobin) pick(skip map[*url.URL]bool) *url.URL {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	now := time.Now()
+	var down *url.URL
+	for range rr.backends {
+		b := rr.backends[rr.next%len(rr.backends)]
+		rr.next++
+		switch {
+		case skip[b.url]:
+		case now.Before(b.downUntil):
+			if down == nil {
+				down = b.url
+			}
+		default:
+			return b.url
+		}
+	}
+	return down
+}
+
+// markDown skips the backend at u for downFor.
+func (rr *roundRobin) markDown(u *url.URL) {
+	rr.mu.Lock()
+	defer rr.mu.Unlock()
+	for _, b := range rr.backends {
+		if b.url == u {
+			b.downUntil = time.Now().Add(downFor)
+		}
+	}
+}
+
+// waitIdle polls until no request is in flight through the proxy, or
+// fails once timeout has passed. A request is in flight until its answer
+// has been read to its end: a backend has finished its handler by then.
+func (rr *roundRobin) waitIdle(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for rr.inflight.Load() > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d requests still in flight through the round-robin proxy after %v", rr.inflight.Load(), timeout)
+		}
+		time.Sleep(pollInterval)
+	}
+	return nil
+}
+
 // serve records create-response requests and proxies every request.
 func (rr *roundRobin) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || !strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/responses") {
+		rr.inflight.Add(1)
+		defer rr.inflight.Add(-1)
 		rr.proxy.ServeHTTP(w, r)
 		return
 	}
@@ -116,10 +203,81 @@ func (rr *roundRobin) serve(w http.ResponseWriter, r *http.Request) {
 	rr.mu.Lock()
 	c := &clientCall{client: rr.client, items: inputItems(body), bytes: len(body)}
 	rr.calls = append(rr.calls, c)
+	n := 0
+	for _, o := range rr.calls {
+		if o.client == c.client {
+			n++
+		}
+	}
+	before := rr.before
 	rr.mu.Unlock()
+	if before != nil {
+		before(n)
+	}
+	rr.mu.Lock()
+	c.sent = time.Now()
+	rr.mu.Unlock()
+	rr.inflight.Add(1)
+	defer rr.inflight.Add(-1)
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	rr.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+}
+
+// failover sends a request to the backend the round-robin proxy chose,
+// then, while the backends it tries cannot be reached, to the next ones,
+// each at most once. A request whose body cannot be sent again is not
+// retried.
+type failover struct {
+	rr   *roundRobin
+	next http.RoundTripper
+}
+
+func (f *failover) RoundTrip(req *http.Request) (*http.Response, error) {
+	tried := map[*url.URL]bool{}
+	for {
+		resp, err := f.next.RoundTrip(req)
+		if err == nil || req.Context().Err() != nil || (req.Body != nil && req.GetBody == nil) {
+			return resp, err
+		}
+		u := f.backendOf(req)
+		if u == nil {
+			return nil, err
+		}
+		f.rr.markDown(u)
+		tried[u] = true
+		to := f.rr.pick(tried)
+		if to == nil {
+			return nil, err
+		}
+		again := req.Clone(req.Context())
+		again.URL.Scheme, again.URL.Host = to.Scheme, to.Host
+		if req.GetBody != nil {
+			if again.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+		if c, ok := req.Context().Value(callKey{}).(*clientCall); ok {
+			f.rr.mu.Lock()
+			c.retried++
+			f.rr.mu.Unlock()
+		}
+		req = again
+	}
+}
+
+// backendOf returns the backend req was sent to, nil when it is none of
+// them.
+func (f *failover) backendOf(req *http.Request) *url.URL {
+	f.rr.mu.Lock()
+	defer f.rr.mu.Unlock()
+	for _, b := range f.rr.backends {
+		if b.url.Scheme == req.URL.Scheme && b.url.Host == req.URL.Host {
+			return b.url
+		}
+	}
+	return nil
 }
 
 // fail records a failure of c, keeping the first.
@@ -138,6 +296,9 @@ func (rr *roundRobin) watch(resp *http.Response) error {
 	if !ok {
 		return nil
 	}
+	rr.mu.Lock()
+	c.holder = resp.Header.Get(routingHeader)
+	rr.mu.Unlock()
 	if resp.StatusCode >= 400 {
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		_ = resp.Body.Close()

@@ -5,14 +5,18 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -57,19 +61,34 @@ func startUpstream(t *testing.T, dir, name string, toolCalls int) *upstream {
 // url returns the upstream's base URL for scheme (http or ws).
 func (up *upstream) url(scheme string) string { return scheme + "://" + up.addr + "/v1" }
 
-// postPrefix starts the line the fake upstream logs for each HTTP request
-// it receives, "fakeupstream: POST /v1/responses", answered or not.
-const postPrefix = "fakeupstream: POST "
+// requestLine matches the line the fake upstream logs for each HTTP
+// request it receives, answered or not: "fakeupstream: POST
+// /v1/responses"; a WebSocket connection starts with "fakeupstream: GET
+// /v1/responses".
+var requestLine = regexp.MustCompile(`^fakeupstream: ([A-Z]+) (/\S*)`)
 
 // posts counts the HTTP create-response requests the upstream received.
 func (up *upstream) posts() (int, error) {
+	return up.logged(func(method, path string) bool {
+		return method == http.MethodPost && strings.Contains(path, "/responses")
+	})
+}
+
+// requests counts the HTTP requests of any kind the upstream received,
+// WebSocket connections included.
+func (up *upstream) requests() (int, error) {
+	return up.logged(func(string, string) bool { return true })
+}
+
+// logged counts the requests the upstream logged that match wants.
+func (up *upstream) logged(wants func(method, path string) bool) (int, error) {
 	raw, err := os.ReadFile(up.proc.stderr)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
 	for line := range strings.Lines(string(raw)) {
-		if strings.HasPrefix(line, postPrefix) && strings.Contains(line, "/responses") {
+		if m := requestLine.FindStringSubmatch(line); m != nil && wants(m[1], m[2]) {
 			n++
 		}
 	}
@@ -102,25 +121,46 @@ type replicaConfig struct {
 	namespace string
 	// logLevel is the -log-level.
 	logLevel string
+	// forwardSecret, when set, turns forwarding on: it goes to the replica
+	// as CONTPROXY_FORWARD_SECRET, and the replica announces its -listen
+	// address in Redis.
+	forwardSecret string
+}
+
+// replica is a running contproxy.
+type replica struct {
+	// name is its -replica id.
+	name string
+	// base is its base URL, http://127.0.0.1:PORT.
+	base string
+	proc *process
+
+	mu sync.Mutex
+	// final holds its counters as they were just before the test killed
+	// it; nil while it runs.
+	final *counters
 }
 
 // portAttempts is how many ports a contproxy start tries: a free port
 // picked here can be taken before contproxy listens on it.
 const portAttempts = 3
 
-// startContproxy starts a contproxy on a free port of 127.0.0.1, waits
-// until GET /healthz answers 200 "ok" and returns its base URL,
-// http://127.0.0.1:PORT.
-func startContproxy(t *testing.T, dir string, cfg replicaConfig) string {
+// startContproxy starts a contproxy on a free port of 127.0.0.1 and waits
+// until GET /healthz answers 200 "ok".
+func startContproxy(t *testing.T, dir string, cfg replicaConfig) *replica {
 	t.Helper()
 	bin := contproxyBin.build(t)
+	env := os.Environ()
+	if cfg.forwardSecret != "" {
+		env = append(env, "CONTPROXY_FORWARD_SECRET="+cfg.forwardSecret)
+	}
 	for attempt := 1; ; attempt++ {
 		addr := freePort(t)
 		args := []string{"-listen", addr, "-upstream", cfg.upstream, "-replica", cfg.name, "-log-level", cfg.logLevel}
 		if cfg.redis != "" {
 			args = append(args, "-redis", "redis://"+cfg.redis+"/0", "-namespace", cfg.namespace)
 		}
-		p, err := startProcess(cfg.name, dir, dir, os.Environ(), bin, args...)
+		p, err := startProcess(cfg.name, dir, dir, env, bin, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +168,7 @@ func startContproxy(t *testing.T, dir string, cfg replicaConfig) string {
 		err = waitHealthy(p, base)
 		if err == nil {
 			supervise(t, p, bin, args)
-			return base
+			return &replica{name: cfg.name, base: base, proc: p}
 		}
 		exited := p.exited()
 		_ = p.stop()
@@ -198,8 +238,11 @@ func healthz(client *http.Client, base string) error {
 type stack struct {
 	dir      string
 	up       *upstream
-	replicas []string // the base URLs of the contproxy replicas
+	replicas []*replica
 	rr       *roundRobin
+	// forwardSecret is the replicas' forwarding secret, "" without
+	// forwarding.
+	forwardSecret string
 }
 
 // stackConfig describes a stack.
@@ -216,6 +259,9 @@ type stackConfig struct {
 	// toolCalls is the number of function calls the fake model makes after
 	// each user message.
 	toolCalls int
+	// forward turns forwarding on, with one secret for all the replicas
+	// (it needs redis and the ws transport).
+	forward bool
 }
 
 // startStack starts a stack in a fresh directory; everything stops when
@@ -228,15 +274,65 @@ func startStack(t *testing.T, name string, cfg stackConfig) *stack {
 		st.rr = newRoundRobin(t, "http://"+st.up.addr)
 		return st
 	}
-	for i := range cfg.replicas {
-		st.replicas = append(st.replicas, startContproxy(t, st.dir, replicaConfig{
-			name:      fmt.Sprintf("%s-%d", name, i+1),
-			upstream:  st.up.url(cfg.transport),
-			redis:     cfg.redis,
-			namespace: cfg.namespace,
-			logLevel:  "debug",
-		}))
+	if cfg.forward {
+		st.forwardSecret = randomSecret(t)
 	}
-	st.rr = newRoundRobin(t, st.replicas...)
+	var bases []string
+	for i := range cfg.replicas {
+		r := startContproxy(t, st.dir, replicaConfig{
+			name:          fmt.Sprintf("%s-%d", name, i+1),
+			upstream:      st.up.url(cfg.transport),
+			redis:         cfg.redis,
+			namespace:     cfg.namespace,
+			logLevel:      "debug",
+			forwardSecret: st.forwardSecret,
+		})
+		st.replicas = append(st.replicas, r)
+		bases = append(bases, r.base)
+	}
+	st.rr = newRoundRobin(t, bases...)
 	return st
+}
+
+// randomSecret returns a fresh forwarding secret: 32 random bytes, in hex.
+func randomSecret(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// replica returns the stack's replica whose -replica id is name, nil when
+// there is none.
+func (st *stack) replica(name string) *replica {
+	for _, r := range st.replicas {
+		if r.name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// kill reads the counters of replica r, then kills it with SIGKILL: it
+// gets no chance to finish anything or to withdraw its announcement. Its
+// counters keep the values read.
+func (st *stack) kill(ctx context.Context, r *replica) error {
+	var c counters
+	if err := c.scrape(ctx, r.base); err != nil {
+		return fmt.Errorf("%s before killing it: %w", r.name, err)
+	}
+	r.mu.Lock()
+	r.final = &c
+	r.mu.Unlock()
+	return r.proc.kill()
+}
+
+// finalCounters returns the counters read before r was killed, nil while
+// it runs.
+func (r *replica) finalCounters() *counters {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.final
 }
