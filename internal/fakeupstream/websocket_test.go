@@ -407,6 +407,19 @@ func call(t *testing.T, srv *httptest.Server, over, text string) answer {
 	return a
 }
 
+// final makes a call over a transport and returns its answer and the
+// response object it ends with: the JSON body, or the last event's.
+func final(t *testing.T, srv *httptest.Server, over, text string) (answer, map[string]any) {
+	t.Helper()
+	a := call(t, srv, over, text)
+	require.NoError(t, a.err)
+	if over == overJSON {
+		require.Equal(t, http.StatusOK, a.status)
+		return a, decode(t, a.body)
+	}
+	return a, a.events[len(a.events)-1]["response"].(map[string]any)
+}
+
 func types(events []map[string]any) []string {
 	var out []string
 	for _, ev := range events {
@@ -461,15 +474,9 @@ func TestFaultStatus(t *testing.T) {
 func TestFaultFailed(t *testing.T) {
 	srv, trace := newFaultUpstream(t)
 	for _, over := range transports {
-		a := call(t, srv, over, "fault-failed")
-		require.NoError(t, a.err)
-		var resp map[string]any
-		if over == overJSON {
-			require.Equal(t, http.StatusOK, a.status)
-			resp = decode(t, a.body)
-		} else {
+		a, resp := final(t, srv, over, "fault-failed")
+		if over != overJSON {
 			require.Equal(t, []string{"response.created", "response.in_progress", "response.failed"}, types(a.events), over)
-			resp = a.events[2]["response"].(map[string]any)
 		}
 		require.Equal(t, "failed", resp["status"], over)
 		require.Equal(t, map[string]any{"code": "server_error", "message": serverErrorMessage}, resp["error"], over)
@@ -489,16 +496,10 @@ func TestFaultFailed(t *testing.T) {
 func TestFaultIncomplete(t *testing.T) {
 	srv, trace := newFaultUpstream(t)
 	for _, over := range transports {
-		a := call(t, srv, over, "fault-incomplete")
-		require.NoError(t, a.err)
-		var resp map[string]any
-		if over == overJSON {
-			require.Equal(t, http.StatusOK, a.status)
-			resp = decode(t, a.body)
-		} else {
+		a, resp := final(t, srv, over, "fault-incomplete")
+		if over != overJSON {
 			require.Equal(t, "response.incomplete", a.events[len(a.events)-1]["type"], over)
 			require.Equal(t, "response.output_item.done", a.events[len(a.events)-2]["type"], over)
-			resp = a.events[len(a.events)-1]["response"].(map[string]any)
 		}
 		require.Equal(t, "incomplete", resp["status"], over)
 		require.Equal(t, map[string]any{"reason": "max_output_tokens"}, resp["incomplete_details"], over)
