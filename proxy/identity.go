@@ -12,9 +12,9 @@ import (
 	"github.com/contstore/contstore/identity"
 )
 
-// ErrInvalidIdentity is wrapped by the error a request gets when a source
+// errInvalidIdentity is wrapped by the error a request gets when a source
 // holds an empty or invalid session or agent id (answered 400).
-var ErrInvalidIdentity = errors.New("proxy: invalid identity")
+var errInvalidIdentity = errors.New("proxy: invalid identity")
 
 // Source is one place a request may name its conversation: a request
 // header or a string member of the JSON body.
@@ -81,7 +81,7 @@ func (id Identity) validate() error {
 }
 
 // owner returns the owner a request names, the zero owner when it names
-// none, or an error wrapping ErrInvalidIdentity that names the source.
+// none, or an error wrapping errInvalidIdentity that names the source.
 func (id Identity) owner(h http.Header, body []byte) (identity.Owner, error) {
 	session, from, err := lookup(id.Session, h, body)
 	if err != nil {
@@ -93,19 +93,19 @@ func (id Identity) owner(h http.Header, body []byte) (identity.Owner, error) {
 	}
 	switch {
 	case session == "" && agent != "":
-		return identity.Owner{}, fmt.Errorf("%w: %s names an agent but no source names a session", ErrInvalidIdentity, agentFrom)
+		return identity.Owner{}, fmt.Errorf("%w: %s names an agent but no source names a session", errInvalidIdentity, agentFrom)
 	case session == "":
 		return identity.Owner{}, nil
 	case agent == "" || agent == session:
 		o, err := identity.Main(session)
 		if err != nil {
-			return identity.Owner{}, fmt.Errorf("%w: %s: %v", ErrInvalidIdentity, from, err)
+			return identity.Owner{}, fmt.Errorf("%w: %s: %v", errInvalidIdentity, from, err)
 		}
 		return o, nil
 	default:
 		o, err := identity.Agent(session, agent)
 		if err != nil {
-			return identity.Owner{}, fmt.Errorf("%w: %s or %s: %v", ErrInvalidIdentity, from, agentFrom, err)
+			return identity.Owner{}, fmt.Errorf("%w: %s or %s: %v", errInvalidIdentity, from, agentFrom, err)
 		}
 		return o, nil
 	}
@@ -121,21 +121,21 @@ func lookup(sources []Source, h http.Header, body []byte) (string, Source, error
 				continue
 			}
 			if len(vs) > 1 {
-				return "", s, fmt.Errorf("%w: %s is sent %d times", ErrInvalidIdentity, s, len(vs))
+				return "", s, fmt.Errorf("%w: %s is sent %d times", errInvalidIdentity, s, len(vs))
 			}
 			if v := strings.TrimSpace(vs[0]); v != "" {
 				return v, s, nil
 			}
-			return "", s, fmt.Errorf("%w: %s is empty", ErrInvalidIdentity, s)
+			return "", s, fmt.Errorf("%w: %s is empty", errInvalidIdentity, s)
 		}
 		v := gjson.GetBytes(body, escapePath(s.Field))
 		switch {
 		case !v.Exists() || v.Type == gjson.Null:
 			continue
 		case v.Type != gjson.String:
-			return "", s, fmt.Errorf("%w: %s is %s, not a string", ErrInvalidIdentity, s, jsonKind(v))
+			return "", s, fmt.Errorf("%w: %s is %s, not a string", errInvalidIdentity, s, jsonKind(v))
 		case v.Str == "":
-			return "", s, fmt.Errorf("%w: %s is empty", ErrInvalidIdentity, s)
+			return "", s, fmt.Errorf("%w: %s is empty", errInvalidIdentity, s)
 		default:
 			return v.Str, s, nil
 		}

@@ -56,8 +56,8 @@ var ErrInvalidConfig = errors.New("proxy: invalid config")
 
 // Defaults of Config.
 const (
-	DefaultMaxBodyBytes    = 64 << 20
-	DefaultUpstreamTimeout = 10 * time.Minute
+	defaultMaxBodyBytes    = 64 << 20
+	defaultUpstreamTimeout = 10 * time.Minute
 )
 
 // Config configures a Proxy.
@@ -68,11 +68,10 @@ type Config struct {
 	Upstream Upstream
 	// Identity says where requests name their owner. Zero: DefaultIdentity.
 	Identity Identity
-	// MaxBodyBytes bounds a request body (413 above). Default
-	// DefaultMaxBodyBytes.
+	// MaxBodyBytes bounds a request body (413 above). Default 64 MiB.
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds one turn upstream, streaming included.
-	// Default DefaultUpstreamTimeout.
+	// Default 10 minutes.
 	UpstreamTimeout time.Duration
 	// Logger gets a debug record per turn and a warning per fallback.
 	// Default: discard.
@@ -113,10 +112,10 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+		cfg.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if cfg.UpstreamTimeout == 0 {
-		cfg.UpstreamTimeout = DefaultUpstreamTimeout
+		cfg.UpstreamTimeout = defaultUpstreamTimeout
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

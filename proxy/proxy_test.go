@@ -376,7 +376,7 @@ func TestBadRequests(t *testing.T) {
 		{"agent without session", http.MethodPost, http.Header{"X-Agent-Id": {"a"}}, valid, http.StatusBadRequest, "no source names a session"},
 		{"session not a string", http.MethodPost, nil, `{"model":"m","metadata":{"session_id":3},"input":[]}`, http.StatusBadRequest, "body metadata.session_id is a number"},
 		{"session too long", http.MethodPost, http.Header{"Session-Id": {strings.Repeat("x", 300)}}, valid, http.StatusBadRequest, "header session-id"},
-		{"too large", http.MethodPost, nil, `{"model":"m","input":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}`, http.StatusRequestEntityTooLarge, "larger than"},
+		{"too large", http.MethodPost, nil, `{"model":"m","input":"` + strings.Repeat("x", defaultMaxBodyBytes) + `"}`, http.StatusRequestEntityTooLarge, "larger than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequest(tc.method, r.url, strings.NewReader(tc.body))

@@ -19,9 +19,9 @@ import (
 
 // Defaults of WebSocketOptions.
 const (
-	DefaultSockets        = 16
-	DefaultSocketLifetime = 55 * time.Minute
-	DefaultDialTimeout    = 10 * time.Second
+	defaultSockets        = 16
+	defaultSocketLifetime = 55 * time.Minute
+	defaultDialTimeout    = 10 * time.Second
 )
 
 // WebSocketOptions configure NewWebSocketUpstream.
@@ -30,14 +30,12 @@ type WebSocketOptions struct {
 	// (store.Options.Replica): a continuation is taken on this replica's
 	// sockets only when its origin names this replica. Required.
 	Replica string
-	// Sockets bounds the sockets kept per credential. Default
-	// DefaultSockets.
+	// Sockets bounds the sockets kept per credential. Default 16.
 	Sockets int
 	// Lifetime is how long a socket is used before it is replaced; the
-	// upstream closes its sockets after 60 minutes. Default
-	// DefaultSocketLifetime.
+	// upstream closes its sockets after 60 minutes. Default 55 minutes.
 	Lifetime time.Duration
-	// DialTimeout bounds opening a socket. Default DefaultDialTimeout.
+	// DialTimeout bounds opening a socket. Default 10s.
 	DialTimeout time.Duration
 	// Header, when it has an Authorization, is sent on every socket's
 	// handshake and the clients' credentials are not used. Otherwise the
@@ -109,13 +107,13 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout)
 	}
 	if opts.Sockets == 0 {
-		opts.Sockets = DefaultSockets
+		opts.Sockets = defaultSockets
 	}
 	if opts.Lifetime == 0 {
-		opts.Lifetime = DefaultSocketLifetime
+		opts.Lifetime = defaultSocketLifetime
 	}
 	if opts.DialTimeout == 0 {
-		opts.DialTimeout = DefaultDialTimeout
+		opts.DialTimeout = defaultDialTimeout
 	}
 	return &wsUpstream{url: u, opts: opts, now: time.Now, pools: map[[32]byte]*wsPool{},
 		changed: make(chan struct{})}, nil
@@ -374,7 +372,7 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 	// The socket outlives the client's request; the turn's timeout bounds it.
 	deadline, ok := ctx.Deadline()
 	if !ok {
-		deadline = c.up.now().Add(DefaultUpstreamTimeout)
+		deadline = c.up.now().Add(defaultUpstreamTimeout)
 	}
 	rctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	c.clean = false
