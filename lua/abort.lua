@@ -2,6 +2,8 @@
 --
 -- A re-sent abort that removed the state answers 1 again (oplog.lua).
 --
+-- uses: oplog, lru
+--
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
 -- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting

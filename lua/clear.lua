@@ -3,6 +3,8 @@
 -- A re-sent clear that removed the state answers 1 again and leaves a turn
 -- reserved after its first run alone (oplog.lua).
 --
+-- uses: oplog, lru
+--
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
 -- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
@@ -14,15 +16,22 @@
 --
 -- Reply: integer
 --   1  the owner had live state and it is removed
---   0  it had none (an idle state is removed all the same, with no answer
---      stored: a copy that runs again answers 0 as well)
+--   0  it had none: with neither state nor LRU entry nothing changes (the
+--      accounting is not touched); an idle state is removed all the same,
+--      with no answer stored (a copy that runs again answers 0 as well)
 
 if answered(KEYS[4]) then
   return 1
 end
 local old = redis.call('ZSCORE', KEYS[2], ARGV[3])
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if not old and not exists then
+  -- No state and no LRU entry: nothing to delete, and the accounting KEYS[3]
+  -- is left untouched.
+  return 0
+end
 if old then old = tonumber(old) end
-local live = redis.call('EXISTS', KEYS[1]) == 1
+local live = exists
   and not (old and old < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0))
 remove(old)
 if not live then

@@ -1,6 +1,8 @@
 -- inspect.lua: read an owner's state and its LRU entry without changing
 -- anything.
 --
+-- uses: lru
+--
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock

@@ -1,7 +1,7 @@
 -- lru.lua: the clock, accounting and eviction shared by the scripts that
--- change or read an owner. It is prepended to reserve.lua, record.lua,
--- abort.lua, clear.lua, inspect.lua and prune.lua; it defines functions
--- only.
+-- change or read an owner. It defines local functions and constants only;
+-- a script that calls them names lru in its header's uses line, and is sent
+-- with this file before it (lua.go).
 --
 -- Each partition has a sorted set (the LRU) whose members are its owners'
 -- keys (the state key without the partition's prefix) and whose scores pack
@@ -61,8 +61,11 @@ end
 -- LRU member; false for none). count is the LRU's size when the call grew
 -- it (nil: the owner limit is not checked), bytes the partition's stored
 -- bytes when the call grew them (nil: the byte limit is not checked). State
--- keys are prefix followed by the member. It returns the number of
--- evictions and their counts by cause.
+-- keys are prefix followed by the member: keys not in KEYS, which a caller
+-- names in a DELETES header line. prefix must be that of the partition of
+-- lru and part, so that every key deleted has their hash tag and is in their
+-- Redis Cluster slot. It returns the number of evictions and their counts by
+-- cause.
 local function prune(lru, part, prefix, keep, idle_score, max_owners, max_bytes, budget, count, bytes)
   local ttl, owners, over, freed, unpublished = 0, 0, 0, 0, 0
   while ttl + owners + over < budget do
@@ -110,7 +113,7 @@ end
 
 -- remove deletes an owner's state KEYS[1] and takes its LRU entry old (a
 -- score, or nil for none) out of the LRU KEYS[2] (member ARGV[3]) and the
--- accounting KEYS[3], for abort.lua and clear.lua.
+-- accounting KEYS[3], for a script with the owner scripts' KEYS and ARGV.
 local function remove(old)
   redis.call('DEL', KEYS[1])
   if old then

@@ -1,10 +1,19 @@
 // Package lua holds the Redis scripts of the continuation store and the
 // session store, one file a script, embedded at build time.
 //
-// Each script starts with a header naming its purpose, every KEYS[i] with its
-// key pattern and Redis type, every ARGV[i] with its units, and every reply.
-// [Script] reads the KEYS and ARGV counts from that header, so a caller that
-// passes a different number is refused before anything reaches Redis.
+// Each script starts with a header naming its purpose, the shared files it
+// uses, every KEYS[i] with its key pattern and Redis type, every ARGV[i] with
+// its units, and every reply. [Script] reads the KEYS and ARGV counts from
+// that header, so a caller that passes a different number is refused before
+// anything reaches Redis.
+//
+// The shared files (oplog.lua, lru.lua) define local functions only. A
+// script names the ones it calls in one header line,
+//
+//	-- uses: oplog, lru
+//
+// ("-- uses: none" for none), and is sent to Redis as those files, in that
+// order, each followed by "\n", then the script's own file.
 package lua
 
 import (
@@ -13,7 +22,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,8 +42,11 @@ type Script struct {
 	// and the script takes Args or more arguments.
 	Keys, Args int
 	Variadic   bool
-	// Source is the script as sent to Redis: the file, after the shared
-	// functions (oplog.lua, lru.lua) it uses.
+	// Uses names the shared files the header's "-- uses:" line lists, in
+	// its order, without ".lua".
+	Uses []string
+	// Source is the script as sent to Redis: each file of Uses followed by
+	// "\n", then File.
 	Source string
 	// File is the script file's own text, header first.
 	File string
@@ -42,15 +56,15 @@ type Script struct {
 
 // The store's scripts.
 var (
-	Reserve = load("reserve", "oplog", "lru")
-	Record  = load("record", "oplog", "lru")
-	Abort   = load("abort", "oplog", "lru")
-	Clear   = load("clear", "oplog", "lru")
-	Inspect = load("inspect", "lru")
-	Prune   = load("prune", "lru")
+	Reserve = load("reserve")
+	Record  = load("record")
+	Abort   = load("abort")
+	Clear   = load("clear")
+	Inspect = load("inspect")
+	Prune   = load("prune")
 	Schema  = load("schema")
 
-	SessionSave = load("session_save", "oplog")
+	SessionSave = load("session_save")
 	SessionLoad = load("session_load")
 )
 
@@ -63,11 +77,15 @@ var (
 	keysLine = regexp.MustCompile(`(?m)^-- KEYS\[(\d+)\]`)
 	argvLine = regexp.MustCompile(`(?m)^-- ARGV\[(\d+)\+?\]`)
 	variadic = regexp.MustCompile(`(?m)^-- ARGV\[\d+\+\]`)
+	usesLine = regexp.MustCompile(`(?m)^-- uses: (.*)$`)
+	usedName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 )
 
-// load reads name.lua, placing the named libraries' functions before it.
-func load(name string, libs ...string) *Script {
+// load reads name.lua and places before it the shared files its header's
+// uses line names.
+func load(name string) *Script {
 	file := read(name)
+	libs := uses(name, file)
 	src := ""
 	for _, lib := range libs {
 		src += read(lib) + "\n"
@@ -78,6 +96,7 @@ func load(name string, libs ...string) *Script {
 		Keys:     count(keysLine, file),
 		Args:     count(argvLine, file),
 		Variadic: variadic.MatchString(file),
+		Uses:     libs,
 		Source:   src,
 		File:     file,
 		script:   redis.NewScript(src),
@@ -86,6 +105,47 @@ func load(name string, libs ...string) *Script {
 		s.Args-- // "ARGV[n+]" may be empty
 	}
 	return s
+}
+
+// uses returns the shared files the uses line of script name (its text
+// file) lists. It panics unless the header holds exactly one such line and
+// each name it lists, once, is a shared file: one with no uses line and no
+// KEYS of its own.
+func uses(name, file string) []string {
+	lines := usesLine.FindAllStringSubmatch(header(file), -1)
+	if len(lines) != 1 {
+		panic(fmt.Sprintf("lua: %s.lua has %d \"-- uses:\" header lines, want 1", name, len(lines)))
+	}
+	list := strings.TrimSpace(lines[0][1])
+	if list == "none" {
+		return []string{}
+	}
+	var libs []string
+	for _, lib := range strings.Split(list, ",") {
+		lib = strings.TrimSpace(lib)
+		if !usedName.MatchString(lib) || slices.Contains(libs, lib) || lib == name {
+			panic(fmt.Sprintf("lua: %s.lua uses %q: not a shared file's name, or named twice", name, lib))
+		}
+		if text := read(lib); usesLine.MatchString(header(text)) || keysLine.MatchString(text) {
+			panic(fmt.Sprintf("lua: %s.lua uses %s.lua, which is a script, not a shared file", name, lib))
+		}
+		libs = append(libs, lib)
+	}
+	return libs
+}
+
+// header returns the comment lines a file starts with: up to the first line
+// that does not start with "--".
+func header(file string) string {
+	end := 0
+	for end < len(file) && strings.HasPrefix(file[end:], "--") {
+		nl := strings.IndexByte(file[end:], '\n')
+		if nl < 0 {
+			return file
+		}
+		end += nl + 1
+	}
+	return file[:end]
 }
 
 func read(name string) string {

@@ -127,9 +127,21 @@ func (s *luaScope) local(name string) bool {
 	return false
 }
 
+// globalFinder walks a chunk, noting the globals it assigns (found), the
+// free names it reads (reads: names no enclosing block declares local, in
+// the order read) and the lines of its unlisted deletions: DEL or UNLINK
+// calls on a key not given as KEYS[i] (or whose command is no literal).
 type globalFinder struct {
-	found []string
-	err   error
+	found    []string
+	reads    []luaName
+	unlisted []int
+	err      error
+}
+
+// luaName is a name a chunk reads, with the line of its first read.
+type luaName struct {
+	name string
+	line int
 }
 
 func (g *globalFinder) assign(name string, line int, sc *luaScope) {
@@ -225,7 +237,11 @@ func (g *globalFinder) exprs(es []ast.Expr, sc *luaScope) {
 
 func (g *globalFinder) expr(e ast.Expr, sc *luaScope) {
 	switch e := e.(type) {
-	case nil, *ast.IdentExpr, *ast.TrueExpr, *ast.FalseExpr, *ast.NilExpr, *ast.NumberExpr, *ast.StringExpr, *ast.Comma3Expr:
+	case *ast.IdentExpr:
+		if !sc.local(e.Value) {
+			g.reads = append(g.reads, luaName{e.Value, e.Line()})
+		}
+	case nil, *ast.TrueExpr, *ast.FalseExpr, *ast.NilExpr, *ast.NumberExpr, *ast.StringExpr, *ast.Comma3Expr:
 	case *ast.AttrGetExpr:
 		g.exprs([]ast.Expr{e.Object, e.Key}, sc)
 	case *ast.TableExpr:
@@ -233,6 +249,9 @@ func (g *globalFinder) expr(e ast.Expr, sc *luaScope) {
 			g.exprs([]ast.Expr{f.Key, f.Value}, sc)
 		}
 	case *ast.FuncCallExpr:
+		if deletesUnlisted(e) {
+			g.unlisted = append(g.unlisted, e.Line())
+		}
 		g.exprs([]ast.Expr{e.Func, e.Receiver}, sc)
 		g.exprs(e.Args, sc)
 	case *ast.LogicalOpExpr:
@@ -319,4 +338,34 @@ type answersNil struct{ redis.Scripter }
 
 func (answersNil) EvalSha(context.Context, string, []string, ...any) *redis.Cmd {
 	return redis.NewCmdResult(nil, nil)
+}
+
+// Clear of an owner with neither state nor LRU entry only reads: it runs
+// as a read-only script (EVAL_RO refuses a script's first write), answers
+// 0 and leaves the partition's accounting alone. With something to delete
+// it writes, which EVAL_RO refuses.
+func TestClearWithNothingToDeleteOnlyReads(t *testing.T) {
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer c.Close()
+	ctx := context.Background()
+	keys := []string{"ns:{ns:00}:o:m", "ns:{ns:00}:lru", "ns:{ns:00}:part", "ns:{ns:00}:q:m:000000000001"}
+	args := []any{"1767225600000", "60000", "m", "10000"}
+	require.NoError(t, c.HSet(ctx, keys[2], "bytes", 7, "published", 1).Err())
+
+	n, err := c.EvalRO(ctx, lua.Clear.Source, keys, args...).Int()
+	require.NoError(t, err)
+	assert.Equal(t, 0, n)
+	assert.Equal(t, map[string]string{"bytes": "7", "published": "1"}, c.HGetAll(ctx, keys[2]).Val())
+	assert.False(t, mr.Exists(keys[3]), "no answer stored")
+
+	for name, setup := range map[string]func(){
+		"a state":      func() { c.HSet(ctx, keys[0], "t", 5) },
+		"an LRU entry": func() { c.ZAdd(ctx, keys[1], redis.Z{Score: 1, Member: "m"}) },
+	} {
+		mr.FlushAll()
+		setup()
+		err := c.EvalRO(ctx, lua.Clear.Source, keys, args...).Err()
+		assert.Error(t, err, "clear of %s writes", name)
+	}
 }

@@ -1,6 +1,7 @@
 -- oplog.lua: the answers that make a re-sent script answer as its first run
--- did. It is prepended to every script that changes state; it defines
--- functions only.
+-- did. It defines local functions only; every script that changes state
+-- names oplog in its header's uses line, and is sent with this file before
+-- it (lua.go).
 --
 -- A client may send a script twice: go-redis re-sends a command whose reply
 -- was lost, and a delayed first copy may even run after the second. Every

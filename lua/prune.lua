@@ -1,8 +1,15 @@
 -- prune.lua: evict idle owners, then the least recently touched while a
 -- partition is over its limits (lru.lua), for a maintenance sweep.
 --
+-- uses: lru
+--
 -- KEYS[1]  <ns>:{<ns>:<pp>}:lru   zset  the partition's LRU (lru.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's clock and accounting
+-- DELETES  <ns>:{<ns>:<pp>}:o:<member>  hash  the state of each owner it evicts
+--          (lru.lua prune), not in KEYS: named by ARGV[3] followed by the owner's
+--          LRU member. Safe in Redis Cluster: ARGV[3] is the state-key prefix
+--          of this partition, whose hash tag {<ns>:<pp>} the keys above share,
+--          so the name is in their slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
 -- ARGV[3]  the partition's prefix of owner state keys: "<ns>:{<ns>:<pp>}:o:"

@@ -22,10 +22,17 @@
 -- (oplog.lua) is "<seq>:<existed><consumed>" followed by the consumed
 -- continuation.
 --
+-- uses: oplog, lru
+--
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
 -- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
+--          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
+--          followed by the owner's LRU member. Safe in Redis Cluster: the name
+--          has the hash tag {<ns>:<pp>} of the keys above, so it is in their
+--          slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
 -- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix

@@ -1,6 +1,8 @@
 -- schema.lua: record a namespace's schema the first time a store opens it,
 -- and return what is recorded.
 --
+-- uses: none
+--
 -- KEYS[1]  <ns>:{<ns>}:meta  hash  the namespace's schema
 -- ARGV[1]  schema version of the opening store
 -- ARGV[2]  partition count of the opening store

@@ -1,5 +1,7 @@
 -- session_load.lua: read a session's head and journal in one step.
 --
+-- uses: none
+--
 -- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n
 -- KEYS[2]  <ns>:{<ns>:<id>}:log   list  the journal's messages, oldest first
 --

@@ -1,6 +1,8 @@
 -- session_save.lua: publish a session as the new head if the stored head is
 -- at the version the writer last saw.
 --
+-- uses: oplog
+--
 -- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n
 -- KEYS[2]  <ns>:{<ns>:<id>}:log   list  the journal's messages, oldest first
 -- KEYS[3]  <ns>:{<ns>:<id>}:q:<op> string  this operation's answer (oplog.lua)
