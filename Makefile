@@ -10,8 +10,13 @@ PKGS      ?= ./...
 TESTFLAGS ?=
 FUZZTIME  ?= 60s
 BENCH     ?= .
+# bench starts Redis with REDIS=1, not with REDIS=0, and with REDIS=auto
+# only when a selected benchmark is in a package of REDIS_BENCH_PKGS.
+REDIS     ?= auto
 
 REDIS_ENV := scripts/redis-env.sh
+# The packages whose benchmarks need Redis.
+REDIS_BENCH_PKGS := ./integration/
 
 # Go files to format-check, without vendored code and test fixtures.
 GOFILES = $(shell find . -type f -name '*.go' -not -path './vendor/*' -not -path '*/testdata/*' -not -path './.git/*')
@@ -25,13 +30,38 @@ help: ## List the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-14s %s\n", $$1, $$2}'
 	@echo
-	@echo 'Variables: PKGS=$(PKGS) TESTFLAGS=$(TESTFLAGS) FUZZTIME=$(FUZZTIME) BENCH=$(BENCH)'
+	@echo 'Variables: PKGS=$(PKGS) TESTFLAGS=$(TESTFLAGS) FUZZTIME=$(FUZZTIME) BENCH=$(BENCH) REDIS=$(REDIS)'
 
 test: fmt-check vet compose-check ## Check formatting, vet, docker-compose.yml, then run all tests with -race against real Redis
 	$(REDIS_ENV) $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
 
-test-short: ## Run the tests with -short and without Redis (Redis tests are skipped)
-	$(GO) test -short $(TESTFLAGS) $(PKGS)
+# sq quotes $(1) for the inside of a single-quoted shell word.
+sq = $(subst ','\'',$(1))
+
+# go test shows nothing of a passing package's output, skip messages
+# included. RUN_COUNTING_SKIPS prints and runs the command line $$wrap$$run
+# with CONTSTORE_REDIS_SKIP_LOG set, so that every test skipped for want of
+# Redis is listed (internal/redistest), then says how many $$what were
+# skipped and exits with the command's status.
+RUN_COUNTING_SKIPS = \
+	echo "$${wrap:-}$$run"; \
+	skips=$$(mktemp "$${TMPDIR:-/tmp}/contstore-skips.XXXXXX") || exit 1; \
+	trap 'rm -f "$$skips"' EXIT; trap 'exit 130' INT TERM; \
+	status=0; \
+	export CONTSTORE_REDIS_SKIP_LOG="$$skips"; \
+	eval "$${wrap:-}$$run" || status=$$?; \
+	n=$$(wc -l <"$$skips" | tr -d ' '); \
+	if [ "$$n" -gt 0 ]; then \
+		[ "$$n" -gt 1 ] || what=$${what%s}; \
+		in=$$(cut -f1 "$$skips" | sort -u | sed 's|^github.com/contstore/contstore/|./|' | paste -sd' ' -); \
+		echo "$@: $$n $$what skipped: no Redis, in $$in ($$how)"; \
+	fi; \
+	exit $$status
+
+test-short: ## Run the tests with -short and without Redis; ends with the count of tests skipped for want of Redis
+	@run='$(call sq,$(GO) test -short $(TESTFLAGS) $(PKGS))'; \
+	what=tests; how='run make test, or scripts/redis-env.sh go test ./...'; \
+	$(RUN_COUNTING_SKIPS)
 
 e2e: ## Run the end-to-end tests with real clients (installs them with npm)
 	@lock=testdata/clients/node_modules/.package-lock.json; \
@@ -46,8 +76,27 @@ e2e: ## Run the end-to-end tests with real clients (installs them with npm)
 	$(GO) vet -tags e2e ./e2e
 	GO='$(GO)' $(REDIS_ENV) $(GO) test -tags e2e -count=1 -timeout 20m -v $(TESTFLAGS) ./e2e
 
-bench: ## Run the benchmarks against real Redis (BENCH=regexp)
-	$(REDIS_ENV) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKGS)
+# With REDIS=auto, bench starts Redis when PKGS includes one of
+# REDIS_BENCH_PKGS with a benchmark matching BENCH's top-level part (build
+# errors are left to the run to report). A benchmark elsewhere that finds no
+# Redis is skipped, and counted at the end.
+bench: ## Run the benchmarks (BENCH=regexp), with real Redis when they need it (REDIS=auto|1|0)
+	@need='$(REDIS)'; \
+	if [ "$$need" = auto ]; then \
+		need=0; \
+		redis=$$($(GO) list $(REDIS_BENCH_PKGS)) && all=$$($(GO) list $(PKGS)) || exit 1; \
+		pkgs=$$(printf '%s\n' "$$all" | grep -Fx -e "$$redis"); \
+		top=$$(printf '%s' '$(call sq,$(BENCH))' | cut -d/ -f1); \
+		if [ -n "$$pkgs" ] && $(GO) test -list "$${top:-.}" $$pkgs 2>/dev/null | grep -q '^Benchmark'; then need=1; fi; \
+	fi; \
+	case "$$need" in \
+	1) wrap='$(REDIS_ENV) ' ;; \
+	0) wrap= ;; \
+	*) echo 'bench: REDIS=$(REDIS): want auto, 1 or 0' >&2; exit 2 ;; \
+	esac; \
+	run='$(call sq,$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem $(TESTFLAGS) $(PKGS))'; \
+	what=benchmarks; how='REDIS=1 runs them'; \
+	$(RUN_COUNTING_SKIPS)
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 60s)
 	GO='$(GO)' FUZZTIME='$(FUZZTIME)' scripts/fuzz.sh $(PKGS)

@@ -5,6 +5,23 @@
 // state. Every owner has a canonical key ([Owner.Key]) that is injective,
 // stable across releases and part of the Redis schema, and a partition
 // ([Owner.Partition]) chosen by hashing that key.
+//
+// # Valid ids
+//
+// A session id, and an agent id, is valid when it is:
+//   - not empty;
+//   - at most [MaxIDBytes] (256) bytes long, counted in bytes of its UTF-8
+//     encoding, not in characters;
+//   - valid UTF-8;
+//   - free of control characters, the Unicode category Cc: U+0000 to U+001F
+//     (NUL, tab, newline, carriage return...), U+007F (DEL) and U+0080 to
+//     U+009F.
+//
+// Any other character is accepted as is, including spaces, ':', '%', '{',
+// '}', '/' and non-ASCII letters ([Owner.Key] escapes the ':' and '%' it
+// needs), and ids are compared byte for byte: nothing is trimmed, folded or
+// normalized. [Main] and [Agent] refuse an invalid id with an error wrapping
+// [ErrInvalid] that names the field and the first rule broken.
 package identity
 
 import (
@@ -40,6 +57,13 @@ const (
 )
 
 // Main returns the owner of a session's main thread.
+//
+// session must be a valid id (see the package documentation): non-empty,
+// at most [MaxIDBytes] (256) bytes, valid UTF-8, with no control character
+// (U+0000 to U+001F, U+007F to U+009F). Any other string is
+// accepted as is, spaces and ':' included. Otherwise Main returns an error
+// wrapping [ErrInvalid], such as "identity: invalid owner: session id is
+// empty".
 func Main(session string) (Owner, error) {
 	if err := validate("session", session); err != nil {
 		return Owner{}, err
@@ -48,6 +72,16 @@ func Main(session string) (Owner, error) {
 }
 
 // Agent returns the owner of one sub-agent thread inside a session.
+//
+// Both session and agent must be valid ids, by the rules of [Main]: each
+// non-empty, at most [MaxIDBytes] (256) bytes, valid UTF-8 and free of
+// control characters (U+0000 to U+001F, U+007F to U+009F). An agent id
+// is therefore never empty: a session's main thread is [Main], not Agent
+// with "". Agent ids need only be unique within their session: Agent(s, a)
+// is a different owner from Main(s) and from Agent(t, a) for another
+// session t. Otherwise Agent returns an error wrapping [ErrInvalid] naming
+// the field, the session checked first, such as "identity: invalid owner:
+// agent id is 300 bytes, more than 256".
 func Agent(session, agent string) (Owner, error) {
 	if err := validate("session", session); err != nil {
 		return Owner{}, err

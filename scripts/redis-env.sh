@@ -4,6 +4,9 @@
 #
 # Usage: scripts/redis-env.sh COMMAND [ARGS...]
 #
+# It needs redis-server and redis-cli of Redis 7.0 or later, and installs
+# them with apt-get when they are missing and it runs as root.
+#
 # Started servers (all bound to 127.0.0.1, no persistence):
 #   - a standalone primary without replicas      CONTSTORE_REDIS_ADDR
 #   - a standalone primary with one replica      CONTSTORE_REDIS_REPLICATED_ADDR
@@ -31,7 +34,8 @@ USED_PORTS=" "
 
 log() {
 	if [[ ${REDIS_ENV_VERBOSE:-0} != 0 ]]; then
-		printf '%s: %s\n' "$PROG" "$*" >&2
+		# "|| true": a closed stderr must not stop the script before cleanup.
+		printf '%s: %s\n' "$PROG" "$*" >&2 || true
 	fi
 }
 
@@ -122,8 +126,11 @@ cleanup() {
 
 on_signal() {
 	local sig=$1 code=$2
-	log "received SIG$sig"
+	# Ignore further signals first: logging to a closed stderr raises
+	# SIGPIPE again, which would otherwise recurse until bash crashes and
+	# leaves the servers running.
 	trap '' INT TERM HUP PIPE
+	log "received SIG$sig"
 	if [[ -n $CMD_PGID ]] && alive "-$CMD_PGID"; then
 		# Pass the signal on (SIGTERM for SIGPIPE) and give the command a
 		# chance to shut down by itself before it is killed.
@@ -147,7 +154,7 @@ ensure_redis() {
 		die "redis-server and redis-cli are required; install them, e.g. 'sudo apt-get install -y redis-server redis-tools' (Debian/Ubuntu) or 'brew install redis' (macOS)"
 	fi
 	command -v apt-get >/dev/null 2>&1 ||
-		die "redis-server and redis-cli are required and apt-get is not available; install Redis (>= 7) manually"
+		die "redis-server and redis-cli are required and apt-get is not available; install Redis (7.0 or later) manually"
 	printf '%s: installing redis-server and redis-tools with apt-get\n' "$PROG" >&2
 	local apt_opts=(-q -o DPkg::Lock::Timeout=600)
 	DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" update >/dev/null ||
@@ -157,6 +164,26 @@ ensure_redis() {
 		die "apt-get install redis-server redis-tools failed"
 	command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 ||
 		die "redis-server/redis-cli still not found after installation"
+}
+
+# check_redis_version fails unless redis-server is Redis 7.0 or later, the
+# oldest release the README supports (older servers would also refuse
+# --shutdown-timeout, below, with a less helpful message).
+readonly MIN_REDIS_MAJOR=7 MIN_REDIS_MINOR=0
+check_redis_version() {
+	local bin out major minor
+	bin=$(command -v redis-server)
+	out=$(timeout 10 redis-server --version 2>&1 </dev/null) ||
+		die "'$bin --version' failed: $out"
+	if [[ ! $out =~ v=([0-9]+)\.([0-9]+) ]]; then
+		die "cannot tell the version of $bin from '$out'; Redis $MIN_REDIS_MAJOR.$MIN_REDIS_MINOR or later is required"
+	fi
+	major=$((10#${BASH_REMATCH[1]}))
+	minor=$((10#${BASH_REMATCH[2]}))
+	if ((major < MIN_REDIS_MAJOR || (major == MIN_REDIS_MAJOR && minor < MIN_REDIS_MINOR))); then
+		die "$bin is Redis $major.$minor ('$out'); Redis $MIN_REDIS_MAJOR.$MIN_REDIS_MINOR or later is required: install a newer one (e.g. from https://packages.redis.io, or 'brew install redis') and put it first on PATH"
+	fi
+	log "$bin is Redis $major.$minor"
 }
 
 # port_in_use PORT succeeds when something listens on 127.0.0.1:PORT (or on
@@ -278,6 +305,7 @@ cluster_ok() {
 main() {
 	[[ $# -gt 0 ]] || die "usage: $PROG COMMAND [ARGS...]"
 	ensure_redis
+	check_redis_version
 
 	TMP=$(mktemp -d "${TMPDIR:-/tmp}/contstore-redis.XXXXXX")
 	log "scratch directory $TMP"

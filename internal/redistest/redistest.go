@@ -13,6 +13,13 @@
 // without Redis. With CI=true in the environment a missing variable fails
 // the test instead, so a misconfigured CI run cannot pass silently.
 //
+// go test shows nothing of a passing package's output but its "ok" line,
+// skip messages included, so a plain "go test ./..." cannot tell how many
+// tests it skipped. When CONTSTORE_REDIS_SKIP_LOG names a file, every test
+// skipped for want of Redis appends a line to it, the package, the test
+// and the unset variable separated by tabs; "make test-short" and "make
+// bench" set it and end with the count.
+//
 // Every test should work in its own key namespace:
 //
 //	c := redistest.Standalone(t)
@@ -27,6 +34,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +55,10 @@ const (
 	EnvReplicatedAddr = "CONTSTORE_REDIS_REPLICATED_ADDR"
 	EnvClusterAddrs   = "CONTSTORE_CLUSTER_ADDRS"
 	EnvServer         = "CONTSTORE_REDIS_SERVER"
+
+	// EnvSkipLog names the file the tests skipped for want of Redis are
+	// listed in, one line each; unset, they are not listed.
+	EnvSkipLog = "CONTSTORE_REDIS_SKIP_LOG"
 )
 
 // pingTimeout bounds the initial reachability check of a server.
@@ -76,10 +89,44 @@ func lookup(t testing.TB, env string) string {
 	}
 	skip, msg := missing(env)
 	if skip {
+		logSkip(t, env)
 		t.Skip(msg)
 	}
 	t.Fatal(msg)
 	return ""
+}
+
+// logSkip appends "package<TAB>test<TAB>env" to the file named by
+// EnvSkipLog, when set, for a test about to be skipped because env is
+// unset. A line is one write to a file opened for appending, so the lines
+// of tests and test binaries running at once do not mix.
+func logSkip(t testing.TB, env string) {
+	path := os.Getenv(EnvSkipLog)
+	if path == "" {
+		return
+	}
+	line := testPackage() + "\t" + t.Name() + "\t" + env + "\n"
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err == nil {
+		_, err = f.WriteString(line)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		t.Logf("redistest: listing the skipped test in %s=%s: %v", EnvSkipLog, path, err)
+	}
+}
+
+// testPackage returns the import path of the package under test, from the
+// test binary's build information ("example.com/p.test"), or the binary's
+// name without ".test" when that is missing.
+func testPackage() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Path != "" {
+		return strings.TrimSuffix(bi.Path, ".test")
+	}
+	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe")
+	return strings.TrimSuffix(name, ".test")
 }
 
 // Standalone returns a client for the standalone primary at

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -126,11 +127,26 @@ func TestLookupSkipOrFail(t *testing.T) {
 	assert.Contains(t, out, "make test", out)
 	assert.NotContains(t, out, "reached end of helper", out)
 
-	out, err = run("CI=true")
+	// With EnvSkipLog set, each skip appends a line to the file; a failure
+	// under CI appends none.
+	skipLog := filepath.Join(t.TempDir(), "skips")
+	for range 2 {
+		out, err = run(EnvSkipLog + "=" + skipLog)
+		require.NoError(t, err, out)
+	}
+	logged, err := os.ReadFile(skipLog)
+	require.NoError(t, err)
+	line := "github.com/contstore/contstore/internal/redistest\tTestLookupHelper\t" + EnvAddr + "\n"
+	assert.Equal(t, line+line, string(logged))
+
+	out, err = run("CI=true", EnvSkipLog+"="+skipLog)
 	require.Error(t, err, out)
 	assert.Contains(t, out, "--- FAIL: TestLookupHelper", out)
 	assert.Contains(t, out, EnvAddr, out)
 	assert.NotContains(t, out, "reached end of helper", out)
+	logged, err = os.ReadFile(skipLog)
+	require.NoError(t, err)
+	assert.Equal(t, line+line, string(logged), "a failed test is not listed as skipped")
 }
 
 func TestMiniredis(t *testing.T) {
