@@ -97,7 +97,8 @@ func (o *faultObserver) closedAfter(p int, t time.Time) (time.Duration, bool) {
 func faultAssertRecovered(t testing.TB, stores []*store.Store, observers []*faultObserver, healed time.Time) {
 	t.Helper()
 	for i, s := range stores {
-		for _, b := range s.Breakers() {
+		st, _ := s.Stats(context.Background()) // holds the breakers even when it fails
+		for _, b := range st.Breakers {
 			after, closed := observers[i].closedAfter(b.Partition, healed)
 			switch {
 			case closed:

@@ -320,7 +320,7 @@ func (l *linStore) reserve(ctx context.Context, owner, req int) (linHandle, linO
 		return linHandle{}, linOutput{}, res.Err
 	}
 	out := linOutput{Reason: res.Reason, Previous: res.PreviousResponseID, Delta: res.DeltaCount, Turn: uint64(res.Turn)}
-	if !res.Origin.IsZero() {
+	if res.Origin != (store.Socket{}) {
 		out.Origin = linOrigin(res.Origin.Replica, res.Origin.ID)
 	}
 	return linHandle{owner: owner, req: req, turn: uint64(res.Turn), res: res}, out, nil

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync"
 	"testing"
@@ -48,6 +49,13 @@ func blackHole(t *testing.T, opts redis.Options) *redis.Client {
 		_ = client.Close()
 	})
 	return client
+}
+
+// breakerOf returns the status of owner's breaker, as Stats reports it even
+// when it fails.
+func breakerOf(s *store.Store, owner identity.Owner) store.BreakerStatus {
+	st, _ := s.Stats(context.Background())
+	return st.Breakers[owner.Partition(s.Options().Partitions)]
 }
 
 // recorder is an Observer that keeps what it sees.
@@ -115,8 +123,7 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 		assert.Less(t, elapsed, 3*opTimeout, "call %d took %v", i, elapsed)
 	}
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen}, obs.states())
-	breaker := func() store.BreakerStatus { return s.Breakers()[owner.Partition(16)] }
-	assert.Equal(t, store.BreakerOpen, breaker().State)
+	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State)
 	other, _ := identity.Main("another-partition")
 	require.NotEqual(t, owner.Partition(16), other.Partition(16))
 	assert.ErrorIs(t, s.Reserve(context.Background(), other, r).Err, context.DeadlineExceeded,
@@ -133,7 +140,7 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 	res = s.Reserve(context.Background(), owner, r)
 	assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerOpen}, obs.states())
-	assert.Equal(t, int64(2), breaker().Opens)
+	assert.Equal(t, int64(2), breakerOf(s, owner).Opens)
 
 	var reserves int
 	for _, e := range obs.events {
@@ -160,15 +167,17 @@ func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
 	for range 2 {
 		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
 	}
-	breaker := func() store.BreakerStatus { return s.Breakers()[owner.Partition(16)] }
-	assert.Equal(t, store.BreakerOpen, breaker().State)
+	st, err := s.Stats(ctx)
+	require.Error(t, err)
+	require.Len(t, st.Breakers, 16, "a failed Stats still holds the breakers")
+	assert.Equal(t, store.BreakerOpen, st.Breakers[owner.Partition(16)].State)
 	mr.SetError("")
 	assert.ErrorIs(t, s.Reserve(ctx, owner, nil).Err, store.ErrBreakerOpen, "still cooling down")
 	clk.Add(time.Second)
 	assert.Equal(t, store.ReasonMissingState, s.Reserve(ctx, owner, nil).Reason, "the probe reaches Redis")
-	assert.Equal(t, store.BreakerClosed, breaker().State)
+	assert.Equal(t, store.BreakerClosed, breakerOf(s, owner).State)
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerClosed}, obs.states())
-	st, err := s.Stats(ctx)
+	st, err = s.Stats(ctx)
 	require.NoError(t, err)
 	require.Len(t, st.Breakers, 16)
 	assert.Equal(t, store.BreakerClosed, st.Breakers[owner.Partition(16)].State)
@@ -186,7 +195,7 @@ func TestCallerCancellationDoesNotOpenTheBreaker(t *testing.T) {
 	for range 3 {
 		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
 	}
-	assert.Equal(t, store.BreakerClosed, s.Breakers()[owner.Partition(16)].State)
+	assert.Equal(t, store.BreakerClosed, breakerOf(s, owner).State)
 }
 
 func TestBreakerCanBeTurnedOff(t *testing.T) {
@@ -197,17 +206,114 @@ func TestBreakerCanBeTurnedOff(t *testing.T) {
 	for range 8 {
 		assert.ErrorIs(t, s.Reserve(context.Background(), owner, nil).Err, context.DeadlineExceeded)
 	}
-	assert.Equal(t, store.BreakerClosed, s.Breakers()[owner.Partition(16)].State)
+	assert.Equal(t, store.BreakerClosed, breakerOf(s, owner).State)
 }
 
-func TestBreakerStatusOrder(t *testing.T) {
-	open1 := store.BreakerStatus{State: store.BreakerOpen, Opens: 1}
-	half1 := store.BreakerStatus{State: store.BreakerHalfOpen, Opens: 1}
-	closed1 := store.BreakerStatus{State: store.BreakerClosed, Opens: 1}
-	open2 := store.BreakerStatus{State: store.BreakerOpen, Opens: 2}
-	assert.True(t, half1.After(open1))
-	assert.True(t, closed1.After(half1))
-	assert.True(t, open2.After(closed1))
-	assert.False(t, open1.After(closed1))
-	assert.False(t, open1.After(open1))
+// orderChecker is an Observer that checks each partition's breaker changes
+// arrive in the order of the breaker's cycle: closed, open, half-open, then
+// open again (one more opening) or closed; an operation let through before
+// the breaker opened may also close it when it succeeds. It is slow, so
+// that changes pile up while it is being told one.
+type orderChecker struct {
+	mu      sync.Mutex
+	last    map[int]store.BreakerStatus
+	changes int
+	wrong   []string
+}
+
+func (o *orderChecker) Observe(store.Event) {}
+
+func (o *orderChecker) BreakerChanged(st store.BreakerStatus) {
+	time.Sleep(50 * time.Microsecond)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	prev, ok := o.last[st.Partition]
+	if !ok {
+		prev = store.BreakerStatus{State: store.BreakerClosed}
+	}
+	var next bool
+	switch st.State {
+	case store.BreakerOpen:
+		next = prev.State != store.BreakerOpen && st.Opens == prev.Opens+1
+	case store.BreakerHalfOpen:
+		next = prev.State == store.BreakerOpen && st.Opens == prev.Opens
+	case store.BreakerClosed:
+		next = prev.State != store.BreakerClosed && st.Opens == prev.Opens
+	}
+	if !next {
+		o.wrong = append(o.wrong, fmt.Sprintf("partition %d: %s (opens %d) after %s (opens %d)",
+			st.Partition, st.State, st.Opens, prev.State, prev.Opens))
+	}
+	o.last[st.Partition] = st
+	o.changes++
+}
+
+// Concurrent operations on a partition whose Redis fails and recovers over
+// and over tell the observer each change once, in order.
+func TestBreakerChangesArriveInOrder(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	obs := &orderChecker{last: map[int]store.BreakerStatus{}}
+	s, err := store.NewRedis(c, store.Options{Partitions: 1, BreakerFailures: 1, BreakerCooldown: time.Nanosecond, Observer: obs})
+	require.NoError(t, err)
+	owner, _ := identity.Main("s")
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			if i%2 == 0 {
+				mr.SetError("LOADING Redis is loading the dataset in memory")
+			} else {
+				mr.SetError("")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	for range 8 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				s.Reserve(context.Background(), owner, nil)
+			}
+		})
+	}
+	wg.Wait()
+	mr.SetError("")
+	s.Reserve(context.Background(), owner, nil) // no operation is left telling
+
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	assert.Empty(t, obs.wrong)
+	assert.Greater(t, obs.changes, 10)
+	last := breakerOf(s, owner)
+	assert.Equal(t, last, obs.last[0], "the observer's last change is the breaker's status")
+}
+
+// panicOnce is a recorder whose first BreakerChanged panics.
+type panicOnce struct {
+	recorder
+	panicked bool
+}
+
+func (p *panicOnce) BreakerChanged(s store.BreakerStatus) {
+	p.recorder.BreakerChanged(s)
+	if !p.panicked {
+		p.panicked = true
+		panic("observer")
+	}
+}
+
+// An observer that panics once does not keep later changes from it.
+func TestBreakerChangesOutliveAPanickingObserver(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	obs := &panicOnce{}
+	clk := redistest.NewClock(time.Now())
+	s, err := store.NewRedis(c, store.Options{Partitions: 1, BreakerFailures: 1, Observer: obs, Now: clk.Now})
+	require.NoError(t, err)
+	owner, _ := identity.Main("s")
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	assert.Panics(t, func() { s.Reserve(context.Background(), owner, nil) })
+	mr.SetError("")
+	clk.Add(time.Second)
+	assert.Equal(t, store.ReasonMissingState, s.Reserve(context.Background(), owner, nil).Reason)
+	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerClosed}, obs.states())
 }

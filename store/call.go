@@ -31,6 +31,8 @@ const (
 
 // Event describes one finished operation.
 type Event struct {
+	// Op is the operation; Owner is the owner it was about, zero for Sweep
+	// and Stats.
 	Op    Op
 	Owner identity.Owner
 	// Reason is Reserve's answer; Outcome is Record's.
@@ -45,11 +47,18 @@ type Event struct {
 	Evicted int
 }
 
-// Observer sees every operation and every change of the circuit breaker.
-// Its methods are called synchronously after the operation, outside any
-// lock of the store: they must be fast and safe for concurrent use.
+// Observer sees the store's operations and the changes of its circuit
+// breakers. Its methods are called outside any lock of the store and must be
+// fast and safe for concurrent use.
 type Observer interface {
+	// Observe is called as an operation returns; operations answered
+	// without touching the store (a Reserve of a disabled store, a Record
+	// of a reservation without a turn, ...) report nothing.
 	Observe(Event)
+	// BreakerChanged is called with each change of a partition's breaker,
+	// in order: by the operation that made the change, before it returns,
+	// or, while another operation is passing on the partition's earlier
+	// changes, by that operation.
 	BreakerChanged(BreakerStatus)
 }
 
@@ -104,8 +113,10 @@ const (
 // has its own, so that on a Cluster a failed master stops only the
 // partitions it serves.
 type BreakerStatus struct {
+	// Partition is the partition the breaker guards.
 	Partition int
-	State     BreakerState
+	// State is the breaker's state.
+	State BreakerState
 	// ConsecutiveFailures counts failures since the last success.
 	ConsecutiveFailures int
 	// Opens counts how often the breaker opened since the store started.
@@ -114,63 +125,51 @@ type BreakerStatus struct {
 	Since time.Time
 }
 
-// After reports whether s comes after o in one breaker's life: each opening
-// increments Opens, and within one opening the breaker goes open, half-open,
-// closed. The store reports changes outside its locks, so an observer may
-// receive them out of order; After puts them back in order. A state this
-// package does not know is taken as later.
-func (s BreakerStatus) After(o BreakerStatus) bool {
-	if s.Opens != o.Opens {
-		return s.Opens > o.Opens
-	}
-	rs, oks := breakerCycle[s.State]
-	ro, oko := breakerCycle[o.State]
-	if !oks || !oko {
-		return true
-	}
-	return rs > ro
-}
-
-var breakerCycle = map[BreakerState]int{BreakerOpen: 0, BreakerHalfOpen: 1, BreakerClosed: 2}
-
 // breaker stops calling a failing backend: after threshold consecutive
 // failures it opens for cooldown, then lets one probe through.
+//
+// Its changes reach the observer in the order they happen, outside mu: each
+// change is queued under mu, and the goroutine that made it then tells the
+// queue to the observer unless another goroutine is already telling it, in
+// which case that one tells this change too.
 type breaker struct {
 	threshold int // 0: never opens
 	cooldown  time.Duration
 	now       func() time.Time
+	observer  Observer // nil: changes are not queued
 
 	mu      sync.Mutex
 	status  BreakerStatus
 	probing bool
+	untold  []BreakerStatus // changes not yet given to the observer, oldest first
+	telling bool            // a goroutine is giving untold to the observer
 }
 
-func newBreaker(partition, threshold int, cooldown time.Duration, now func() time.Time) *breaker {
-	return &breaker{threshold: threshold, cooldown: cooldown, now: now,
+func newBreaker(partition, threshold int, cooldown time.Duration, now func() time.Time, observer Observer) *breaker {
+	return &breaker{threshold: threshold, cooldown: cooldown, now: now, observer: observer,
 		status: BreakerStatus{Partition: partition, State: BreakerClosed, Since: now()}}
 }
 
-// allow reports whether an operation may reach the backend, and the new
-// status when that changed it.
-func (b *breaker) allow() (bool, *BreakerStatus) {
+// allow reports whether an operation may reach the backend, and whether
+// that changed the breaker.
+func (b *breaker) allow() (ok, changed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch b.status.State {
 	case BreakerOpen:
 		if b.now().Sub(b.status.Since) < b.cooldown {
-			return false, nil
+			return false, false
 		}
 		b.set(BreakerHalfOpen)
 		b.probing = true
-		st := b.status
-		return true, &st
+		return true, true
 	case BreakerHalfOpen:
 		if b.probing {
-			return false, nil
+			return false, false
 		}
 		b.probing = true
 	}
-	return true, nil
+	return true, false
 }
 
 // outcome is what an operation tells the breaker.
@@ -182,38 +181,70 @@ const (
 	abandoned // the caller gave up first: says nothing about the backend
 )
 
-// done records an operation's outcome and returns the new status when it
-// changed.
-func (b *breaker) done(o outcome) *BreakerStatus {
+// done records an operation's outcome and reports whether it changed the
+// breaker.
+func (b *breaker) done(o outcome) (changed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing = false
 	if o == abandoned {
-		return nil
+		return false
 	}
 	before := b.status.State
 	if o == succeeded {
 		b.status.ConsecutiveFailures = 0
-		if before != BreakerClosed {
-			b.set(BreakerClosed)
+		if before == BreakerClosed {
+			return false
 		}
-	} else {
-		b.status.ConsecutiveFailures++
-		if b.threshold > 0 && (before == BreakerHalfOpen || (before == BreakerClosed && b.status.ConsecutiveFailures >= b.threshold)) {
-			b.set(BreakerOpen)
-			b.status.Opens++
-		}
+		b.set(BreakerClosed)
+		return true
 	}
-	if b.status.State == before {
-		return nil
+	b.status.ConsecutiveFailures++
+	if b.threshold > 0 && (before == BreakerHalfOpen || (before == BreakerClosed && b.status.ConsecutiveFailures >= b.threshold)) {
+		b.status.Opens++
+		b.set(BreakerOpen)
+		return true
 	}
-	st := b.status
-	return &st
+	return false
 }
 
+// set moves the breaker to state s and queues the change for the observer.
+// b.mu is held.
 func (b *breaker) set(s BreakerState) {
 	b.status.State = s
 	b.status.Since = b.now()
+	if b.observer != nil {
+		b.untold = append(b.untold, b.status)
+	}
+}
+
+// tell gives the queued changes to the observer, in order and outside b.mu,
+// unless another goroutine is doing so (it then gives these too).
+func (b *breaker) tell() {
+	b.mu.Lock()
+	if b.telling {
+		b.mu.Unlock()
+		return
+	}
+	b.telling = true
+	done := false
+	defer func() {
+		if !done { // the observer panicked: the next change tells the rest
+			b.mu.Lock()
+			b.telling = false
+			b.mu.Unlock()
+		}
+	}()
+	for len(b.untold) > 0 {
+		st := b.untold[0]
+		b.untold = b.untold[1:]
+		b.mu.Unlock()
+		b.observer.BreakerChanged(st)
+		b.mu.Lock()
+	}
+	b.untold = nil
+	b.telling, done = false, true
+	b.mu.Unlock()
 }
 
 func (b *breaker) snapshot() BreakerStatus {
@@ -232,7 +263,9 @@ func call[T any](ctx context.Context, s *Store, p int, fn func(context.Context) 
 	var zero T
 	b := s.breakers.of(p)
 	ok, changed := b.allow()
-	s.notifyBreaker(changed)
+	if changed {
+		b.tell()
+	}
 	if !ok {
 		return zero, ErrBreakerOpen
 	}
@@ -268,7 +301,9 @@ func call[T any](ctx context.Context, s *Store, p int, fn func(context.Context) 
 	case r.err != nil:
 		o = failed
 	}
-	s.notifyBreaker(b.done(o))
+	if b.done(o) {
+		b.tell()
+	}
 	return r.v, r.err
 }
 
@@ -276,14 +311,23 @@ func call[T any](ctx context.Context, s *Store, p int, fn func(context.Context) 
 type breakers []*breaker
 
 // noBreaker never opens: operations that span partitions use it.
-var noBreaker = newBreaker(-1, 0, 0, time.Now)
+var noBreaker = newBreaker(-1, 0, 0, time.Now, nil)
 
 func newBreakers(o Options) breakers {
 	bs := make(breakers, o.Partitions)
 	for p := range bs {
-		bs[p] = newBreaker(p, o.BreakerFailures, o.BreakerCooldown, o.Now)
+		bs[p] = newBreaker(p, o.BreakerFailures, o.BreakerCooldown, o.Now, o.Observer)
 	}
 	return bs
+}
+
+// statuses returns the status of every breaker.
+func (bs breakers) statuses() []BreakerStatus {
+	out := make([]BreakerStatus, len(bs))
+	for i, b := range bs {
+		out[i] = b.snapshot()
+	}
+	return out
 }
 
 func (bs breakers) of(p int) *breaker {
@@ -291,12 +335,6 @@ func (bs breakers) of(p int) *breaker {
 		return noBreaker
 	}
 	return bs[p]
-}
-
-func (s *Store) notifyBreaker(st *BreakerStatus) {
-	if st != nil && s.opts.Observer != nil {
-		s.opts.Observer.BreakerChanged(*st)
-	}
 }
 
 // observe reports a finished operation.

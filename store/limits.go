@@ -44,7 +44,8 @@ type PartitionStats struct {
 	// Owners counts owner states in the LRU, including idle ones that no
 	// operation has pruned yet (run Sweep first for live owners only).
 	Owners int64
-	// StoredBytes is the stored-bytes estimate of those states.
+	// StoredBytes estimates what those states cost in Redis 7 (key, hash,
+	// TTL and LRU entries), computed the same way on every backend.
 	StoredBytes int64
 	// Published counts those states holding a continuation.
 	Published int64
@@ -59,28 +60,27 @@ func (p *PartitionStats) add(o PartitionStats) {
 	p.Evictions.add(o.Evictions)
 }
 
-// Stats describes the whole store: Total sums the partitions.
+// Stats describes the whole store.
 type Stats struct {
-	Total      PartitionStats
+	// Total sums the partitions.
+	Total PartitionStats
+	// Partitions describes each partition, in order.
 	Partitions []PartitionStats
 	// OwnerLimit and ByteLimit are each partition's share of MaxOwners and
 	// MaxTotalBytes.
 	OwnerLimit int
 	ByteLimit  int64
-	// Breakers are this store's circuit breakers, one per partition.
+	// Breakers are this store's circuit breakers, one per partition, as
+	// they were when Stats was called.
 	Breakers []BreakerStatus
 }
 
-// SweepResult says what Sweep evicted.
-type SweepResult struct {
-	Evicted Evictions
-}
-
 // Sweep prunes every partition as operations do (idle states first, then
-// least recently touched while over a limit), until none has work left. Run
-// it from a maintenance loop so idle partitions give their memory back.
-func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
-	var out SweepResult
+// least recently touched while over a limit), until none has work left, and
+// returns what it evicted, also when it fails part way. Run it from a
+// maintenance loop so idle partitions give their memory back.
+func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
+	var out Evictions
 	for p := range s.opts.Partitions {
 		for {
 			ev, err := run(ctx, s, OpSweep, identity.Owner{}, func(ctx context.Context) (Evictions, error) {
@@ -89,7 +89,7 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 			if err != nil {
 				return out, err
 			}
-			out.Evicted.add(ev)
+			out.add(ev)
 			if ev.Total() < evictionBudget {
 				break
 			}
@@ -98,13 +98,15 @@ func (s *Store) Sweep(ctx context.Context) (SweepResult, error) {
 	return out, nil
 }
 
-// Stats reads every partition's counters.
+// Stats reads every partition's counters. When that fails it returns the
+// error and Stats holding only Breakers, which are this process's own.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	st := Stats{Breakers: s.breakers.statuses()}
 	parts, err := run(ctx, s, OpStats, identity.Owner{}, s.backend.stats)
 	if err != nil {
-		return Stats{}, err
+		return st, err
 	}
-	st := Stats{Partitions: parts, OwnerLimit: s.opts.partitionOwners(), ByteLimit: s.opts.partitionBytes(), Breakers: s.Breakers()}
+	st.Partitions, st.OwnerLimit, st.ByteLimit = parts, s.opts.partitionOwners(), s.opts.partitionBytes()
 	for _, p := range parts {
 		st.Total.add(p)
 	}

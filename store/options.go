@@ -15,23 +15,25 @@ import (
 // ErrInvalidOptions is wrapped by every error about an option out of range.
 var ErrInvalidOptions = errors.New("store: invalid options")
 
-// Defaults applied to zero-valued [Options] fields.
+// Defaults applied to zero-valued [Options] fields, as the fields' docs give
+// them.
 const (
-	DefaultNamespace     = "cont"
-	DefaultPartitions    = 16
-	DefaultTTL           = 30 * time.Minute
-	DefaultMaxOwners     = 10_000
-	DefaultMaxOwnerBytes = 2_000_000
-	DefaultMaxTotalBytes = 20_000_000
-	DefaultOpTimeout     = 200 * time.Millisecond
-
-	DefaultBreakerFailures = 5
-	DefaultBreakerCooldown = time.Second
+	defaultNamespace       = "cont"
+	defaultPartitions      = 16
+	defaultTTL             = 30 * time.Minute
+	defaultMaxOwners       = 10_000
+	defaultMaxOwnerBytes   = 2_000_000
+	defaultMaxTotalBytes   = 20_000_000
+	defaultOpTimeout       = 200 * time.Millisecond
+	defaultBreakerFailures = 5
+	defaultBreakerCooldown = time.Second
 )
 
-// Limits on options.
+// MaxPartitions is the largest Options.Partitions.
+const MaxPartitions = 1024
+
+// Limits on names.
 const (
-	MaxPartitions      = 1024
 	maxNamespaceBytes  = 64
 	maxReplicaBytes    = 256
 	maxResponseIDBytes = 512
@@ -39,6 +41,18 @@ const (
 
 // Options configure a [Store]. A zero field takes its default; a negative or
 // otherwise invalid one makes the constructor fail with [ErrInvalidOptions].
+//
+// Owners are spread over Partitions partitions by a hash of their key (on
+// Redis each partition is one hash tag, so one Cluster slot). Each partition
+// keeps at most MaxOwners/Partitions owners and MaxTotalBytes/Partitions
+// stored bytes (rounded down) and evicts on its own, inside the operations
+// that add state: states idle longer than TTL, then the least recently
+// touched of the partition while over a limit, at most 64 per operation (the
+// rest on the next one). The total never exceeds the limits, but the fullest
+// partition evicts before the others are full: with the defaults, from about
+// 93% of MaxOwners (90–96% in 19 of 20 random arrivals). [Store.Sweep]
+// prunes every partition for a maintenance loop, and [Store.Stats] reads the
+// counters.
 type Options struct {
 	// Namespace prefixes every Redis key. Default "cont". At most 64 bytes of
 	// printable UTF-8, no spaces, no '{' or '}'.
@@ -49,19 +63,22 @@ type Options struct {
 	// TTL is how long an owner's state lives without being touched. Default
 	// 30 minutes, at least a millisecond.
 	TTL time.Duration
-	// MaxOwners bounds how many owners keep state. Default 10,000.
+	// MaxOwners bounds how many owners keep state. Default 10,000, at least
+	// Partitions.
 	MaxOwners int
 	// MaxOwnerBytes is the largest transcript (input and output, canonical
 	// bytes) a continuation may cover; larger turns are not continued.
 	// Default 2,000,000.
 	MaxOwnerBytes int64
-	// MaxTotalBytes bounds the bytes the store keeps. Default 20,000,000.
+	// MaxTotalBytes bounds the bytes the store keeps. Default 20,000,000, at
+	// least Partitions.
 	MaxTotalBytes int64
 	// Disabled makes every Reserve answer ReasonDisabled without touching
 	// the store.
 	Disabled bool
 	// Replica names this gateway replica; it is the origin recorded with
-	// responses whose socket names no replica. Default: random.
+	// responses whose socket names no replica. Default "replica-" and 12
+	// random hex digits. At most 256 bytes of printable UTF-8.
 	Replica string
 	// OpTimeout bounds each operation. Default 200ms.
 	OpTimeout time.Duration
@@ -91,19 +108,19 @@ type Options struct {
 // first invalid field.
 func (o Options) withDefaults() (Options, error) {
 	if o.Namespace == "" {
-		o.Namespace = DefaultNamespace
+		o.Namespace = defaultNamespace
 	}
 	if err := validNamespace(o.Namespace); err != nil {
 		return o, err
 	}
-	setDefault(&o.Partitions, DefaultPartitions)
-	setDefault(&o.TTL, DefaultTTL)
-	setDefault(&o.MaxOwners, DefaultMaxOwners)
-	setDefault(&o.MaxOwnerBytes, DefaultMaxOwnerBytes)
-	setDefault(&o.MaxTotalBytes, DefaultMaxTotalBytes)
-	setDefault(&o.OpTimeout, DefaultOpTimeout)
-	setDefault(&o.BreakerFailures, DefaultBreakerFailures)
-	setDefault(&o.BreakerCooldown, DefaultBreakerCooldown)
+	setDefault(&o.Partitions, defaultPartitions)
+	setDefault(&o.TTL, defaultTTL)
+	setDefault(&o.MaxOwners, defaultMaxOwners)
+	setDefault(&o.MaxOwnerBytes, defaultMaxOwnerBytes)
+	setDefault(&o.MaxTotalBytes, defaultMaxTotalBytes)
+	setDefault(&o.OpTimeout, defaultOpTimeout)
+	setDefault(&o.BreakerFailures, defaultBreakerFailures)
+	setDefault(&o.BreakerCooldown, defaultBreakerCooldown)
 	if o.Now == nil {
 		o.Now = time.Now
 	} else {

@@ -58,7 +58,10 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, int64(2_000_000), o.MaxOwnerBytes)
 	assert.Equal(t, int64(20_000_000), o.MaxTotalBytes)
 	assert.Equal(t, 200*time.Millisecond, o.OpTimeout)
-	assert.NotEmpty(t, o.Replica)
+	assert.Equal(t, 5, o.BreakerFailures)
+	assert.Equal(t, time.Second, o.BreakerCooldown)
+	assert.Regexp(t, `^replica-[0-9a-f]{12}$`, o.Replica)
+	assert.Equal(t, fingerprint.V2().Name, o.Profile.Name)
 }
 
 func TestPartitionCountIsFixedPerNamespace(t *testing.T) {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -24,9 +23,6 @@ var ErrUnavailable = errors.New("store: unavailable")
 // increasing per owner. 0 means "no turn".
 type Turn uint64
 
-// String returns the decimal token.
-func (t Turn) String() string { return strconv.FormatUint(uint64(t), 10) }
-
 // Socket names the upstream connection a response lives on.
 type Socket struct {
 	// Any means every connection of every replica can continue the
@@ -38,9 +34,6 @@ type Socket struct {
 	// ID names the socket within the replica; 0 means "unknown".
 	ID uint64
 }
-
-// IsZero reports whether s names no socket.
-func (s Socket) IsZero() bool { return s == Socket{} }
 
 // Reason says why a reservation does not continue.
 type Reason string
@@ -283,15 +276,6 @@ func (s *Store) ParseRequest(body []byte) (*fingerprint.Request, error) {
 
 // Options returns the store's options with defaults filled in.
 func (s *Store) Options() Options { return s.opts }
-
-// Breakers returns the status of every partition's circuit breaker.
-func (s *Store) Breakers() []BreakerStatus {
-	out := make([]BreakerStatus, len(s.breakers))
-	for i, b := range s.breakers {
-		out[i] = b.snapshot()
-	}
-	return out
-}
 
 // partition returns the owner's partition.
 func (s *Store) partition(owner identity.Owner) int { return owner.Partition(s.opts.Partitions) }

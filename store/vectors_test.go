@@ -127,6 +127,10 @@ type vecOwnerCase struct {
 
 func vecStr(s string) *string { return &s }
 
+// vecTurn is a turn token as the file holds it: decimal, in a string (it
+// may exceed 2^53).
+func vecTurn(t Turn) string { return strconv.FormatUint(uint64(t), 10) }
+
 func vecOwnerCases() []vecOwnerCase {
 	return []vecOwnerCase{
 		{"main", "session-a", nil},
@@ -517,7 +521,7 @@ func vecTurnTokens(t *testing.T) []vecTurnToken {
 		seq, ok := seqOf(turn, c.parts, c.part)
 		require.True(t, ok)
 		require.Equal(t, c.seq, seq)
-		vs = append(vs, vecTurnToken{Seq: c.seq, Partitions: c.parts, Partition: c.part, Turn: turn.String()})
+		vs = append(vs, vecTurnToken{Seq: c.seq, Partitions: c.parts, Partition: c.part, Turn: vecTurn(turn)})
 	}
 	return vs
 }
@@ -550,7 +554,7 @@ func vecSequences(t *testing.T) []vecSequence {
 		require.Equal(t, turn, vecReserveRedis(t, c.parts, owner, c.prev, c.ownerT, c.now), c.name)
 		vs = append(vs, vecSequence{Name: c.name, PartitionSeq: c.prev, TimeSeconds: c.now.Unix(),
 			TimeMicros: int64(c.now.Nanosecond() / 1000), Time: c.now.UTC().Format(time.RFC3339Nano), OwnerT: c.ownerT,
-			Partitions: c.parts, Partition: c.part, Micros: clockMicros(c.now), Seq: seq, Turn: turn.String()})
+			Partitions: c.parts, Partition: c.part, Micros: clockMicros(c.now), Seq: seq, Turn: vecTurn(turn)})
 	}
 	return vs
 }
@@ -1008,7 +1012,7 @@ func (o *vecOpIDs) next() string {
 }
 
 func vecReservation(r *Reservation) map[string]any {
-	out := map[string]any{"turn": r.Turn.String(), "reason": string(r.Reason), "continues": r.Continues(), "delta_count": r.DeltaCount}
+	out := map[string]any{"turn": vecTurn(r.Turn), "reason": string(r.Reason), "continues": r.Continues(), "delta_count": r.DeltaCount}
 	if r.Continues() {
 		out["previous_response_id"] = r.PreviousResponseID
 		out["origin_replica"] = r.Origin.Replica
@@ -1084,7 +1088,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	}
 	reserve := func(name string, o identity.Owner, b string) *Reservation { return reserveAgain(name, o, b, "") }
 	recordAgain := func(name string, res *Reservation, b string, out Result, again string) {
-		in := map[string]any{"owner": res.Owner.Key(), "turn": res.Turn.String(), "request": b,
+		in := map[string]any{"owner": res.Owner.Key(), "turn": vecTurn(res.Turn), "request": b,
 			"response_id": out.ResponseID, "socket_replica": out.Socket.Replica, "socket_id": strconv.FormatUint(out.Socket.ID, 10)}
 		outs := []string{}
 		for _, o := range out.Output {
@@ -1135,7 +1139,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	require.Equal(t, vecReservation(b), vecReservation(again))
 	require.Equal(t, first.Calls[0].Keys, last().Calls[0].Keys)
 	require.Equal(t, first.Calls[0].Args, last().Calls[0].Args)
-	step(ids, "is the turn current", "is_current", map[string]any{"owner": s1.Key(), "turn": b.Turn.String()}, func() map[string]any {
+	step(ids, "is the turn current", "is_current", map[string]any{"owner": s1.Key(), "turn": vecTurn(b.Turn)}, func() map[string]any {
 		ok, err := s.IsCurrent(ctx, b)
 		require.NoError(t, err)
 		require.True(t, ok)
@@ -1164,7 +1168,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	later()
 	r4 := body("Be verbose.", u1, o1)
 	d := reserve("a request shorter than the transcript: not_append_only", s1, r4)
-	step(ids, "abort the current turn", "abort", map[string]any{"owner": s1.Key(), "turn": d.Turn.String()}, func() map[string]any {
+	step(ids, "abort the current turn", "abort", map[string]any{"owner": s1.Key(), "turn": vecTurn(d.Turn)}, func() map[string]any {
 		ok, err := s.Abort(ctx, d)
 		require.NoError(t, err)
 		return map[string]any{"removed": ok}
@@ -1194,7 +1198,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	record("it records", g, r1, Result{ResponseID: "resp_g", Socket: Socket{ID: 3}, Output: output(o1)})
 	h := reserve("a third owner", s3, r1)
 	record("it records too", h, r1, Result{ResponseID: "resp_h", Socket: Socket{ID: 3}, Output: output(o1)})
-	srv.advance(DefaultTTL + time.Second)
+	srv.advance(defaultTTL + time.Second)
 	step(ids, "prune after the TTL: the idle state's bytes are given back", "prune", map[string]any{"partition": p2}, func() map[string]any {
 		ev, err := rb.prune(ctx, p2)
 		require.NoError(t, err)
@@ -1250,7 +1254,7 @@ func vecStateResult(st State) map[string]any {
 	if !st.Exists {
 		return out
 	}
-	out["turn"] = st.Turn.String()
+	out["turn"] = vecTurn(st.Turn)
 	out["updated_at"] = st.UpdatedAt.UTC().Format(time.RFC3339Nano)
 	out["has_continuation"] = st.HasContinuation
 	if st.HasContinuation {
@@ -1360,9 +1364,9 @@ func vecBuild(t *testing.T) vecFile {
 			StateOverhead: stateOverhead, StateNameCost: stateNameCost, ContinuationFormat: continuationFormat,
 			OpIDDigits: len(lua.NewOpID()), MinAnswerTTLMillis: lua.AnswerTTL(0).Milliseconds(), AnswerTTLOpTimeouts: int64(lua.AnswerTTL(time.Hour) / time.Hour),
 			EvictionBudget: evictionBudget, SchemaVersion: schemaVersion,
-			DefaultNamespace: DefaultNamespace, DefaultPartitions: DefaultPartitions, MaxPartitions: MaxPartitions,
-			DefaultTTLMillis: DefaultTTL.Milliseconds(), DefaultMaxOwners: DefaultMaxOwners,
-			DefaultMaxOwnerBytes: DefaultMaxOwnerBytes, DefaultMaxTotalBytes: DefaultMaxTotalBytes, DefaultOpTimeoutMillis: DefaultOpTimeout.Milliseconds(),
+			DefaultNamespace: defaultNamespace, DefaultPartitions: defaultPartitions, MaxPartitions: MaxPartitions,
+			DefaultTTLMillis: defaultTTL.Milliseconds(), DefaultMaxOwners: defaultMaxOwners,
+			DefaultMaxOwnerBytes: defaultMaxOwnerBytes, DefaultMaxTotalBytes: defaultMaxTotalBytes, DefaultOpTimeoutMillis: defaultOpTimeout.Milliseconds(),
 			MaxResponseIDBytes: maxResponseIDBytes, MaxReplicaBytes: maxReplicaBytes, MaxNamespaceBytes: maxNamespaceBytes,
 		},
 		Owners:        vecOwners(t),

@@ -210,11 +210,11 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.redisURL, "redis", "", "standalone Redis `URL` to test, e.g. redis://127.0.0.1:6379/0")
 	fs.StringVar(&cluster, "cluster", "", "Redis Cluster seed `nodes` to test, host:port,host:port,...")
 	fs.StringVar(&cfg.backend, "backend", "redis", "store backend: redis (the -redis or -cluster target, else an embedded Redis) or memory (one in-process store shared by all replicas)")
-	fs.IntVar(&cfg.partitions, "partitions", store.DefaultPartitions, "store partitions (1..1024)")
+	fs.IntVar(&cfg.partitions, "partitions", 16, "store partitions (1..1024)")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "idle TTL of an owner's state")
 	fs.IntVar(&cfg.maxOwners, "max-owners", 100000, "most owners the store keeps")
 	fs.Int64Var(&cfg.maxTotalBytes, "max-total-bytes", 1<<30, "most bytes the store keeps")
-	fs.DurationVar(&cfg.opTimeout, "op-timeout", store.DefaultOpTimeout, "bound on each store operation")
+	fs.DurationVar(&cfg.opTimeout, "op-timeout", 200*time.Millisecond, "bound on each store operation")
 	fs.StringVar(&cfg.namespace, "namespace", "", "Redis key namespace; it must hold no continuation state yet (default: a fresh contbench-<random> one)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the namespace's keys after the run (those of (a); (b)'s namespace of its own is removed)")
 
@@ -241,7 +241,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&cfg.baselines, "baselines", true, "also play the workload on one replica (b) and with one in-process store per replica (c); with -duration alone they play as many turns as (a) did")
 	fs.BoolVar(&cfg.calibrate, "calibrate", false, "measure the Redis PING and no-op script ceilings with the same clients and concurrency")
 	fs.StringVar(&cfg.jsonPath, "json", "", "also write the report as JSON to `file`")
-	fs.BoolVar(&cfg.quiet, "quiet", false, "print the report only: no progress, no notes on stderr")
+	fs.BoolVar(&cfg.quiet, "quiet", false, "print the report only: no progress or notes on stderr, no notes under the report (the -json report keeps them)")
 
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -418,7 +418,7 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	}
 	rep.finish(cfg)
 
-	rep.write(stdout)
+	rep.write(stdout, !cfg.quiet)
 	if cfg.jsonPath != "" {
 		if err := rep.writeJSON(cfg.jsonPath); err != nil {
 			fmt.Fprintf(stderr, "contbench: %v\n", err)

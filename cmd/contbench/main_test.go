@@ -88,6 +88,43 @@ func TestEmbeddedRedisStickyRun(t *testing.T) {
 	assert.Nil(t, b.report.PerReplica)
 }
 
+// -quiet prints the report alone: nothing on stderr and no notes under
+// the report, with or without -json, which keeps the notes.
+func TestQuietPrintsTheReportOnly(t *testing.T) {
+	args := []string{"-turns", "300", "-baselines=false", "-op-timeout", "5s"}
+	note := "note: figures from the embedded Redis"
+	t.Run("loud", func(t *testing.T) {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, exitOK, run(context.Background(), args, &stdout, &stderr), stderr.String())
+		assert.Contains(t, stderr.String(), "using an embedded Redis")
+		assert.Contains(t, stdout.String(), note)
+	})
+	for _, withJSON := range []bool{false, true} {
+		name := "quiet"
+		a := append(append([]string(nil), args...), "-quiet")
+		path := filepath.Join(t.TempDir(), "report.json")
+		if withJSON {
+			name += " json"
+			a = append(a, "-json", path)
+		}
+		t.Run(name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, exitOK, run(context.Background(), a, &stdout, &stderr), stderr.String())
+			assert.Empty(t, stderr.String())
+			assert.True(t, strings.HasPrefix(stdout.String(), "hit rate (a) deployment"), stdout.String())
+			assert.NotContains(t, stdout.String(), "note:")
+			if !withJSON {
+				return
+			}
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			var rep report
+			require.NoError(t, json.Unmarshal(data, &rep))
+			assert.Contains(t, strings.Join(rep.Notes, "\n"), "embedded Redis", "the JSON report keeps the notes")
+		})
+	}
+}
+
 // requireSameWorkload checks that runs played the same workload.
 func requireSameWorkload(t *testing.T, want runResult, runs ...*runResult) {
 	t.Helper()

@@ -43,8 +43,9 @@ type replayConfig struct {
 // parseReplayConfig parses the arguments of contbench replay.
 func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 	rc := &replayConfig{target: &config{
-		backend: backendMemory, partitions: store.DefaultPartitions, ttl: store.DefaultTTL,
-		maxOwners: store.DefaultMaxOwners, maxTotalBytes: store.DefaultMaxTotalBytes,
+		backend: backendMemory,
+		// The store's defaults.
+		partitions: 16, ttl: 30 * time.Minute, maxOwners: 10_000, maxTotalBytes: 20_000_000,
 		namespace: freshNamespace(),
 		// One replica, one worker: the fields the simulation would use.
 		replicas: 1, conversations: 1, concurrency: 1, sockets: 1, turns: 1,

@@ -420,8 +420,9 @@ func (r *report) runs() []*runResult {
 }
 
 // write prints the report: the headline and its definitions, then every
-// figure as a table, then the violation examples and the notes.
-func (r *report) write(w io.Writer) {
+// figure as a table, then the violation examples and, with notes, the
+// notes.
+func (r *report) write(w io.Writer, notes bool) {
 	r.writeHeadline(w)
 	fmt.Fprintf(w, "\ncontbench: %s, %d replicas, %d workers, %d conversations (%d owners), upstream %s, routing %s",
 		r.Target, r.Replicas, r.Concurrency, r.Conversations, r.Owners, r.Upstream, r.Routing)
@@ -562,7 +563,7 @@ func (r *report) write(w io.Writer) {
 			fmt.Fprintf(w, "  %d. %s: %s turn %d on %s: expected %s; got %s\n", i+1, v.Kind, v.Owner, v.Turn, v.Replica, v.Expected, v.Got)
 		}
 	}
-	if len(r.Notes) > 0 {
+	if notes && len(r.Notes) > 0 {
 		fmt.Fprintln(w)
 		for _, n := range r.Notes {
 			writeWrapped(w, "note: "+n)

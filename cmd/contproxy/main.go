@@ -104,7 +104,7 @@ Flags:
 	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream)")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis `URL` (redis://[user:password@]host:port/db, rediss:// for TLS) shared by the replicas")
 	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
-	fs.StringVar(&c.namespace, "namespace", store.DefaultNamespace, "key namespace in Redis; replicas sharing it share continuations")
+	fs.StringVar(&c.namespace, "namespace", "cont", "key namespace in Redis; replicas sharing it share continuations")
 	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
 	fs.IntVar(&c.sockets, "sockets", 16, "WebSocket transport: upstream sockets kept per client credential")
 	fs.Int64Var(&c.maxBody, "max-body", 64<<20, "largest request body in `bytes` (413 above)")

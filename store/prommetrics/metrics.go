@@ -63,9 +63,8 @@ type Metrics struct {
 	byOp      map[store.Op]opSeries
 	byState   map[store.BreakerState]prometheus.Counter
 
-	mu       sync.Mutex
-	breakers map[int]store.BreakerStatus // last status seen per partition
-	open     int                         // partitions not closed
+	mu        sync.Mutex
+	notClosed map[int]bool // partitions whose last state is not closed
 }
 
 // opSeries are one operation's series.
@@ -123,7 +122,7 @@ func New(opts Options) *Metrics {
 		byOutcome: map[store.Outcome]prometheus.Counter{},
 		byOp:      map[store.Op]opSeries{},
 		byState:   map[store.BreakerState]prometheus.Counter{},
-		breakers:  map[int]store.BreakerStatus{},
+		notClosed: map[int]bool{},
 	}
 	for _, r := range knownReasons {
 		m.byReason[r] = m.reservations.WithLabelValues(reasonLabel(r))
@@ -223,12 +222,8 @@ func (m *Metrics) Observe(ev store.Event) {
 }
 
 // BreakerChanged implements store.Observer: it counts the transition and
-// keeps breakers_open at the number of partitions whose last status is not
-// closed. The store reports changes outside its locks, so two changes of one
-// partition may arrive in either order; a status older than the one already
-// seen (fewer Opens, or as many and an earlier state in the cycle open,
-// half-open, closed) still counts as a transition but does not move the
-// gauge.
+// keeps breakers_open at the number of partitions whose last state is not
+// closed.
 func (m *Metrics) BreakerChanged(st store.BreakerStatus) {
 	c, ok := m.byState[st.State]
 	if !ok {
@@ -238,16 +233,10 @@ func (m *Metrics) BreakerChanged(st store.BreakerStatus) {
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	prev, seen := m.breakers[st.Partition]
-	if seen && !st.After(prev) {
-		return
+	if st.State == store.BreakerClosed {
+		delete(m.notClosed, st.Partition)
+	} else {
+		m.notClosed[st.Partition] = true
 	}
-	m.breakers[st.Partition] = st
-	if seen && prev.State != store.BreakerClosed {
-		m.open--
-	}
-	if st.State != store.BreakerClosed {
-		m.open++
-	}
-	m.breakersOpen.Set(float64(m.open))
+	m.breakersOpen.Set(float64(len(m.notClosed)))
 }

@@ -76,12 +76,8 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
 	}
-	st, err := c.s.Stats(ctx)
-	breakers := st.Breakers
-	if err != nil {
-		breakers = c.s.Breakers()
-	}
-	for _, b := range breakers {
+	st, err := c.s.Stats(ctx) // holds the breakers even when it fails
+	for _, b := range st.Breakers {
 		p := strconv.Itoa(b.Partition)
 		for _, state := range knownStates {
 			v := 0.0

@@ -14,9 +14,7 @@
 //     (closed to open) and the one that ends it (to closed) are always
 //     logged, the close with "open_for", how long the outage lasted. The
 //     probes in between (half-open, open again) are logged at most once per
-//     partition every Options.Every, with "suppressed" counting the others.
-//     A change that arrives after a later one of the same partition (the
-//     store reports them outside its locks) is not logged;
+//     partition every Options.Every, with "suppressed" counting the others;
 //   - successful operations at Debug when Options.Debug is set, and
 //     nothing otherwise.
 //
@@ -94,8 +92,7 @@ func (w *window) allow(now time.Time, every time.Duration) (bool, int) {
 
 // partition is what the observer knows of one partition's breaker.
 type partition struct {
-	last   store.BreakerStatus
-	seen   bool
+	down   bool      // the last change left the breaker open or half-open
 	outage time.Time // when the current outage began (BreakerStatus.Since)
 	window window
 }
@@ -184,24 +181,19 @@ func (o *observer) BreakerChanged(st store.BreakerStatus) {
 		p = &partition{}
 		o.parts[st.Partition] = p
 	}
-	if p.seen && !st.After(p.last) {
-		o.mu.Unlock() // a change that arrived after a later one: already told
-		return
-	}
 	always := false
 	var openFor time.Duration
 	switch {
 	case st.State == store.BreakerClosed:
 		always = true
-		if !p.outage.IsZero() {
+		if p.down {
 			openFor = st.Since.Sub(p.outage)
 		}
-		p.outage = time.Time{}
-	case !p.seen || p.last.State == store.BreakerClosed:
+		p.down = false
+	case !p.down:
 		always = true
-		p.outage = st.Since
+		p.down, p.outage = true, st.Since
 	}
-	p.last, p.seen = st, true
 	var suppressed int
 	if always {
 		suppressed = p.window.suppressed

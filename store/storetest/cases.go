@@ -136,7 +136,7 @@ func testZeroSocket(t *testing.T, open Opener) {
 
 	next := s.Reserve(ctx, owner, req(t, "one", "two"))
 	assert.Empty(t, next.PreviousResponseID)
-	assert.True(t, next.Origin.IsZero())
+	assert.Zero(t, next.Origin)
 	assert.Equal(t, store.ReasonMissingState, next.Reason)
 }
 
@@ -245,7 +245,7 @@ func testAppendOnly(t *testing.T, open Opener) {
 	assert.Equal(t, next.Turn, retry.Turn)
 	assert.Empty(t, retry.PreviousResponseID)
 	assert.Nil(t, retry.Delta)
-	assert.True(t, retry.Origin.IsZero())
+	assert.Zero(t, retry.Origin)
 	assert.Equal(t, store.ReasonFullContextRetry, retry.Reason)
 	assert.Equal(t, 4, retry.DeltaCount)
 	assert.False(t, retry.Continues())
@@ -448,7 +448,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 					ev.aborted, err = s.Abort(ctx, ev.res)
 				} else {
 					ev.outcome, err = s.Record(ctx, ev.res, store.Result{
-						ResponseID: "resp-" + ev.res.Turn.String(),
+						ResponseID: fmt.Sprintf("resp-%d", ev.res.Turn),
 						Socket:     store.Socket{ID: uint64(w + 1)},
 					})
 				}
@@ -483,7 +483,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 			switch {
 			case i == 0:
 				problem("turn %v, the first, continues from %q", ev.res.Turn, ev.res.PreviousResponseID)
-			case ev.res.PreviousResponseID != "resp-"+events[i-1].res.Turn.String():
+			case ev.res.PreviousResponseID != fmt.Sprintf("resp-%d", events[i-1].res.Turn):
 				problem("turn %v continues from %q, not from turn %v reserved just before it",
 					ev.res.Turn, ev.res.PreviousResponseID, events[i-1].res.Turn)
 			case events[i-1].outcome != store.OutcomePublished:
@@ -515,7 +515,7 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 	switch {
 	case last.outcome == store.OutcomePublished:
 		assert.True(t, st.HasContinuation)
-		assert.Equal(t, "resp-"+last.res.Turn.String(), st.ResponseID, "the final state is the last publication")
+		assert.Equal(t, fmt.Sprintf("resp-%d", last.res.Turn), st.ResponseID, "the final state is the last publication")
 		assert.Equal(t, last.res.Turn, st.Turn)
 	case last.aborted:
 		assert.False(t, st.Exists)
