@@ -8,23 +8,23 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// DefaultNamespace is the metric namespace when Options.Namespace is empty.
-const DefaultNamespace = "contstore"
+// defaultNamespace is the metric namespace when Options.Namespace is empty.
+const defaultNamespace = "contstore"
 
-// DefaultBuckets are the latency histogram's buckets, in seconds: from
+// defaultBuckets are the latency histogram's buckets, in seconds: from
 // 100µs (an in-process store) to 1s (far past the default OpTimeout).
-var DefaultBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+var defaultBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
 
 // Label values that are not a store constant.
 const (
-	// ReasonContinued is the reason label of reservations that continue
+	// reasonContinued is the reason label of reservations that continue
 	// (store.ReasonNone).
-	ReasonContinued = "continued"
-	// OutcomeError is the outcome label of Records that failed.
-	OutcomeError = "error"
-	// ResultOK and ResultError are the result label of operations_total.
-	ResultOK    = "ok"
-	ResultError = "error"
+	reasonContinued = "continued"
+	// outcomeError is the outcome label of Records that failed.
+	outcomeError = "error"
+	// resultOK and resultError are the result label of operations_total.
+	resultOK    = "ok"
+	resultError = "error"
 )
 
 // Options name the metrics.
@@ -38,7 +38,7 @@ type Options struct {
 	// stores of one process apart.
 	ConstLabels prometheus.Labels
 	// Buckets are the latency histogram's upper bounds in seconds; nil
-	// means DefaultBuckets.
+	// means 100µs to 1s (.0001, .00025, .0005, ... .5, 1).
 	Buckets []float64
 }
 
@@ -90,10 +90,10 @@ var (
 // store.Options.Observer.
 func New(opts Options) *Metrics {
 	if opts.Namespace == "" {
-		opts.Namespace = DefaultNamespace
+		opts.Namespace = defaultNamespace
 	}
 	if opts.Buckets == nil {
-		opts.Buckets = DefaultBuckets
+		opts.Buckets = defaultBuckets
 	}
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: opts.Namespace, Subsystem: opts.Subsystem,
@@ -130,7 +130,7 @@ func New(opts Options) *Metrics {
 	for _, o := range knownOutcomes {
 		m.byOutcome[o] = m.records.WithLabelValues(string(o))
 	}
-	m.byOutcome[OutcomeError] = m.records.WithLabelValues(OutcomeError)
+	m.byOutcome[outcomeError] = m.records.WithLabelValues(outcomeError)
 	for _, op := range knownOps {
 		m.byOp[op] = m.series(op)
 	}
@@ -142,15 +142,15 @@ func New(opts Options) *Metrics {
 
 func (m *Metrics) series(op store.Op) opSeries {
 	return opSeries{
-		ok:      m.operations.WithLabelValues(string(op), ResultOK),
-		failed:  m.operations.WithLabelValues(string(op), ResultError),
+		ok:      m.operations.WithLabelValues(string(op), resultOK),
+		failed:  m.operations.WithLabelValues(string(op), resultError),
 		latency: m.duration.WithLabelValues(string(op)),
 	}
 }
 
 func reasonLabel(r store.Reason) string {
 	if r == store.ReasonNone {
-		return ReasonContinued
+		return reasonContinued
 	}
 	return string(r)
 }
@@ -208,7 +208,7 @@ func (m *Metrics) Observe(ev store.Event) {
 	case store.OpRecord:
 		outcome := ev.Outcome
 		if ev.Err != nil {
-			outcome = OutcomeError
+			outcome = outcomeError
 		}
 		c, ok := m.byOutcome[outcome]
 		if !ok {

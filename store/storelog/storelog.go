@@ -36,8 +36,8 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// DefaultEvery is Options.Every's default.
-const DefaultEvery = 10 * time.Second
+// defaultEvery is Options.Every's default.
+const defaultEvery = 10 * time.Second
 
 // Options configure the observer.
 type Options struct {
@@ -104,7 +104,7 @@ func New(logger *slog.Logger, opts Options) store.Observer {
 		logger = slog.Default()
 	}
 	if opts.Every == 0 {
-		opts.Every = DefaultEvery
+		opts.Every = defaultEvery
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
