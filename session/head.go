@@ -82,8 +82,3 @@ func (h *ContextHead) Persist(ctx context.Context, save func(context.Context, *S
 	}
 	return err
 }
-
-// adopted reports whether Persist adopted its candidate, given its error.
-func adopted(err error) bool {
-	return !errors.Is(err, ErrHeadBlocked) && !errors.Is(err, ErrIdentityMismatch)
-}

@@ -32,9 +32,9 @@ type Event struct {
 	Err error
 }
 
-// Observer sees every operation of an observed Store. ObserveSession is
-// called synchronously after the operation: it must be fast and safe for
-// concurrent use.
+// Observer sees every operation of a Store opened with
+// StoreOptions.Observer. ObserveSession is called synchronously after the
+// operation: it must be fast and safe for concurrent use.
 type Observer interface {
 	ObserveSession(Event)
 }
@@ -45,9 +45,9 @@ type ObserverFunc func(Event)
 // ObserveSession calls f(ev).
 func (f ObserverFunc) ObserveSession(ev Event) { f(ev) }
 
-// Observed returns a Store that passes every call to st unchanged and then
+// observe returns a Store that passes every call to st unchanged and then
 // reports it to obs; it returns st itself when obs is nil.
-func Observed(st Store, obs Observer) Store {
+func observe(st Store, obs Observer) Store {
 	if obs == nil {
 		return st
 	}

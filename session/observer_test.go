@@ -34,7 +34,7 @@ func (e *events) take() []session.Event {
 	return out
 }
 
-// An observed store behaves exactly as the store it wraps.
+// A store with an observer behaves exactly as one without.
 func TestObservedConformance(t *testing.T) {
 	obs := &events{}
 	shared := map[string]session.Store{}
@@ -43,22 +43,22 @@ func TestObservedConformance(t *testing.T) {
 		if st, ok := shared[key]; ok {
 			return st
 		}
+		opts.Observer = obs
 		st, err := session.NewMemoryStore(opts)
 		require.NoError(t, err)
-		shared[key] = session.Observed(st, obs)
-		return shared[key]
+		shared[key] = st
+		return st
 	})
 	assert.NotEmpty(t, obs.take())
 }
 
 // Each operation is reported with the session id, the version the caller
 // holds afterwards and the error.
-func TestObservedEvents(t *testing.T) {
+func TestObserverSeesEachOperation(t *testing.T) {
 	ctx := context.Background()
-	inner, err := session.NewMemoryStore(session.StoreOptions{MinReplicas: 1})
-	require.NoError(t, err)
 	obs := &events{}
-	st := session.Observed(inner, obs)
+	st, err := session.NewMemoryStore(session.StoreOptions{MinReplicas: 1, Observer: obs})
+	require.NoError(t, err)
 
 	s := session.New("m", "", "")
 	s.Messages = []json.RawMessage{json.RawMessage(`{"role":"user","content":"hi"}`)}
@@ -101,24 +101,17 @@ func TestObservedEvents(t *testing.T) {
 	assert.Equal(t, uint64(2), loaded.Version)
 }
 
-func TestObservedWithoutObserver(t *testing.T) {
-	st, err := session.NewMemoryStore(session.StoreOptions{})
-	require.NoError(t, err)
-	assert.Same(t, st, session.Observed(st, nil))
-}
-
-// Counting failed saves with an ObserverFunc.
-func ExampleObserved() {
-	st, _ := session.NewMemoryStore(session.StoreOptions{})
+// Counting failed operations with an ObserverFunc.
+func ExampleObserverFunc() {
 	var mu sync.Mutex
 	failed := map[session.Op]int{}
-	st = session.Observed(st, session.ObserverFunc(func(ev session.Event) {
+	st, _ := session.NewMemoryStore(session.StoreOptions{Observer: session.ObserverFunc(func(ev session.Event) {
 		if ev.Err != nil {
 			mu.Lock()
 			failed[ev.Op]++
 			mu.Unlock()
 		}
-	}))
+	})})
 
 	ctx := context.Background()
 	s := session.New("m", "", "")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
 )
 
 // Price is one model's price in US dollars per million tokens.
@@ -16,21 +15,12 @@ type Price struct {
 	CacheWrite1h float64 `json:"cache_write_1h"`
 }
 
-// Prices maps model names to prices. Prices are data: load them with
-// LoadPrices (see prices.example.json).
+// Prices maps model names to prices. Prices are data: parse them with
+// ParsePrices (see prices.example.json).
 type Prices map[string]Price
 
-// LoadPrices reads a price table: a JSON object {"models": {name: Price}}.
-func LoadPrices(path string) (Prices, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("%w: price table: %v", ErrInvalid, err)
-	}
-	return ParsePrices(b)
-}
-
-// ParsePrices decodes a price table (see LoadPrices), refusing negative
-// prices.
+// ParsePrices decodes a price table, a JSON object {"models": {name:
+// Price}}, refusing unknown members and negative prices.
 func ParsePrices(b []byte) (Prices, error) {
 	var doc struct {
 		Models Prices `json:"models"`
@@ -50,13 +40,13 @@ func ParsePrices(b []byte) (Prices, error) {
 
 // Usage is what one model turn consumed.
 type Usage struct {
-	Model         string
-	Input, Output uint64
-	CacheRead     uint64
-	// CacheCreation is every cache-write token; CacheCreation5m and
-	// CacheCreation1h split them by cache lifetime when the provider says
-	// (nil when it does not).
-	CacheCreation                    uint64
+	// Model is the model that ran the turn, as Prices names it.
+	Model string
+	// Tokens counts the turn's tokens; CacheCreation is every cache-write
+	// token.
+	Tokens
+	// CacheCreation5m and CacheCreation1h split the cache writes by cache
+	// lifetime when the provider says (nil when it does not).
 	CacheCreation5m, CacheCreation1h *uint64
 }
 

@@ -1,6 +1,7 @@
 package session_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,15 +12,17 @@ import (
 
 func u64(v uint64) *uint64 { return &v }
 
-func TestExamplePriceTableLoads(t *testing.T) {
-	prices, err := session.LoadPrices("prices.example.json")
+func TestExamplePriceTableParses(t *testing.T) {
+	b, err := os.ReadFile("prices.example.json")
+	require.NoError(t, err)
+	prices, err := session.ParsePrices(b)
 	require.NoError(t, err)
 	large := prices["example-large"]
 	assert.Equal(t, 1.25*large.Input, large.CacheWrite5m, "5-minute writes at 1.25× input")
 	assert.Equal(t, 2*large.Input, large.CacheWrite1h, "1-hour writes at 2× input")
 }
 
-func TestCost(t *testing.T) {
+func TestCostBillsEachKindOfToken(t *testing.T) {
 	prices := session.Prices{"m": {Input: 1, Output: 2, CacheRead: 0.1, CacheWrite5m: 1.25, CacheWrite1h: 2}}
 	for _, c := range []struct {
 		name  string
@@ -27,12 +30,12 @@ func TestCost(t *testing.T) {
 		want  float64
 		known bool
 	}{
-		{"plain", session.Usage{Model: "m", Input: 1_000_000, Output: 1_000_000}, 3, true},
-		{"cache read", session.Usage{Model: "m", CacheRead: 1_000_000}, 0.1, true},
-		{"unknown split bills at 5m", session.Usage{Model: "m", CacheCreation: 1_000_000}, 1.25, true},
-		{"split", session.Usage{Model: "m", CacheCreation: 3_000_000, CacheCreation5m: u64(1_000_000), CacheCreation1h: u64(2_000_000)}, 1.25 + 4, true},
-		{"only 1h known", session.Usage{Model: "m", CacheCreation: 1_000_000, CacheCreation1h: u64(1_000_000)}, 2, true},
-		{"unknown model", session.Usage{Model: "other", Input: 1_000_000}, 0, false},
+		{"plain", session.Usage{Model: "m", Tokens: session.Tokens{Input: 1_000_000, Output: 1_000_000}}, 3, true},
+		{"cache read", session.Usage{Model: "m", Tokens: session.Tokens{CacheRead: 1_000_000}}, 0.1, true},
+		{"unknown split bills at 5m", session.Usage{Model: "m", Tokens: session.Tokens{CacheCreation: 1_000_000}}, 1.25, true},
+		{"split", session.Usage{Model: "m", Tokens: session.Tokens{CacheCreation: 3_000_000}, CacheCreation5m: u64(1_000_000), CacheCreation1h: u64(2_000_000)}, 1.25 + 4, true},
+		{"only 1h known", session.Usage{Model: "m", Tokens: session.Tokens{CacheCreation: 1_000_000}, CacheCreation1h: u64(1_000_000)}, 2, true},
+		{"unknown model", session.Usage{Model: "other", Tokens: session.Tokens{Input: 1_000_000}}, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, known := prices.Cost(c.usage)
@@ -47,34 +50,16 @@ func TestBadPriceTablesAreRefused(t *testing.T) {
 		_, err := session.ParsePrices([]byte(doc))
 		assert.ErrorIs(t, err, session.ErrInvalid, doc)
 	}
-	_, err := session.LoadPrices("no-such-file.json")
-	assert.ErrorIs(t, err, session.ErrInvalid)
 }
 
-func TestResumeClampsKeepWarm(t *testing.T) {
+func TestNewConversationClampsKeepWarm(t *testing.T) {
 	s := session.New("m", "", "")
 	s.Tokens = session.Tokens{Input: 10, Output: 10, CacheRead: 10, CacheCreation: 10}
 	s.KeepWarmTokens = session.Tokens{Input: 20, Output: 5, CacheRead: 11, CacheCreation: 0}
 	s.Cost, s.KeepWarmCost = 1, 3
-	c := session.Resume(s, session.Deps{})
-	assert.Equal(t, session.Tokens{Input: 10, Output: 5, CacheRead: 10}, c.KeepWarmTokens)
-	assert.Equal(t, 1.0, c.KeepWarmCost)
+	c := session.NewConversation(s, session.Deps{})
+	assert.Equal(t, session.Tokens{Input: 10, Output: 5, CacheRead: 10}, c.Session.KeepWarmTokens)
+	assert.Equal(t, 1.0, c.Session.KeepWarmCost)
 	s.KeepWarmCost = -2
-	assert.Zero(t, session.Resume(s, session.Deps{}).KeepWarmCost)
-}
-
-func TestAutoTitle(t *testing.T) {
-	s := session.New("m", "", "")
-	s.Messages = append(s.Messages,
-		[]byte(`{"role":"system","content":"ignored"}`),
-		[]byte(`{"role":"user","content":[{"type":"input_text","text":"  Plan   a trip\nto Lisbon "}]}`))
-	s.AutoTitle()
-	assert.Equal(t, "Plan a trip to Lisbon", s.Title)
-	s.Messages[1] = []byte(`{"role":"user","content":"` + string(make([]byte, 0)) + `a very long first message that goes on and on well past the sixty character limit"}`)
-	s.Title = ""
-	s.AutoTitle()
-	assert.Len(t, []rune(s.Title), 60)
-	s.Title = "kept"
-	s.AutoTitle()
-	assert.Equal(t, "kept", s.Title)
+	assert.Zero(t, session.NewConversation(s, session.Deps{}).Session.KeepWarmCost)
 }

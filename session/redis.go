@@ -1,10 +1,12 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
@@ -33,7 +35,7 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 	if err != nil {
 		return nil, err
 	}
-	return Observed(&redisStore{client: client, opts: opts}, opts.Observer), nil
+	return observe(&redisStore{client: client, opts: opts}, opts.Observer), nil
 }
 
 // keys returns a session's head and log keys, and, when op is not empty,
@@ -64,9 +66,9 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 	}
 	from := 0
 	args[1] = "rewrite"
-	if !rewrite && s.Version > 0 && s.saved.extendedBy(s.Messages) {
+	if !rewrite && s.Version > 0 && extends(s.Messages, s.saved) {
 		args[1] = "append"
-		from = s.saved.count
+		from = len(s.saved)
 	}
 	args = append(args, doc, len(s.Messages), r.answerTTL())
 	for _, m := range s.Messages[from:] {
@@ -79,10 +81,24 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 	return args, nil
 }
 
+// extends reports whether msgs starts with the messages of saved, byte for
+// byte.
+func extends(msgs, saved []json.RawMessage) bool {
+	if len(msgs) < len(saved) {
+		return false
+	}
+	for i, m := range saved {
+		if !bytes.Equal(m, msgs[i]) {
+			return false
+		}
+	}
+	return true
+}
+
 // answerTTL is how long a save's answer stays, in milliseconds.
 func (r *redisStore) answerTTL() int64 { return lua.AnswerTTL(r.opts.OpTimeout).Milliseconds() }
 
-// save runs the save script on c and returns the new version.
+// save runs the save script on c; on success s.Version is the new version.
 func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) error {
 	if err := validSession(s); err != nil {
 		return err
@@ -107,7 +123,7 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 				return fmt.Errorf("%w: save %q: version %q", ErrUnavailable, s.ID, reply[1])
 			}
 			s.Version = v
-			s.saved = chainOf(s.Messages)
+			s.saved = slices.Clone(s.Messages)
 			return nil
 		case "conflict":
 			return fmt.Errorf("%w: session %q is at version %s, this copy at %d", ErrConflict, s.ID, reply[1], s.Version)
@@ -187,7 +203,7 @@ func (r *redisStore) Load(ctx context.Context, id string) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.saved = chainOf(s.Messages)
+	s.saved = slices.Clone(s.Messages)
 	return s, nil
 }
 

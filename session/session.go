@@ -2,12 +2,14 @@
 // cost) in Redis or in process, for gateway and agent replicas that must
 // never publish an old head over a new one.
 //
-// A [Store] publishes a session as the new head only if the stored head is
-// the one the writer loaded or last saved ([ErrConflict] otherwise), and
-// [Store.SaveDurable] also waits for replica acknowledgement. A durable save
-// that fails after publication is ambiguous: [ContextHead] latches the
-// session so nothing saves over it until the session is reloaded.
-// [Conversation] tracks usage and cost and drives saves, resumes and clears.
+// A [Session] is the stored document. A [Store] publishes a session as the
+// new head only if the stored head is the one the writer loaded or last
+// saved ([ErrConflict] otherwise), and [Store.SaveDurable] also waits for
+// replica acknowledgement. A durable save that fails after publication is
+// ambiguous: [ContextHead] latches the session so nothing saves over it
+// until the session is reloaded. A [Conversation] drives one session:
+// it prices usage into it, saves it, publishes its head through the
+// barrier and clears it.
 package session
 
 import (
@@ -19,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/names"
 )
 
@@ -40,15 +43,22 @@ var (
 	ErrUnavailable = errors.New("session: store unavailable")
 )
 
-// MaxIDBytes is the longest session id accepted.
-const MaxIDBytes = 256
-
 // Tokens counts tokens by kind.
 type Tokens struct {
 	Input         uint64 `json:"input"`
 	Output        uint64 `json:"output"`
 	CacheRead     uint64 `json:"cache_read"`
 	CacheCreation uint64 `json:"cache_creation"`
+}
+
+// plus returns t and u added up, kind by kind.
+func (t Tokens) plus(u Tokens) Tokens {
+	return Tokens{
+		Input:         t.Input + u.Input,
+		Output:        t.Output + u.Output,
+		CacheRead:     t.CacheRead + u.CacheRead,
+		CacheCreation: t.CacheCreation + u.CacheCreation,
+	}
 }
 
 // clampedUnder returns t with each count at most the matching one of max.
@@ -77,8 +87,8 @@ type Session struct {
 	Cost           float64 `json:"cost"`
 	KeepWarmCost   float64 `json:"keepwarm_cost"`
 	KeepWarmTokens Tokens  `json:"keepwarm_tokens"`
-	// AbortContext is a legacy recap of an interrupted turn; Resume turns it
-	// into an interruption marker message.
+	// AbortContext is a legacy recap of an interrupted turn; a Conversation
+	// turns it into an InterruptionMarker message.
 	AbortContext string    `json:"abort_context,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
 	UpdatedAt    time.Time `json:"updated_at"`
@@ -87,9 +97,10 @@ type Session struct {
 	// session: 0 until it is first saved or loaded.
 	Version uint64 `json:"-"`
 
-	// saved describes the messages at Version, so a journal save can
-	// append only what is new.
-	saved messageChain
+	// saved is the message list at Version, as this copy saved or loaded
+	// it, so that a journal save can append only what is new. It is never
+	// changed in place, only replaced.
+	saved []json.RawMessage
 }
 
 // New returns an empty session with a fresh random id.
@@ -118,8 +129,8 @@ func (s *Session) Clone() *Session {
 // maxTitleRunes bounds an automatic title.
 const maxTitleRunes = 60
 
-// AutoTitle sets the title from the first user message when none is set.
-func (s *Session) AutoTitle() {
+// autoTitle sets the title from the first user message when none is set.
+func (s *Session) autoTitle() {
 	if s.Title != "" {
 		return
 	}
@@ -166,14 +177,21 @@ func messageText(content json.RawMessage) string {
 	return b.String()
 }
 
-// ValidID reports whether id can name a session: non-empty, at most
-// MaxIDBytes of UTF-8 without control characters, '{' or '}'.
+// ValidID reports whether id can name a session: an id identity accepts
+// (non-empty, at most identity.MaxIDBytes bytes of UTF-8 without control
+// characters) without '{' or '}'.
 func ValidID(id string) error {
-	if err := names.Check(id, MaxIDBytes); err != nil {
-		return fmt.Errorf("%w: session id %q %v", ErrInvalid, id, err)
+	return validName("session id", id, identity.MaxIDBytes, "{}")
+}
+
+// validName checks a name that ends up in a Redis key: what names.Check
+// accepts, within max bytes, without any of the characters of forbidden.
+func validName(what, s string, max int, forbidden string) error {
+	if err := names.Check(s, max); err != nil {
+		return fmt.Errorf("%w: %s %q %v", ErrInvalid, what, s, err)
 	}
-	if strings.ContainsAny(id, "{}") {
-		return fmt.Errorf("%w: session id %q holds '{' or '}'", ErrInvalid, id)
+	if strings.ContainsAny(s, forbidden) {
+		return fmt.Errorf("%w: %s %q holds one of %q", ErrInvalid, what, s, forbidden)
 	}
 	return nil
 }

@@ -5,11 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
-
-	"github.com/contstore/contstore/internal/names"
 )
 
 // Store keeps sessions. Implementations: [NewRedisStore], [NewMemoryStore].
@@ -57,8 +54,8 @@ func (m Mode) String() string {
 
 // StoreOptions configure a session store. Zero fields take defaults.
 type StoreOptions struct {
-	// Namespace prefixes every Redis key. Default "sess"; no '{', '}' or
-	// spaces.
+	// Namespace prefixes every Redis key. Default "sess"; at most 64 bytes
+	// of printable UTF-8, no spaces, no '{' or '}'.
 	Namespace string
 	// Mode is the persistence mode. Default Snapshot.
 	Mode Mode
@@ -71,10 +68,15 @@ type StoreOptions struct {
 	DurableTimeout time.Duration
 	// OpTimeout bounds each operation (besides the durable wait). Default 2s.
 	OpTimeout time.Duration
-	// Observer, when set, sees every operation (see Observed).
+	// Observer, when set, sees every operation.
 	Observer Observer
 }
 
+// maxNamespaceBytes is the longest namespace accepted.
+const maxNamespaceBytes = 64
+
+// withDefaults returns o with defaults filled in, or an error naming the
+// first invalid field.
 func (o StoreOptions) withDefaults() (StoreOptions, error) {
 	if o.Namespace == "" {
 		o.Namespace = "sess"
@@ -85,12 +87,10 @@ func (o StoreOptions) withDefaults() (StoreOptions, error) {
 	if o.OpTimeout == 0 {
 		o.OpTimeout = 2 * time.Second
 	}
-	if err := names.Check(o.Namespace, 64); err != nil {
-		return o, fmt.Errorf("%w: Namespace %v", ErrInvalid, err)
+	if err := validName("Namespace", o.Namespace, maxNamespaceBytes, "{} "); err != nil {
+		return o, err
 	}
 	switch {
-	case strings.ContainsAny(o.Namespace, "{} "):
-		return o, fmt.Errorf("%w: Namespace %q holds a space, '{' or '}'", ErrInvalid, o.Namespace)
 	case o.Mode != Snapshot && o.Mode != Journal:
 		return o, fmt.Errorf("%w: Mode %v", ErrInvalid, o.Mode)
 	case o.TTL < 0 || (o.TTL > 0 && o.TTL < time.Millisecond):
@@ -163,7 +163,7 @@ func NewMemoryStore(opts StoreOptions) (Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Observed(&memoryStore{opts: opts, now: time.Now, heads: map[string]memoryHead{}}, opts.Observer), nil
+	return observe(&memoryStore{opts: opts, now: time.Now, heads: map[string]memoryHead{}}, opts.Observer), nil
 }
 
 func (m *memoryStore) head(id string) (memoryHead, bool) {
@@ -198,7 +198,6 @@ func (m *memoryStore) Save(ctx context.Context, s *Session) error {
 	}
 	m.heads[s.ID] = next
 	s.Version = next.version
-	s.saved = chainOf(s.Messages)
 	return nil
 }
 
@@ -227,7 +226,6 @@ func (m *memoryStore) Load(ctx context.Context, id string) (*Session, error) {
 		return nil, err
 	}
 	s.Version = h.version
-	s.saved = chainOf(s.Messages)
 	return s, nil
 }
 

@@ -17,7 +17,7 @@ import (
 	"github.com/contstore/contstore/session"
 )
 
-func testRoundTrip(t *testing.T, open Opener) {
+func testSavedSessionLoadsBackAsSaved(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	s := session.New("model-a", "high", "be brief")
 	s.Name, s.ParentSession = "name", "parent"
@@ -25,8 +25,7 @@ func testRoundTrip(t *testing.T, open Opener) {
 	s.Tokens = session.Tokens{Input: 1, Output: 2, CacheRead: 3, CacheCreation: 4}
 	s.Cost, s.KeepWarmCost = 0.5, 0.25
 	s.KeepWarmTokens = session.Tokens{Input: 1}
-	s.AutoTitle()
-	require.Equal(t, "hello <world> & more", s.Title)
+	s.Title = "hello <world> & more"
 
 	require.Zero(t, s.Version)
 	require.NoError(t, st.Save(ctx, s))
@@ -63,14 +62,14 @@ func testModesLoadIdentically(t *testing.T, open Opener) {
 	assert.Equal(t, loaded[0].Messages, loaded[1].Messages)
 }
 
-func testNotFound(t *testing.T, open Opener) {
+func testMissingSessionIsNotFound(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	_, err := st.Load(ctx, "no-such-session")
 	assert.ErrorIs(t, err, session.ErrNotFound)
 	assert.Contains(t, err.Error(), "no-such-session")
 }
 
-func testDelete(t *testing.T, open Opener) {
+func testDeleteRemovesTheSession(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	s := session.New("m", "", "")
 	s.Messages = messages(3, "x")
@@ -81,7 +80,7 @@ func testDelete(t *testing.T, open Opener) {
 	require.NoError(t, st.Delete(ctx, s.ID), "deleting a missing session is fine")
 }
 
-func testInvalidInput(t *testing.T, open Opener) {
+func testInvalidInputWritesNothing(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	s := session.New("m", "", "")
 	s.Messages = messages(2, "kept")
@@ -90,7 +89,7 @@ func testInvalidInput(t *testing.T, open Opener) {
 	bad := s.Clone()
 	bad.Messages = append(bad.Messages, json.RawMessage(`{"broken"`))
 	assert.ErrorIs(t, st.Save(ctx, bad), session.ErrInvalid)
-	for _, id := range []string{"", "a{b}", "x\ny", strings.Repeat("x", session.MaxIDBytes+1)} {
+	for _, id := range []string{"", "a{b}", "x\ny", strings.Repeat("x", 257)} { // ids are at most 256 bytes
 		_, err := st.Load(ctx, id)
 		assert.ErrorIs(t, err, session.ErrInvalid, "id %q", id)
 		assert.ErrorIs(t, st.Delete(ctx, id), session.ErrInvalid)
@@ -99,7 +98,7 @@ func testInvalidInput(t *testing.T, open Opener) {
 	same(t, s, load(t, st, s.ID))
 }
 
-func testOneHeadWins(t *testing.T, open Opener) {
+func testOneOfTwoConcurrentHeadsWins(t *testing.T, open Opener) {
 	a, b := open(t, session.StoreOptions{}), open(t, session.StoreOptions{})
 	s := session.New("m", "", "")
 	s.Messages = messages(2, "base")
@@ -132,7 +131,7 @@ func testOneHeadWins(t *testing.T, open Opener) {
 	assert.Equal(t, uint64(2), got.Version)
 }
 
-func testConcurrentWriters(t *testing.T, open Opener) {
+func testConcurrentWritersLoseNoUpdate(t *testing.T, open Opener) {
 	const writers, rounds = 8, 1000
 	stores := []session.Store{open(t, session.StoreOptions{}), open(t, session.StoreOptions{})}
 	s := session.New("m", "", "")
@@ -184,7 +183,7 @@ func testConcurrentWriters(t *testing.T, open Opener) {
 	}
 }
 
-func testTTL(t *testing.T, open Opener) {
+func testIdleSessionExpires(t *testing.T, open Opener) {
 	const ttl = 300 * time.Millisecond
 	st := open(t, session.StoreOptions{TTL: ttl})
 	s := session.New("m", "", "")
@@ -197,8 +196,7 @@ func testTTL(t *testing.T, open Opener) {
 	assert.ErrorIs(t, err, session.ErrNotFound)
 }
 
-// Seed: context_head_ack_follows_durable_write_and_adoption.
-func testAckFollowsDurableWrite(t *testing.T, open Opener) {
+func testPersistAcknowledgesOnlyAfterTheDurableWrite(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
@@ -240,8 +238,7 @@ func testAckFollowsDurableWrite(t *testing.T, open Opener) {
 	assert.Equal(t, current.AbortContext, loaded.AbortContext)
 }
 
-// Seed: context_head_identity_mismatch_never_writes_or_adopts.
-func testIdentityMismatch(t *testing.T, open Opener) {
+func testIdentityMismatchNeverWritesOrAdopts(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
@@ -266,66 +263,58 @@ func testIdentityMismatch(t *testing.T, open Opener) {
 	assert.ErrorIs(t, err, session.ErrHeadBlocked, "latched until reloaded")
 }
 
-// Seed: cache_totals_survive_save_and_resume.
-func testCacheTotals(t *testing.T, open Opener) {
+func testCacheTotalsSurviveSaveAndReload(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	s := session.New("synthetic-model", "low", "")
 	s.Messages = []json.RawMessage{msg("user", "q")}
-	conv := session.Resume(s, session.Deps{Store: st, Prices: session.Prices{"synthetic-model": {Input: 1, Output: 2, CacheRead: 0.1, CacheWrite5m: 1.25, CacheWrite1h: 2}}})
-	cost, known := conv.AddUsage(session.Usage{Model: "synthetic-model", Input: 120, Output: 40, CacheRead: 85_679, CacheCreation: 6_250})
+	conv := session.NewConversation(s, session.Deps{Store: st, Prices: session.Prices{"synthetic-model": {Input: 1, Output: 2, CacheRead: 0.1, CacheWrite5m: 1.25, CacheWrite1h: 2}}})
+	cost, known := conv.AddUsage(session.Usage{Model: "synthetic-model", Tokens: session.Tokens{Input: 120, Output: 40, CacheRead: 85_679, CacheCreation: 6_250}})
 	require.True(t, known)
 	assert.InDelta(t, (120*1+40*2+85_679*0.1+6_250*1.25)/1e6, cost, 1e-12)
-	conv.KeepWarmTokens.CacheRead = 4_000
-	conv.KeepWarmTokens.CacheCreation = 9_999 // a stale label, above its total
-	saved, ok := conv.PrepareSave()
-	require.True(t, ok, "a non-empty history saves")
-	assert.Equal(t, uint64(85_679), saved.Tokens.CacheRead)
-	assert.Equal(t, uint64(6_250), saved.Tokens.CacheCreation)
+	conv.Session.KeepWarmTokens.CacheRead = 4_000
+	conv.Session.KeepWarmTokens.CacheCreation = 9_999 // a stale label, above its total
 	wrote, err := conv.Save(ctx)
 	require.NoError(t, err)
-	require.True(t, wrote)
+	require.True(t, wrote, "a non-empty history saves")
 
-	resumed := session.Resume(load(t, st, s.ID), session.Deps{Store: st})
-	assert.Equal(t, uint64(85_679), resumed.Tokens.CacheRead)
-	assert.Equal(t, uint64(6_250), resumed.Tokens.CacheCreation)
-	assert.Equal(t, uint64(4_000), resumed.KeepWarmTokens.CacheRead)
-	assert.Equal(t, uint64(6_250), resumed.KeepWarmTokens.CacheCreation, "clamped under its total")
-	wire := resumed.Snapshot()
-	assert.Equal(t, uint64(85_679), wire.Tokens.CacheRead)
-	assert.Equal(t, uint64(6_250), wire.Tokens.CacheCreation)
+	saved := load(t, st, s.ID)
+	assert.Equal(t, uint64(85_679), saved.Tokens.CacheRead)
+	assert.Equal(t, uint64(6_250), saved.Tokens.CacheCreation)
+	resumed := session.NewConversation(saved, session.Deps{Store: st})
+	assert.Equal(t, uint64(85_679), resumed.Session.Tokens.CacheRead)
+	assert.Equal(t, uint64(6_250), resumed.Session.Tokens.CacheCreation)
+	assert.Equal(t, uint64(4_000), resumed.Session.KeepWarmTokens.CacheRead)
+	assert.Equal(t, uint64(6_250), resumed.Session.KeepWarmTokens.CacheCreation, "clamped under its total")
 }
 
-// Seed: from_resumed_migrates_a_legacy_abort_context.
-func testLegacyAbortMigration(t *testing.T, open Opener) {
+func testLegacyAbortContextBecomesOneMarker(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	legacy := session.New("synthetic-model", "low", "")
 	legacy.Messages = []json.RawMessage{msg("user", "do X")}
 	legacy.AbortContext = "(System note — ABORT CONTEXT: …)"
 	require.NoError(t, st.Save(ctx, legacy))
 
-	conv := session.Resume(load(t, st, legacy.ID), session.Deps{Store: st})
+	conv := session.NewConversation(load(t, st, legacy.ID), session.Deps{Store: st})
 	assert.Empty(t, conv.Session.AbortContext)
-	require.Len(t, conv.Messages, 2)
+	require.Len(t, conv.Session.Messages, 2)
 	var marker struct{ Role, Content string }
-	require.NoError(t, json.Unmarshal(conv.Messages[1], &marker))
+	require.NoError(t, json.Unmarshal(conv.Session.Messages[1], &marker))
 	assert.Equal(t, session.InterruptionMarker, marker.Content)
-	assert.Equal(t, conv.Session.Messages, conv.Messages)
 
-	again := session.Resume(conv.Session.Clone(), session.Deps{Store: st})
-	assert.Equal(t, conv.Messages, again.Messages, "idempotent")
+	again := session.NewConversation(conv.Session.Clone(), session.Deps{Store: st})
+	assert.Equal(t, conv.Session.Messages, again.Session.Messages, "idempotent")
 	_, err := conv.Save(ctx)
 	require.NoError(t, err)
-	reloaded := session.Resume(load(t, st, legacy.ID), session.Deps{Store: st})
-	assert.Equal(t, conv.Messages, reloaded.Messages, "a saved migration is not repeated")
+	reloaded := session.NewConversation(load(t, st, legacy.ID), session.Deps{Store: st})
+	assert.Equal(t, conv.Session.Messages, reloaded.Session.Messages, "a saved migration is not repeated")
 }
 
-// Seed: context_head_post_publish_error_is_not_rollback_or_success.
-func testErrorAfterPublication(t *testing.T, open Opener) {
+func testErrorAfterPublicationAdoptsAndLatches(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
 	candidate.Version = old.Version
-	conv := session.Resume(load(t, st, old.ID), session.Deps{Store: st})
+	conv := session.NewConversation(load(t, st, old.ID), session.Deps{Store: st})
 	expected := candidate.Messages
 
 	err := conv.Head.Persist(ctx, func(ctx context.Context, s *session.Session) error {
@@ -340,19 +329,17 @@ func testErrorAfterPublication(t *testing.T, open Opener) {
 	assert.Equal(t, expected, load(t, st, old.ID).Messages)
 
 	// Stale repair data must not be saved over the published head.
-	conv.Messages = []json.RawMessage{msg("user", "stale")}
+	conv.Session.Messages = []json.RawMessage{msg("user", "stale")}
 	wrote, err := conv.Save(ctx)
 	require.NoError(t, err)
 	assert.False(t, wrote, "a latched head refuses ordinary saves")
-	assert.Equal(t, expected, conv.Session.Messages)
 	assert.Equal(t, expected, load(t, st, old.ID).Messages)
 
-	resumed := session.Resume(load(t, st, old.ID), session.Deps{Store: st})
+	resumed := session.NewConversation(load(t, st, old.ID), session.Deps{Store: st})
 	assert.False(t, resumed.Head.IsBlocked(resumed.Session.ID), "reloading clears the latch")
 }
 
-// Seed: context_head_dropped_write_future_latches_without_mutating_old_head.
-func testInterruptedSave(t *testing.T, open Opener) {
+func testInterruptedSaveLatchesWithoutTouchingTheOldHead(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
@@ -391,12 +378,12 @@ func (c *clearRecorder) Clear(_ context.Context, o identity.Owner) error {
 	return nil
 }
 
-func testClear(t *testing.T, open Opener) {
+func testClearSavesAndStartsAFreshSession(t *testing.T, open Opener) {
 	st := open(t, session.StoreOptions{})
 	cleared := &clearRecorder{}
 	conv := session.NewConversation(session.New("model-x", "high", "sys"), session.Deps{Store: st, Continuations: cleared})
-	conv.Messages = messages(2, "hello")
-	conv.AddUsage(session.Usage{Model: "unknown", Input: 10})
+	conv.Session.Messages = messages(2, "hello")
+	conv.AddUsage(session.Usage{Model: "unknown", Tokens: session.Tokens{Input: 10}})
 	oldID := conv.Session.ID
 	require.NoError(t, conv.Clear(ctx))
 
@@ -405,8 +392,8 @@ func testClear(t *testing.T, open Opener) {
 	assert.Equal(t, "model-x", conv.Session.Model)
 	assert.Equal(t, "high", conv.Session.ThinkingLevel)
 	assert.Equal(t, "sys", conv.Session.SystemPrompt)
-	assert.Empty(t, conv.Messages)
-	assert.Zero(t, conv.Tokens)
+	assert.Empty(t, conv.Session.Messages)
+	assert.Zero(t, conv.Session.Tokens)
 	oldOwner, _ := identity.Main(oldID)
 	newOwner, _ := identity.Main(conv.Session.ID)
 	assert.Equal(t, []identity.Owner{oldOwner, newOwner}, cleared.owners)

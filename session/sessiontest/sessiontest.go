@@ -16,7 +16,7 @@ import (
 )
 
 // Opener returns a store for opts. Each test gives its own fresh
-// Options.Namespace and may open several stores in it (as replicas would):
+// StoreOptions.Namespace and may open several stores in it (as replicas would):
 // they must share their sessions. The opener cleans the namespace up.
 type Opener func(t *testing.T, opts session.StoreOptions) session.Store
 
@@ -44,20 +44,20 @@ var cases = []struct {
 	name string
 	run  func(*testing.T, Opener)
 }{
-	{"SaveAndLoadRoundTrip", testRoundTrip},
-	{"MissingSessionIsNotFound", testNotFound},
-	{"DeleteRemovesTheSession", testDelete},
-	{"InvalidInputWritesNothing", testInvalidInput},
-	{"OneOfTwoConcurrentHeadsWins", testOneHeadWins},
-	{"ConcurrentWritersLoseNoUpdate", testConcurrentWriters},
-	{"IdleSessionExpires", testTTL},
-	{"DurableAckFollowsWriteAndAdoption", testAckFollowsDurableWrite},
-	{"IdentityMismatchNeverWritesOrAdopts", testIdentityMismatch},
-	{"CacheTotalsSurviveSaveAndResume", testCacheTotals},
-	{"LegacyAbortMigrationIsIdempotent", testLegacyAbortMigration},
-	{"ErrorAfterPublicationIsNeitherRollbackNorSuccess", testErrorAfterPublication},
-	{"InterruptedSaveLatchesWithoutTouchingTheOldHead", testInterruptedSave},
-	{"ClearStartsAFreshSession", testClear},
+	{"SavedSessionLoadsBackAsSaved", testSavedSessionLoadsBackAsSaved},
+	{"MissingSessionIsNotFound", testMissingSessionIsNotFound},
+	{"DeleteRemovesTheSession", testDeleteRemovesTheSession},
+	{"InvalidInputWritesNothing", testInvalidInputWritesNothing},
+	{"OneOfTwoConcurrentHeadsWins", testOneOfTwoConcurrentHeadsWins},
+	{"ConcurrentWritersLoseNoUpdate", testConcurrentWritersLoseNoUpdate},
+	{"IdleSessionExpires", testIdleSessionExpires},
+	{"PersistAcknowledgesOnlyAfterTheDurableWrite", testPersistAcknowledgesOnlyAfterTheDurableWrite},
+	{"IdentityMismatchNeverWritesOrAdopts", testIdentityMismatchNeverWritesOrAdopts},
+	{"CacheTotalsSurviveSaveAndReload", testCacheTotalsSurviveSaveAndReload},
+	{"LegacyAbortContextBecomesOneMarker", testLegacyAbortContextBecomesOneMarker},
+	{"ErrorAfterPublicationAdoptsAndLatches", testErrorAfterPublicationAdoptsAndLatches},
+	{"InterruptedSaveLatchesWithoutTouchingTheOldHead", testInterruptedSaveLatchesWithoutTouchingTheOldHead},
+	{"ClearSavesAndStartsAFreshSession", testClearSavesAndStartsAFreshSession},
 }
 
 func namespace() string {
@@ -71,8 +71,8 @@ func msg(role, text string) json.RawMessage {
 	return b
 }
 
-// fixture returns a stored-looking session and a candidate head for it, as
-// the seed's context-head tests use.
+// fixture returns a stored-looking session and a candidate head for it,
+// for the context-head tests.
 func fixture() (old, candidate *session.Session) {
 	old = session.New("synthetic-model", "medium", "host authority")
 	old.ID = "synthetic-context-head-" + namespace()
