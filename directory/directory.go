@@ -24,6 +24,8 @@ import (
 	"unicode"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
 // Errors.
@@ -197,20 +199,18 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
-// validReplica checks a replica id: 1 to 256 bytes, no control characters.
+// validReplica checks a replica id as the store does.
 func validReplica(id string) error {
-	if id == "" || len(id) > maxReplicaBytes || strings.ContainsFunc(id, unicode.IsControl) {
-		return fmt.Errorf("%w: replica id %q (1 to %d bytes, no control characters)", ErrInvalid, id, maxReplicaBytes)
+	if err := names.Check(id, maxReplicaBytes); err != nil {
+		return fmt.Errorf("%w: replica id %q %v", ErrInvalid, id, err)
 	}
 	return nil
 }
 
-// validNamespace checks a namespace as the store does: 1 to 64 bytes of
-// printable characters, no spaces, no braces.
+// validNamespace checks a namespace as the store does.
 func validNamespace(ns string) error {
-	if ns == "" || len(ns) > 64 || strings.ContainsAny(ns, "{}") ||
-		strings.ContainsFunc(ns, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) {
-		return fmt.Errorf("%w: namespace %q", ErrInvalid, ns)
+	if err := names.Namespace(ns); err != nil {
+		return fmt.Errorf("%w: namespace %q %v", ErrInvalid, ns, err)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
 // Store keeps sessions. Implementations: [NewRedisStore], [NewMemoryStore].
@@ -72,9 +74,6 @@ type StoreOptions struct {
 	Observer Observer
 }
 
-// maxNamespaceBytes is the longest namespace accepted.
-const maxNamespaceBytes = 64
-
 // withDefaults returns o with defaults filled in, or an error naming the
 // first invalid field.
 func (o StoreOptions) withDefaults() (StoreOptions, error) {
@@ -87,8 +86,8 @@ func (o StoreOptions) withDefaults() (StoreOptions, error) {
 	if o.OpTimeout == 0 {
 		o.OpTimeout = 2 * time.Second
 	}
-	if err := validName("Namespace", o.Namespace, maxNamespaceBytes, "{} "); err != nil {
-		return o, err
+	if err := names.Namespace(o.Namespace); err != nil {
+		return o, fmt.Errorf("%w: Namespace %q %v", ErrInvalid, o.Namespace, err)
 	}
 	switch {
 	case o.Mode != Snapshot && o.Mode != Journal:

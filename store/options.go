@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -34,7 +33,7 @@ const MaxPartitions = 1024
 
 // Limits on names.
 const (
-	maxNamespaceBytes  = 64
+	maxNamespaceBytes  = names.MaxNamespaceBytes
 	maxReplicaBytes    = 256
 	maxResponseIDBytes = 512
 )
@@ -171,11 +170,8 @@ func setDefault[T int | int64 | time.Duration](v *T, def T) {
 }
 
 func validNamespace(ns string) error {
-	if err := validText("Namespace", ns, maxNamespaceBytes); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
-	}
-	if strings.ContainsAny(ns, "{} ") {
-		return fmt.Errorf("%w: Namespace %q holds a space, '{' or '}'", ErrInvalidOptions, ns)
+	if err := names.Namespace(ns); err != nil {
+		return fmt.Errorf("%w: Namespace %q %v", ErrInvalidOptions, ns, err)
 	}
 	return nil
 }

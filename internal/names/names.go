@@ -5,6 +5,7 @@ package names
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -26,6 +27,22 @@ func Check(s string, max int) error {
 		if unicode.IsControl(r) {
 			return fmt.Errorf("has a control character %U at byte %d", r, i)
 		}
+	}
+	return nil
+}
+
+// MaxNamespaceBytes bounds a namespace.
+const MaxNamespaceBytes = 64
+
+// Namespace returns an error saying what is wrong with a key namespace:
+// what Check refuses within MaxNamespaceBytes, or a space, '{' or '}' (a
+// namespace is part of every hash tag).
+func Namespace(ns string) error {
+	if err := Check(ns, MaxNamespaceBytes); err != nil {
+		return err
+	}
+	if strings.ContainsAny(ns, "{} ") {
+		return errors.New("holds a space, '{' or '}'")
 	}
 	return nil
 }

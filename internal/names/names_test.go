@@ -1,6 +1,7 @@
 package names_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -19,4 +20,16 @@ func TestCheck(t *testing.T) {
 		assert.EqualError(t, names.Check(s, 8), want, "%q", s)
 	}
 	assert.NoError(t, names.Check("é:{x} y", 8))
+}
+
+func TestNamespace(t *testing.T) {
+	for ns, want := range map[string]string{
+		"":                      "is empty",
+		"a b":                   "holds a space, '{' or '}'",
+		"a{b":                   "holds a space, '{' or '}'",
+		strings.Repeat("n", 65): "is 65 bytes, more than 64",
+	} {
+		assert.EqualError(t, names.Namespace(ns), want, "%q", ns)
+	}
+	assert.NoError(t, names.Namespace("cont:é"))
 }
