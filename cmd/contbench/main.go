@@ -420,7 +420,7 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 
 	rep.write(stdout, !cfg.quiet)
 	if cfg.jsonPath != "" {
-		if err := rep.writeJSON(cfg.jsonPath); err != nil {
+		if err := writeJSON(cfg.jsonPath, rep); err != nil {
 			fmt.Fprintf(stderr, "contbench: %v\n", err)
 			return exitUsage
 		}

@@ -149,7 +149,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	}
 	r.report.write(stdout)
 	if rc.jsonPath != "" {
-		if err := r.report.writeJSON(rc.jsonPath); err != nil {
+		if err := writeJSON(rc.jsonPath, &r.report); err != nil {
 			fmt.Fprintf(stderr, "contbench: %v\n", err)
 			return exitUsage
 		}
@@ -494,16 +494,4 @@ func reasonsString(reasons map[string]int) string {
 		parts[i] = fmt.Sprintf("%s %d", k, reasons[k])
 	}
 	return strings.Join(parts, ", ")
-}
-
-// writeJSON writes the report to path as indented JSON.
-func (rep *replayReport) writeJSON(path string) error {
-	b, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("writing the JSON report: %w", err)
-	}
-	return nil
 }

@@ -188,7 +188,7 @@ func TestReplayFilesAreIndependent(t *testing.T) {
 func TestReplayJSONKeys(t *testing.T) {
 	rep, _ := replayTrace(t, "hand.jsonl", handTrace(t))
 	path := filepath.Join(t.TempDir(), "r.json")
-	require.NoError(t, rep.writeJSON(path))
+	require.NoError(t, writeJSON(path, rep))
 	data, err := os.ReadFile(path)
 	require.NoError(t, err)
 
