@@ -1,13 +1,11 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -15,25 +13,21 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/cespare/xxhash/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/contstore/contstore/internal/vectorfile"
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/internal/vectorfile"
+	"github.com/contstore/contstore/internal/vectorscenario"
 	"github.com/contstore/contstore/lua"
-	"github.com/contstore/contstore/session"
 )
 
 // testdata/vectors.json at the repository root holds the protocol's test
@@ -50,7 +44,6 @@ type vecFile struct {
 	Owners        []vecOwner        `json:"owners"`
 	OwnerKeys     []vecOwnerKey     `json:"owner_keys"`
 	Keys          []vecKeys         `json:"keys"`
-	SessionKeys   []vecSessionKeys  `json:"session_keys"`
 	Scores        []vecScore        `json:"scores"`
 	Continuations []vecContinuation `json:"continuations"`
 	TurnTokens    []vecTurnToken    `json:"turn_tokens"`
@@ -58,7 +51,6 @@ type vecFile struct {
 	StoredBytes   []vecStoredBytes  `json:"stored_bytes"`
 	Scripts       []vecScript       `json:"scripts"`
 	Scenario      vecScenario       `json:"store_scenario"`
-	SessionSteps  []vecScenarioStep `json:"session_scenario"`
 }
 
 var vecAbout = []string{
@@ -289,49 +281,6 @@ func vecKeyNames(t *testing.T) []vecKeys {
 		if c.owner.IsAgent() {
 			v.Agent = vecStr(c.owner.AgentID())
 		}
-		vs = append(vs, v)
-	}
-	return vs
-}
-
-type vecSessionKeys struct {
-	Namespace string `json:"namespace"`
-	SessionID string `json:"session_id"`
-	Head      string `json:"head"`
-	Log       string `json:"log"`
-	// AnswerPrefix followed by an operation id is the key of a save's
-	// answer.
-	AnswerPrefix string `json:"answer_prefix"`
-}
-
-// vecSessionKeyNames finds the session keys by saving a journal session in
-// miniredis and listing the keys it wrote.
-func vecSessionKeyNames(t *testing.T) []vecSessionKeys {
-	cases := []struct{ ns, id string }{{"sess", "3f2a"}, {"sess", "a:b c"}, {"prod:sess", "é"}}
-	var vs []vecSessionKeys
-	for _, c := range cases {
-		mr, client := redistest.Miniredis(t)
-		st, err := session.NewRedisStore(client, session.StoreOptions{Namespace: c.ns, Mode: session.Journal})
-		require.NoError(t, err)
-		s := &session.Session{ID: c.id, Model: "m", Messages: []json.RawMessage{json.RawMessage(`{}`)}}
-		require.NoError(t, st.Save(context.Background(), s))
-		keys := mr.Keys()
-		require.Len(t, keys, 3)
-		v := vecSessionKeys{Namespace: c.ns, SessionID: c.id}
-		for _, k := range keys {
-			switch mr.Type(k) {
-			case "hash":
-				v.Head = k
-			case "list":
-				v.Log = k
-			case "string":
-				require.Regexp(t, `:[0-9a-f]{12}$`, k)
-				v.AnswerPrefix = k[:len(k)-12]
-			}
-		}
-		require.NotEmpty(t, v.Head)
-		require.NotEmpty(t, v.Log)
-		require.NotEmpty(t, v.AnswerPrefix)
 		vs = append(vs, v)
 	}
 	return vs
@@ -678,306 +627,24 @@ func vecScripts(t *testing.T) []vecScript {
 
 // ---- Redis scenarios ----
 
-type vecCall struct {
-	Command string   `json:"command"`
-	Script  string   `json:"script,omitempty"`
-	Keys    []string `json:"keys,omitempty"`
-	// Args are strings, but record's continuation is a vecBytes.
-	Args  []any `json:"args"`
-	Reply any   `json:"reply"`
-}
-
-// vecBytes gives opaque bytes in hex.
-type vecBytes struct {
-	Hex string `json:"hex"`
-}
-
-func vecHex(s string) vecBytes { return vecBytes{Hex: hex.EncodeToString([]byte(s))} }
-
-type vecZMember struct {
-	Member string `json:"member"`
-	Score  int64  `json:"score"`
-}
-
-type vecKeyState struct {
-	Key  string `json:"key"`
-	Type string `json:"type"`
-	// PTTL is the key's remaining time to live in ms, -1 for none.
-	PTTL int64 `json:"pttl_ms"`
-	// Hash values are strings, but an owner state's continuation c is a
-	// vecBytes.
-	Hash map[string]any `json:"hash,omitempty"`
-	ZSet []vecZMember   `json:"zset,omitempty"`
-	List []string       `json:"list,omitempty"`
-	// String is a string, but a reserve's answer that holds the consumed
-	// continuation is a vecBytes.
-	String any `json:"string,omitempty"`
-}
-
-type vecScenarioStep struct {
-	Name string `json:"name"`
-	// ServerTime is the Redis server's clock during the step.
-	ServerTime string         `json:"server_time"`
-	Op         string         `json:"op"`
-	Input      map[string]any `json:"input,omitempty"`
-	Calls      []vecCall      `json:"calls"`
-	Result     map[string]any `json:"result,omitempty"`
-	// State is every key after the step.
-	State []vecKeyState `json:"state"`
-}
-
-type vecScenario struct {
-	Options map[string]any    `json:"options"`
-	Steps   []vecScenarioStep `json:"steps"`
-}
-
-// vecOpID is the n-th operation id of a scenario: 12 hex digits, as
-// lua.NewOpID draws them.
-func vecOpID(n uint64) string { return fmt.Sprintf("%012x", (n*0x9e3779b97f4a7c15)>>16) }
-
-// vecRecorder is a go-redis hook that records the commands a step sends.
-// It replaces the random operation id in the answer key of every
-// session_save with one of vecOpID, the same for every call that sent the
-// same id.
-type vecRecorder struct {
-	t       *testing.T
-	on      bool
-	calls   []vecCall
-	scripts map[string]string // SHA1 → name
-	opIDs   map[string]string // session_save: id drawn → id sent
-	drawn   uint64
-}
-
-func (r *vecRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (r *vecRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (r *vecRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.fixOpID(cmd)
-		err := next(ctx, cmd)
-		if r.on {
-			r.record(cmd)
-		}
-		return err
-	}
-}
-
-// script returns the name of the script cmd runs, or "".
-func (r *vecRecorder) script(cmd redis.Cmder) string {
-	args := cmd.Args()
-	switch strings.ToUpper(fmt.Sprint(args[0])) {
-	case "EVALSHA":
-		return r.scripts[fmt.Sprint(args[1])]
-	case "EVAL":
-		sum := sha1.Sum([]byte(fmt.Sprint(args[1])))
-		return r.scripts[hex.EncodeToString(sum[:])]
-	}
-	return ""
-}
-
-func (r *vecRecorder) fixOpID(cmd redis.Cmder) {
-	if r.script(cmd) != "session_save" {
-		return
-	}
-	args := cmd.Args()
-	key := args[3+2].(string) // KEYS[3], "<…>:q:<op id>"
-	cut := len(key) - len(lua.NewOpID())
-	drawn := key[cut:]
-	id, ok := r.opIDs[drawn]
-	if !ok {
-		r.drawn++
-		id = vecOpID(r.drawn)
-		r.opIDs[drawn], r.opIDs[id] = id, id
-	}
-	args[3+2] = key[:cut] + id
-}
-
-func (r *vecRecorder) record(cmd redis.Cmder) {
-	args := cmd.Args()
-	name := strings.ToUpper(fmt.Sprint(args[0]))
-	c := vecCall{Command: name}
-	var rest []any
-	switch name {
-	case "EVALSHA", "EVAL":
-		c.Script = r.script(cmd)
-		require.NotEmpty(r.t, c.Script, "unknown script")
-		n := args[2].(int)
-		for _, k := range args[3 : 3+n] {
-			c.Keys = append(c.Keys, vecArg(r.t, k))
-		}
-		rest = args[3+n:]
-	default:
-		rest = args[1:]
-	}
-	c.Args = []any{}
-	for i, a := range rest {
-		s := vecArg(r.t, a)
-		if c.Script == "record" && i == 5 { // ARGV[6], the continuation
-			c.Args = append(c.Args, vecHex(s))
-			continue
-		}
-		c.Args = append(c.Args, s)
-	}
-	var val any
-	var err error
-	switch cmd := cmd.(type) {
-	case *redis.Cmd:
-		val, err = cmd.Val(), cmd.Err()
-	case *redis.StringCmd:
-		val, err = cmd.Val(), cmd.Err()
-	default:
-		r.t.Fatalf("unexpected command type %T", cmd)
-	}
-	switch {
-	case errors.Is(err, redis.Nil):
-		c.Reply = nil
-	case err != nil:
-		c.Reply = map[string]any{"error": err.Error()}
-	default:
-		c.Reply = vecReply(r.t, val)
-	}
-	// The continuation in reserve's reply [4] and inspect's [3].
-	if reply, ok := c.Reply.([]any); ok {
-		at := map[string]int{"reserve": 3, "inspect": 2}
-		if i, ok := at[c.Script]; ok && i < len(reply) {
-			if s, ok := reply[i].(string); ok {
-				reply[i] = vecHex(s)
-			}
-		}
-	}
-	r.calls = append(r.calls, c)
-}
-
-// vecArg spells an argument as go-redis sends it.
-func vecArg(t *testing.T, a any) string {
-	switch a := a.(type) {
-	case string:
-		return a
-	case []byte:
-		return string(a)
-	case int:
-		return strconv.Itoa(a)
-	case int64:
-		return strconv.FormatInt(a, 10)
-	case uint64:
-		return strconv.FormatUint(a, 10)
-	default:
-		t.Fatalf("argument of type %T", a)
-		return ""
-	}
-}
-
-func vecReply(t *testing.T, v any) any {
-	switch v := v.(type) {
-	case nil, string, int64:
-		return v
-	case []any:
-		out := make([]any, len(v))
-		for i, x := range v {
-			out[i] = vecReply(t, x)
-		}
-		return out
-	default:
-		t.Fatalf("reply of type %T", v)
-		return nil
-	}
-}
-
-func vecDump(t *testing.T, c *redis.Client) []vecKeyState {
-	ctx := context.Background()
-	keys, err := c.Keys(ctx, "*").Result()
-	require.NoError(t, err)
-	sort.Strings(keys)
-	out := []vecKeyState{}
-	for _, k := range keys {
-		typ, err := c.Type(ctx, k).Result()
-		require.NoError(t, err)
-		pttl, err := c.Do(ctx, "PTTL", k).Int64()
-		require.NoError(t, err)
-		ks := vecKeyState{Key: k, Type: typ, PTTL: pttl}
-		switch typ {
-		case "hash":
-			var h map[string]string
-			h, err = c.HGetAll(ctx, k).Result()
-			ks.Hash = map[string]any{}
-			for f, v := range h {
-				ks.Hash[f] = v
-				if f == "c" && strings.Contains(k, "}:o:") {
-					ks.Hash[f] = vecHex(v)
-				}
-			}
-		case "zset":
-			var zs []redis.Z
-			zs, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
-			for _, z := range zs {
-				ks.ZSet = append(ks.ZSet, vecZMember{Member: z.Member.(string), Score: int64(z.Score)})
-			}
-		case "list":
-			ks.List, err = c.LRange(ctx, k, 0, -1).Result()
-		case "string":
-			var s string
-			s, err = c.Get(ctx, k).Result()
-			ks.String = s
-			if vecConsumedAnswer.MatchString(s) {
-				ks.String = vecHex(s)
-			}
-		default:
-			t.Fatalf("key %s of type %s", k, typ)
-		}
-		require.NoError(t, err)
-		out = append(out, ks)
-	}
-	return out
+// vecOpaque names the opaque bytes of the store scenario: record's ARGV[6]
+// (the continuation), the continuation in reserve's reply [4] and inspect's
+// [3], field c of an owner state, and the answer of a reserve that consumed
+// a continuation.
+var vecOpaque = vectorscenario.Opaque{
+	Arg:       func(script string, i int) bool { return script == "record" && i == 5 },
+	Reply:     map[string]int{"reserve": 3, "inspect": 2},
+	HashField: func(key, field string) bool { return field == "c" && strings.Contains(key, "}:o:") },
+	String:    func(_, s string) bool { return vecConsumedAnswer.MatchString(s) },
 }
 
 // vecConsumedAnswer matches the answer of a reserve that consumed a
 // continuation (lua/reserve.lua): "<seq>:<existed>1" and the continuation.
 var vecConsumedAnswer = regexp.MustCompile(`^[0-9]+:[01]1`)
 
-// vecServer is a miniredis with a stopped clock, a recording client and
-// every script loaded.
-type vecServer struct {
-	t   *testing.T
-	mr  *miniredis.Miniredis
-	c   *redis.Client
-	rec *vecRecorder
-	now time.Time
-}
-
-func newVecServer(t *testing.T, start time.Time) *vecServer {
-	mr, c := redistest.Miniredis(t)
-	mr.SetTime(start)
-	rec := &vecRecorder{t: t, scripts: map[string]string{}, opIDs: map[string]string{}}
-	c.AddHook(rec)
-	for _, s := range lua.All() {
-		sha, err := c.ScriptLoad(context.Background(), s.Source).Result()
-		require.NoError(t, err)
-		require.Equal(t, s.Hash(), sha)
-		rec.scripts[sha] = s.Name
-	}
-	return &vecServer{t: t, mr: mr, c: c, rec: rec, now: start}
-}
-
-// advance moves the server clock, expiring keys as Redis would.
-func (s *vecServer) advance(d time.Duration) {
-	s.now = s.now.Add(d)
-	s.mr.SetTime(s.now)
-	s.mr.FastForward(d)
-}
-
-// step runs fn while recording its commands and returns the step.
-func (s *vecServer) step(name, op string, input map[string]any, fn func() map[string]any) vecScenarioStep {
-	s.rec.on, s.rec.calls = true, nil
-	result := fn()
-	s.rec.on = false
-	st := vecScenarioStep{Name: name, ServerTime: s.now.UTC().Format(time.RFC3339Nano), Op: op, Input: input,
-		Calls: s.rec.calls, Result: result, State: vecDump(s.t, s.c)}
-	if st.Calls == nil {
-		st.Calls = []vecCall{}
-	}
-	return st
+type vecScenario struct {
+	Options map[string]any        `json:"options"`
+	Steps   []vectorscenario.Step `json:"steps"`
 }
 
 // vecKey is the fingerprint key of the scenario's namespace: the bytes 0,
@@ -1005,7 +672,7 @@ func (o *vecOpIDs) next() string {
 	id := o.again
 	if id == "" {
 		*o.n++
-		id = vecOpID(*o.n)
+		id = vectorscenario.OpID(*o.n)
 	}
 	o.again, o.last = "", id
 	return id
@@ -1028,25 +695,25 @@ func vecReservation(r *Reservation) map[string]any {
 
 func vecStoreScenario(t *testing.T) vecScenario {
 	ctx := context.Background()
-	srv := newVecServer(t, time.Date(2025, 6, 1, 12, 0, 0, 123456000, time.UTC))
+	srv := vectorscenario.NewServer(t, time.Date(2025, 6, 1, 12, 0, 0, 123456000, time.UTC), vecOpaque)
 	var drawn uint64
 	newStoreOn := func(o Options) (*Store, *redisBackend, *vecOpIDs) {
 		opts, err := o.withDefaults()
 		require.NoError(t, err)
 		ids := &vecOpIDs{n: &drawn}
-		rb := &redisBackend{client: srv.c, opts: opts, keys: newKeyspace(opts.Namespace, opts.Partitions), newOpID: ids.next}
+		rb := &redisBackend{client: srv.C, opts: opts, keys: newKeyspace(opts.Namespace, opts.Partitions), newOpID: ids.next}
 		rb.fp.Store(vecParser)
 		rb.schema.running = true // no background schema checks in the record
 		return &Store{opts: opts, backend: rb, inline: true, breakers: newBreakers(opts)}, rb, ids
 	}
 	base := Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1}
 	s, rb, ids := newStoreOn(base)
-	var steps []vecScenarioStep
+	var steps []vectorscenario.Step
 	// step records a step of a store whose operation ids ids draws; the
 	// input names the id the step's call sent.
 	step := func(ids *vecOpIDs, name, op string, in map[string]any, fn func() map[string]any) {
 		ids.last = ""
-		steps = append(steps, srv.step(name, op, in, func() map[string]any {
+		steps = append(steps, srv.Step(name, op, in, func() map[string]any {
 			out := fn()
 			if ids.last != "" {
 				in["op_id"] = ids.last
@@ -1117,8 +784,8 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		}
 		return out
 	}
-	later := func() { srv.advance(1500 * time.Millisecond) }
-	last := func() vecScenarioStep { return steps[len(steps)-1] }
+	later := func() { srv.Advance(1500 * time.Millisecond) }
+	last := func() vectorscenario.Step { return steps[len(steps)-1] }
 
 	step(ids, "open the namespace: record or compare the schema", "open", map[string]any{"namespace": "cont", "partitions": 16}, func() map[string]any {
 		require.NoError(t, rb.checkSchema(ctx))
@@ -1154,11 +821,11 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	later()
 	before := last()
 	recordAgain("the same record sent again later with the same op id: published, from its answer key; nothing changes (not even the LRU touch)", b, r2, out2, opRB)
-	vecSameState(t, before, last())
+	vectorscenario.SameState(t, before, last())
 	late := reserveAgain("the first reserve sent again once more, after its turn published a new continuation: still the first run's answer, with the continuation it consumed; nothing changes",
 		s1, r2, opB)
 	require.Equal(t, vecReservation(b), vecReservation(late))
-	vecSameState(t, before, last())
+	vectorscenario.SameState(t, before, last())
 	inspect("inspect a published owner", s1)
 	later()
 	r3 := body("Be verbose.", u1, o1, u2, o2)
@@ -1198,7 +865,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	record("it records", g, r1, Result{ResponseID: "resp_g", Socket: Socket{ID: 3}, Output: output(o1)})
 	h := reserve("a third owner", s3, r1)
 	record("it records too", h, r1, Result{ResponseID: "resp_h", Socket: Socket{ID: 3}, Output: output(o1)})
-	srv.advance(defaultTTL + time.Second)
+	srv.Advance(defaultTTL + time.Second)
 	step(ids, "prune after the TTL: the idle state's bytes are given back", "prune", map[string]any{"partition": p2}, func() map[string]any {
 		ev, err := rb.prune(ctx, p2)
 		require.NoError(t, err)
@@ -1211,11 +878,11 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	// Owner limit: a store whose share is one owner per partition, and
 	// whose clock (Options.Now) the scripts take as "now".
 	small, _, smallIDs := newStoreOn(Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1, MaxOwners: 16,
-		Now: func() time.Time { return srv.now }})
+		Now: func() time.Time { return srv.Now() }})
 	later()
 	x := vecOwnerIn(t, "crowd-", 16, func(p int) bool { return p == p1 })
 	step(smallIDs, "a store with MaxOwners 16 (one per partition) and a clock of its own reserves a second owner in s1's partition: s1 is evicted", "reserve",
-		map[string]any{"owner": x.Key(), "request": r1, "max_owners": 16, "now_ms": srv.now.UnixMilli()}, func() map[string]any {
+		map[string]any{"owner": x.Key(), "request": r1, "max_owners": 16, "now_ms": srv.Now().UnixMilli()}, func() map[string]any {
 			res := small.Reserve(ctx, x, parse(r1))
 			require.NoError(t, res.Err)
 			return vecReservation(res)
@@ -1229,24 +896,6 @@ func vecStoreScenario(t *testing.T) vecScenario {
 			"op_timeout_ms": s.opts.OpTimeout.Milliseconds(), "answer_ttl_ms": lua.AnswerTTL(s.opts.OpTimeout).Milliseconds()},
 		Steps: steps,
 	}
-}
-
-// vecSameState checks that nothing changed from step before to step after:
-// the same keys with the same contents, and each TTL down by the time
-// between them (nothing refreshed it).
-func vecSameState(t *testing.T, before, after vecScenarioStep) {
-	t.Helper()
-	t0, err := time.Parse(time.RFC3339Nano, before.ServerTime)
-	require.NoError(t, err)
-	t1, err := time.Parse(time.RFC3339Nano, after.ServerTime)
-	require.NoError(t, err)
-	want := slices.Clone(before.State)
-	for i := range want {
-		if want[i].PTTL >= 0 {
-			want[i].PTTL -= t1.Sub(t0).Milliseconds()
-		}
-	}
-	assert.Equal(t, want, after.State, "%s: nothing changes", after.Name)
 }
 
 func vecStateResult(st State) map[string]any {
@@ -1265,91 +914,6 @@ func vecStateResult(st State) map[string]any {
 		out["transcript_bytes"] = st.TranscriptBytes
 	}
 	return out
-}
-
-func vecSessionScenario(t *testing.T) []vecScenarioStep {
-	ctx := context.Background()
-	srv := newVecServer(t, time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC))
-	snap, err := session.NewRedisStore(srv.c, session.StoreOptions{Namespace: "sess"})
-	require.NoError(t, err)
-	journal, err := session.NewRedisStore(srv.c, session.StoreOptions{Namespace: "sess", Mode: session.Journal, TTL: time.Hour})
-	require.NoError(t, err)
-	created := time.Date(2025, 6, 1, 11, 59, 0, 0, time.UTC)
-	msg := func(s string) json.RawMessage { return json.RawMessage(s) }
-	newSession := func(id string) *session.Session {
-		return &session.Session{ID: id, Name: "demo", Model: "gpt-4.1", ThinkingLevel: "medium", SystemPrompt: "Be brief.",
-			Messages: []json.RawMessage{msg(`{ "role": "user", "content": "Hi <b>&</b> é" }`), msg(`{"role":"assistant","content":[{"type":"text","text":"Hello!"}]}`)},
-			Tokens:   session.Tokens{Input: 1200, Output: 35, CacheRead: 1024, CacheCreation: 0},
-			Cost:     0.0125, KeepWarmCost: 0.001, KeepWarmTokens: session.Tokens{Input: 100},
-			CreatedAt: created, UpdatedAt: created.Add(30 * time.Second)}
-	}
-	sessionResult := func(s *session.Session, err error) map[string]any {
-		require.NoError(t, err)
-		var doc bytes.Buffer
-		enc := json.NewEncoder(&doc)
-		enc.SetEscapeHTML(false)
-		require.NoError(t, enc.Encode(s))
-		return map[string]any{"version": s.Version, "session": strings.TrimSuffix(doc.String(), "\n")}
-	}
-	var steps []vecScenarioStep
-	save := func(name string, st session.Store, s *session.Session, mode string) {
-		in := map[string]any{"mode": mode, "session": s.ID, "version": s.Version}
-		steps = append(steps, srv.step(name, "session_save", in, func() map[string]any {
-			switch err := st.Save(ctx, s); {
-			case errors.Is(err, session.ErrConflict):
-				return map[string]any{"error": "conflict"}
-			default:
-				require.NoError(t, err)
-				return map[string]any{"version": s.Version}
-			}
-		}))
-	}
-	// saveAgain sends the last step's script call again, as a client
-	// library re-sends a call whose reply was lost.
-	saveAgain := func(name string) {
-		prev := steps[len(steps)-1]
-		require.Len(t, prev.Calls, 1)
-		call := prev.Calls[0]
-		steps = append(steps, srv.step(name, "session_save", map[string]any{"resend": prev.Name}, func() map[string]any {
-			reply, err := lua.SessionSave.Run(ctx, srv.c, call.Keys, call.Args...).StringSlice()
-			require.NoError(t, err)
-			require.Equal(t, call.Reply, []any{reply[0], reply[1]})
-			return map[string]any{"status": reply[0], "version": reply[1]}
-		}))
-		vecSameState(t, prev, steps[len(steps)-1])
-	}
-	load := func(name string, st session.Store, id string) {
-		steps = append(steps, srv.step(name, "session_load", map[string]any{"session": id}, func() map[string]any {
-			return sessionResult(st.Load(ctx, id))
-		}))
-	}
-
-	a := newSession("snap-1")
-	stale := a.Clone()
-	save("snapshot: first save (version 0)", snap, a, "snapshot")
-	srv.advance(time.Second)
-	a.Messages = append(a.Messages, msg(`{"role":"user","content":"More"}`))
-	save("snapshot: next save", snap, a, "snapshot")
-	saveAgain("snapshot: the same save sent again with the same op id: ok and the version it wrote, from its answer key; nothing changes")
-	save("snapshot: a copy loaded at an older version conflicts", snap, stale, "snapshot")
-	load("snapshot: load", snap, "snap-1")
-
-	j := newSession("journal-1")
-	save("journal: first save writes every message (rewrite)", journal, j, "journal")
-	srv.advance(time.Second)
-	j.Messages = append(j.Messages, msg(`{"role":"user","content":"Weather?"}`))
-	j.Tokens.Input += 50
-	save("journal: an append-only extension pushes the new message", journal, j, "journal")
-	saveAgain("journal: the same append sent again with the same op id: ok from its answer key; nothing is pushed twice")
-	srv.advance(time.Second)
-	j.Messages[0] = msg(`{"role":"user","content":"Hi (edited)"}`)
-	save("journal: an edited history is rewritten", journal, j, "journal")
-	srv.advance(time.Second)
-	require.NoError(t, srv.c.Del(ctx, "sess:{sess:journal-1}:log").Err())
-	j.Messages = append(j.Messages, msg(`{"role":"assistant","content":"Sunny."}`))
-	save("journal: the log was lost, so the append is refused and rewritten with the same op id", journal, j, "journal")
-	load("journal: load", journal, "journal-1")
-	return steps
 }
 
 // ---- the file ----
@@ -1372,7 +936,6 @@ func vecBuild(t *testing.T) vecFile {
 		Owners:        vecOwners(t),
 		OwnerKeys:     vecOwnerKeys(t),
 		Keys:          vecKeyNames(t),
-		SessionKeys:   vecSessionKeyNames(t),
 		Scores:        vecScores(t),
 		Continuations: vecContinuations(t),
 		TurnTokens:    vecTurnTokens(t),
@@ -1380,7 +943,6 @@ func vecBuild(t *testing.T) vecFile {
 		StoredBytes:   vecStoredBytesCases(t),
 		Scripts:       vecScripts(t),
 		Scenario:      vecStoreScenario(t),
-		SessionSteps:  vecSessionScenario(t),
 	}
 }
 
@@ -1477,15 +1039,6 @@ func ruleDecode(b []byte) (ruleContinuation, bool) {
 	return c, true
 }
 
-// ruleHex returns the bytes of a {"hex": …} value of the file.
-func ruleHex(t *testing.T, v any) []byte {
-	m, ok := v.(map[string]any)
-	require.True(t, ok, "%v is no {hex}", v)
-	b, err := hex.DecodeString(m["hex"].(string))
-	require.NoError(t, err)
-	return b
-}
-
 // ruleStateBytes is PROTOCOL.md 7.3 without the continuation.
 func ruleStateBytes(c vecConstants, stateKey, member string) int64 {
 	return c.StateOverhead + int64(len(stateKey)+len(member))*c.StateNameCost/100
@@ -1525,12 +1078,6 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Equal(t, v.Namespace+":"+tag+":lru", v.LRU)
 		assert.Equal(t, v.Namespace+":"+tag+":part", v.Part)
 		assert.Equal(t, v.Namespace+":{"+v.Namespace+"}:meta", v.Meta)
-	}
-	for _, v := range f.SessionKeys {
-		tag := "{" + v.Namespace + ":" + v.SessionID + "}"
-		assert.Equal(t, v.Namespace+":"+tag+":head", v.Head)
-		assert.Equal(t, v.Namespace+":"+tag+":log", v.Log)
-		assert.Equal(t, v.Namespace+":"+tag+":q:", v.AnswerPrefix)
 	}
 
 	for _, v := range f.Scores {
@@ -1635,23 +1182,6 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 	}
 
 	ruleScenario(t, c, f.Scenario)
-	ruleSessionScenario(t, c, f.SessionSteps)
-}
-
-var ruleOpID = regexp.MustCompile(`^[0-9a-f]{12}$`)
-
-// ruleStrings reads a call's arguments, which are strings but for a
-// continuation ({hex}), given back as its bytes.
-func ruleStrings(t *testing.T, args []any) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if s, ok := a.(string); ok {
-			out[i] = s
-		} else {
-			out[i] = string(ruleHex(t, a))
-		}
-	}
-	return out
 }
 
 // ruleAnswer is the answer a change stores (PROTOCOL.md 8.2): reserve
@@ -1663,7 +1193,7 @@ func ruleAnswer(t *testing.T, script string, reply any) string {
 		r := reply.([]any)
 		out := fmt.Sprintf("%.0f:%.0f", r[0].(float64), r[1].(float64))
 		if len(r) > 3 && r[3] != nil {
-			return out + "1" + string(ruleHex(t, r[3]))
+			return out + "1" + string(vectorscenario.UnHex(t, r[3]))
 		}
 		return out + "0"
 	case "record":
@@ -1706,7 +1236,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 				if s, ok := k.String.(string); ok {
 					answers[k.Key] = s
 				} else {
-					answers[k.Key] = string(ruleHex(t, k.String))
+					answers[k.Key] = string(vectorscenario.UnHex(t, k.String))
 				}
 			}
 		}
@@ -1719,7 +1249,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			default:
 				continue
 			}
-			args := ruleStrings(t, call.Args)
+			args := vectorscenario.Strings(t, call.Args)
 			// The owner scripts' keys and common arguments (8.2).
 			require.Len(t, call.Keys, 4, st.Name)
 			state, member := call.Keys[0], args[2]
@@ -1729,7 +1259,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			assert.Equal(t, []string{base + "lru", base + "part"}, call.Keys[1:3], st.Name)
 			answerKey := call.Keys[3]
 			op, ok := strings.CutPrefix(answerKey, base+"q:"+member+":")
-			assert.True(t, ok && ruleOpID.MatchString(op), "%s: answer key %q", st.Name, answerKey)
+			assert.True(t, ok && vectorscenario.OpIDPattern.MatchString(op), "%s: answer key %q", st.Name, answerKey)
 			assert.Contains(t, []string{"0", strconv.FormatInt(at.UnixMilli(), 10)}, args[0], "%s: now", st.Name)
 			assert.Equal(t, strconv.FormatInt(ttl, 10), args[1], st.Name)
 			assert.Equal(t, strconv.FormatInt(answerTTL, 10), args[3], st.Name)
@@ -1760,7 +1290,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 					want = append(slices.Clone(r[:2]), append([]any{0.0}, r[3:]...)...)
 				}
 				assert.Equal(t, want, call.Reply, st.Name)
-				vecSameState(t, sc.Steps[i-1], st)
+				vectorscenario.SameState(t, sc.Steps[i-1], st)
 			}
 			// A reserve's token is its seq * P + the partition of its keys.
 			if r, ok := call.Reply.([]any); ok && call.Script == "reserve" {
@@ -1779,8 +1309,8 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 // ruleState checks the keys after a step: owner states hold t and c and
 // have their LRU entry, answers expire within the answer TTL, and each
 // partition hash sums its LRU.
-func ruleState(t *testing.T, c vecConstants, st vecScenarioStep, answerTTL int64) {
-	zsets := map[string][]vecZMember{}
+func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step, answerTTL int64) {
+	zsets := map[string][]vectorscenario.ZMember{}
 	hashes := map[string]map[string]any{}
 	for _, k := range st.State {
 		zsets[k.Key], hashes[k.Key] = k.ZSet, k.Hash
@@ -1789,7 +1319,7 @@ func ruleState(t *testing.T, c vecConstants, st vecScenarioStep, answerTTL int64
 		if i := strings.Index(k.Key, "}:o:"); i >= 0 {
 			require.Equal(t, "hash", k.Type, st.Name)
 			member := k.Key[i+len("}:o:"):]
-			assert.True(t, slices.ContainsFunc(zsets[k.Key[:i]+"}:lru"], func(m vecZMember) bool { return m.Member == member }),
+			assert.True(t, slices.ContainsFunc(zsets[k.Key[:i]+"}:lru"], func(m vectorscenario.ZMember) bool { return m.Member == member }),
 				"%s: %s has no LRU entry", st.Name, k.Key)
 			for f := range k.Hash {
 				assert.Contains(t, []string{"t", "c"}, f, "%s: %s", st.Name, k.Key)
@@ -1798,7 +1328,7 @@ func ruleState(t *testing.T, c vecConstants, st vecScenarioStep, answerTTL int64
 			require.NoError(t, err, st.Name)
 			assert.NotZero(t, tv)
 			if cv, ok := k.Hash["c"]; ok {
-				_, ok := ruleDecode(ruleHex(t, cv))
+				_, ok := ruleDecode(vectorscenario.UnHex(t, cv))
 				assert.True(t, ok, "%s: %s holds no continuation", st.Name, k.Key)
 			} else {
 				assert.Positive(t, tv, "%s: %s published without c", st.Name, k.Key)
@@ -1825,43 +1355,4 @@ func ruleState(t *testing.T, c vecConstants, st vecScenarioStep, answerTTL int64
 		assert.Equal(t, strconv.FormatInt(size, 10), part["bytes"], "%s: %s bytes", st.Name, key)
 		assert.Equal(t, strconv.FormatInt(published, 10), part["published"], "%s: %s published", st.Name, key)
 	}
-}
-
-func ruleSessionScenario(t *testing.T, c vecConstants, steps []vecScenarioStep) {
-	answered := map[string]any{} // answer key → the reply that published
-	resent := 0
-	for _, st := range steps {
-		answers, pttls := map[string]any{}, map[string]int64{}
-		for _, k := range st.State {
-			answers[k.Key], pttls[k.Key] = k.String, k.PTTL
-		}
-		for _, call := range st.Calls {
-			if call.Script != "session_save" {
-				continue
-			}
-			require.Len(t, call.Keys, 3, st.Name)
-			tag := strings.TrimSuffix(call.Keys[0], "head")
-			assert.Equal(t, tag+"log", call.Keys[1], st.Name)
-			op, ok := strings.CutPrefix(call.Keys[2], tag+"q:")
-			assert.True(t, ok && ruleOpID.MatchString(op), "%s: answer key %q", st.Name, call.Keys[2])
-			args := ruleStrings(t, call.Args)
-			require.GreaterOrEqual(t, len(args), 6, st.Name)
-			answerTTL, err := strconv.ParseInt(args[5], 10, 64)
-			require.NoError(t, err, st.Name)
-			assert.GreaterOrEqual(t, answerTTL, c.MinAnswerTTLMillis, "%s: answer TTL", st.Name)
-			r := call.Reply.([]any)
-			if first, ok := answered[call.Keys[2]]; ok {
-				resent++
-				assert.Equal(t, first, r, st.Name)
-			} else if r[0] == "ok" {
-				answered[call.Keys[2]] = r
-				assert.Equal(t, r[1], answers[call.Keys[2]], "%s: answer", st.Name)
-				assert.LessOrEqual(t, pttls[call.Keys[2]], answerTTL, "%s: answer TTL", st.Name)
-			} else if !slices.ContainsFunc(st.Calls, func(o vecCall) bool { return slices.Equal(o.Keys, call.Keys) && o.Reply.([]any)[0] == "ok" }) {
-				// Nothing written, and no later call of the step wrote it.
-				assert.NotContains(t, answers, call.Keys[2], st.Name)
-			}
-		}
-	}
-	assert.NotZero(t, resent, "a session save sent again")
 }

@@ -1,4 +1,4 @@
-package store_test
+package lua_test
 
 import (
 	"context"

@@ -1,0 +1,397 @@
+// Package vectorscenario records the Redis scenarios of the protocol's
+// test-vector files (testdata/*vectors.json): a miniredis whose clock the
+// test moves, a go-redis hook that writes down every command a step sends
+// and its reply, and a dump of every key after the step. The store's and
+// the session's vector tests both build their scenarios with it.
+package vectorscenario
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/lua"
+)
+
+// Call is one Redis command of a step and its reply.
+type Call struct {
+	Command string   `json:"command"`
+	Script  string   `json:"script,omitempty"`
+	Keys    []string `json:"keys,omitempty"`
+	// Args are strings, but an argument Opaque.Arg names is a Bytes.
+	Args  []any `json:"args"`
+	Reply any   `json:"reply"`
+}
+
+// Bytes gives opaque bytes in hex.
+type Bytes struct {
+	Hex string `json:"hex"`
+}
+
+// Hex returns s as Bytes.
+func Hex(s string) Bytes { return Bytes{Hex: hex.EncodeToString([]byte(s))} }
+
+// ZMember is a member of a sorted set and its score.
+type ZMember struct {
+	Member string `json:"member"`
+	Score  int64  `json:"score"`
+}
+
+// KeyState is a key and its contents.
+type KeyState struct {
+	Key  string `json:"key"`
+	Type string `json:"type"`
+	// PTTL is the key's remaining time to live in ms, -1 for none.
+	PTTL int64 `json:"pttl_ms"`
+	// Hash values are strings, but a field Opaque.HashField names is a
+	// Bytes.
+	Hash map[string]any `json:"hash,omitempty"`
+	ZSet []ZMember      `json:"zset,omitempty"`
+	List []string       `json:"list,omitempty"`
+	// String is a string, but one Opaque.String names is a Bytes.
+	String any `json:"string,omitempty"`
+}
+
+// Step is one step of a scenario.
+type Step struct {
+	Name string `json:"name"`
+	// ServerTime is the Redis server's clock during the step.
+	ServerTime string         `json:"server_time"`
+	Op         string         `json:"op"`
+	Input      map[string]any `json:"input,omitempty"`
+	Calls      []Call         `json:"calls"`
+	Result     map[string]any `json:"result,omitempty"`
+	// State is every key after the step.
+	State []KeyState `json:"state"`
+}
+
+// Opaque says which values of a scenario are opaque bytes, given as Bytes
+// rather than as strings, and which calls draw a random operation id.
+// Every field may be nil.
+type Opaque struct {
+	// Arg reports whether argument i (0-based, after the keys) of a call
+	// of script is opaque.
+	Arg func(script string, i int) bool
+	// Reply gives, by script, the index of the reply element that is
+	// opaque when it is a string.
+	Reply map[string]int
+	// HashField reports whether field of the hash at key is opaque.
+	HashField func(key, field string) bool
+	// String reports whether the string value of a key is opaque.
+	String func(key, value string) bool
+	// OpIDKey gives, by script, the index of the key that ends in a random
+	// operation id (lua.NewOpID). The recorder replaces that id with one
+	// of OpID, the same for every call that sent the same id, so that the
+	// scenario is reproducible.
+	OpIDKey map[string]int
+}
+
+// OpID is the n-th operation id of a scenario: 12 hex digits, as
+// lua.NewOpID draws them.
+func OpID(n uint64) string { return fmt.Sprintf("%012x", (n*0x9e3779b97f4a7c15)>>16) }
+
+// OpIDPattern matches an operation id.
+var OpIDPattern = regexp.MustCompile(`^[0-9a-f]{12}$`)
+
+// recorder is a go-redis hook that records the commands a step sends.
+type recorder struct {
+	t       testing.TB
+	opaque  Opaque
+	on      bool
+	calls   []Call
+	scripts map[string]string // SHA1 → name
+	opIDs   map[string]string // id drawn → id sent
+	drawn   uint64
+}
+
+func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.fixOpID(cmd)
+		err := next(ctx, cmd)
+		if r.on {
+			r.record(cmd)
+		}
+		return err
+	}
+}
+
+// script returns the name of the script cmd runs, or "".
+func (r *recorder) script(cmd redis.Cmder) string {
+	args := cmd.Args()
+	switch strings.ToUpper(fmt.Sprint(args[0])) {
+	case "EVALSHA":
+		return r.scripts[fmt.Sprint(args[1])]
+	case "EVAL":
+		sum := sha1.Sum([]byte(fmt.Sprint(args[1])))
+		return r.scripts[hex.EncodeToString(sum[:])]
+	}
+	return ""
+}
+
+func (r *recorder) fixOpID(cmd redis.Cmder) {
+	k, ok := r.opaque.OpIDKey[r.script(cmd)]
+	if !ok {
+		return
+	}
+	args := cmd.Args()
+	key := args[3+k].(string) // "<…>:q:<op id>"
+	cut := len(key) - len(lua.NewOpID())
+	drawn := key[cut:]
+	id, ok := r.opIDs[drawn]
+	if !ok {
+		r.drawn++
+		id = OpID(r.drawn)
+		r.opIDs[drawn], r.opIDs[id] = id, id
+	}
+	args[3+k] = key[:cut] + id
+}
+
+func (r *recorder) record(cmd redis.Cmder) {
+	args := cmd.Args()
+	name := strings.ToUpper(fmt.Sprint(args[0]))
+	c := Call{Command: name}
+	var rest []any
+	switch name {
+	case "EVALSHA", "EVAL":
+		c.Script = r.script(cmd)
+		require.NotEmpty(r.t, c.Script, "unknown script")
+		n := args[2].(int)
+		for _, k := range args[3 : 3+n] {
+			c.Keys = append(c.Keys, Arg(r.t, k))
+		}
+		rest = args[3+n:]
+	default:
+		rest = args[1:]
+	}
+	c.Args = []any{}
+	for i, a := range rest {
+		s := Arg(r.t, a)
+		if r.opaque.Arg != nil && c.Script != "" && r.opaque.Arg(c.Script, i) {
+			c.Args = append(c.Args, Hex(s))
+			continue
+		}
+		c.Args = append(c.Args, s)
+	}
+	var val any
+	var err error
+	switch cmd := cmd.(type) {
+	case *redis.Cmd:
+		val, err = cmd.Val(), cmd.Err()
+	case *redis.StringCmd:
+		val, err = cmd.Val(), cmd.Err()
+	default:
+		r.t.Fatalf("unexpected command type %T", cmd)
+	}
+	switch {
+	case errors.Is(err, redis.Nil):
+		c.Reply = nil
+	case err != nil:
+		c.Reply = map[string]any{"error": err.Error()}
+	default:
+		c.Reply = Reply(r.t, val)
+	}
+	if reply, ok := c.Reply.([]any); ok {
+		if i, ok := r.opaque.Reply[c.Script]; ok && i < len(reply) {
+			if s, ok := reply[i].(string); ok {
+				reply[i] = Hex(s)
+			}
+		}
+	}
+	r.calls = append(r.calls, c)
+}
+
+// Arg spells an argument as go-redis sends it.
+func Arg(t testing.TB, a any) string {
+	switch a := a.(type) {
+	case string:
+		return a
+	case []byte:
+		return string(a)
+	case int:
+		return strconv.Itoa(a)
+	case int64:
+		return strconv.FormatInt(a, 10)
+	case uint64:
+		return strconv.FormatUint(a, 10)
+	default:
+		t.Fatalf("argument of type %T", a)
+		return ""
+	}
+}
+
+// Reply gives a go-redis reply as the file holds it.
+func Reply(t testing.TB, v any) any {
+	switch v := v.(type) {
+	case nil, string, int64:
+		return v
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = Reply(t, x)
+		}
+		return out
+	default:
+		t.Fatalf("reply of type %T", v)
+		return nil
+	}
+}
+
+// Dump returns every key of the server c talks to, sorted, with its
+// contents; opaque names the values given as Bytes.
+func Dump(t testing.TB, c *redis.Client, opaque Opaque) []KeyState {
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	sort.Strings(keys)
+	out := []KeyState{}
+	for _, k := range keys {
+		typ, err := c.Type(ctx, k).Result()
+		require.NoError(t, err)
+		pttl, err := c.Do(ctx, "PTTL", k).Int64()
+		require.NoError(t, err)
+		ks := KeyState{Key: k, Type: typ, PTTL: pttl}
+		switch typ {
+		case "hash":
+			var h map[string]string
+			h, err = c.HGetAll(ctx, k).Result()
+			ks.Hash = map[string]any{}
+			for f, v := range h {
+				ks.Hash[f] = v
+				if opaque.HashField != nil && opaque.HashField(k, f) {
+					ks.Hash[f] = Hex(v)
+				}
+			}
+		case "zset":
+			var zs []redis.Z
+			zs, err = c.ZRangeWithScores(ctx, k, 0, -1).Result()
+			for _, z := range zs {
+				ks.ZSet = append(ks.ZSet, ZMember{Member: z.Member.(string), Score: int64(z.Score)})
+			}
+		case "list":
+			ks.List, err = c.LRange(ctx, k, 0, -1).Result()
+		case "string":
+			var s string
+			s, err = c.Get(ctx, k).Result()
+			ks.String = s
+			if opaque.String != nil && opaque.String(k, s) {
+				ks.String = Hex(s)
+			}
+		default:
+			t.Fatalf("key %s of type %s", k, typ)
+		}
+		require.NoError(t, err)
+		out = append(out, ks)
+	}
+	return out
+}
+
+// Server is a miniredis with a clock that moves only when the test says,
+// a recording client and every script of package lua loaded.
+type Server struct {
+	t      testing.TB
+	mr     *miniredis.Miniredis
+	opaque Opaque
+	rec    *recorder
+	now    time.Time
+	// C is the recording client.
+	C *redis.Client
+}
+
+// NewServer starts a server whose clock reads start.
+func NewServer(t testing.TB, start time.Time, opaque Opaque) *Server {
+	mr, c := redistest.Miniredis(t)
+	mr.SetTime(start)
+	rec := &recorder{t: t, opaque: opaque, scripts: map[string]string{}, opIDs: map[string]string{}}
+	c.AddHook(rec)
+	for _, s := range lua.All() {
+		sha, err := c.ScriptLoad(context.Background(), s.Source).Result()
+		require.NoError(t, err)
+		require.Equal(t, s.Hash(), sha)
+		rec.scripts[sha] = s.Name
+	}
+	return &Server{t: t, mr: mr, opaque: opaque, rec: rec, now: start, C: c}
+}
+
+// Now returns the server's clock.
+func (s *Server) Now() time.Time { return s.now }
+
+// Advance moves the server clock, expiring keys as Redis would.
+func (s *Server) Advance(d time.Duration) {
+	s.now = s.now.Add(d)
+	s.mr.SetTime(s.now)
+	s.mr.FastForward(d)
+}
+
+// Step runs fn while recording its commands and returns the step.
+func (s *Server) Step(name, op string, input map[string]any, fn func() map[string]any) Step {
+	s.rec.on, s.rec.calls = true, nil
+	result := fn()
+	s.rec.on = false
+	st := Step{Name: name, ServerTime: s.now.UTC().Format(time.RFC3339Nano), Op: op, Input: input,
+		Calls: s.rec.calls, Result: result, State: Dump(s.t, s.C, s.opaque)}
+	if st.Calls == nil {
+		st.Calls = []Call{}
+	}
+	return st
+}
+
+// SameState checks that nothing changed from step before to step after:
+// the same keys with the same contents, and each TTL down by the time
+// between them (nothing refreshed it).
+func SameState(t testing.TB, before, after Step) {
+	t.Helper()
+	t0, err := time.Parse(time.RFC3339Nano, before.ServerTime)
+	require.NoError(t, err)
+	t1, err := time.Parse(time.RFC3339Nano, after.ServerTime)
+	require.NoError(t, err)
+	want := slices.Clone(before.State)
+	for i := range want {
+		if want[i].PTTL >= 0 {
+			want[i].PTTL -= t1.Sub(t0).Milliseconds()
+		}
+	}
+	assert.Equal(t, want, after.State, "%s: nothing changes", after.Name)
+}
+
+// UnHex returns the bytes of a {"hex": …} value read back from a file.
+func UnHex(t testing.TB, v any) []byte {
+	m, ok := v.(map[string]any)
+	require.True(t, ok, "%v is no {hex}", v)
+	b, err := hex.DecodeString(m["hex"].(string))
+	require.NoError(t, err)
+	return b
+}
+
+// Strings reads a call's arguments read back from a file, which are
+// strings but for opaque bytes ({hex}), given back as their bytes.
+func Strings(t testing.TB, args []any) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if s, ok := a.(string); ok {
+			out[i] = s
+		} else {
+			out[i] = string(UnHex(t, a))
+		}
+	}
+	return out
+}
