@@ -153,13 +153,10 @@ func (c *forwardConn) socket() store.Socket { return c.origin }
 func (c *forwardConn) release() {}
 
 func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+c.addr+"/v1/responses", strings.NewReader(string(body)))
+	req, err := newPost(ctx, "http://"+c.addr+"/v1/responses", c.t.header, body)
 	if err != nil {
 		return nil, err
 	}
-	copyHeader(req.Header, c.t.header)
-	req.Header.Del("Accept-Encoding")
-	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(forwardHeader, c.f.header(time.Now(), c.origin.ID, c.prev, body))
 	resp, err := c.f.Client.Do(req)
 	if err != nil {

@@ -293,13 +293,16 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if res.Reason == store.ReasonStoreUnavailable {
 		lg.Warn("store unavailable, sending full context", "err", res.Err)
 	}
+	fail := func(err error) {
+		p.abort(sctx, lg, res)
+		p.upstreamError(w, err)
+	}
 	var c conn
 	var err error
 	if fc := p.forwardTarget(ctx, t); fc != nil {
 		c = fc
 	} else if c, err = p.cfg.Upstream.acquire(ctx, t); err != nil {
-		p.abort(sctx, lg, res)
-		p.upstreamError(w, err)
+		fail(err)
 		return
 	}
 	defer func() { c.release() }()
@@ -308,33 +311,32 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if res.Continues() && !continued {
 		res = res.FullContextRetry() // offered, but not on this connection
 	}
-	body := res.UpstreamBody()
-	rep, err := p.send(ctx, c, res, body, t.stream)
+	rep, err := p.send(ctx, c, res, t.stream)
+	// fullContext sends the turn again on c, with the full context.
+	fullContext := func() {
+		res, continued = res.FullContextRetry(), false
+		rep, err = p.send(ctx, c, res, t.stream)
+	}
 	if _, forwarded := c.(*forwardConn); forwarded && err != nil {
 		lg.Info("forwarding failed; serving the turn here with full context", "origin", res.Origin.Replica, "err", err)
 		p.stats.forwardFailures.Add(1)
-		if c, err = p.cfg.Upstream.acquire(ctx, t); err != nil {
-			c = noConn{}
-			p.abort(sctx, lg, res)
-			p.upstreamError(w, err)
+		local, aerr := p.cfg.Upstream.acquire(ctx, t)
+		if aerr != nil {
+			fail(aerr)
 			return
 		}
-		res, continued = res.FullContextRetry(), false
-		body = res.UpstreamBody()
-		rep, err = p.send(ctx, c, res, body, t.stream)
+		c = local // the forward holds nothing to release
+		fullContext()
 	}
 	if err == nil && continued && refused(rep) {
 		rep.close()
 		lg.Warn("upstream refused the continuation, resending full context",
 			"previous_response_id", res.PreviousResponseID)
 		p.stats.retries.Add(1)
-		res, continued = res.FullContextRetry(), false
-		body = res.UpstreamBody()
-		rep, err = p.send(ctx, c, res, body, t.stream)
+		fullContext()
 	}
 	if err != nil {
-		p.abort(sctx, lg, res)
-		p.upstreamError(w, err)
+		fail(err)
 		return
 	}
 	if at := c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
@@ -376,14 +378,10 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	lg.Debug("turn", "latency", time.Since(start))
 }
 
-// noConn stands for no connection once acquiring one failed.
-type noConn struct{ conn }
-
-func (noConn) release() {}
-
-// send sends body on c, counting what goes upstream: a forward the origin
-// did not take sent nothing.
-func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, body []byte, stream bool) (*reply, error) {
+// send sends res's upstream body on c, counting what goes upstream: a
+// forward the origin did not take sent nothing.
+func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, stream bool) (*reply, error) {
+	body := res.UpstreamBody()
 	rep, err := c.send(ctx, body, stream)
 	if _, forwarded := c.(*forwardConn); err == nil || !forwarded {
 		p.stats.itemsSent.Add(int64(res.DeltaCount))

@@ -132,24 +132,20 @@ func (c *httpConn) socket() store.Socket {
 func (c *httpConn) release() {}
 
 func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.up.url, bytes.NewReader(body))
+	req, err := newPost(ctx, c.up.url, c.t.header, body)
 	if err != nil {
 		return nil, err
 	}
-	copyHeader(req.Header, c.t.header)
-	req.Header.Del("Accept-Encoding") // let the transport negotiate, and decode, compression
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.up.client.Do(req)
 	if err != nil {
 		return nil, err
 	}
-	rep := &reply{status: resp.StatusCode, header: resp.Header, done: func() { _ = resp.Body.Close() }}
+	rep := &reply{status: resp.StatusCode, header: resp.Header}
 	if stream && resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		rep.next = sseReader(resp.Body)
+		rep.next, rep.done = sseReader(resp.Body), func() { _ = resp.Body.Close() }
 		return rep, nil
 	}
-	defer rep.close()
-	rep.done = nil
+	defer resp.Body.Close()
 	if rep.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody+1)); err != nil {
 		return nil, fmt.Errorf("reading the upstream's answer: %w", err)
 	}
@@ -157,6 +153,19 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 		return nil, fmt.Errorf("the upstream's answer is larger than %d bytes", maxUpstreamBody)
 	}
 	return rep, nil
+}
+
+// newPost returns a POST of a create-response body to url carrying the
+// client's end-to-end headers.
+func newPost(ctx context.Context, url string, client http.Header, body []byte) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyHeader(req.Header, client)
+	req.Header.Del("Accept-Encoding") // let the transport negotiate, and decode, compression
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
 }
 
 // maxUpstreamBody bounds a JSON answer and one streamed event.

@@ -257,16 +257,16 @@ func (c *wsConn) ready(ctx context.Context) error {
 	if s.ws != nil && c.up.now().Sub(s.born) >= c.up.opts.Lifetime {
 		c.drop()
 	}
+drain:
 	for s.ws != nil {
 		select {
 		case f, ok := <-s.frames:
 			if !ok || eventType(f) == "error" {
 				c.drop() // the upstream closed it, or said why it will
 			}
-			continue
 		default:
+			break drain
 		}
-		break
 	}
 	if s.ws != nil {
 		c.clean = true
