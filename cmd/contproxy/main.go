@@ -378,43 +378,49 @@ func sweep(ctx context.Context, st *store.Store, logger *slog.Logger) {
 // statsCollector exports a proxy's Stats as counters.
 type statsCollector struct{ p *proxy.Proxy }
 
-var statsDescs = func() map[string]*prometheus.Desc {
-	d := func(name, help string) *prometheus.Desc {
-		return prometheus.NewDesc("contproxy_"+name, help, nil, nil)
+// statsCounter is one counter of Stats.
+type statsCounter struct {
+	desc  *prometheus.Desc
+	value func(proxy.Stats) int64
+}
+
+// statsCounters are the exported counters, one per Stats field.
+var statsCounters = func() []statsCounter {
+	c := func(name, help string, value func(proxy.Stats) int64) statsCounter {
+		return statsCounter{prometheus.NewDesc("contproxy_"+name, help, nil, nil), value}
 	}
-	return map[string]*prometheus.Desc{
-		"turns":          d("turns_total", "Requests sent upstream, passthrough ones included."),
-		"continued":      d("turns_continued_total", "Turns sent as a continuation and answered."),
-		"retries":        d("full_context_retries_total", "Continuations the upstream refused, resent with the full context."),
-		"passthrough":    d("passthrough_total", "Requests carrying their own previous_response_id or conversation."),
-		"upstreamErrors": d("upstream_errors_total", "Turns the upstream could not be reached for, or dropped."),
-		"forwarded":      d("forwarded_total", "Turns handed to the replica holding their socket and answered there."),
-		"forwardFailed":  d("forward_failures_total", "Turns the origin replica could not take, served here with full context."),
-		"forwardedIn":    d("forwarded_in_total", "Turns this replica carried for others."),
-		"itemsReceived":  d("input_items_received_total", "Input items in client requests."),
-		"itemsSent":      d("input_items_sent_total", "Input items sent upstream."),
-		"bytesReceived":  d("request_bytes_received_total", "Request body bytes from clients."),
-		"bytesSent":      d("request_bytes_sent_total", "Request body bytes sent upstream."),
+	return []statsCounter{
+		c("turns_total", "Requests sent upstream, passthrough ones included.", func(s proxy.Stats) int64 { return s.Turns }),
+		c("turns_continued_total", "Turns sent as a continuation and answered.", func(s proxy.Stats) int64 { return s.Continued }),
+		c("full_context_retries_total", "Continuations the upstream refused, resent with the full context.",
+			func(s proxy.Stats) int64 { return s.FullContextRetries }),
+		c("passthrough_total", "Requests carrying their own previous_response_id or conversation.",
+			func(s proxy.Stats) int64 { return s.Passthrough }),
+		c("upstream_errors_total", "Turns the upstream could not be reached for, or dropped.",
+			func(s proxy.Stats) int64 { return s.UpstreamErrors }),
+		c("forwarded_total", "Turns handed to the replica holding their socket and answered there.",
+			func(s proxy.Stats) int64 { return s.Forwarded }),
+		c("forward_failures_total", "Turns the origin replica could not take, served here with full context.",
+			func(s proxy.Stats) int64 { return s.ForwardFailures }),
+		c("forwarded_in_total", "Turns this replica carried for others.", func(s proxy.Stats) int64 { return s.ForwardedIn }),
+		c("input_items_received_total", "Input items in client requests.", func(s proxy.Stats) int64 { return s.ItemsReceived }),
+		c("input_items_sent_total", "Input items sent upstream.", func(s proxy.Stats) int64 { return s.ItemsSent }),
+		c("request_bytes_received_total", "Request body bytes from clients.", func(s proxy.Stats) int64 { return s.BytesReceived }),
+		c("request_bytes_sent_total", "Request body bytes sent upstream.", func(s proxy.Stats) int64 { return s.BytesSent }),
 	}
 }()
 
 // Describe implements prometheus.Collector.
 func (statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range statsDescs {
-		ch <- d
+	for _, c := range statsCounters {
+		ch <- c.desc
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	st := s.p.Stats()
-	for k, v := range map[string]int64{
-		"turns": st.Turns, "continued": st.Continued, "retries": st.FullContextRetries,
-		"passthrough": st.Passthrough, "upstreamErrors": st.UpstreamErrors,
-		"forwarded": st.Forwarded, "forwardFailed": st.ForwardFailures, "forwardedIn": st.ForwardedIn,
-		"itemsReceived": st.ItemsReceived, "itemsSent": st.ItemsSent,
-		"bytesReceived": st.BytesReceived, "bytesSent": st.BytesSent,
-	} {
-		ch <- prometheus.MustNewConstMetric(statsDescs[k], prometheus.CounterValue, float64(v))
+	for _, c := range statsCounters {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.value(st)))
 	}
 }
