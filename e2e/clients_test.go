@@ -12,8 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/contstore/contstore/internal/redistest"
 )
 
 // toolCalls is the number of function calls the fake model makes after
@@ -117,13 +115,10 @@ func TestClients(t *testing.T) {
 	var rows []runResult
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
-			ns := redistest.Namespace(t)
-			cleanNamespace(t, addr, ns)
 			st := startStack(t, sc.name, stackConfig{
 				transport: sc.transport,
 				replicas:  sc.replicas,
 				redis:     addr,
-				namespace: ns,
 				toolCalls: toolCalls,
 				forward:   sc.forward,
 			})

@@ -15,8 +15,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/contstore/contstore/internal/redistest"
 )
 
 // forwardHeader is the request header a replica hands a turn over with.
@@ -43,10 +41,8 @@ func forwardValue(secret string, at time.Time, socket uint64, prev string, body 
 // that the upstream's log would have shown a connection.
 func TestForgedForward(t *testing.T) {
 	addr := redisAddr(t)
-	ns := redistest.Namespace(t)
-	cleanNamespace(t, addr, ns)
 	st := startStack(t, "F-forged-forward", stackConfig{
-		transport: "ws", replicas: 1, redis: addr, namespace: ns, toolCalls: toolCalls, forward: true,
+		transport: "ws", replicas: 1, redis: addr, toolCalls: toolCalls, forward: true,
 	})
 	target := st.replicas[0].base + "/v1/responses"
 	body := []byte(`{"model":"gpt-5.1","stream":true,"store":false,` +

@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/contstore/contstore/internal/redistest"
 )
 
 // killBefore is the request of a TestReplicaKilled run before which the
@@ -60,13 +58,10 @@ func TestReplicaKilled(t *testing.T) {
 			if kc.node {
 				tools = nodeClients(t)
 			}
-			ns := redistest.Namespace(t)
-			cleanNamespace(t, addr, ns)
 			st := startStack(t, killScenario.name, stackConfig{
 				transport: killScenario.transport,
 				replicas:  killScenario.replicas,
 				redis:     addr,
-				namespace: ns,
 				toolCalls: toolCalls,
 				forward:   killScenario.forward,
 			})

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/contstore/contstore/internal/redistest"
 )
 
 // pollInterval is how often a start is checked.
@@ -252,10 +254,9 @@ type stackConfig struct {
 	// replicas is the number of contproxy replicas; 0 puts the round-robin
 	// proxy straight in front of the fake upstream.
 	replicas int
-	// redis is the Redis address the replicas share.
+	// redis is the Redis address the replicas share, each stack in a
+	// fresh namespace of its own.
 	redis string
-	// namespace is their key namespace.
-	namespace string
 	// toolCalls is the number of function calls the fake model makes after
 	// each user message.
 	toolCalls int
@@ -277,13 +278,15 @@ func startStack(t *testing.T, name string, cfg stackConfig) *stack {
 	if cfg.forward {
 		st.forwardSecret = randomSecret(t)
 	}
+	ns := redistest.Namespace(t)
+	cleanNamespace(t, cfg.redis, ns)
 	var bases []string
 	for i := range cfg.replicas {
 		r := startContproxy(t, st.dir, replicaConfig{
 			name:          fmt.Sprintf("%s-%d", name, i+1),
 			upstream:      st.up.url(cfg.transport),
 			redis:         cfg.redis,
-			namespace:     cfg.namespace,
+			namespace:     ns,
 			logLevel:      "debug",
 			forwardSecret: st.forwardSecret,
 		})
