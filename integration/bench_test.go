@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -59,7 +58,7 @@ func BenchmarkStoreThroughput(b *testing.B) {
 	ctx := context.Background()
 	for _, deadlines := range []bool{true, false} {
 		b.Run(fmt.Sprintf("context-deadlines=%v", deadlines), func(b *testing.B) {
-			srv := pinnedServer(b, runtime.NumCPU()-1)
+			srv := pinnedServer(b)
 			c := redis.NewClient(&redis.Options{Addr: srv.Options().Addr, PoolSize: callers, ContextTimeoutEnabled: deadlines})
 			b.Cleanup(func() { _ = c.Close() })
 			owners := storetest.Owners(b, 10_000)

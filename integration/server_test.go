@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sys/unix"
 
 	"github.com/contstore/contstore/internal/redistest"
 )
@@ -21,9 +23,34 @@ import (
 // disturb, and stops it when the test ends.
 func privateServer(t testing.TB) *redis.Client { return startPrivateServer(t, -1) }
 
-// pinnedServer is privateServer on CPU cpu alone (taskset), for server-time
-// measurements: run the benchmark itself on the other CPUs.
-func pinnedServer(t testing.TB, cpu int) *redis.Client { return startPrivateServer(t, cpu) }
+// pinnedServer is privateServer on a CPU of its own (taskset), for
+// server-time measurements: the highest CPU this process may not run on.
+// Run the benchmark under taskset on the other CPUs; it fails when the
+// process may run on every CPU, which would leave the server none of its
+// own.
+func pinnedServer(t testing.TB) *redis.Client {
+	t.Helper()
+	var mine unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &mine); err != nil {
+		t.Fatalf("reading this process's CPUs: %v", err)
+	}
+	for cpu := 1023; cpu >= 0; cpu-- {
+		if !mine.IsSet(cpu) && cpuOnline(cpu) {
+			return startPrivateServer(t, cpu)
+		}
+	}
+	t.Fatal("no CPU left for redis-server: run the benchmark under taskset on fewer CPUs (taskset -c 0 ...)")
+	return nil
+}
+
+// cpuOnline reports whether the machine has CPU cpu online.
+func cpuOnline(cpu int) bool {
+	if cpu == 0 {
+		return true // cpu0 has no "online" file on most kernels
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/sys/devices/system/cpu/cpu%d/online", cpu))
+	return err == nil && strings.TrimSpace(string(b)) == "1"
+}
 
 func startPrivateServer(t testing.TB, cpu int) *redis.Client {
 	t.Helper()
