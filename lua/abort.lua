@@ -18,18 +18,20 @@
 --   1  the turn was current: the owner's state is removed
 --   0  it was not (stale turn, or no live state): nothing changed
 
-if answered(KEYS[4]) then
-  return 1
-end
 local t = redis.call('HGET', KEYS[1], 't')
-if not t or math.abs(tonumber(t)) ~= tonumber(ARGV[5]) then
+local current = t and math.abs(tonumber(t)) == tonumber(ARGV[5])
+local old = current and redis.call('ZSCORE', KEYS[2], ARGV[3])
+if old then
+  old = tonumber(old)
+  current = old >= pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0)
+end
+if not current then
+  -- not current: nothing changes, unless an earlier run of this abort
+  -- removed the state
+  if answered(KEYS[4]) then return 1 end
   return 0
 end
-local old = redis.call('ZSCORE', KEYS[2], ARGV[3])
-if old then old = tonumber(old) end
-if old and old < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0) then
-  return 0
+if not claim(KEYS[4], 'A', ARGV[4]) then
+  remove(old)
 end
-remove(old)
-remember(KEYS[4], 'A', ARGV[4])
 return 1

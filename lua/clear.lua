@@ -20,22 +20,23 @@
 --      accounting is not touched); an idle state is removed all the same,
 --      with no answer stored (a copy that runs again answers 0 as well)
 
-if answered(KEYS[4]) then
-  return 1
-end
 local old = redis.call('ZSCORE', KEYS[2], ARGV[3])
 local exists = redis.call('EXISTS', KEYS[1]) == 1
-if not old and not exists then
-  -- No state and no LRU entry: nothing to delete, and the accounting KEYS[3]
-  -- is left untouched.
-  return 0
-end
 if old then old = tonumber(old) end
 local live = exists
   and not (old and old < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0))
-remove(old)
 if not live then
+  -- An earlier run of this clear removed the state: nothing changes.
+  if answered(KEYS[4]) then return 1 end
+  if not old and not exists then
+    -- No state and no LRU entry: nothing to delete, and the accounting
+    -- KEYS[3] is left untouched.
+    return 0
+  end
+  remove(old)
   return 0
 end
-remember(KEYS[4], 'C', ARGV[4])
+if not claim(KEYS[4], 'C', ARGV[4]) then
+  remove(old)
+end
 return 1

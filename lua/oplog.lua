@@ -13,6 +13,11 @@
 -- nothing: a copy of it that runs later sees the state of its own time,
 -- which is an answer the call may give. Memory is one small key per change,
 -- for the TTL.
+--
+-- A script reads what it needs and works out its answer first. When the
+-- answer changes something, claim stores it before the first write, in
+-- the same command that finds an earlier run's (SET NX GET); otherwise
+-- answered looks for an earlier run that did change something.
 
 -- answered returns the answer the first run of this operation stored, or
 -- nil.
@@ -20,7 +25,9 @@ local function answered(key)
   return redis.call('GET', key) or nil
 end
 
--- remember stores answer as this operation's, for ms milliseconds.
-local function remember(key, answer, ms)
-  redis.call('SET', key, answer, 'PX', ms)
+-- claim stores answer as this operation's, for ms milliseconds, unless an
+-- earlier run stored one: it returns that earlier answer, or nil when this
+-- run is the first and goes on to change what answer says.
+local function claim(key, answer, ms)
+  return redis.call('SET', key, answer, 'NX', 'GET', 'PX', ms) or nil
 end

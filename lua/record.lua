@@ -35,12 +35,16 @@
 --       "gone"       the owner has no live state (expired, evicted, cleared)
 --   [2] number of owners this call evicted
 
-if answered(KEYS[4]) then
-  return {'published', 0}
+-- unchanged answers status, or "published" for a re-sent record that
+-- published.
+local function unchanged(status)
+  if answered(KEYS[4]) then return {'published', 0} end
+  return {status, 0}
 end
+
 local t = redis.call('HGET', KEYS[1], 't')
 if not t then
-  return {'gone', 0}
+  return unchanged('gone')
 end
 local ms = clock(ARGV[1])
 local member = ARGV[3]
@@ -48,15 +52,17 @@ local old = redis.call('ZSCORE', KEYS[2], member)
 if old then old = tonumber(old) end
 local idle = pack_score(ms - tonumber(ARGV[2]), 0, 0)
 if old and old < idle then
-  return {'gone', 0}
+  return unchanged('gone')
 end
 if t ~= ARGV[5] and t ~= '-' .. ARGV[5] then
-  return {'stale', 0}
+  return unchanged('stale')
+end
+if claim(KEYS[4], 'P', ARGV[4]) then
+  return {'published', 0}
 end
 
 redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-remember(KEYS[4], 'P', ARGV[4])
 local db, dp, count = touch(KEYS[2], member, old, pack_score(ms, 1, tonumber(ARGV[7]) + #ARGV[6]))
 local bytes = settle(KEYS[3], db, dp)
 local evicted = 0

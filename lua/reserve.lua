@@ -48,13 +48,6 @@
 --   [3] number of owners this call evicted
 --   [4] the consumed continuation (opaque bytes), or nil when none
 
-local done = answered(KEYS[4])
-if done then
-  local colon = string.find(done, ':', 1, true)
-  local c = nil
-  if string.sub(done, colon + 2, colon + 2) == '1' then c = string.sub(done, colon + 3) end
-  return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, c}
-end
 local st = redis.call('HMGET', KEYS[1], 't', 'c')
 
 local t = redis.call('TIME')
@@ -81,12 +74,19 @@ if live then
   existed = 1
   if t_old < 0 then consumed, c = 1, st[2] end
   if st[2] then size = size + #st[2] end
-elseif st[2] then
+end
+local done = claim(KEYS[4], seq_s .. ':' .. existed .. consumed .. (c or ''), ARGV[4])
+if done then
+  local colon = string.find(done, ':', 1, true)
+  c = nil
+  if string.sub(done, colon + 2, colon + 2) == '1' then c = string.sub(done, colon + 3) end
+  return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, c}
+end
+if st[2] and not live then
   redis.call('HDEL', KEYS[1], 'c')
 end
 redis.call('HSET', KEYS[1], 't', seq_s)
 redis.call('PEXPIRE', KEYS[1], ttl)
-remember(KEYS[4], seq_s .. ':' .. existed .. consumed .. (c or ''), ARGV[4])
 
 local db, dp, count = touch(KEYS[2], member, old, pack_score(ms, 0, size))
 local bytes = tonumber(part[2] or '0') + db

@@ -23,13 +23,17 @@
 --                             hold the messages the writer extends (send a
 --                             rewrite); nothing written
 
-local done = answered(KEYS[3])
-if done then
-  return {'ok', done}
+-- refused answers status, or the version an earlier run of this save
+-- wrote.
+local function refused(status, stored)
+  local done = answered(KEYS[3])
+  if done then return {'ok', done} end
+  return {status, stored}
 end
+
 local stored = redis.call('HGET', KEYS[1], 'v') or '0'
 if stored ~= ARGV[1] then
-  return {'conflict', stored}
+  return refused('conflict', stored)
 end
 local mode = ARGV[2]
 local count = tonumber(ARGV[5])
@@ -37,9 +41,15 @@ local pushed = #ARGV - 6
 if mode == 'append' then
   local have = tonumber(redis.call('HGET', KEYS[1], 'n') or '-1')
   if have ~= count - pushed or redis.call('LLEN', KEYS[2]) ~= have then
-    return {'rewrite', stored}
+    return refused('rewrite', stored)
   end
-else
+end
+local version = string.format('%.0f', tonumber(stored) + 1)
+local done = claim(KEYS[3], version, ARGV[6])
+if done then
+  return {'ok', done}
+end
+if mode ~= 'append' then
   redis.call('DEL', KEYS[2])
 end
 -- Push in slices: unpack is bounded by the Lua stack.
@@ -47,7 +57,6 @@ for first = 7, #ARGV, 1000 do
   redis.call('RPUSH', KEYS[2], unpack(ARGV, first, math.min(first + 999, #ARGV)))
 end
 
-local version = string.format('%.0f', tonumber(stored) + 1)
 if mode == 'snapshot' then
   redis.call('HDEL', KEYS[1], 'h', 'n')
   redis.call('HSET', KEYS[1], 'v', version, 'd', ARGV[4])
@@ -62,5 +71,4 @@ for i = 1, 2 do
     redis.call('PERSIST', KEYS[i])
   end
 end
-remember(KEYS[3], version, ARGV[6])
 return {'ok', version}

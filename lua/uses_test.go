@@ -310,7 +310,7 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}{{
 		name: "an undeclared shared function",
 		uses: "oplog",
-		body: "if answered(KEYS[1]) then return 1 end\nlocal d = touch(KEYS[1], ARGV[1], nil, 0)\nremember(KEYS[1], 'x', 1)\nreturn d\n",
+		body: "if answered(KEYS[1]) then return 1 end\nlocal d = touch(KEYS[1], ARGV[1], nil, 0)\nclaim(KEYS[1], 'x', 1)\nreturn d\n",
 		want: []string{"touch (line 9): lru.lua's, which the uses line does not name"},
 	}, {
 		name: "an undeclared shared constant",

@@ -2,35 +2,63 @@ package store
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
+	"strings"
 )
 
-// continuationFormat is the first byte of an encoded continuation.
-const continuationFormat = 1
+// The first byte of an encoded continuation: how its response id is held.
+const (
+	continuationFormat    = 1 // the response id as it is
+	continuationHexFormat = 2 // an id of the form "resp_" + lowercase hex, as the bytes the hex spells
+)
+
+// responseIDPrefix starts the response ids OpenAI gives ("resp_" and 48
+// lowercase hex digits), which the packed format holds in half the bytes.
+const responseIDPrefix = "resp_"
 
 // encodeContinuation returns c as an owner's state holds it (field c, see
 // lua/reserve.lua); Lua never reads it:
 //
-//	format byte 1
+//	format byte: 1, or 2 when the response id is "resp_" followed by an
+//	  even number of lowercase hex digits
 //	uvarint transcript items, uvarint transcript bytes
 //	8 bytes transcript digest, 8 bytes prompt signature (big-endian)
-//	uvarint socket id (0 for any socket), uvarint response id length
-//	response id, then the socket's replica to the end
+//	uvarint socket id (0 for any socket), uvarint length of the response id
+//	  field, which holds the id (format 1) or the bytes its hex digits
+//	  spell (format 2)
+//	response id field, then the socket's replica to the end
 func encodeContinuation(c continuation) []byte {
-	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+16+len(c.ResponseID)+len(c.Origin.Replica))
-	b = append(b, continuationFormat)
+	format, id := continuationFormat, []byte(c.ResponseID)
+	if packed, ok := packResponseID(c.ResponseID); ok {
+		format, id = continuationHexFormat, packed
+	}
+	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+16+len(id)+len(c.Origin.Replica))
+	b = append(b, byte(format))
 	b = binary.AppendUvarint(b, uint64(c.Transcript.Items))
 	b = binary.AppendUvarint(b, uint64(c.Transcript.Bytes))
 	b = binary.BigEndian.AppendUint64(b, c.Transcript.Digest)
 	b = binary.BigEndian.AppendUint64(b, c.Signature)
-	id, replica := c.Origin.ID, c.Origin.Replica
+	sock, replica := c.Origin.ID, c.Origin.Replica
 	if c.Origin.Any {
-		id, replica = 0, ""
+		sock, replica = 0, ""
 	}
-	b = binary.AppendUvarint(b, id)
-	b = binary.AppendUvarint(b, uint64(len(c.ResponseID)))
-	b = append(b, c.ResponseID...)
+	b = binary.AppendUvarint(b, sock)
+	b = binary.AppendUvarint(b, uint64(len(id)))
+	b = append(b, id...)
 	return append(b, replica...)
+}
+
+// packResponseID returns the bytes the hex digits of an id "resp_<hex>"
+// spell, when the digits are lowercase and even in number, so that
+// hex.EncodeToString gives them back exactly.
+func packResponseID(id string) ([]byte, bool) {
+	digits, ok := strings.CutPrefix(id, responseIDPrefix)
+	if !ok || digits == "" || len(digits)%2 != 0 || strings.ToLower(digits) != digits {
+		return nil, false
+	}
+	b, err := hex.DecodeString(digits)
+	return b, err == nil
 }
 
 // decodeContinuation reads what encodeContinuation wrote.
@@ -38,9 +66,10 @@ func decodeContinuation(b []byte) (continuation, error) {
 	bad := func(what string) (continuation, error) {
 		return continuation{}, fmt.Errorf("%w: continuation: %s", errBadReply, what)
 	}
-	if len(b) == 0 || b[0] != continuationFormat {
+	if len(b) == 0 || (b[0] != continuationFormat && b[0] != continuationHexFormat) {
 		return bad("unknown format")
 	}
+	format := b[0]
 	b = b[1:]
 	var c continuation
 	var fields [3]uint64
@@ -69,6 +98,9 @@ func decodeContinuation(b []byte) (continuation, error) {
 	}
 	b = b[n:]
 	c.ResponseID = string(b[:size])
+	if format == continuationHexFormat {
+		c.ResponseID = responseIDPrefix + hex.EncodeToString(b[:size])
+	}
 	c.Origin = Socket{Replica: string(b[size:]), ID: id}
 	if id == 0 {
 		c.Origin = Socket{Any: true}

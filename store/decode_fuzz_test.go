@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/contstore/contstore/fingerprint"
 )
 
 // fuzzReply builds a script reply from text: elements separated by "|",
@@ -95,6 +97,27 @@ func FuzzDecodeInspect(f *testing.F) {
 		}
 		if st.HasContinuation && (st.ResponseID == "" || st.Items < 0) {
 			t.Fatalf("impossible continuation %+v from %q", st, s)
+		}
+	})
+}
+
+func FuzzContinuationRoundTrip(f *testing.F) {
+	f.Add("resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", "gw-a", uint64(7), 2, int64(118), uint64(1), uint64(2))
+	f.Add("resp_68A1F0C2", "", uint64(0), 0, int64(0), uint64(0), uint64(0))
+	f.Add("resp_", "r", uint64(1), 1, int64(1), uint64(1), uint64(1))
+	f.Add("resp_0", "r", uint64(1), 1, int64(1), uint64(1), uint64(1))
+	f.Fuzz(func(t *testing.T, id, replica string, sock uint64, items int, bytes int64, digest, signature uint64) {
+		if id == "" || items < 0 || bytes < 0 || items > 1<<62 || bytes > 1<<62 {
+			return
+		}
+		c := continuation{ResponseID: id, Origin: Socket{Replica: replica, ID: sock}, Signature: signature,
+			Transcript: fingerprint.Transcript{Items: items, Bytes: bytes, Digest: digest}}
+		if sock == 0 {
+			c.Origin = Socket{Any: true}
+		}
+		back, err := decodeContinuation(encodeContinuation(c))
+		if err != nil || back != c {
+			t.Fatalf("%+v came back as %+v, %v", c, back, err)
 		}
 	})
 }

@@ -481,10 +481,11 @@ func validResult(out Result) error {
 // stateOverhead plus the names Redis keeps for it (its key and its LRU
 // member) times stateNameCost, plus its encoded continuation. Calibrated
 // with BenchmarkMemoryPerOwner against Redis 7 used_memory (hash, TTL and
-// LRU entries, dictionary buckets, allocator rounding): within 5% for
-// namespaces of 1 to 64 bytes and owner ids up to 256 bytes.
+// LRU entries, dictionary buckets, allocator rounding) of owners filled at
+// a pace that leaves few operation answers alive: within 3% for namespaces
+// of 1 to 64 bytes and owner ids up to 256 bytes.
 const (
-	stateOverhead = 285
+	stateOverhead = 253
 	// stateNameCost is the cost of a byte of the names, in hundredths:
 	// allocator rounding adds to each byte.
 	stateNameCost = 115

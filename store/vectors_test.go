@@ -347,6 +347,13 @@ func vecContinuations(t *testing.T) []vecContinuation {
 	}{
 		{"a socket of a replica", continuation{ResponseID: "resp_68a1f0c2", Origin: Socket{Replica: "gw-a", ID: 7},
 			Signature: 0xd4d1fe4b38ed9369, Transcript: fingerprint.Transcript{Items: 2, Digest: 0x7c6d5e4f3a2b1c0d, Bytes: 118}}},
+		{"an id as OpenAI gives them, resp_ and 48 lowercase hex digits: held as the 24 bytes they spell (format 2)",
+			continuation{ResponseID: "resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", Origin: Socket{Replica: "gw-a", ID: 1},
+				Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
+		{"uppercase hex digits: held as they are (format 1)", continuation{ResponseID: "resp_68A1F0C2", Origin: Socket{Replica: "gw-a", ID: 1},
+			Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
+		{"an odd number of hex digits: held as they are (format 1)", continuation{ResponseID: "resp_68a1f", Origin: Socket{Replica: "gw-a", ID: 1},
+			Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
 		{"any socket (the upstream stores responses)", continuation{ResponseID: "resp_store", Origin: Socket{Any: true},
 			Signature: 1, Transcript: fingerprint.Transcript{Items: 1, Digest: 2, Bytes: 3}}},
 		{"multi-byte varints: 300 items, 2,000,000 bytes, socket id 2^64-1", continuation{ResponseID: "r", Origin: Socket{Replica: "replica-3fa94c1e2b7d", ID: 1<<64 - 1},
@@ -372,7 +379,7 @@ func vecContinuations(t *testing.T) []vecContinuation {
 	over := hex.EncodeToString(binary.AppendUvarint(nil, 1<<62+1))
 	for _, c := range []struct{ name, hex string }{
 		{"empty", ""},
-		{"unknown format byte", "02" + "0000" + digests + "01" + "01" + "72"},
+		{"unknown format byte", "03" + "0000" + digests + "01" + "01" + "72"},
 		{"truncated varint", "0180"},
 		{"item count above 2^62", "01" + over + "00" + digests + "01" + "01" + "72"},
 		{"truncated digests", "01" + "0000" + strings.Repeat("00", 15)},
@@ -980,20 +987,31 @@ type ruleContinuation struct {
 }
 
 func (c ruleContinuation) encode() []byte {
-	b := ruleUvarint(ruleUvarint([]byte{1}, c.items), c.bytes)
+	format, id := byte(1), []byte(c.responseID)
+	if m := rulePackedID.FindStringSubmatch(c.responseID); m != nil {
+		format, id = 2, nil
+		for i := 0; i < len(m[1]); i += 2 {
+			v, _ := strconv.ParseUint(m[1][i:i+2], 16, 8)
+			id = append(id, byte(v))
+		}
+	}
+	b := ruleUvarint(ruleUvarint([]byte{format}, c.items), c.bytes)
 	for _, d := range []uint64{c.digest, c.signature} {
 		for shift := 56; shift >= 0; shift -= 8 {
 			b = append(b, byte(d>>shift))
 		}
 	}
 	b = ruleUvarint(b, c.socket)
-	b = ruleUvarint(b, uint64(len(c.responseID)))
-	b = append(b, c.responseID...)
+	b = ruleUvarint(b, uint64(len(id)))
+	b = append(b, id...)
 	if c.socket != 0 {
 		b = append(b, c.replica...)
 	}
 	return b
 }
+
+// rulePackedID matches the response ids format 2 holds as bytes.
+var rulePackedID = regexp.MustCompile(`^resp_((?:[0-9a-f]{2})+)$`)
 
 // ruleDecode decodes an encoded continuation, or reports false.
 func ruleDecode(b []byte) (ruleContinuation, bool) {
@@ -1009,9 +1027,10 @@ func ruleDecode(b []byte) (ruleContinuation, bool) {
 		}
 		return 0, false
 	}
-	if len(b) == 0 || b[0] != 1 {
+	if len(b) == 0 || (b[0] != 1 && b[0] != 2) {
 		return c, false
 	}
+	packed := b[0] == 2
 	b = b[1:]
 	var ok1, ok2, ok3, ok4 bool
 	if c.items, ok1 = uvarint(); !ok1 || c.items > 1<<62 {
@@ -1033,6 +1052,9 @@ func ruleDecode(b []byte) (ruleContinuation, bool) {
 		return c, false
 	}
 	c.responseID = string(b[:n])
+	if packed {
+		c.responseID = "resp_" + hex.EncodeToString(b[:n])
+	}
 	if c.socket != 0 {
 		c.replica = string(b[n:])
 	}
