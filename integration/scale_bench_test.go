@@ -142,10 +142,12 @@ func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner, wave int) 
 // (INFO commandstats usec_per_call of EVALSHA, after CONFIG RESETSTAT) for
 // reserve and for record, with 10,000 and 1,000,000 owners holding a
 // continuation over the default 16 partitions, on a private redis-server
-// pinned to the last CPU. Each phase takes every owner once, up to 20,000,
-// from 8 clients: every reserve consumes a continuation and continues,
-// every record publishes, nothing is evicted. A script that does nothing,
-// run the same way, gives the floor. Run it on the other CPU with
+// pinned to a CPU of its own. Each phase takes 10,000 owners (of
+// 1,000,000: 20,000, others each round) once from 8 clients: every reserve
+// consumes a continuation and continues, every record publishes, nothing
+// is evicted. A script that does nothing, run the same way, gives the
+// floor. The figures are the medians of 5 rounds on one server, which a
+// noisy machine moves less than one round. Run it under taskset with
 // -benchtime 1x (see BENCHMARKS.md).
 func BenchmarkTurnServerTime(b *testing.B) {
 	ctx := context.Background()
@@ -165,7 +167,9 @@ func BenchmarkTurnServerTime(b *testing.B) {
 					parallelFor(calls, 8, op)
 					all := commandStats(b, c)
 					st := all["evalsha"]
-					require.Equal(b, int64(calls), st.calls)
+					// The store may recheck the namespace's schema (one
+					// script) in a phase.
+					require.True(b, st.calls >= int64(calls) && st.calls <= int64(calls)+2, "%d script calls, want %d", st.calls, calls)
 					if testing.Verbose() {
 						for name, cs := range all {
 							b.Logf("%s: %d calls, %.2f us/call, %.2f us per script", name, cs.calls, cs.usecPerCall, float64(cs.calls)*cs.usecPerCall/float64(calls))
@@ -173,26 +177,35 @@ func BenchmarkTurnServerTime(b *testing.B) {
 					}
 					return st.usecPerCall
 				}
-				reserve := phase(func(i int) {
-					reservations[i] = s.Reserve(ctx, owners[i*(n/calls)], turn.Next)
-					if !reservations[i].Continues() {
-						b.Errorf("owner %d: %s %v", i, reservations[i].Reason, reservations[i].Err)
-					}
-				})
-				record := phase(func(i int) {
-					out, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
-					if err != nil || out != store.OutcomePublished {
-						b.Errorf("owner %d: %s %v", i, out, err)
-					}
-				})
-				// The floor on the same server: a script that does nothing.
+				const rounds = 5
+				var reserves, records, floors []float64
 				noop := redis.NewScript("return 1")
 				require.NoError(b, noop.Load(ctx, c).Err())
-				floor := phase(func(int) {
-					if err := noop.EvalSha(ctx, c, nil).Err(); err != nil {
-						b.Error(err)
+				for r := range rounds {
+					if r > 0 && n == calls {
+						// The same owners again: back to the turn before.
+						fill(b, s, owners, turn)
 					}
-				})
+					reserves = append(reserves, phase(func(i int) {
+						reservations[i] = s.Reserve(ctx, owners[i*(n/calls)+r%(n/calls)], turn.Next)
+						if !reservations[i].Continues() {
+							b.Errorf("owner %d: %s %v", i, reservations[i].Reason, reservations[i].Err)
+						}
+					}))
+					records = append(records, phase(func(i int) {
+						out, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
+						if err != nil || out != store.OutcomePublished {
+							b.Errorf("owner %d: %s %v", i, out, err)
+						}
+					}))
+					// The floor on the same server: a script that does nothing.
+					floors = append(floors, phase(func(int) {
+						if err := noop.EvalSha(ctx, c, nil).Err(); err != nil {
+							b.Error(err)
+						}
+					}))
+				}
+				reserve, record, floor := median(reserves), median(records), median(floors)
 				st, err := s.Stats(ctx)
 				require.NoError(b, err)
 				require.Zero(b, st.Total.Evictions.Total())
