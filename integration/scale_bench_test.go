@@ -118,14 +118,13 @@ func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner, wave int) 
 		require.NoError(b, cn.Close())
 	}
 	before := usedMemory(b, c)
-	var inTurn int64
 	for first := 0; first < len(owners); first += wave {
 		if first > 0 {
 			settle()
 		}
 		fill(b, s, owners[first:min(first+wave, len(owners))], turn)
-		inTurn = usedMemory(b, c)
 	}
+	inTurn := usedMemory(b, c)
 	st, err := s.Stats(ctx)
 	require.NoError(b, err)
 	require.Equal(b, n, st.Total.Published)

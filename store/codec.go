@@ -97,9 +97,10 @@ func decodeContinuation(b []byte) (continuation, error) {
 		return bad("response id")
 	}
 	b = b[n:]
-	c.ResponseID = string(b[:size])
 	if format == continuationHexFormat {
 		c.ResponseID = responseIDPrefix + hex.EncodeToString(b[:size])
+	} else {
+		c.ResponseID = string(b[:size])
 	}
 	c.Origin = Socket{Replica: string(b[size:]), ID: id}
 	if id == 0 {
