@@ -35,7 +35,7 @@ type Profile struct {
 	PromptMembers []string
 }
 
-// V2 returns the default profile of protocol version 2. Each rule answers
+// V2 returns the default profile since protocol version 2. Each rule answers
 // what a real client does (PROTOCOL.md gives the evidence):
 //
 //   - item members id and status: the upstream's own item ids and states

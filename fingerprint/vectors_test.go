@@ -47,7 +47,7 @@ type vecFile struct {
 }
 
 var vecAbout = []string{
-	"Test vectors of contstore's canonical JSON and request fingerprints (protocol version 2, profile v2); PROTOCOL.md describes every rule they exercise.",
+	"Test vectors of contstore's canonical JSON and request fingerprints (profile v2, since protocol version 2); PROTOCOL.md describes every rule they exercise.",
 	"Regenerate with: go test ./fingerprint -run TestVectors -update-vectors. go test ./fingerprint fails when this file and the code disagree.",
 	"Every digest is HighwayHash-64 keyed with constants.key_hex (the bytes 0..31); a namespace's real key is a random secret kept in its meta hash.",
 	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64, the form stored in Redis}.",

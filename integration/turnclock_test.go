@@ -73,7 +73,7 @@ func TestTurnTokensSurviveDataLoss(t *testing.T) {
 	t.Logf("%d reserves into one partition in %v: %.1f per ms", count, elapsed.Round(time.Millisecond), float64(count)/float64(elapsed.Milliseconds()))
 
 	// The partition's clock is not ahead of the server's.
-	seq, err := c.HGet(ctx, "cont:{cont:00}:part", "seq").Result()
+	seq, err := c.Get(ctx, "cont:{cont:00}:seq").Result()
 	require.NoError(t, err)
 	now, err := c.Time(ctx).Result()
 	require.NoError(t, err)

@@ -6,7 +6,7 @@
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
@@ -32,6 +32,6 @@ if not current then
   return 0
 end
 if not claim(KEYS[4], 'A', ARGV[4]) then
-  remove(old)
+  changes().remove(old)
 end
 return 1

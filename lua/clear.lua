@@ -7,7 +7,7 @@
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
@@ -33,10 +33,10 @@ if not live then
     -- KEYS[3] is left untouched.
     return 0
   end
-  remove(old)
+  changes().remove(old)
   return 0
 end
 if not claim(KEYS[4], 'C', ARGV[4]) then
-  remove(old)
+  changes().remove(old)
 end
 return 1

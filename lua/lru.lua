@@ -1,5 +1,6 @@
 -- lru.lua: the clock, accounting and eviction shared by the scripts that
--- change or read an owner. It defines local functions and constants only;
+-- change or read an owner. It defines local functions and constants only
+-- (the ones that change the LRU through changes());
 -- a script that calls them names lru in its header's uses line, and is sent
 -- with this file before it (lua.go).
 --
@@ -9,15 +10,16 @@
 --
 --   score = (touched_ms - 1735689600000) * 8192 + published * 4096 + size
 --
--- touched_ms is when the state was last touched, published is 1 when the
--- state holds a continuation, size is the state's stored-bytes estimate
+-- touched_ms is when the state's entry and TTL were last refreshed (see
+-- refresh_due), published is 1 when the
+-- state holds a continuation (c: the current turn's or, once a reserve
+-- consumed it, the one before), size is the state's stored-bytes estimate
 -- (clamped below 4096). Scores stay below 2^53 until 2059. Ordering by score
 -- is ordering by last touch. A state whose touch is older than the TTL is
 -- gone, whether or not Redis has expired its key yet: the score still tells
 -- the bytes and the continuation to give back.
 --
 -- The partition's hash holds:
---   seq        the partition's turn clock (reserve.lua)
 --   bytes      sum of the sizes of the LRU's entries
 --   published  number of the LRU's entries with published = 1
 --   ev:ttl, ev:owners, ev:bytes  evictions by cause, since the namespace began
@@ -29,14 +31,24 @@ local PUBLISHED = 4096
 -- clock returns the time in milliseconds: arg when the store passes one
 -- (not "0"), else the server's.
 local function clock(arg)
-  if arg ~= '0' then return tonumber(arg) end
+  if arg ~= '0' then return arg + 0 end
   local t = redis.call('TIME')
-  return t[1] * 1000 + math.floor(t[2] / 1000)
+  local usec = t[2] + 0
+  return t[1] * 1000 + (usec - usec % 1000) / 1000
 end
 
+-- pack_score returns the score of an entry touched at ms.
 local function pack_score(ms, published, size)
   if size > PUBLISHED - 1 then size = PUBLISHED - 1 end
   return (ms - SCORE_EPOCH_MS) * TIME_UNIT + published * PUBLISHED + size
+end
+
+-- refresh_due reports whether an entry at score old, at ms, is due for a
+-- refresh of its touch and its state's TTL: touched a sixteenth of the TTL
+-- ago or earlier. Until then reserve leaves both as they are; record never
+-- refreshes them.
+local function refresh_due(old, ms, ttl)
+  return old < pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0)
 end
 
 -- unpack_score returns a score's size and published (0 or 1).
@@ -44,15 +56,6 @@ local function unpack_score(score)
   local low = score % TIME_UNIT
   if low >= PUBLISHED then return low - PUBLISHED, 1 end
   return low, 0
-end
-
--- settle adds a change of stored bytes and of published states to the
--- partition's counters and returns its stored bytes when it read them.
-local function settle(part, bytes, published)
-  local total
-  if bytes ~= 0 then total = redis.call('HINCRBY', part, 'bytes', bytes) end
-  if published ~= 0 then redis.call('HINCRBY', part, 'published', published) end
-  return total
 end
 
 -- prune evicts, at most budget entries: the least recently touched while it
@@ -98,27 +101,46 @@ local function prune(lru, part, prefix, keep, idle_score, max_owners, max_bytes,
   return ttl + owners + over, {ttl, owners, over}
 end
 
--- touch files member in the LRU at score in place of its entry old (a
--- score, or nil for none). It returns the change of the partition's stored
--- bytes and published count, and the LRU's size when the entry is new.
-local function touch(lru, member, old, score)
-  redis.call('ZADD', lru, score, member)
-  local bytes, published = unpack_score(score)
-  if not old then
-    return bytes, published, redis.call('ZCARD', lru)
+-- changes returns the functions that change an LRU entry and the
+-- accounting, as a table: touch, settle, remove. A script makes them only on
+-- the paths that change them: a function a script defines costs time on
+-- every run that defines it.
+local function changes()
+  -- settle adds a change of stored bytes and of published states to the
+  -- partition's counters and returns its stored bytes when it read them.
+  local function settle(part, bytes, published)
+    local total
+    if bytes ~= 0 then total = redis.call('HINCRBY', part, 'bytes', bytes) end
+    if published ~= 0 then redis.call('HINCRBY', part, 'published', published) end
+    return total
   end
-  local b, p = unpack_score(old)
-  return bytes - b, published - p, nil
-end
 
--- remove deletes an owner's state KEYS[1] and takes its LRU entry old (a
--- score, or nil for none) out of the LRU KEYS[2] (member ARGV[3]) and the
--- accounting KEYS[3], for a script with the owner scripts' KEYS and ARGV.
-local function remove(old)
-  redis.call('DEL', KEYS[1])
-  if old then
-    redis.call('ZREM', KEYS[2], ARGV[3])
-    local size, published = unpack_score(old)
-    settle(KEYS[3], -size, -published)
+  -- touch files member in the LRU at score (a number, and score_s the same
+  -- in decimal) in place of its entry old (a score, or nil for none). It
+  -- returns the change of the partition's stored bytes and published count,
+  -- and the LRU's size when the entry is new.
+  local function touch(lru, member, old, score, score_s)
+    local added = redis.call('ZADD', lru, score_s, member) == 1
+    local bytes, published = unpack_score(score)
+    if added or not old then
+      -- new, or lost while its state kept a copy of its score (s)
+      return bytes, published, redis.call('ZCARD', lru)
+    end
+    local b, p = unpack_score(old)
+    return bytes - b, published - p, nil
   end
+
+  -- remove deletes an owner's state KEYS[1] and takes its LRU entry old (a
+  -- score, or nil for none) out of the LRU KEYS[2] (member ARGV[3]) and the
+  -- accounting KEYS[3], for a script with the owner scripts' KEYS and ARGV.
+  local function remove(old)
+    redis.call('DEL', KEYS[1])
+    if old then
+      redis.call('ZREM', KEYS[2], ARGV[3])
+      local size, published = unpack_score(old)
+      settle(KEYS[3], -size, -published)
+    end
+  end
+
+  return {touch = touch, settle = settle, remove = remove}
 end

@@ -4,7 +4,7 @@
 -- uses: lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:lru   zset  the partition's LRU (lru.lua)
--- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's clock and accounting
+-- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's accounting
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>  hash  the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by ARGV[3] followed by the owner's
 --          LRU member. Safe in Redis Cluster: ARGV[3] is the state-key prefix

@@ -2,15 +2,17 @@
 --
 -- Publishes only when the owner's state is live and its current turn is
 -- the one recording (published already or not: a second record of the turn
--- replaces its continuation); otherwise changes nothing. Publishing touches the owner
--- in the LRU and evicts (lru.lua) while the partition is over its limits. A
--- re-sent record that published answers "published" again (oplog.lua).
+-- replaces its continuation); otherwise changes nothing. Publishing keeps
+-- the owner's LRU touch and TTL (reserve refreshes them), changes the LRU
+-- entry's size and published bit when they change, and evicts (lru.lua)
+-- while the partition is over its limits. A re-sent record that published
+-- answers "published" again (oplog.lua).
 --
 -- uses: oplog, lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
@@ -30,7 +32,7 @@
 --
 -- Reply: array
 --   [1] status string:
---       "published"  the continuation is stored and the TTL refreshed
+--       "published"  the continuation is stored
 --       "stale"      the owner's current turn is another turn: nothing changed
 --       "gone"       the owner has no live state (expired, evicted, cleared)
 --   [2] number of owners this call evicted
@@ -42,16 +44,16 @@ local function unchanged(status)
   return {status, 0}
 end
 
-local t = redis.call('HGET', KEYS[1], 't')
+local st = redis.call('HMGET', KEYS[1], 't', 's')
+local t = st[1]
 if not t then
   return unchanged('gone')
 end
-local ms = clock(ARGV[1])
-local member = ARGV[3]
-local old = redis.call('ZSCORE', KEYS[2], member)
-if old then old = tonumber(old) end
-local idle = pack_score(ms - tonumber(ARGV[2]), 0, 0)
-if old and old < idle then
+local old = st[2] or redis.call('ZSCORE', KEYS[2], ARGV[3])
+if old then old = old + 0 end
+-- On the server's clock, Redis has expired the key of an idle state: its
+-- TTL and its entry's touch are refreshed together (reserve.lua).
+if old and ARGV[1] ~= '0' and old < pack_score(ARGV[1] - ARGV[2], 0, 0) then
   return unchanged('gone')
 end
 if t ~= ARGV[5] and t ~= '-' .. ARGV[5] then
@@ -61,13 +63,28 @@ if claim(KEYS[4], 'P', ARGV[4]) then
   return {'published', 0}
 end
 
-redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local db, dp, count = touch(KEYS[2], member, old, pack_score(ms, 1, tonumber(ARGV[7]) + #ARGV[6]))
-local bytes = settle(KEYS[3], db, dp)
+local score
+if old then
+  -- the touch stays; the size and the published bit may change
+  score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[7] + #ARGV[6])
+  if score == old then
+    redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6])
+    return {'published', 0}
+  end
+else
+  -- a state without an entry (its LRU was lost) is touched now
+  score = pack_score(clock(ARGV[1]), 1, ARGV[7] + #ARGV[6])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local score_s = string.format('%d', score)
+redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6], 's', score_s)
+local change = changes()
+local db, dp, count = change.touch(KEYS[2], ARGV[3], old, score, score_s)
+local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if count or db > 0 then
-  evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member, idle,
-    tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), count, bytes)
+  local ms = clock(ARGV[1])
+  evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[3]), ARGV[3],
+    pack_score(ms - ARGV[2], 0, 0), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), count, bytes)
 end
 return {'published', evicted}

@@ -2,13 +2,13 @@
 --
 -- Atomically: read the owner's state, draw the turn's sequence number from
 -- the partition's clock, make the new turn the owner's current one (which
--- consumes the published continuation: nothing stays published), touch the
--- owner in the LRU, and evict (lru.lua) while the partition is over its
--- limits. The caller decides whether to continue from the continuation
--- returned.
+-- consumes the published continuation: nothing stays published), refresh
+-- the owner's LRU entry and TTL when they are due (lru.lua refresh_due), and
+-- evict (lru.lua) while the partition is over its limits. The caller
+-- decides whether to continue from the continuation returned.
 --
 -- The sequence number is the largest of
---   the partition's last sequence number + 1,
+--   the partition's last sequence number + 1 (KEYS[5]),
 --   the server clock in microseconds since 2025-01-01T00:00:00Z,
 --   the owner's current sequence number + 1.
 -- One reserve takes longer than a microsecond of server time, so the
@@ -18,16 +18,18 @@
 --
 -- The state's t is the current turn's sequence number, negated once that
 -- turn published: the state then holds a continuation, c. Reserving sets t
--- only (positive) and leaves c in place. The answer a re-sent reserve gives
--- (oplog.lua) is "<seq>:<existed><consumed>" followed by the consumed
--- continuation.
+-- (positive) and leaves c in place, so the LRU entry's size and published
+-- bit stay as they were; s, the state's copy of its LRU score, changes with
+-- the entry. The answer a re-sent reserve gives (oplog.lua) is
+-- "<seq>:<existed><consumed>" followed by the consumed continuation.
 --
 -- uses: oplog, lru
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c, s
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's clock and accounting
+-- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- KEYS[5]  <ns>:{<ns>:<pp>}:seq              string  the partition's last sequence number
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
 --          followed by the owner's LRU member. Safe in Redis Cluster: the name
@@ -48,49 +50,63 @@
 --   [3] number of owners this call evicted
 --   [4] the consumed continuation (opaque bytes), or nil when none
 
-local st = redis.call('HMGET', KEYS[1], 't', 'c')
-
-local t = redis.call('TIME')
-local ms = tonumber(ARGV[1])
-if ms == 0 then ms = t[1] * 1000 + math.floor(t[2] / 1000) end
-local ttl = tonumber(ARGV[2])
+local st = redis.call('HMGET', KEYS[1], 't', 'c', 's')
 local member = ARGV[3]
-local old = redis.call('ZSCORE', KEYS[2], member)
-if old then old = tonumber(old) end
-local idle = pack_score(ms - ttl, 0, 0)
-local t_old = st[1] and tonumber(st[1])
-local live = t_old and not (old and old < idle)
+-- The state's s is its LRU score; without a state, the LRU may still hold
+-- an entry whose key expired.
+local raw = st[3] or redis.call('ZSCORE', KEYS[2], member)
+local now = redis.call('TIME')
+local sec, usec = now[1] + 0, now[2] + 0
+local ms
+if ARGV[1] == '0' then ms = sec * 1000 + (usec - usec % 1000) / 1000 else ms = ARGV[1] + 0 end
+local ttl = ARGV[2] + 0
+local old = raw and raw + 0
+local live = st[1] and not (old and old < pack_score(ms - ttl, 0, 0))
 
-local part = redis.call('HMGET', KEYS[3], 'seq', 'bytes', 'published')
-local seq = tonumber(part[1] or '0') + 1
-local us = (t[1] - 1735689600) * 1000000 + t[2]
-if us > seq then seq = us end
-if t_old and math.abs(t_old) + 1 > seq then seq = math.abs(t_old) + 1 end
-local seq_s = string.format('%.0f', seq)
-
-local existed, consumed, c = 0, 0, nil
-local size = tonumber(ARGV[5])
-if live then
-  existed = 1
-  if t_old < 0 then consumed, c = 1, st[2] end
-  if st[2] then size = size + #st[2] end
+-- The clock: one SET in the common case, a second when the clock is behind
+-- the partition's or the owner's last number. A run that finds an earlier
+-- run's answer puts back what it found (last).
+local seq = (sec - 1735689600) * 1000000 + usec
+local seq_s = string.format('%d', seq)
+local last = redis.call('SET', KEYS[5], seq_s, 'GET')
+local floor = (last or 0) + 1
+local t = st[1] and st[1] + 0
+if t and t >= floor then floor = t + 1 elseif t and -t >= floor then floor = 1 - t end
+if floor > seq then
+  seq = floor
+  seq_s = string.format('%d', seq)
+  redis.call('SET', KEYS[5], seq_s)
 end
-local done = claim(KEYS[4], seq_s .. ':' .. existed .. consumed .. (c or ''), ARGV[4])
+
+-- t < 0: the state holds the continuation its last turn published
+local consumed = live and t < 0 and st[2]
+local done = claim(KEYS[4], seq_s .. (live and ':1' or ':0') .. (consumed and '1' .. consumed or '0'), ARGV[4])
 if done then
+  if last then redis.call('SET', KEYS[5], last) else redis.call('DEL', KEYS[5]) end
   local colon = string.find(done, ':', 1, true)
-  c = nil
+  local c = nil
   if string.sub(done, colon + 2, colon + 2) == '1' then c = string.sub(done, colon + 3) end
   return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, c}
 end
-if st[2] and not live then
+if live and old and not refresh_due(old, ms, ttl) then
+  -- the entry and the TTL stay until they are due for a refresh (lru.lua)
+  redis.call('HSET', KEYS[1], 't', seq_s)
+  return {seq, 1, 0, consumed or nil}
+end
+
+local size, published = ARGV[5] + 0, 0
+if live and st[2] then
+  size, published = size + #st[2], 1
+elseif st[2] then
   redis.call('HDEL', KEYS[1], 'c')
 end
-redis.call('HSET', KEYS[1], 't', seq_s)
-redis.call('PEXPIRE', KEYS[1], ttl)
-
-local db, dp, count = touch(KEYS[2], member, old, pack_score(ms, 0, size))
-local bytes = tonumber(part[2] or '0') + db
-redis.call('HSET', KEYS[3], 'seq', seq_s, 'bytes', bytes, 'published', tonumber(part[3] or '0') + dp)
+local score = pack_score(ms, published, size)
+local score_s = string.format('%d', score)
+redis.call('HSET', KEYS[1], 't', seq_s, 's', score_s)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local change = changes()
+local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
+local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if old and not live then
   -- idle: it had expired before anything pruned it, and others may have
@@ -98,9 +114,8 @@ if old and not live then
   evicted = 1
 end
 if count or db > 0 or evicted > 0 then
-  if db <= 0 then bytes = nil end
-  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member, idle,
-    tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
+  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member,
+    pack_score(ms - ttl, 0, 0), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
 end
 
-return {seq, existed, evicted, c}
+return {seq, live and 1 or 0, evicted, consumed or nil}

@@ -283,8 +283,7 @@ func TestSharedFilesStandAlone(t *testing.T) {
 	}
 	require.Contains(t, shared, "lru")
 	assert.True(t, shared["lru"].deleters["prune"], "prune deletes states named by an LRU member")
-	assert.False(t, shared["lru"].deleters["remove"], "remove deletes KEYS[1] only")
-	assert.False(t, shared["lru"].deleters["touch"])
+	assert.False(t, shared["lru"].deleters["changes"], "changes' remove deletes KEYS[1] only")
 }
 
 // The check catches a script that calls a shared function its uses line
@@ -310,8 +309,8 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}{{
 		name: "an undeclared shared function",
 		uses: "oplog",
-		body: "if answered(KEYS[1]) then return 1 end\nlocal d = touch(KEYS[1], ARGV[1], nil, 0)\nclaim(KEYS[1], 'x', 1)\nreturn d\n",
-		want: []string{"touch (line 9): lru.lua's, which the uses line does not name"},
+		body: "if answered(KEYS[1]) then return 1 end\nlocal d = pack_score(0, 0, 0)\nclaim(KEYS[1], 'x', 1)\nreturn d\n",
+		want: []string{"pack_score (line 9): lru.lua's, which the uses line does not name"},
 	}, {
 		name: "an undeclared shared constant",
 		uses: "none",
@@ -325,12 +324,12 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}, {
 		name: "a local that shadows a shared function",
 		uses: "none",
-		body: "local function touch(k) return redis.call('EXISTS', k) end\nreturn touch(KEYS[1])\n",
+		body: "local function pack_score(k) return redis.call('EXISTS', k) end\nreturn pack_score(KEYS[1])\n",
 	}, {
 		name: "a shared function used before a local shadows it",
 		uses: "none",
-		body: "local n = touch(KEYS[1])\nlocal touch = 1\nreturn n + touch\n",
-		want: []string{"touch (line 8): lru.lua's, which the uses line does not name"},
+		body: "local n = pack_score(KEYS[1])\nlocal pack_score = 1\nreturn n + pack_score\n",
+		want: []string{"pack_score (line 8): lru.lua's, which the uses line does not name"},
 	}, {
 		name: "an undefined name",
 		uses: "none",

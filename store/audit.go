@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -43,8 +42,9 @@ func (s *Store) Audit(ctx context.Context) (Audit, error) {
 type auditEntry struct {
 	key          string
 	score        score
-	live         bool // the state exists
-	hasContinuer bool // the state holds a continuation
+	live         bool  // the state exists
+	hasContinuer bool  // the state holds a continuation
+	copied       score // the state's copy of its LRU score
 }
 
 // checkPartition appends the problems of partition p to a.
@@ -64,6 +64,8 @@ func (o Options) checkPartition(a *Audit, p int, entries []auditEntry, liveKeys 
 			problem("LRU entry %q has no live state", e.key)
 		} else if e.hasContinuer != e.score.published() {
 			problem("LRU entry %q says published=%v, the state says %v", e.key, e.score.published(), e.hasContinuer)
+		} else if e.copied != e.score {
+			problem("LRU entry %q has score %d, the state's copy says %d", e.key, e.score, e.copied)
 		}
 	}
 	for _, k := range liveKeys {
@@ -114,7 +116,7 @@ func (m *memory) audit(context.Context) (Audit, error) {
 		var live []string
 		for _, st := range p.lru {
 			alive := !m.expired(st, now) && p.owners[st.owner] == st
-			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, hasContinuer: st.cont != nil})
+			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, hasContinuer: st.kept > 0, copied: st.score})
 		}
 		for owner, st := range p.owners {
 			if !m.expired(st, now) {
@@ -176,7 +178,7 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 		}
 		for i := range entries {
 			f := fields[len(found)+i]
-			entries[i].live, entries[i].hasContinuer = f.live, f.published
+			entries[i].live, entries[i].hasContinuer, entries[i].copied = f.live, f.published, f.score
 		}
 		r.opts.checkPartition(&a, p, entries, live, parseCount(acct, 0), parseCount(acct, 1), func(o identity.Owner) string {
 			return r.keys.owner(o.Partition(r.opts.Partitions), o)
@@ -185,28 +187,36 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 	return a, nil
 }
 
-// turnFields says whether a key holds a live state and whether that state
-// is published.
-type turnFields struct{ live, published bool }
+// turnFields says whether a key holds a live state, whether that state
+// holds a continuation (published by its current turn or the one before),
+// and its copy of its LRU score.
+type turnFields struct {
+	live, published bool
+	score           score
+}
 
-// readTurns reads the turn fields of keys in one pipeline.
+// readTurns reads the fields t, c and s of keys in one pipeline.
 func readTurns(ctx context.Context, node redis.Cmdable, keys []string) ([]turnFields, error) {
 	out := make([]turnFields, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
 	pipe := node.Pipeline()
-	cmds := make([]*redis.StringCmd, len(keys))
+	cmds := make([]*redis.SliceCmd, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HGet(ctx, k, "t")
+		cmds[i] = pipe.HMGet(ctx, k, "t", "c", "s")
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, err
 	}
 	for i, c := range cmds {
-		t, err := c.Result()
-		out[i].live = err == nil
-		out[i].published = err == nil && strings.HasPrefix(t, "-") // lua/reserve.lua
+		v := c.Val()
+		out[i].live = v[0] != nil
+		out[i].published = v[0] != nil && v[1] != nil
+		if s, ok := v[2].(string); ok {
+			n, _ := strconv.ParseInt(s, 10, 64)
+			out[i].score = score(n)
+		}
 	}
 	return out, nil
 }

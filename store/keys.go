@@ -14,7 +14,8 @@ import (
 //	<ns>:{<ns>:<pp>}:o:<owner key>  hash    one owner's state
 //	<ns>:{<ns>:<pp>}:q:<owner key>:<op>  string  the answer of one operation that changed the owner, for seconds
 //	<ns>:{<ns>:<pp>}:lru            zset    owner keys by last touch
-//	<ns>:{<ns>:<pp>}:part           hash    turn clock, stored bytes, continuations, evictions
+//	<ns>:{<ns>:<pp>}:part           hash    stored bytes, continuations, evictions
+//	<ns>:{<ns>:<pp>}:seq            string  the turn clock's last sequence number
 //
 // <pp> is the partition number in decimal, at least two digits. The LRU's
 // members are owner keys: a state's key is its partition's owner prefix
@@ -26,14 +27,14 @@ type keyspace struct {
 
 // partitionKeys are the key names of one partition.
 type partitionKeys struct {
-	prefix, answers, lru, part string
+	prefix, answers, lru, part, seq string
 }
 
 func newKeyspace(ns string, partitions int) keyspace {
 	k := keyspace{ns: ns, parts: make([]partitionKeys, partitions)}
 	for p := range k.parts {
 		base := ns + ":" + k.tag(p) + ":"
-		k.parts[p] = partitionKeys{prefix: base + "o:", answers: base + "q:", lru: base + "lru", part: base + "part"}
+		k.parts[p] = partitionKeys{prefix: base + "o:", answers: base + "q:", lru: base + "lru", part: base + "part", seq: base + "seq"}
 	}
 	return k
 }
@@ -62,9 +63,11 @@ func (k keyspace) answer(p int, o identity.Owner, op string) string {
 // lru returns the key of partition p's LRU.
 func (k keyspace) lru(p int) string { return k.parts[p].lru }
 
-// part returns the key of partition p's hash: its turn clock and
-// accounting.
+// part returns the key of partition p's accounting hash.
 func (k keyspace) part(p int) string { return k.parts[p].part }
+
+// seq returns the key of partition p's turn clock.
+func (k keyspace) seq(p int) string { return k.parts[p].seq }
 
 // meta returns the key of the namespace's schema hash.
 func (k keyspace) meta() string { return k.ns + ":{" + k.ns + "}:meta" }

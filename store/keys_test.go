@@ -18,6 +18,7 @@ func TestKeyNames(t *testing.T) {
 		{k.owner(7, owner), "cont:{cont:07}:o:a:s%3A1:a"},
 		{k.lru(15), "cont:{cont:15}:lru"},
 		{k.part(3), "cont:{cont:03}:part"},
+		{k.seq(3), "cont:{cont:03}:seq"},
 		{k.meta(), "cont:{cont}:meta"},
 	} {
 		assert.Equal(t, c.want, c.got)

@@ -147,7 +147,8 @@ func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, err
 	var got reserved
 	var ownerSeq uint64
 	st := &memOwner{owner: owner, key: owner.Key()}
-	if old := p.owners[owner]; old != nil {
+	old := p.owners[owner]
+	if old != nil {
 		ownerSeq, _ = seqOf(old.turn, m.opts.Partitions, part)
 		if m.expired(old, now) {
 			p.evictions.TTL++
@@ -158,8 +159,13 @@ func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, err
 	}
 	p.seq = nextSeq(p.seq, now, ownerSeq)
 	got.Turn = turnOf(p.seq, m.opts.Partitions, part)
+	if got.Existed && !old.score.refreshDue(now, m.opts.TTL) {
+		// lua/reserve.lua keeps the entry of a state refreshed lately
+		old.turn, old.cont = got.Turn, nil
+		return got, nil
+	}
 	st.turn = got.Turn
-	check := p.touch(st, packScore(now, false, m.keys.stateBytes(part, owner)+st.kept))
+	check := p.touch(st, packScore(now, st.kept > 0, m.keys.stateBytes(part, owner)+st.kept))
 	check.idle = got.Evicted > 0
 	got.Evicted += int(m.pruneOne(p, st, now, check).Total())
 	return got, nil
@@ -177,8 +183,12 @@ func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c c
 		return published{Outcome: OutcomeStale}, nil
 	}
 	st.cont, st.kept = &c, int64(len(encodeContinuation(c)))
-	part := owner.Partition(m.opts.Partitions)
-	check := p.touch(st, packScore(now, true, m.keys.stateBytes(part, owner)+st.kept))
+	// lua/record.lua keeps the touch: reserve refreshes it.
+	sc := st.score.withContent(true, m.keys.stateBytes(owner.Partition(m.opts.Partitions), owner)+st.kept)
+	if sc == st.score {
+		return published{Outcome: OutcomePublished}, nil
+	}
+	check := p.touch(st, sc)
 	return published{Outcome: OutcomePublished, Evicted: int(m.pruneOne(p, st, now, check).Total())}, nil
 }
 

@@ -59,8 +59,11 @@ type Options struct {
 	// Partitions spreads owners over this many hash tags. Default 16,
 	// 1..1024. It is fixed for a namespace.
 	Partitions int
-	// TTL is how long an owner's state lives without being touched. Default
-	// 30 minutes, at least a millisecond.
+	// TTL is how long an owner's state lives without a turn. A reserve
+	// refreshes the state's TTL and its place in the LRU once a sixteenth of
+	// the TTL has passed since the last refresh (turns that come sooner cost
+	// no LRU write), so a state lives between 15/16 of the TTL and the TTL
+	// after its last turn. Default 30 minutes, at least a millisecond.
 	TTL time.Duration
 	// MaxOwners bounds how many owners keep state. Default 10,000, at least
 	// Partitions.

@@ -220,6 +220,7 @@ func (r *redisBackend) limits() []any {
 
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
 	p, keys := r.ownerKeys(owner, true)
+	keys = append(keys, r.keys.seq(p))
 	args := append(r.head(owner, true), r.keys.stateBytes(p, owner))
 	reply, err := r.run(ctx, lua.Reserve, keys, append(args, r.limits()...)...).Slice()
 	if err != nil {

@@ -62,12 +62,12 @@ func TestTurnsKeepIncreasingAfterSequenceLoss(t *testing.T) {
 			last = s.Reserve(ctx, owner, r)
 			require.NoError(t, last.Err)
 		}
-		require.NoError(t, c.HDel(ctx, b.keys.part(p), "seq").Err())
+		require.NoError(t, c.Del(ctx, b.keys.seq(p)).Err(), "the partition's clock")
 		after := s.Reserve(ctx, owner, r)
 		require.NoError(t, after.Err)
 		assert.Greater(t, after.Turn, last.Turn)
 
-		require.NoError(t, c.Del(ctx, b.keys.part(p)).Err(), "the whole partition hash")
+		require.NoError(t, c.Del(ctx, b.keys.seq(p), b.keys.part(p)).Err(), "the clock and the accounting")
 		again := s.Reserve(ctx, owner, r)
 		assert.Greater(t, again.Turn, after.Turn)
 

@@ -180,7 +180,8 @@ type State struct {
 	// Items and TranscriptBytes describe the published transcript.
 	Items           int
 	TranscriptBytes int64
-	// UpdatedAt is when the state was last touched (server time on Redis).
+	// UpdatedAt is when the state was last refreshed (server time on Redis):
+	// reserve and record refresh it once a sixteenth of the TTL has passed.
 	UpdatedAt time.Time
 }
 
@@ -485,7 +486,7 @@ func validResult(out Result) error {
 // a pace that leaves few operation answers alive: within 3% for namespaces
 // of 1 to 64 bytes and owner ids up to 256 bytes.
 const (
-	stateOverhead = 253
+	stateOverhead = 267
 	// stateNameCost is the cost of a byte of the names, in hundredths:
 	// allocator rounding adds to each byte.
 	stateNameCost = 115

@@ -432,10 +432,10 @@ func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint
 	require.NoError(t, err)
 	b := &redisBackend{client: client, opts: opts, keys: newKeyspace("v", parts), newOpID: lua.NewOpID}
 	b.schema.running = true
-	_, keys := b.ownerKeys(owner, false)
+	p, keys := b.ownerKeys(owner, false)
 	ctx := context.Background()
 	if prevSeq > 0 {
-		require.NoError(t, client.HSet(ctx, keys[2], "seq", prevSeq).Err())
+		require.NoError(t, client.Set(ctx, b.keys.seq(p), prevSeq, 0).Err())
 	}
 	if ownerT != 0 {
 		require.NoError(t, client.HSet(ctx, keys[0], "t", ownerT).Err())
@@ -834,9 +834,9 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	require.Equal(t, vecReservation(b), vecReservation(late))
 	vectorscenario.SameState(t, before, last())
 	inspect("inspect a published owner", s1)
-	later()
+	srv.Advance(30 * time.Minute / 16)
 	r3 := body("Be verbose.", u1, o1, u2, o2)
-	c := reserve("changed instructions: prompt_changed", s1, r3)
+	c := reserve("changed instructions, a sixteenth of the TTL after the last refresh: prompt_changed; the LRU entry and the TTL are refreshed", s1, r3)
 	later()
 	record("record the full-context response", c, r3, Result{ResponseID: "resp_3", Socket: Socket{ID: 7}, Output: output(o1)})
 	later()
@@ -1273,12 +1273,19 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			}
 			args := vectorscenario.Strings(t, call.Args)
 			// The owner scripts' keys and common arguments (8.2).
-			require.Len(t, call.Keys, 4, st.Name)
+			keys := 4
+			if call.Script == "reserve" {
+				keys = 5 // and the partition's clock
+			}
+			require.Len(t, call.Keys, keys, st.Name)
 			state, member := call.Keys[0], args[2]
 			prefix, ok := strings.CutSuffix(state, member)
 			require.True(t, ok && strings.HasSuffix(prefix, "}:o:"), "%s: member %q of %q", st.Name, member, state)
 			base := strings.TrimSuffix(prefix, "o:")
 			assert.Equal(t, []string{base + "lru", base + "part"}, call.Keys[1:3], st.Name)
+			if call.Script == "reserve" {
+				assert.Equal(t, base+"seq", call.Keys[4], st.Name)
+			}
 			answerKey := call.Keys[3]
 			op, ok := strings.CutPrefix(answerKey, base+"q:"+member+":")
 			assert.True(t, ok && vectorscenario.OpIDPattern.MatchString(op), "%s: answer key %q", st.Name, answerKey)
@@ -1341,10 +1348,14 @@ func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step, answerTTL i
 		if i := strings.Index(k.Key, "}:o:"); i >= 0 {
 			require.Equal(t, "hash", k.Type, st.Name)
 			member := k.Key[i+len("}:o:"):]
-			assert.True(t, slices.ContainsFunc(zsets[k.Key[:i]+"}:lru"], func(m vectorscenario.ZMember) bool { return m.Member == member }),
-				"%s: %s has no LRU entry", st.Name, k.Key)
+			lru := zsets[k.Key[:i]+"}:lru"]
+			j := slices.IndexFunc(lru, func(m vectorscenario.ZMember) bool { return m.Member == member })
+			if assert.True(t, j >= 0, "%s: %s has no LRU entry", st.Name, k.Key) {
+				// s is a copy of the LRU score (6.2).
+				assert.Equal(t, strconv.FormatInt(lru[j].Score, 10), k.Hash["s"], "%s: %s s", st.Name, k.Key)
+			}
 			for f := range k.Hash {
-				assert.Contains(t, []string{"t", "c"}, f, "%s: %s", st.Name, k.Key)
+				assert.Contains(t, []string{"t", "c", "s"}, f, "%s: %s", st.Name, k.Key)
 			}
 			tv, err := strconv.ParseInt(k.Hash["t"].(string), 10, 64)
 			require.NoError(t, err, st.Name)
@@ -1372,9 +1383,20 @@ func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step, answerTTL i
 			if low >= c.ScorePublished {
 				published++
 			}
+			// The published bit says whether the state holds c (7.1).
+			if h, ok := hashes[strings.TrimSuffix(key, "lru")+"o:"+m.Member]; ok {
+				_, holds := h["c"]
+				assert.Equal(t, holds, low >= c.ScorePublished, "%s: %s published bit", st.Name, m.Member)
+			}
 		}
 		part := hashes[strings.TrimSuffix(key, "lru")+"part"]
-		assert.Equal(t, strconv.FormatInt(size, 10), part["bytes"], "%s: %s bytes", st.Name, key)
-		assert.Equal(t, strconv.FormatInt(published, 10), part["published"], "%s: %s published", st.Name, key)
+		field := func(f string) any { // an absent field reads as 0 (6.4)
+			if v, ok := part[f]; ok {
+				return v
+			}
+			return "0"
+		}
+		assert.Equal(t, strconv.FormatInt(size, 10), field("bytes"), "%s: %s bytes", st.Name, key)
+		assert.Equal(t, strconv.FormatInt(published, 10), field("published"), "%s: %s published", st.Name, key)
 	}
 }

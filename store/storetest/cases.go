@@ -332,6 +332,43 @@ func testTTL(t *testing.T, open Opener) {
 	assert.False(t, st.Exists)
 }
 
+func testRefreshEverySixteenthOfTheTTL(t *testing.T, open Opener) {
+	const ttl = 16 * time.Second // refreshes come a second apart
+	start := time.UnixMilli(time.Now().UnixMilli())
+	clock := redistest.NewClock(start)
+	s := open(t, store.Options{TTL: ttl, Now: clock.Now})
+	lazy, busy := mainOwner(t, "session-lazy"), mainOwner(t, "session-busy")
+	turn := func(o identity.Owner, id string) {
+		t.Helper()
+		res := s.Reserve(ctx, o, req(t, "one", id))
+		require.NoError(t, res.Err)
+		out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: socket(1)})
+		require.NoError(t, err)
+		require.Equal(t, store.OutcomePublished, out)
+	}
+	touched := func(o identity.Owner) time.Time {
+		t.Helper()
+		st, err := s.Inspect(ctx, o)
+		require.NoError(t, err)
+		require.True(t, st.Exists)
+		return st.UpdatedAt
+	}
+	publish(t, s, lazy, req(t, "one"), "resp_0")
+	publish(t, s, busy, req(t, "one"), "resp_0")
+
+	clock.Add(ttl/16 - time.Millisecond)
+	turn(lazy, "resp_1")
+	turn(busy, "resp_1")
+	assert.Equal(t, start, touched(lazy), "a turn within a sixteenth of the TTL keeps the touch")
+	clock.Add(time.Millisecond)
+	turn(busy, "resp_2")
+	assert.Equal(t, clock.Now(), touched(busy), "a turn a sixteenth of the TTL later refreshes it")
+
+	clock.Set(start.Add(ttl + time.Millisecond))
+	assert.False(t, exists(t, s, lazy), "the TTL runs from the last refresh")
+	assert.True(t, hasContinuation(t, s, busy))
+}
+
 func testCanonicalEquivalence(t *testing.T, open Opener) {
 	s := open(t, store.Options{})
 	owner := mainOwner(t, "session-canon")

@@ -73,15 +73,14 @@ func testTouchMovesToTheBack(t *testing.T, open Opener) {
 	s := open(t, store.Options{Partitions: 1, MaxOwners: 3, Now: clock.Now})
 	owners := numbered(t, "touch", 4)
 	r := req(t, "one")
-	first := publish(t, s, owners[0], r, "resp_0")
+	publish(t, s, owners[0], r, "resp_0")
 	publish(t, s, owners[1], r, "resp_1")
 	publish(t, s, owners[2], r, "resp_2")
-	// Touch the oldest again, a few milliseconds later so the LRU (which
-	// has millisecond resolution) sees it: the next eviction takes owners[1].
-	clock.Add(10 * time.Millisecond)
-	out, err := s.Record(ctx, first, store.Result{ResponseID: "resp_0b", Socket: socket(1)})
-	require.NoError(t, err)
-	require.Equal(t, store.OutcomePublished, out)
+	// The oldest takes a turn once its entry is due for a refresh (a
+	// sixteenth of the default TTL of 30 minutes): the next eviction takes
+	// owners[1].
+	clock.Add(30 * time.Minute / 16)
+	publish(t, s, owners[0], req(t, "one", "two"), "resp_0b")
 	publish(t, s, owners[3], r, "resp_3")
 	assert.True(t, exists(t, s, owners[0]))
 	assert.False(t, exists(t, s, owners[1]))

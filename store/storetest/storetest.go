@@ -62,6 +62,7 @@ var cases = []struct {
 	{"UpstreamBodyCarriesTheDelta", testUpstreamBody},
 	{"TranscriptOverOwnerCapIsDropped", testOwnerCap},
 	{"IdleStateExpires", testTTL},
+	{"TouchRefreshesEverySixteenthOfTheTTL", testRefreshEverySixteenthOfTheTTL},
 	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence},
 	{"ClearRemovesStateWhateverTheTurn", testClear},
 	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns},
