@@ -72,7 +72,8 @@ if old then
     return {'published', 0}
   end
 else
-  -- a state without an entry (its LRU was lost) is touched now
+  -- a state whose entry has no score (neither s nor an LRU entry) is
+  -- touched now
   score = pack_score(clock(ARGV[1]), 1, ARGV[7] + #ARGV[6])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

@@ -17,7 +17,7 @@
 -- store makes the turn token seq * partitions + partition (a 64-bit number).
 --
 -- The state's t is the current turn's sequence number, negated once that
--- turn published: the state then holds a continuation, c. Reserving sets t
+-- turn published its continuation, c. Reserving sets t
 -- (positive) and leaves c in place, so the LRU entry's size and published
 -- bit stay as they were; s, the state's copy of its LRU score, changes with
 -- the entry. The answer a re-sent reserve gives (oplog.lua) is
@@ -114,6 +114,7 @@ if old and not live then
   evicted = 1
 end
 if count or db > 0 or evicted > 0 then
+  if db <= 0 then bytes = nil end -- the byte limit is checked only when they grew
   evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member,
     pack_score(ms - ttl, 0, 0), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
 end

@@ -181,7 +181,7 @@ type State struct {
 	Items           int
 	TranscriptBytes int64
 	// UpdatedAt is when the state was last refreshed (server time on Redis):
-	// reserve and record refresh it once a sixteenth of the TTL has passed.
+	// a reserve refreshes it once a sixteenth of the TTL has passed.
 	UpdatedAt time.Time
 }
 
