@@ -29,12 +29,15 @@ local TIME_UNIT = 8192
 local PUBLISHED = 4096
 
 -- clock returns the time in milliseconds: arg when the store passes one
--- (not "0"), else the server's.
-local function clock(arg)
+-- (not "0"), else the server's: sec and usec of a TIME reply the caller
+-- read, or a TIME of its own when it passes none.
+local function clock(arg, sec, usec)
   if arg ~= '0' then return arg + 0 end
-  local t = redis.call('TIME')
-  local usec = t[2] + 0
-  return t[1] * 1000 + (usec - usec % 1000) / 1000
+  if not sec then
+    local t = redis.call('TIME')
+    sec, usec = t[1] + 0, t[2] + 0
+  end
+  return sec * 1000 + (usec - usec % 1000) / 1000
 end
 
 -- pack_score returns the score of an entry touched at ms.

@@ -57,11 +57,11 @@ local member = ARGV[3]
 local raw = st[3] or redis.call('ZSCORE', KEYS[2], member)
 local now = redis.call('TIME')
 local sec, usec = now[1] + 0, now[2] + 0
-local ms
-if ARGV[1] == '0' then ms = sec * 1000 + (usec - usec % 1000) / 1000 else ms = ARGV[1] + 0 end
+local ms = clock(ARGV[1], sec, usec)
 local ttl = ARGV[2] + 0
 local old = raw and raw + 0
-local live = st[1] and not (old and old < pack_score(ms - ttl, 0, 0))
+local idle = pack_score(ms - ttl, 0, 0)
+local live = st[1] and not (old and old < idle)
 
 -- The clock: one SET in the common case, a second when the clock is behind
 -- the partition's or the owner's last number. A run that finds an earlier
@@ -115,8 +115,8 @@ if old and not live then
 end
 if count or db > 0 or evicted > 0 then
   if db <= 0 then bytes = nil end -- the byte limit is checked only when they grew
-  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member,
-    pack_score(ms - ttl, 0, 0), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
+  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member, idle,
+    tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
 end
 
 return {seq, live and 1 or 0, evicted, consumed or nil}
