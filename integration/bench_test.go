@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/redistest"
@@ -47,36 +48,70 @@ func parallelFor(n, workers int, op func(i int)) {
 }
 
 // BenchmarkStoreThroughput compares the store's operations per second with
-// the ceiling of the same go-redis client: a script that does nothing, at
-// 64 concurrent callers, on a private redis-server pinned to the last CPU.
-// A store op is a reserve or a record of 10,000 owners taking turns that
-// continue; each client setting runs both: ContextTimeoutEnabled (the
-// store calls the client on the caller's goroutine) and not (a goroutine
-// per call). Run on the other CPU with -benchtime 1x (see BENCHMARKS.md).
+// the ceiling of the same client: a script that does nothing, at 64
+// concurrent callers, on a private redis-server pinned to the last CPU. A
+// store op is a reserve or a record of 10,000 owners taking turns that
+// continue; server-busy is the share of the store's run the server spent
+// on its CPU. go-redis runs with ContextTimeoutEnabled (the store calls the
+// client on the caller's goroutine) and without (a goroutine per call);
+// rueidis (NewRueidis) last. Run on the other CPU with -benchtime 1x (see
+// BENCHMARKS.md).
 func BenchmarkStoreThroughput(b *testing.B) {
 	const callers, ops = 64, 100_000
 	ctx := context.Background()
-	for _, deadlines := range []bool{true, false} {
-		b.Run(fmt.Sprintf("context-deadlines=%v", deadlines), func(b *testing.B) {
-			srv := pinnedServer(b)
-			c := redis.NewClient(&redis.Options{Addr: srv.Options().Addr, PoolSize: callers, ContextTimeoutEnabled: deadlines})
+	// client is one way of reaching the server: a no-op script and a store.
+	type client struct {
+		name string
+		open func(b *testing.B, addr string) (noop func() error, open func(store.Options) (*store.Store, error))
+	}
+	goRedis := func(deadlines bool) client {
+		return client{fmt.Sprintf("go-redis/context-deadlines=%v", deadlines), func(b *testing.B, addr string) (func() error, func(store.Options) (*store.Store, error)) {
+			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: callers, ContextTimeoutEnabled: deadlines})
 			b.Cleanup(func() { _ = c.Close() })
+			noop := redis.NewScript("return 1")
+			require.NoError(b, noop.Load(ctx, c).Err())
+			return func() error { return noop.EvalSha(ctx, c, nil).Err() },
+				func(o store.Options) (*store.Store, error) { return store.NewRedis(c, o) }
+		}}
+	}
+	autoPipelined := client{"go-redis/auto-pipelining", func(b *testing.B, addr string) (func() error, func(store.Options) (*store.Store, error)) {
+		c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: callers})
+		b.Cleanup(func() { _ = c.Close() })
+		ap, err := c.AutoPipeline()
+		require.NoError(b, err)
+		noop := redis.NewScript("return 1")
+		require.NoError(b, noop.Load(ctx, c).Err())
+		return func() error { return noop.EvalSha(ctx, ap, nil).Err() },
+			func(o store.Options) (*store.Store, error) { return store.NewRedis(ap, o) }
+	}}
+	clients := []client{goRedis(true), goRedis(false), autoPipelined, {"rueidis", func(b *testing.B, addr string) (func() error, func(store.Options) (*store.Store, error)) {
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
+		require.NoError(b, err)
+		b.Cleanup(c.Close)
+		noop := rueidis.NewLuaScript("return 1")
+		return func() error { return noop.Exec(ctx, c, nil, nil).Error() },
+			func(o store.Options) (*store.Store, error) { return store.NewRueidis(c, o) }
+	}}}
+	for _, cl := range clients {
+		b.Run(cl.name, func(b *testing.B) {
+			srv := pinnedServer(b)
+			noop, open := cl.open(b, srv.Options().Addr)
 			owners := storetest.Owners(b, 10_000)
 			for b.Loop() {
-				noop := redis.NewScript("return 1")
-				require.NoError(b, noop.Load(ctx, c).Err())
+				require.NoError(b, noop())
 				start := time.Now()
 				parallelFor(ops, callers, func(int) {
-					if err := noop.EvalSha(ctx, c, nil).Err(); err != nil {
+					if err := noop(); err != nil {
 						b.Error(err)
 					}
 				})
 				ceiling := float64(ops) / time.Since(start).Seconds()
 
-				s, err := store.NewRedis(c, store.Options{Namespace: redistest.Namespace(b), MaxOwners: 20_000, OpTimeout: 5 * time.Second})
+				s, err := open(store.Options{Namespace: redistest.Namespace(b), MaxOwners: 20_000, OpTimeout: 5 * time.Second})
 				require.NoError(b, err)
 				turn := storetest.NewTurn(b, s, 32)
 				fill(b, s, owners, turn)
+				cpu := serverCPU(b, srv)
 				start = time.Now()
 				parallelFor(ops/2, callers, func(i int) {
 					o := owners[i%len(owners)]
@@ -93,7 +128,9 @@ func BenchmarkStoreThroughput(b *testing.B) {
 						b.Error(err)
 					}
 				})
-				storeOps := float64(ops) / time.Since(start).Seconds()
+				took := time.Since(start).Seconds()
+				storeOps := float64(ops) / took
+				b.ReportMetric((serverCPU(b, srv)-cpu)/took, "server-busy")
 				b.ReportMetric(ceiling, "noop-evalsha/s")
 				b.ReportMetric(storeOps, "store-ops/s")
 				b.ReportMetric(storeOps/ceiling, "store/ceiling")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -84,41 +86,64 @@ func TestFaultToxiproxy(t *testing.T) {
 			return p.Reset
 		}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			p := startFaultProxy(t, upstream.Addr())
-			clients := make([]redis.UniversalClient, 2)
-			for i := range clients {
-				c := redis.NewClient(faultClientOptions(p.Addr()))
-				t.Cleanup(func() { _ = c.Close() })
-				clients[i] = c
+	// Each client library the store runs on: a client of its own for each
+	// store, through the proxy at addr.
+	libraries := []struct {
+		name   string
+		client func(t *testing.T, addr string) faultOpener
+	}{
+		{"go-redis", func(t *testing.T, addr string) faultOpener {
+			c := redis.NewClient(faultClientOptions(addr))
+			t.Cleanup(func() { _ = c.Close() })
+			return func(o store.Options) (*store.Store, error) { return store.NewRedis(c, o) }
+		}},
+		{"rueidis", func(t *testing.T, addr string) faultOpener {
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true,
+				Dialer: net.Dialer{Timeout: 5 * time.Second}})
+			require.NoError(t, err)
+			t.Cleanup(c.Close)
+			return func(o store.Options) (*store.Store, error) { return store.NewRueidis(c, o) }
+		}},
+	}
+	for _, lib := range libraries {
+		t.Run(lib.name, func(t *testing.T) {
+			for _, tc := range cases {
+				t.Run(tc.name, func(t *testing.T) { faultToxiproxyCase(t, upstream, tc.inject, tc.minFailOpen, lib.client) })
 			}
-			stores, observers := faultStores(t, faultOptions(redistest.Namespace(t)), clients...)
-			l := newFaultLoad(t, stores, 32, nil)
-			l.Phase("before")
-			l.Start(faultWorkers)
-			time.Sleep(faultBefore)
-			heal := tc.inject(t, p)
-			l.Phase("faulted")
-			time.Sleep(faultDuring)
-			heal()
-			healed := time.Now()
-			l.Phase("after")
-			time.Sleep(faultAfter)
-			l.Stop()
-			l.Report()
-			l.AssertSound()
-
-			before, during, after := l.Tally("before", ""), l.Tally("faulted", ""), l.Tally("after", "")
-			assert.Positive(t, before.Continued, "turns continue before the fault")
-			assert.Positive(t, during.Turns, "the gateway kept serving during the fault")
-			assert.Positive(t, during.FailOpen, "reservations fail open during the fault")
-			assert.GreaterOrEqual(t, float64(during.FailOpen), tc.minFailOpen*float64(during.Turns),
-				"share of reservations failing open during the fault")
-			assert.Positive(t, after.Continued, "turns continue again once the fault is gone")
-			faultAssertRecovered(t, stores, observers, healed)
 		})
 	}
+}
+
+// faultToxiproxyCase runs the load of TestFaultToxiproxy on two stores,
+// each on a client of its own through a proxy to upstream, and injects a
+// fault while it runs.
+func faultToxiproxyCase(t *testing.T, upstream *faultServer, inject func(t *testing.T, p *faultProxy) (heal func()),
+	minFailOpen float64, client func(t *testing.T, addr string) faultOpener) {
+	p := startFaultProxy(t, upstream.Addr())
+	stores, observers := faultStoresOf(t, faultOptions(redistest.Namespace(t)), client(t, p.Addr()), client(t, p.Addr()))
+	l := newFaultLoad(t, stores, 32, nil)
+	l.Phase("before")
+	l.Start(faultWorkers)
+	time.Sleep(faultBefore)
+	heal := inject(t, p)
+	l.Phase("faulted")
+	time.Sleep(faultDuring)
+	heal()
+	healed := time.Now()
+	l.Phase("after")
+	time.Sleep(faultAfter)
+	l.Stop()
+	l.Report()
+	l.AssertSound()
+
+	before, during, after := l.Tally("before", ""), l.Tally("faulted", ""), l.Tally("after", "")
+	assert.Positive(t, before.Continued, "turns continue before the fault")
+	assert.Positive(t, during.Turns, "the gateway kept serving during the fault")
+	assert.Positive(t, during.FailOpen, "reservations fail open during the fault")
+	assert.GreaterOrEqual(t, float64(during.FailOpen), minFailOpen*float64(during.Turns),
+		"share of reservations failing open during the fault")
+	assert.Positive(t, after.Continued, "turns continue again once the fault is gone")
+	faultAssertRecovered(t, stores, observers, healed)
 }
 
 // faultCycle runs on, waits for up, runs off and waits for down, over and

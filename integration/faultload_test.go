@@ -42,14 +42,27 @@ func faultOptions(ns string) store.Options {
 // and breaker observer, over the same namespace.
 func faultStores(t testing.TB, opts store.Options, clients ...redis.UniversalClient) ([]*store.Store, []*faultObserver) {
 	t.Helper()
-	stores := make([]*store.Store, len(clients))
-	observers := make([]*faultObserver, len(clients))
+	opens := make([]faultOpener, len(clients))
 	for i, c := range clients {
+		opens[i] = func(o store.Options) (*store.Store, error) { return store.NewRedis(c, o) }
+	}
+	return faultStoresOf(t, opts, opens...)
+}
+
+// faultOpener opens a store on a client of its own.
+type faultOpener func(store.Options) (*store.Store, error)
+
+// faultStoresOf opens one store with each of opens, as faultStores does.
+func faultStoresOf(t testing.TB, opts store.Options, opens ...faultOpener) ([]*store.Store, []*faultObserver) {
+	t.Helper()
+	stores := make([]*store.Store, len(opens))
+	observers := make([]*faultObserver, len(opens))
+	for i, open := range opens {
 		o := opts
 		o.Replica = fmt.Sprintf("gw-%c", 'a'+i)
 		observers[i] = &faultObserver{}
 		o.Observer = observers[i]
-		s, err := store.NewRedis(c, o)
+		s, err := open(o)
 		if err != nil {
 			t.Fatalf("opening store %d: %v", i, err)
 		}

@@ -30,16 +30,26 @@ func fill(b *testing.B, s *store.Store, owners []identity.Owner, turn storetest.
 }
 
 func usedMemory(b *testing.B, c *redis.Client) int64 {
-	info, err := c.Info(context.Background(), "memory").Result()
+	return int64(infoField(b, c, "memory", "used_memory"))
+}
+
+// serverCPU returns the CPU time the server has used, in seconds.
+func serverCPU(b *testing.B, c *redis.Client) float64 {
+	return infoField(b, c, "cpu", "used_cpu_user") + infoField(b, c, "cpu", "used_cpu_sys")
+}
+
+// infoField reads a numeric field of a section of INFO.
+func infoField(b *testing.B, c *redis.Client, section, field string) float64 {
+	info, err := c.Info(context.Background(), section).Result()
 	require.NoError(b, err)
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.ParseFloat(v, 64)
 			require.NoError(b, err)
 			return n
 		}
 	}
-	b.Fatal("no used_memory in INFO memory")
+	b.Fatalf("no %s in INFO %s", field, section)
 	return 0
 }
 

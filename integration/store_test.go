@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/redistest"
@@ -32,4 +33,34 @@ func TestRedisConformance(t *testing.T) {
 
 func TestClusterConformance(t *testing.T) {
 	storetest.Run(t, opener(cluster))
+}
+
+// rueidisOpener returns a conformance opener whose stores each get a rueidis
+// client of their own, on the servers that newClient's clients reach.
+func rueidisOpener(newClient func(t testing.TB) redis.UniversalClient) storetest.Opener {
+	return func(t *testing.T, opts store.Options) *store.Store {
+		c := newClient(t)
+		redistest.CleanupNamespace(t, c, opts.Namespace)
+		var addrs []string
+		switch c := c.(type) {
+		case *redis.Client:
+			addrs = []string{c.Options().Addr}
+		case *redis.ClusterClient:
+			addrs = c.Options().Addrs
+		}
+		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+		require.NoError(t, err)
+		t.Cleanup(rc.Close)
+		s, err := store.NewRueidis(rc, opts)
+		require.NoError(t, err)
+		return s
+	}
+}
+
+func TestRueidisConformance(t *testing.T) {
+	storetest.Run(t, rueidisOpener(standalone))
+}
+
+func TestRueidisClusterConformance(t *testing.T) {
+	storetest.Run(t, rueidisOpener(cluster))
 }

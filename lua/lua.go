@@ -63,6 +63,7 @@ var (
 	Inspect = load("inspect")
 	Prune   = load("prune")
 	Schema  = load("schema")
+	Scan    = load("scan")
 
 	SessionSave = load("session_save")
 	SessionLoad = load("session_load")
@@ -70,7 +71,7 @@ var (
 
 // All lists every script, for tests and tools.
 func All() []*Script {
-	return []*Script{Reserve, Record, Abort, Clear, Inspect, Prune, Schema, SessionSave, SessionLoad}
+	return []*Script{Reserve, Record, Abort, Clear, Inspect, Prune, Schema, Scan, SessionSave, SessionLoad}
 }
 
 var (
@@ -187,18 +188,27 @@ func AnswerTTL(opTimeout time.Duration) time.Duration {
 // Hash returns the script's SHA1, as EVALSHA names it.
 func (s *Script) Hash() string { return s.script.Hash() }
 
+// Check returns an error naming the script unless a call with keys keys
+// and args arguments matches its header's counts.
+func (s *Script) Check(keys, args int) error {
+	if keys == s.Keys && args >= s.Args && (s.Variadic || args == s.Args) {
+		return nil
+	}
+	more := ""
+	if s.Variadic {
+		more = " or more"
+	}
+	return fmt.Errorf("lua: %s takes %d keys and %d args%s, called with %d and %d",
+		s.Name, s.Keys, s.Args, more, keys, args)
+}
+
 // Run runs the script with EVALSHA, falling back to EVAL when the server
 // answers NOSCRIPT. It refuses a call whose key or argument count differs
 // from the header's.
 func (s *Script) Run(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
-	if len(keys) != s.Keys || len(args) < s.Args || (!s.Variadic && len(args) > s.Args) {
-		more := ""
-		if s.Variadic {
-			more = " or more"
-		}
+	if err := s.Check(len(keys), len(args)); err != nil {
 		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(fmt.Errorf("lua: %s takes %d keys and %d args%s, called with %d and %d",
-			s.Name, s.Keys, s.Args, more, len(keys), len(args)))
+		cmd.SetErr(err)
 		return cmd
 	}
 	return s.script.Run(ctx, c, keys, args...)

@@ -8,10 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/rediskeys"
+	"github.com/contstore/contstore/lua"
 )
 
 // Audit is the result of [Store.Audit]: the live owner states found and
@@ -132,41 +131,30 @@ func (m *memory) audit(context.Context) (Audit, error) {
 func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 	var a Audit
 	for p := range r.opts.Partitions {
-		node := redis.Cmdable(r.client)
-		if cc, ok := r.client.(*redis.ClusterClient); ok {
-			n, err := cc.MasterForKey(ctx, r.keys.lru(p))
-			if err != nil {
-				return Audit{}, err
-			}
-			node = n
-		}
-		var found []string
-		err := rediskeys.Scan(ctx, node, rediskeys.EscapeGlob(r.keys.ownerPrefix(p))+"*", func(keys []string) error {
-			found = append(found, keys...)
-			return nil
-		})
+		found, err := r.scan(ctx, p)
 		if err != nil {
 			return Audit{}, err
 		}
-		zs, err := node.ZRangeWithScores(ctx, r.keys.lru(p), 0, -1).Result()
+		replies, err := r.conn.do(ctx, []string{"ZRANGE", r.keys.lru(p), "0", "-1", "WITHSCORES"},
+			[]string{"HMGET", r.keys.part(p), "bytes", "published"})
 		if err != nil {
 			return Audit{}, err
 		}
-		acct, err := node.HMGet(ctx, r.keys.part(p), "bytes", "published").Result()
+		members, scores, err := scoredMembers(replies[0])
 		if err != nil {
-			return Audit{}, err
+			return Audit{}, fmt.Errorf("partition %d LRU: %w", p, err)
 		}
-		entries := make([]auditEntry, len(zs))
-		for i, z := range zs {
-			member, _ := z.Member.(string)
-			entries[i] = auditEntry{key: r.keys.ownerPrefix(p) + member, score: score(z.Score)}
+		acct, _ := replies[1].([]any)
+		entries := make([]auditEntry, len(members))
+		for i, m := range members {
+			entries[i] = auditEntry{key: r.keys.ownerPrefix(p) + m, score: score(scores[i])}
 		}
 		// Read every state the LRU names or the scan found.
 		keys := append(slices.Clone(found), make([]string, 0, len(entries))...)
 		for _, e := range entries {
 			keys = append(keys, e.key)
 		}
-		fields, err := readTurns(ctx, node, keys)
+		fields, err := r.readTurns(ctx, keys)
 		if err != nil {
 			return Audit{}, err
 		}
@@ -187,6 +175,75 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 	return a, nil
 }
 
+// scan lists the keys of partition p's owner states, on the node that
+// holds the partition (lua/scan.lua).
+func (r *redisBackend) scan(ctx context.Context, p int) ([]string, error) {
+	pattern := rediskeys.EscapeGlob(r.keys.ownerPrefix(p)) + "*"
+	var found []string
+	for cursor := "0"; ; {
+		step, err := slice(r.conn.eval(ctx, lua.Scan, []string{r.keys.lru(p)}, []string{cursor, pattern, "1000"}))
+		if err != nil {
+			return nil, fmt.Errorf("SCAN MATCH %s: %w", pattern, err)
+		}
+		next, ok1 := step[0].(string)
+		keys, ok2 := step[1].([]any)
+		if len(step) != 2 || !ok1 || !ok2 {
+			return nil, fmt.Errorf("%w: SCAN MATCH %s: %v", errBadReply, pattern, step)
+		}
+		for _, k := range keys {
+			s, _ := k.(string)
+			found = append(found, s)
+		}
+		if cursor = next; cursor == "0" {
+			return found, nil
+		}
+	}
+}
+
+// scoredMembers reads the reply of ZRANGE … WITHSCORES: members and scores
+// in turn (RESP2), or [member, score] pairs (RESP3).
+func scoredMembers(v any) ([]string, []float64, error) {
+	flat, ok := v.([]any)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: %T, want an array", errBadReply, v)
+	}
+	if len(flat) > 0 {
+		if _, paired := flat[0].([]any); paired {
+			var pairs []any
+			for _, pair := range flat {
+				two, _ := pair.([]any)
+				if len(two) != 2 {
+					return nil, nil, fmt.Errorf("%w: %v, want a member and its score", errBadReply, pair)
+				}
+				pairs = append(pairs, two...)
+			}
+			flat = pairs
+		}
+	}
+	if len(flat)%2 != 0 {
+		return nil, nil, fmt.Errorf("%w: %d elements, want members and scores", errBadReply, len(flat))
+	}
+	members := make([]string, len(flat)/2)
+	scores := make([]float64, len(flat)/2)
+	for i := range members {
+		m, ok := flat[2*i].(string)
+		var err error
+		switch sc := flat[2*i+1].(type) {
+		case float64:
+			scores[i] = sc
+		case string:
+			scores[i], err = strconv.ParseFloat(sc, 64)
+		default:
+			err = fmt.Errorf("score is %T", sc)
+		}
+		if !ok || err != nil {
+			return nil, nil, fmt.Errorf("%w: LRU member %v, score %v", errBadReply, flat[2*i], flat[2*i+1])
+		}
+		members[i] = m
+	}
+	return members, scores, nil
+}
+
 // turnFields says whether a key holds a live state, whether that state
 // holds a continuation (published by its current turn or the one before),
 // and its copy of its LRU score.
@@ -196,21 +253,24 @@ type turnFields struct {
 }
 
 // readTurns reads the fields t, c and s of keys in one pipeline.
-func readTurns(ctx context.Context, node redis.Cmdable, keys []string) ([]turnFields, error) {
+func (r *redisBackend) readTurns(ctx context.Context, keys []string) ([]turnFields, error) {
 	out := make([]turnFields, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
-	pipe := node.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(keys))
+	cmds := make([][]string, len(keys))
 	for i, k := range keys {
-		cmds[i] = pipe.HMGet(ctx, k, "t", "c", "s")
+		cmds[i] = []string{"HMGET", k, "t", "c", "s"}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	replies, err := r.conn.do(ctx, cmds...)
+	if err != nil {
 		return nil, err
 	}
-	for i, c := range cmds {
-		v := c.Val()
+	for i, reply := range replies {
+		v, _ := reply.([]any)
+		if len(v) != 3 {
+			return nil, fmt.Errorf("%w: state %s: %v", errBadReply, keys[i], reply)
+		}
 		out[i].live = v[0] != nil
 		out[i].published = v[0] != nil && v[1] != nil
 		if s, ok := v[2].(string); ok {

@@ -1,8 +1,8 @@
 // Package store decides, for each request of a conversation owner, whether a
 // gateway may continue the upstream conversation with previous_response_id
 // and only the new input items, and shares that decision across gateway
-// replicas through Redis ([NewRedis]) or keeps it in process ([NewMemory],
-// the reference model of the Redis backend).
+// replicas through Redis ([NewRedis] on go-redis, [NewRueidis] on rueidis) or
+// keeps it in process ([NewMemory], the reference model of the Redis backend).
 //
 // A turn goes: [Store.ParseRequest] the client's body; [Store.Reserve], which
 // consumes the owner's continuation and returns a fencing turn token with the

@@ -33,10 +33,14 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
 	}
-	return newStore(opts, honoursDeadlines(client), func(o Options) (backend, error) {
-		r := &redisBackend{client: client, opts: o, keys: newKeyspace(o.Namespace, o.Partitions),
-			refresh: newClusterRefresher(client), newOpID: lua.NewOpID}
-		r.fp.Store(o.newParser())
+	return newRedisStore(goRedis{client: client, refresh: newClusterRefresher(client)}, honoursDeadlines(client), opts)
+}
+
+// newRedisStore returns a store on conn; inline says whether conn ends every
+// call at its context's deadline.
+func newRedisStore(conn redisConn, inline bool, opts Options) (*Store, error) {
+	return newStore(opts, inline, func(o Options) (backend, error) {
+		r := newRedisBackend(conn, o)
 		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
 		defer cancel()
 		checked := make(chan error, 1)
@@ -50,6 +54,18 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 		}
 		return r, nil
 	})
+}
+
+// newRedisBackend returns a backend on conn for options o, defaults filled
+// in, that has not checked the namespace's schema yet.
+func newRedisBackend(conn redisConn, o Options) *redisBackend {
+	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions), newOpID: lua.NewOpID,
+		ttl:       strconv.FormatInt(o.TTL.Milliseconds(), 10),
+		answerTTL: strconv.FormatInt(lua.AnswerTTL(o.OpTimeout).Milliseconds(), 10),
+		limits: []string{strconv.Itoa(o.partitionOwners()), strconv.FormatInt(o.partitionBytes(), 10),
+			strconv.Itoa(evictionBudget)}}
+	r.fp.Store(o.newParser())
+	return r
 }
 
 // honoursDeadlines reports whether client ends every command at its
@@ -74,20 +90,83 @@ const (
 	schemaRetry   = time.Second
 )
 
-type redisBackend struct {
+// redisConn is what the Redis backend needs of a client library: scripts
+// and pipelined commands, each sent to the node that serves its first key.
+// Replies are int64, string, float64, nil or []any of them; a nil reply is
+// nil, not an error.
+type redisConn interface {
+	// eval runs s with EVALSHA, or with EVAL when the server lacks it,
+	// after checking the counts of keys and args against its header.
+	eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error)
+	// do sends cmds in one round trip per node and returns their replies
+	// in order, or the first error.
+	do(ctx context.Context, cmds ...[]string) ([]any, error)
+}
+
+// goRedis is a redisConn on a go-redis client.
+type goRedis struct {
 	client redis.UniversalClient
+	// refresh reloads a cluster client's slot map after errors that say
+	// it may be stale (nil for a client of one server).
+	refresh *clusterRefresher
+}
+
+func (g goRedis) eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error) {
+	v, err := s.Run(ctx, g.client, keys, anys(args)...).Result()
+	return g.reply(v, err)
+}
+
+func (g goRedis) do(ctx context.Context, cmds ...[]string) ([]any, error) {
+	pipe := g.client.Pipeline()
+	sent := make([]*redis.Cmd, len(cmds))
+	for i, c := range cmds {
+		sent[i] = pipe.Do(ctx, anys(c)...)
+	}
+	_, _ = pipe.Exec(ctx) // each command holds its own error
+	out := make([]any, len(cmds))
+	for i, c := range sent {
+		v, err := g.reply(c.Result())
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// reply passes on a command's reply, with redis.Nil as a nil reply, after
+// showing its error to the slot map refresher.
+func (g goRedis) reply(v any, err error) (any, error) {
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	g.refresh.observe(err)
+	return v, err
+}
+
+func anys(args []string) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		out[i] = a
+	}
+	return out
+}
+
+type redisBackend struct {
+	conn   redisConn
 	opts   Options
 	keys   keyspace
 	schema schemaGuard
 	// fp parses under the namespace's key once a schema check has read it;
 	// before that, under the key this store proposes.
 	fp atomic.Pointer[fingerprint.Parser]
-	// refresh reloads a cluster client's slot map after errors that say
-	// it may be stale (nil for a client of one server).
-	refresh *clusterRefresher
 	// newOpID draws the operation id of a script that changes state
 	// (lua/oplog.lua).
 	newOpID func() string
+	// The scripts' constant arguments: idle TTL and answer TTL in
+	// milliseconds, and the limits of the scripts that prune.
+	ttl, answerTTL string
+	limits         []string
 }
 
 func (r *redisBackend) parser() *fingerprint.Parser { return r.fp.Load() }
@@ -109,8 +188,8 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 	r.schema.mu.Unlock()
 	proposed := r.fp.Load()
 	proposedKey := proposed.Key()
-	got, err := lua.Schema.Run(ctx, r.client, []string{r.keys.meta()},
-		schemaVersion, r.opts.Partitions, proposed.ProfileID(), hex.EncodeToString(proposedKey[:])).Slice()
+	got, err := slice(r.conn.eval(ctx, lua.Schema, []string{r.keys.meta()}, []string{strconv.Itoa(schemaVersion),
+		strconv.Itoa(r.opts.Partitions), proposed.ProfileID(), hex.EncodeToString(proposedKey[:])}))
 	if err == nil && len(got) != 4 {
 		err = fmt.Errorf("%w: schema: %d elements, want 4", errBadReply, len(got))
 	}
@@ -163,15 +242,35 @@ func (r *redisBackend) schemaError() error {
 }
 
 // run refuses to run script while the namespace's schema mismatches.
-func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []string, args ...any) *redis.Cmd {
+func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []string, args ...string) (any, error) {
 	if err := r.schemaError(); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
+		return nil, err
 	}
-	cmd := script.Run(ctx, r.client, keys, args...)
-	r.refresh.observe(cmd.Err())
-	return cmd
+	return r.conn.eval(ctx, script, keys, args)
+}
+
+// slice reads a reply that must be an array.
+func slice(v any, err error) ([]any, error) {
+	if err != nil {
+		return nil, err
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T, want an array", errBadReply, v)
+	}
+	return a, nil
+}
+
+// integer reads a reply that must be an integer.
+func integer(v any, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return 0, fmt.Errorf("%w: %T, want an integer", errBadReply, v)
+	}
+	return n, nil
 }
 
 // ownerKeys returns an owner's partition and the keys of its scripts: state,
@@ -199,11 +298,11 @@ func (r *redisBackend) clock() string {
 // head returns the arguments every owner script starts with: now, idle TTL
 // and the owner's LRU member, then, for a script that changes state, how
 // long its answer stays (lua/oplog.lua).
-func (r *redisBackend) head(owner identity.Owner, changes bool) []any {
+func (r *redisBackend) head(owner identity.Owner, changes bool) []string {
 	if !changes {
-		return []any{r.clock(), r.opts.TTL.Milliseconds(), owner.Key()}
+		return []string{r.clock(), r.ttl, owner.Key()}
 	}
-	return []any{r.clock(), r.opts.TTL.Milliseconds(), owner.Key(), lua.AnswerTTL(r.opts.OpTimeout).Milliseconds()}
+	return []string{r.clock(), r.ttl, owner.Key(), r.answerTTL}
 }
 
 // seqArg returns turn's sequence number as the scripts compare it: "0",
@@ -213,16 +312,11 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 	return strconv.FormatUint(seq, 10)
 }
 
-// limits returns the trailing arguments of the scripts that prune.
-func (r *redisBackend) limits() []any {
-	return []any{r.opts.partitionOwners(), r.opts.partitionBytes(), evictionBudget}
-}
-
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
 	p, keys := r.ownerKeys(owner, true)
 	keys = append(keys, r.keys.seq(p))
-	args := append(r.head(owner, true), r.keys.stateBytes(p, owner))
-	reply, err := r.run(ctx, lua.Reserve, keys, append(args, r.limits()...)...).Slice()
+	args := append(r.head(owner, true), strconv.FormatInt(r.keys.stateBytes(p, owner), 10))
+	reply, err := slice(r.run(ctx, lua.Reserve, keys, append(args, r.limits...)...))
 	if err != nil {
 		return reserved{}, err
 	}
@@ -233,8 +327,8 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(owner, true), r.seqArg(turn, p), encodeContinuation(c), r.keys.stateBytes(p, owner))
-	reply, err := r.run(ctx, lua.Record, keys, append(args, r.limits()...)...).Slice()
+	args := append(r.head(owner, true), r.seqArg(turn, p), string(encodeContinuation(c)), strconv.FormatInt(r.keys.stateBytes(p, owner), 10))
+	reply, err := slice(r.run(ctx, lua.Record, keys, append(args, r.limits...)...))
 	if err != nil {
 		return published{}, err
 	}
@@ -244,7 +338,7 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
 	p, keys := r.ownerKeys(owner, true)
 	args := append(r.head(owner, true), r.seqArg(turn, p))
-	n, err := r.run(ctx, lua.Abort, keys, args...).Int()
+	n, err := integer(r.run(ctx, lua.Abort, keys, args...))
 	return n == 1, err
 }
 
@@ -255,13 +349,13 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
 	_, keys := r.ownerKeys(owner, true)
-	n, err := r.run(ctx, lua.Clear, keys, r.head(owner, true)...).Int()
+	n, err := integer(r.run(ctx, lua.Clear, keys, r.head(owner, true)...))
 	return n == 1, err
 }
 
 func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State, error) {
 	p, keys := r.ownerKeys(owner, false)
-	reply, err := r.run(ctx, lua.Inspect, keys[:2], r.head(owner, false)...).Slice()
+	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2], r.head(owner, false)...))
 	if err != nil {
 		return State{}, err
 	}
@@ -269,33 +363,40 @@ func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State
 }
 
 func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
-	counts, err := r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.part(p)},
-		append([]any{r.clock(), r.opts.TTL.Milliseconds(), r.keys.ownerPrefix(p)}, r.limits()...)...).Int64Slice()
+	counts, err := slice(r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.part(p)},
+		append([]string{r.clock(), r.ttl, r.keys.ownerPrefix(p)}, r.limits...)...))
 	if err != nil {
 		return Evictions{}, err
 	}
-	if len(counts) != 3 {
-		return Evictions{}, fmt.Errorf("%w: prune: %d elements, want 3", errBadReply, len(counts))
+	n := make([]int64, len(counts))
+	for i, c := range counts {
+		n[i], _ = c.(int64)
 	}
-	return Evictions{TTL: counts[0], Owners: counts[1], Bytes: counts[2]}, nil
+	if len(counts) != 3 || n[0] < 0 || n[1] < 0 || n[2] < 0 {
+		return Evictions{}, fmt.Errorf("%w: prune: %v, want 3 counts", errBadReply, counts)
+	}
+	return Evictions{TTL: n[0], Owners: n[1], Bytes: n[2]}, nil
 }
 
 // stats reads every partition's LRU size and accounting in one pipeline
 // (one round trip per node on a cluster).
 func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
-	pipe := r.client.Pipeline()
-	cards := make([]*redis.IntCmd, r.opts.Partitions)
-	parts := make([]*redis.SliceCmd, r.opts.Partitions)
+	cmds := make([][]string, 0, 2*r.opts.Partitions)
 	for p := range r.opts.Partitions {
-		cards[p] = pipe.ZCard(ctx, r.keys.lru(p))
-		parts[p] = pipe.HMGet(ctx, r.keys.part(p), "bytes", "published", "ev:ttl", "ev:owners", "ev:bytes")
+		cmds = append(cmds, []string{"ZCARD", r.keys.lru(p)},
+			[]string{"HMGET", r.keys.part(p), "bytes", "published", "ev:ttl", "ev:owners", "ev:bytes"})
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	replies, err := r.conn.do(ctx, cmds...)
+	if err != nil {
 		return nil, err
 	}
 	out := make([]PartitionStats, r.opts.Partitions)
 	for p := range out {
-		v := parts[p].Val()
+		card, ok1 := replies[2*p].(int64)
+		v, ok2 := replies[2*p+1].([]any)
+		if !ok1 || !ok2 || len(v) != 5 {
+			return nil, fmt.Errorf("%w: partition %d: LRU size %v, accounting %v", errBadReply, p, replies[2*p], replies[2*p+1])
+		}
 		n := make([]int64, len(v))
 		for i, x := range v {
 			if x == nil {
@@ -310,7 +411,7 @@ func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
 				return nil, fmt.Errorf("%w: partition %d accounting: %v", errBadReply, p, x)
 			}
 		}
-		out[p] = PartitionStats{Partition: p, Owners: cards[p].Val(), StoredBytes: n[0], Published: n[1],
+		out[p] = PartitionStats{Partition: p, Owners: card, StoredBytes: n[0], Published: n[1],
 			Evictions: Evictions{TTL: n[2], Owners: n[3], Bytes: n[4]}}
 	}
 	return out, nil

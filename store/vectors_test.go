@@ -430,7 +430,7 @@ func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint
 	mr.SetTime(now)
 	opts, err := Options{Namespace: "v", Partitions: parts, Replica: "r"}.withDefaults()
 	require.NoError(t, err)
-	b := &redisBackend{client: client, opts: opts, keys: newKeyspace("v", parts), newOpID: lua.NewOpID}
+	b := newRedisBackend(goRedis{client: client}, opts)
 	b.schema.running = true
 	p, keys := b.ownerKeys(owner, false)
 	ctx := context.Background()
@@ -708,7 +708,8 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		opts, err := o.withDefaults()
 		require.NoError(t, err)
 		ids := &vecOpIDs{n: &drawn}
-		rb := &redisBackend{client: srv.C, opts: opts, keys: newKeyspace(opts.Namespace, opts.Partitions), newOpID: ids.next}
+		rb := newRedisBackend(goRedis{client: srv.C}, opts)
+		rb.newOpID = ids.next
 		rb.fp.Store(vecParser)
 		rb.schema.running = true // no background schema checks in the record
 		return &Store{opts: opts, backend: rb, inline: true, breakers: newBreakers(opts)}, rb, ids
