@@ -353,6 +353,30 @@ const faultFailoverBound = 2 * time.Second
 // reload of the slot map, 60 s later); owners on the other masters never
 // see a store failure, before, during or after.
 func TestFaultClusterFailover(t *testing.T) {
+	libraries := []struct {
+		name   string
+		client func(t *testing.T, addrs []string) faultOpener
+	}{
+		{"go-redis", func(t *testing.T, addrs []string) faultOpener {
+			c := faultClusterClients(t, addrs, 1)[0]
+			return func(o store.Options) (*store.Store, error) { return store.NewRedis(c, o) }
+		}},
+		{"rueidis", func(t *testing.T, addrs []string) faultOpener {
+			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true,
+				Dialer: net.Dialer{Timeout: 5 * time.Second}})
+			require.NoError(t, err)
+			t.Cleanup(c.Close)
+			return func(o store.Options) (*store.Store, error) { return store.NewRueidis(c, o) }
+		}},
+	}
+	for _, lib := range libraries {
+		t.Run(lib.name, func(t *testing.T) { faultClusterFailover(t, lib.client) })
+	}
+}
+
+// faultClusterFailover runs TestFaultClusterFailover with two stores, each
+// on a client of its own that client makes.
+func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string) faultOpener) {
 	nodes := startFaultCluster(t, 1)
 	addrs, byAddr := faultAddrs(nodes)
 	ctx := context.Background()
@@ -375,21 +399,20 @@ func TestFaultClusterFailover(t *testing.T) {
 	}
 	require.NotEmpty(t, heir, "no replica of %s in %+v", victim, topology)
 	group := onMaster(masterOf, victim, partitions)
-	clients := faultClusterClients(t, addrs, 2)
 	// The default OpTimeout rather than the other fault tests' 100 ms: this
 	// test counts every timeout on the healthy masters as a failure.
 	opts := faultOptions(ns)
 	opts.Partitions = partitions
 	opts.OpTimeout = 2 * faultOpTimeout
 	calls := &faultCallLog{}
-	stores := make([]*store.Store, len(clients))
-	observers := make([]*faultObserver, len(clients))
-	for i, c := range clients {
+	stores := make([]*store.Store, 2)
+	observers := make([]*faultObserver, len(stores))
+	for i := range stores {
 		o := opts
 		o.Replica = fmt.Sprintf("gw-%c", 'a'+i)
 		observers[i] = &faultObserver{}
 		o.Observer = store.MultiObserver(observers[i], calls)
-		stores[i], err = store.NewRedis(c, o)
+		stores[i], err = client(t, addrs)(o)
 		require.NoError(t, err)
 	}
 	l := newFaultLoad(t, stores, 48, group)
