@@ -10,17 +10,16 @@
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
--- ARGV[4]  how long the answer stays, milliseconds
--- ARGV[5]  the aborting turn's sequence number, decimal
+-- ARGV[3]  how long the answer stays, milliseconds
+-- ARGV[4]  the aborting turn's sequence number, decimal
 --
 -- Reply: integer
 --   1  the turn was current: the owner's state is removed
 --   0  it was not (stale turn, or no live state): nothing changed
 
 local t = redis.call('HGET', KEYS[1], 't')
-local current = t and math.abs(tonumber(t)) == tonumber(ARGV[5])
-local old = current and redis.call('ZSCORE', KEYS[2], ARGV[3])
+local current = t and math.abs(tonumber(t)) == tonumber(ARGV[4])
+local old = current and redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 if old then
   old = tonumber(old)
   current = old >= pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0)
@@ -31,7 +30,7 @@ if not current then
   if answered(KEYS[4]) then return 1 end
   return 0
 end
-if not claim(KEYS[4], 'A', ARGV[4]) then
+if not claim(KEYS[4], 'A', ARGV[3]) then
   changes().remove(old)
 end
 return 1

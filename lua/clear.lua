@@ -11,8 +11,7 @@
 -- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
--- ARGV[4]  how long the answer stays, milliseconds
+-- ARGV[3]  how long the answer stays, milliseconds
 --
 -- Reply: integer
 --   1  the owner had live state and it is removed
@@ -20,7 +19,7 @@
 --      accounting is not touched); an idle state is removed all the same,
 --      with no answer stored (a copy that runs again answers 0 as well)
 
-local old = redis.call('ZSCORE', KEYS[2], ARGV[3])
+local old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 local exists = redis.call('EXISTS', KEYS[1]) == 1
 if old then old = tonumber(old) end
 local live = exists
@@ -36,7 +35,7 @@ if not live then
   changes().remove(old)
   return 0
 end
-if not claim(KEYS[4], 'C', ARGV[4]) then
+if not claim(KEYS[4], 'C', ARGV[3]) then
   changes().remove(old)
 end
 return 1

@@ -7,7 +7,6 @@
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
 --
 -- Reply: array
 --   empty when the owner has no live state, else
@@ -19,7 +18,7 @@ local st = redis.call('HMGET', KEYS[1], 't', 'c')
 if not st[1] then
   return {}
 end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[3])
+local score = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 if score and tonumber(score) < pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0) then
   return {}
 end

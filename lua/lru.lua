@@ -6,7 +6,11 @@
 --
 -- Each partition has a sorted set (the LRU) whose members are its owners'
 -- keys (the state key without the partition's prefix) and whose scores pack
--- three numbers:
+-- three numbers. The owner scripts, whose KEYS[1] is the state and KEYS[2]
+-- the LRU, read the member from their keys: the prefix
+-- "<ns>:{<ns>:<pp>}:o:" is one byte shorter than the LRU's name
+-- "<ns>:{<ns>:<pp>}:lru", so the member is string.sub(KEYS[1], #KEYS[2]).
+--
 --
 --   score = (touched_ms - 1735689600000) * 8192 + published * 4096 + size
 --
@@ -63,7 +67,9 @@ end
 
 -- prune evicts, at most budget entries: the least recently touched while it
 -- is idle (touched before idle_score) or the partition holds more than
--- max_owners entries or more than max_bytes bytes. It never evicts keep (an
+-- max_owners entries or more than max_bytes bytes; limits is the argument
+-- that names those three, "<max_owners>:<max_bytes>:<budget>", which the
+-- scripts that prune take as they are given. It never evicts keep (an
 -- LRU member; false for none). count is the LRU's size when the call grew
 -- it (nil: the owner limit is not checked), bytes the partition's stored
 -- bytes when the call grew them (nil: the byte limit is not checked). State
@@ -72,7 +78,9 @@ end
 -- lru and part, so that every key deleted has their hash tag and is in their
 -- Redis Cluster slot. It returns the number of evictions and their counts by
 -- cause.
-local function prune(lru, part, prefix, keep, idle_score, max_owners, max_bytes, budget, count, bytes)
+local function prune(lru, part, prefix, keep, idle_score, limits, count, bytes)
+  local max_owners, max_bytes, budget = string.match(limits, '^(%d+):(%d+):(%d+)$')
+  max_owners, max_bytes, budget = max_owners + 0, max_bytes + 0, budget + 0
   local ttl, owners, over, freed, unpublished = 0, 0, 0, 0, 0
   while ttl + owners + over < budget do
     local oldest = redis.call('ZRANGE', lru, 0, 1, 'WITHSCORES')
@@ -134,12 +142,12 @@ local function changes()
   end
 
   -- remove deletes an owner's state KEYS[1] and takes its LRU entry old (a
-  -- score, or nil for none) out of the LRU KEYS[2] (member ARGV[3]) and the
-  -- accounting KEYS[3], for a script with the owner scripts' KEYS and ARGV.
+  -- score, or nil for none) out of the LRU KEYS[2] and the accounting
+  -- KEYS[3], for a script with the owner scripts' KEYS.
   local function remove(old)
     redis.call('DEL', KEYS[1])
     if old then
-      redis.call('ZREM', KEYS[2], ARGV[3])
+      redis.call('ZREM', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
       local size, published = unpack_score(old)
       settle(KEYS[3], -size, -published)
     end

@@ -350,7 +350,7 @@ func TestClearWithNothingToDeleteOnlyReads(t *testing.T) {
 	defer c.Close()
 	ctx := context.Background()
 	keys := []string{"ns:{ns:00}:o:m", "ns:{ns:00}:lru", "ns:{ns:00}:part", "ns:{ns:00}:q:m:000000000001"}
-	args := []any{"1767225600000", "60000", "m", "10000"}
+	args := []any{"1767225600000", "60000", "10000"}
 	require.NoError(t, c.HSet(ctx, keys[2], "bytes", 7, "published", 1).Err())
 
 	n, err := c.EvalRO(ctx, lua.Clear.Source, keys, args...).Int()

@@ -13,15 +13,14 @@
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
 -- ARGV[3]  the partition's prefix of owner state keys: "<ns>:{<ns>:<pp>}:o:"
--- ARGV[4]  the partition's owner limit
--- ARGV[5]  the partition's stored-bytes limit
--- ARGV[6]  most evictions this call may make
+-- ARGV[4]  limits (lru.lua prune): "<partition's owner limit>:<partition's
+--          stored-bytes limit>:<most evictions this call may make>"
 --
 -- Reply: array of integers: evictions by cause {ttl, owners, bytes}. A total
--- equal to ARGV[6] means more may remain.
+-- equal to the eviction budget (ARGV[4]) means more may remain.
 
 local _, n = prune(KEYS[1], KEYS[2], ARGV[3], false,
   pack_score(clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0),
-  tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
+  ARGV[4],
   redis.call('ZCARD', KEYS[1]), tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0'))
 return n

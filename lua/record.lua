@@ -21,14 +21,12 @@
 --          slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
--- ARGV[4]  how long the answer stays, milliseconds
--- ARGV[5]  the recording turn's sequence number, decimal
--- ARGV[6]  the continuation (opaque bytes)
--- ARGV[7]  stored-bytes estimate of the state without its continuation
--- ARGV[8]  the partition's owner limit
--- ARGV[9]  the partition's stored-bytes limit
--- ARGV[10] most evictions this call may make
+-- ARGV[3]  how long the answer stays, milliseconds
+-- ARGV[4]  the recording turn's sequence number, decimal
+-- ARGV[5]  the continuation (opaque bytes)
+-- ARGV[6]  stored-bytes estimate of the state without its continuation
+-- ARGV[7]  limits (lru.lua prune): "<partition's owner limit>:<partition's
+--          stored-bytes limit>:<most evictions this call may make>"
 --
 -- Reply: array
 --   [1] status string:
@@ -49,43 +47,44 @@ local t = st[1]
 if not t then
   return unchanged('gone')
 end
-local old = st[2] or redis.call('ZSCORE', KEYS[2], ARGV[3])
+local old = st[2] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 if old then old = old + 0 end
 -- On the server's clock, Redis has expired the key of an idle state: its
 -- TTL and its entry's touch are refreshed together (reserve.lua).
 if old and ARGV[1] ~= '0' and old < pack_score(ARGV[1] - ARGV[2], 0, 0) then
   return unchanged('gone')
 end
-if t ~= ARGV[5] and t ~= '-' .. ARGV[5] then
+if t ~= ARGV[4] and t ~= '-' .. ARGV[4] then
   return unchanged('stale')
 end
-if claim(KEYS[4], 'P', ARGV[4]) then
+if claim(KEYS[4], 'P', ARGV[3]) then
   return {'published', 0}
 end
 
 local score
 if old then
   -- the touch stays; the size and the published bit may change
-  score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[7] + #ARGV[6])
+  score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[6] + #ARGV[5])
   if score == old then
-    redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6])
+    redis.call('HSET', KEYS[1], 't', '-' .. ARGV[4], 'c', ARGV[5])
     return {'published', 0}
   end
 else
   -- a state whose entry has no score (neither s nor an LRU entry) is
   -- touched now
-  score = pack_score(clock(ARGV[1]), 1, ARGV[7] + #ARGV[6])
+  score = pack_score(clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 local score_s = string.format('%d', score)
-redis.call('HSET', KEYS[1], 't', '-' .. ARGV[5], 'c', ARGV[6], 's', score_s)
+redis.call('HSET', KEYS[1], 't', '-' .. ARGV[4], 'c', ARGV[5], 's', score_s)
 local change = changes()
-local db, dp, count = change.touch(KEYS[2], ARGV[3], old, score, score_s)
+local member = string.sub(KEYS[1], #KEYS[2])
+local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
 local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if count or db > 0 then
   local ms = clock(ARGV[1])
-  evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #ARGV[3]), ARGV[3],
-    pack_score(ms - ARGV[2], 0, 0), tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), count, bytes)
+  evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
+    pack_score(ms - ARGV[2], 0, 0), ARGV[7], count, bytes)
 end
 return {'published', evicted}

@@ -37,12 +37,10 @@
 --          slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  the owner's LRU member: KEYS[1] without its partition's prefix
--- ARGV[4]  how long the answer stays, milliseconds
--- ARGV[5]  stored-bytes estimate of the state without its continuation
--- ARGV[6]  the partition's owner limit
--- ARGV[7]  the partition's stored-bytes limit
--- ARGV[8]  most evictions this call may make
+-- ARGV[3]  how long the answer stays, milliseconds
+-- ARGV[4]  stored-bytes estimate of the state without its continuation
+-- ARGV[5]  limits (lru.lua prune): "<partition's owner limit>:<partition's
+--          stored-bytes limit>:<most evictions this call may make>"
 --
 -- Reply: array
 --   [1] the new turn's sequence number (integer)
@@ -51,10 +49,10 @@
 --   [4] the consumed continuation (opaque bytes), or nil when none
 
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 's')
-local member = ARGV[3]
 -- The state's s is its LRU score; without a state, the LRU may still hold
--- an entry whose key expired.
-local raw = st[3] or redis.call('ZSCORE', KEYS[2], member)
+-- an entry whose key expired. The owner's LRU member is read from the keys
+-- (lru.lua).
+local raw = st[3] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 local now = redis.call('TIME')
 local sec, usec = now[1] + 0, now[2] + 0
 local ms = clock(ARGV[1], sec, usec)
@@ -80,7 +78,7 @@ end
 
 -- t < 0: the state holds the continuation its last turn published
 local consumed = live and t < 0 and st[2]
-local done = claim(KEYS[4], seq_s .. (live and ':1' or ':0') .. (consumed and '1' .. consumed or '0'), ARGV[4])
+local done = claim(KEYS[4], seq_s .. (live and ':1' or ':0') .. (consumed and '1' .. consumed or '0'), ARGV[3])
 if done then
   if last then redis.call('SET', KEYS[5], last) else redis.call('DEL', KEYS[5]) end
   local colon = string.find(done, ':', 1, true)
@@ -94,12 +92,13 @@ if live and old and not refresh_due(old, ms, ttl) then
   return {seq, 1, 0, consumed or nil}
 end
 
-local size, published = ARGV[5] + 0, 0
+local size, published = ARGV[4] + 0, 0
 if live and st[2] then
   size, published = size + #st[2], 1
 elseif st[2] then
   redis.call('HDEL', KEYS[1], 'c')
 end
+local member = string.sub(KEYS[1], #KEYS[2])
 local score = pack_score(ms, published, size)
 local score_s = string.format('%d', score)
 redis.call('HSET', KEYS[1], 't', seq_s, 's', score_s)
@@ -115,8 +114,7 @@ if old and not live then
 end
 if count or db > 0 or evicted > 0 then
   if db <= 0 then bytes = nil end -- the byte limit is checked only when they grew
-  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[1] - #member), member, idle,
-    tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), count, bytes)
+  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member, idle, ARGV[5], count, bytes)
 end
 
 return {seq, live and 1 or 0, evicted, consumed or nil}

@@ -62,8 +62,7 @@ func newRedisBackend(conn redisConn, o Options) *redisBackend {
 	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions), newOpID: lua.NewOpID,
 		ttl:       strconv.FormatInt(o.TTL.Milliseconds(), 10),
 		answerTTL: strconv.FormatInt(lua.AnswerTTL(o.OpTimeout).Milliseconds(), 10),
-		limits: []string{strconv.Itoa(o.partitionOwners()), strconv.FormatInt(o.partitionBytes(), 10),
-			strconv.Itoa(evictionBudget)}}
+		limits:    fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget)}
 	r.fp.Store(o.newParser())
 	return r
 }
@@ -164,9 +163,8 @@ type redisBackend struct {
 	// (lua/oplog.lua).
 	newOpID func() string
 	// The scripts' constant arguments: idle TTL and answer TTL in
-	// milliseconds, and the limits of the scripts that prune.
-	ttl, answerTTL string
-	limits         []string
+	// milliseconds, and the limits of the scripts that prune (lua/lru.lua).
+	ttl, answerTTL, limits string
 }
 
 func (r *redisBackend) parser() *fingerprint.Parser { return r.fp.Load() }
@@ -295,14 +293,14 @@ func (r *redisBackend) clock() string {
 	return strconv.FormatInt(r.opts.Now().UnixMilli(), 10)
 }
 
-// head returns the arguments every owner script starts with: now, idle TTL
-// and the owner's LRU member, then, for a script that changes state, how
-// long its answer stays (lua/oplog.lua).
-func (r *redisBackend) head(owner identity.Owner, changes bool) []string {
+// head returns the arguments every owner script starts with: now and idle
+// TTL, then, for a script that changes state, how long its answer stays
+// (lua/oplog.lua).
+func (r *redisBackend) head(changes bool) []string {
 	if !changes {
-		return []string{r.clock(), r.ttl, owner.Key()}
+		return []string{r.clock(), r.ttl}
 	}
-	return []string{r.clock(), r.ttl, owner.Key(), r.answerTTL}
+	return []string{r.clock(), r.ttl, r.answerTTL}
 }
 
 // seqArg returns turn's sequence number as the scripts compare it: "0",
@@ -315,8 +313,8 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
 	p, keys := r.ownerKeys(owner, true)
 	keys = append(keys, r.keys.seq(p))
-	args := append(r.head(owner, true), strconv.FormatInt(r.keys.stateBytes(p, owner), 10))
-	reply, err := slice(r.run(ctx, lua.Reserve, keys, append(args, r.limits...)...))
+	args := append(r.head(true), strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits)
+	reply, err := slice(r.run(ctx, lua.Reserve, keys, args...))
 	if err != nil {
 		return reserved{}, err
 	}
@@ -327,8 +325,9 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(owner, true), r.seqArg(turn, p), string(encodeContinuation(c)), strconv.FormatInt(r.keys.stateBytes(p, owner), 10))
-	reply, err := slice(r.run(ctx, lua.Record, keys, append(args, r.limits...)...))
+	args := append(r.head(true), r.seqArg(turn, p), string(encodeContinuation(c)),
+		strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits)
+	reply, err := slice(r.run(ctx, lua.Record, keys, args...))
 	if err != nil {
 		return published{}, err
 	}
@@ -337,7 +336,7 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
 	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(owner, true), r.seqArg(turn, p))
+	args := append(r.head(true), r.seqArg(turn, p))
 	n, err := integer(r.run(ctx, lua.Abort, keys, args...))
 	return n == 1, err
 }
@@ -349,13 +348,13 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
 	_, keys := r.ownerKeys(owner, true)
-	n, err := integer(r.run(ctx, lua.Clear, keys, r.head(owner, true)...))
+	n, err := integer(r.run(ctx, lua.Clear, keys, r.head(true)...))
 	return n == 1, err
 }
 
 func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State, error) {
 	p, keys := r.ownerKeys(owner, false)
-	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2], r.head(owner, false)...))
+	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2], r.head(false)...))
 	if err != nil {
 		return State{}, err
 	}
@@ -364,7 +363,7 @@ func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State
 
 func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
 	counts, err := slice(r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.part(p)},
-		append([]string{r.clock(), r.ttl, r.keys.ownerPrefix(p)}, r.limits...)...))
+		r.clock(), r.ttl, r.keys.ownerPrefix(p), r.limits))
 	if err != nil {
 		return Evictions{}, err
 	}

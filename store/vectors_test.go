@@ -59,7 +59,7 @@ var vecAbout = []string{
 	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64}.",
 	"A turn token is given as a decimal string: tokens may exceed 2^53.",
 	"A text that is not valid UTF-8 is given in a *_hex field (its bytes in hex) instead of the plain field.",
-	"A continuation (opaque bytes) is given as {hex: its bytes in hex} wherever it appears: record's ARGV[6], reserve's reply [4], inspect's reply [3], field c of an owner state hash; so is the whole answer of a reserve that consumed one.",
+	"A continuation (opaque bytes) is given as {hex: its bytes in hex} wherever it appears: record's ARGV[5], reserve's reply [4], inspect's reply [3], field c of an owner state hash; so is the whole answer of a reserve that consumed one.",
 	"Scenario replies: a JSON string is a bulk string, a number an integer reply, null a nil reply, an array an array reply, {error: text} an error reply.",
 }
 
@@ -634,12 +634,12 @@ func vecScripts(t *testing.T) []vecScript {
 
 // ---- Redis scenarios ----
 
-// vecOpaque names the opaque bytes of the store scenario: record's ARGV[6]
+// vecOpaque names the opaque bytes of the store scenario: record's ARGV[5]
 // (the continuation), the continuation in reserve's reply [4] and inspect's
 // [3], field c of an owner state, and the answer of a reserve that consumed
 // a continuation.
 var vecOpaque = vectorscenario.Opaque{
-	Arg:       func(script string, i int) bool { return script == "record" && i == 5 },
+	Arg:       func(script string, i int) bool { return script == "record" && i == 4 },
 	Reply:     map[string]int{"reserve": 3, "inspect": 2},
 	HashField: func(key, field string) bool { return field == "c" && strings.Contains(key, "}:o:") },
 	String:    func(_, s string) bool { return vecConsumedAnswer.MatchString(s) },
@@ -1279,11 +1279,14 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 				keys = 5 // and the partition's clock
 			}
 			require.Len(t, call.Keys, keys, st.Name)
-			state, member := call.Keys[0], args[2]
-			prefix, ok := strings.CutSuffix(state, member)
-			require.True(t, ok && strings.HasSuffix(prefix, "}:o:"), "%s: member %q of %q", st.Name, member, state)
-			base := strings.TrimSuffix(prefix, "o:")
-			assert.Equal(t, []string{base + "lru", base + "part"}, call.Keys[1:3], st.Name)
+			// The member is the state key after the partition's prefix,
+			// one byte shorter than the LRU's name.
+			state, lru := call.Keys[0], call.Keys[1]
+			base, ok := strings.CutSuffix(lru, "lru")
+			require.True(t, ok && strings.HasSuffix(base, "}:"), "%s: LRU %q", st.Name, lru)
+			member, ok := strings.CutPrefix(state, base+"o:")
+			require.True(t, ok && member != "" && member == state[len(lru)-1:], "%s: state %q, LRU %q", st.Name, state, lru)
+			assert.Equal(t, base+"part", call.Keys[2], st.Name)
 			if call.Script == "reserve" {
 				assert.Equal(t, base+"seq", call.Keys[4], st.Name)
 			}
@@ -1292,13 +1295,16 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			assert.True(t, ok && vectorscenario.OpIDPattern.MatchString(op), "%s: answer key %q", st.Name, answerKey)
 			assert.Contains(t, []string{"0", strconv.FormatInt(at.UnixMilli(), 10)}, args[0], "%s: now", st.Name)
 			assert.Equal(t, strconv.FormatInt(ttl, 10), args[1], st.Name)
-			assert.Equal(t, strconv.FormatInt(answerTTL, 10), args[3], st.Name)
+			assert.Equal(t, strconv.FormatInt(answerTTL, 10), args[2], st.Name)
+			limits := regexp.MustCompile(`^\d+:\d+:` + strconv.Itoa(c.EvictionBudget) + `$`)
 			switch call.Script {
 			case "reserve":
-				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[4], st.Name)
+				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[3], st.Name)
+				assert.Regexp(t, limits, args[4], "%s: limits", st.Name)
 			case "record":
-				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[6], st.Name)
-				_, ok := ruleDecode([]byte(args[5]))
+				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[5], st.Name)
+				assert.Regexp(t, limits, args[6], "%s: limits", st.Name)
+				_, ok := ruleDecode([]byte(args[4]))
 				assert.True(t, ok, "%s: continuation", st.Name)
 			}
 			first, seen := firstRun[answerKey]
