@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
@@ -168,15 +169,22 @@ func calibrate(ctx context.Context, cfg *config, tgt *target, rep *report) *cali
 		return nil
 	}
 	n := len(tgt.clients)
-	ping, pingFailed := throughput(ctx, cfg.concurrency, func(ctx context.Context, g int) error {
-		return tgt.clients[g%n].Ping(ctx).Err()
-	})
+	// The key only routes the no-op script (it touches nothing), so that a
+	// cluster's masters share the load.
+	key := func(g int) []string { return []string{fmt.Sprintf("%s:calibrate:{%d}", tgt.ns, g)} }
 	noop := redis.NewScript("return 1")
-	eval, evalFailed := throughput(ctx, cfg.concurrency, func(ctx context.Context, g int) error {
-		// The key only routes the call (the script touches nothing), so
-		// that a cluster's masters share the load.
-		return noop.Run(ctx, tgt.clients[g%n], []string{fmt.Sprintf("%s:calibrate:{%d}", tgt.ns, g)}).Err()
-	})
+	pingOp := func(ctx context.Context, g int) error { return tgt.clients[g%n].Ping(ctx).Err() }
+	evalOp := func(ctx context.Context, g int) error { return noop.Run(ctx, tgt.clients[g%n], key(g)).Err() }
+	if len(tgt.rclients) == n { // -client rueidis: the stores' own clients
+		rnoop := rueidis.NewLuaScript("return 1")
+		pingOp = func(ctx context.Context, g int) error {
+			c := tgt.rclients[g%n]
+			return c.Do(ctx, c.B().Ping().Build()).Error()
+		}
+		evalOp = func(ctx context.Context, g int) error { return rnoop.Exec(ctx, tgt.rclients[g%n], key(g), nil).Error() }
+	}
+	ping, pingFailed := throughput(ctx, cfg.concurrency, pingOp)
+	eval, evalFailed := throughput(ctx, cfg.concurrency, evalOp)
 	if pingFailed+evalFailed > 0 {
 		rep.note("calibration: %d PING and %d EVALSHA calls failed", pingFailed, evalFailed)
 	}

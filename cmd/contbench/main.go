@@ -125,6 +125,12 @@ const maxSockets = 1_000_000
 // backendMemory selects the in-process store shared by all replicas.
 const backendMemory = "memory"
 
+// The client libraries a replica's store can run on (-client).
+const (
+	clientGoRedis = "go-redis"
+	clientRueidis = "rueidis"
+)
+
 // rates are the workload's per-turn probabilities.
 type rates struct {
 	promptChange, edit, concurrent, abort, noID, socketLoss, idle float64
@@ -135,6 +141,7 @@ type config struct {
 	redisURL      string
 	cluster       []string
 	backend       string
+	client        string
 	partitions    int
 	ttl           time.Duration
 	maxOwners     int
@@ -210,6 +217,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.redisURL, "redis", "", "standalone Redis `URL` to test, e.g. redis://127.0.0.1:6379/0")
 	fs.StringVar(&cluster, "cluster", "", "Redis Cluster seed `nodes` to test, host:port,host:port,...")
 	fs.StringVar(&cfg.backend, "backend", "redis", "store backend: redis (the -redis or -cluster target, else an embedded Redis) or memory (one in-process store shared by all replicas)")
+	fs.StringVar(&cfg.client, "client", clientGoRedis, "Redis client library of the replicas' stores and of -calibrate: go-redis (store.NewRedis) or rueidis (store.NewRueidis)")
 	fs.IntVar(&cfg.partitions, "partitions", 16, "store partitions (1..1024)")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "idle TTL of an owner's state")
 	fs.IntVar(&cfg.maxOwners, "max-owners", 100000, "most owners the store keeps")
@@ -280,6 +288,10 @@ func (c *config) validate() error {
 		return bad("backend", "is %q, want redis or memory", c.backend)
 	case c.backend == backendMemory && (c.redisURL != "" || len(c.cluster) > 0):
 		return bad("backend", "memory takes no -redis or -cluster target")
+	case c.client != clientGoRedis && c.client != clientRueidis:
+		return bad("client", "is %q, want %s or %s", c.client, clientGoRedis, clientRueidis)
+	case c.backend == backendMemory && c.client != clientGoRedis:
+		return bad("client", "the memory backend uses no Redis client")
 	case c.partitions < 1 || c.partitions > store.MaxPartitions:
 		return bad("partitions", "is %d, want 1..%d", c.partitions, store.MaxPartitions)
 	case c.ttl < time.Millisecond:

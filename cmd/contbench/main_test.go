@@ -253,6 +253,24 @@ func namespaceKeys(t *testing.T, c redis.UniversalClient, ns string) int {
 	return n
 }
 
+// -client rueidis runs the replicas' stores and the calibration on rueidis
+// clients, with the same checks.
+func TestStandaloneRedisThroughRueidis(t *testing.T) {
+	c := redistest.Standalone(t)
+	ns := redistest.Namespace(t)
+	redistest.CleanupNamespace(t, c, ns)
+
+	b := runBench(t, "-redis", "redis://"+c.Options().Addr, "-client", "rueidis", "-namespace", ns,
+		"-turns", "1500", "-baselines=false", "-calibrate")
+	requireSound(t, b, 1500)
+	assert.Zero(t, namespaceKeys(t, c, ns), "the namespace is removed after the run")
+	require.NotNil(t, b.report.Redis, "notes: %v", b.report.Notes)
+	assert.Positive(t, b.report.Redis.Reserve.Calls)
+	require.NotNil(t, b.report.Calibrate)
+	assert.Positive(t, b.report.Calibrate.EvalshaPerSecond)
+	assert.Positive(t, b.report.Calibrate.FractionOfEvalsha)
+}
+
 func TestStandaloneRedis(t *testing.T) {
 	c := redistest.Standalone(t)
 	ns := redistest.Namespace(t)
@@ -496,6 +514,8 @@ func TestBadFlagsExitWithUsageStatus(t *testing.T) {
 		{[]string{"-socket-loss", "2"}, "-socket-loss"},
 		{[]string{"-idle", "2"}, "-idle"},
 		{[]string{"-backend", "disk"}, "-backend"},
+		{[]string{"-client", "redigo"}, "-client"},
+		{[]string{"-backend", "memory", "-client", "rueidis"}, "-client"},
 		{[]string{"-backend", "memory", "-redis", "redis://127.0.0.1:1"}, "-backend"},
 		{[]string{"-redis", "http://127.0.0.1"}, "-redis"},
 		{[]string{"-redis", "redis://127.0.0.1:1", "-cluster", "127.0.0.1:2"}, "-cluster"},

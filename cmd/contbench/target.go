@@ -12,6 +12,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/identity"
@@ -40,9 +41,14 @@ type target struct {
 	// replicas' clients. Both are nil for the memory backend.
 	admin     redis.UniversalClient
 	newClient func() redis.UniversalClient
-	// clients holds each replica's client, stores each replica's store.
-	clients []redis.UniversalClient
-	stores  []*store.Store
+	// newRueidis, with -client rueidis, makes the rueidis client of a
+	// replica's store (which keeps its go-redis client for the rest).
+	newRueidis func() (rueidis.Client, error)
+	// clients holds each replica's client, rclients each replica's rueidis
+	// client (with -client rueidis), stores each replica's store.
+	clients  []redis.UniversalClient
+	rclients []rueidis.Client
+	stores   []*store.Store
 	// stopEmbedded stops the embedded Redis and its clock.
 	stopEmbedded func()
 }
@@ -68,6 +74,7 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 	// Connections are made on demand, so a generous pool costs nothing; it
 	// covers every worker on one replica, each with two calls in flight.
 	pool := 2*cfg.concurrency + 4
+	var rueidisOpts func() (rueidis.ClientOption, error)
 	switch {
 	case cfg.redisURL != "":
 		t.desc = "redis " + redactURL(cfg.redisURL)
@@ -76,11 +83,13 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 			opts.PoolSize = pool
 			return redis.NewClient(opts)
 		}
+		rueidisOpts = func() (rueidis.ClientOption, error) { return rueidis.ParseURL(cfg.redisURL) }
 	case len(cfg.cluster) > 0:
 		t.desc = "cluster " + strings.Join(cfg.cluster, ",")
 		t.newClient = func() redis.UniversalClient {
 			return redis.NewClusterClient(&redis.ClusterOptions{Addrs: cfg.cluster, PoolSize: pool})
 		}
+		rueidisOpts = func() (rueidis.ClientOption, error) { return rueidis.ClientOption{InitAddress: cfg.cluster}, nil }
 	default:
 		mr, err := miniredis.Run()
 		if err != nil {
@@ -92,6 +101,20 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 		t.stopEmbedded = func() { stopClock(); mr.Close() }
 		t.newClient = func() redis.UniversalClient {
 			return redis.NewClient(&redis.Options{Addr: mr.Addr(), PoolSize: pool})
+		}
+		rueidisOpts = func() (rueidis.ClientOption, error) {
+			return rueidis.ClientOption{InitAddress: []string{mr.Addr()}}, nil
+		}
+	}
+	if cfg.client == clientRueidis {
+		t.desc += " through rueidis"
+		t.newRueidis = func() (rueidis.Client, error) {
+			opts, err := rueidisOpts()
+			if err != nil {
+				return nil, err
+			}
+			opts.DisableCache = true
+			return rueidis.NewClient(opts)
 		}
 	}
 
@@ -179,13 +202,28 @@ func (t *target) connect(ctx context.Context, cfg *config) error {
 		if err := c.Ping(ctx).Err(); err != nil {
 			return fmt.Errorf("cannot reach %s: %w", t.desc, err)
 		}
-		s, err := store.NewRedis(c, cfg.storeOptions(replicaName(i)))
+		if t.newRueidis != nil {
+			rc, err := t.newRueidis()
+			if err != nil {
+				return fmt.Errorf("cannot reach %s: %w", t.desc, err)
+			}
+			t.rclients = append(t.rclients, rc)
+		}
+		s, err := t.openStore(i, cfg.storeOptions(replicaName(i)))
 		if err != nil {
 			return err
 		}
 		t.stores = append(t.stores, s)
 	}
 	return nil
+}
+
+// openStore opens a store with opts on replica i's client.
+func (t *target) openStore(i int, opts store.Options) (*store.Store, error) {
+	if t.newRueidis != nil {
+		return store.NewRueidis(t.rclients[i], opts)
+	}
+	return store.NewRedis(t.clients[i], opts)
 }
 
 // directory returns the directory the replicas of namespace ns announce
@@ -220,7 +258,7 @@ func (t *target) oneReplica(ctx context.Context, cfg *config) (_ []*store.Store,
 		return nil, nil, nil, fmt.Errorf("%s: the replicas are not connected", t.desc)
 	}
 	opts.Namespace = freshNamespace()
-	s, err := store.NewRedis(t.clients[0], opts)
+	s, err := t.openStore(0, opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -248,7 +286,10 @@ func (t *target) disconnect() {
 	for _, c := range t.clients {
 		_ = c.Close()
 	}
-	t.clients, t.stores = nil, nil
+	for _, c := range t.rclients {
+		c.Close()
+	}
+	t.clients, t.rclients, t.stores = nil, nil, nil
 }
 
 // memoryStores returns one in-process store per replica: what gateways
