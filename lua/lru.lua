@@ -6,11 +6,7 @@
 --
 -- Each partition has a sorted set (the LRU) whose members are its owners'
 -- keys (the state key without the partition's prefix) and whose scores pack
--- three numbers. The owner scripts, whose KEYS[1] is the state and KEYS[2]
--- the LRU, read the member from their keys: the prefix
--- "<ns>:{<ns>:<pp>}:o:" is one byte shorter than the LRU's name
--- "<ns>:{<ns>:<pp>}:lru", so the member is string.sub(KEYS[1], #KEYS[2]).
---
+-- three numbers:
 --
 --   score = (touched_ms - 1735689600000) * 8192 + published * 4096 + size
 --
@@ -22,6 +18,11 @@
 -- is ordering by last touch. A state whose touch is older than the TTL is
 -- gone, whether or not Redis has expired its key yet: the score still tells
 -- the bytes and the continuation to give back.
+--
+-- The owner scripts, whose KEYS[1] is the state and KEYS[2] the LRU, read
+-- the member from their keys: the prefix "<ns>:{<ns>:<pp>}:o:" is one byte
+-- shorter than the LRU's name "<ns>:{<ns>:<pp>}:lru", so the member is
+-- string.sub(KEYS[1], #KEYS[2]).
 --
 -- The partition's hash holds:
 --   bytes      sum of the sizes of the LRU's entries

@@ -69,7 +69,7 @@ var (
 	SessionLoad = load("session_load")
 )
 
-// All lists every script, for tests and tools.
+// All lists every script.
 func All() []*Script {
 	return []*Script{Reserve, Record, Abort, Clear, Inspect, Prune, Schema, Scan, SessionSave, SessionLoad}
 }

@@ -338,7 +338,7 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}, {
 		name: "eviction without a DELETES line",
 		uses: "lru",
-		body: "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, 0, 0, 1, nil, nil)\n",
+		body: "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, '0:0:1', nil, nil)\n",
 		want: []string{"deletes keys not in KEYS (prune (line 8)) but has no DELETES header line"},
 	}, {
 		name: "a key deleted by name without a DELETES line",
@@ -355,14 +355,14 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 		name:    "a DELETES line without its reason",
 		uses:    "lru",
 		deletes: "-- DELETES  <ns>:{<ns>:<pp>}:o:<member>  hash  evicted states, not in KEYS\n",
-		body:    "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, 0, 0, 1, nil, nil)\n",
+		body:    "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, '0:0:1', nil, nil)\n",
 		want: []string{`the DELETES header line does not say "hash tag {<ns>:<pp>}"`,
 			`the DELETES header line does not say "Redis Cluster"`, `the DELETES header line does not say "slot"`},
 	}, {
 		name:    "a DELETES line with its reason",
 		uses:    "lru",
 		deletes: deletes,
-		body:    "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, 0, 0, 1, nil, nil)\n",
+		body:    "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, '0:0:1', nil, nil)\n",
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			file := planted(c.uses, c.deletes, c.body)

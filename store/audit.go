@@ -144,7 +144,10 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 		if err != nil {
 			return Audit{}, fmt.Errorf("partition %d LRU: %w", p, err)
 		}
-		acct, _ := replies[1].([]any)
+		acct, ok := replies[1].([]any)
+		if !ok {
+			return Audit{}, fmt.Errorf("%w: partition %d accounting: %v", errBadReply, p, replies[1])
+		}
 		entries := make([]auditEntry, len(members))
 		for i, m := range members {
 			entries[i] = auditEntry{key: r.keys.ownerPrefix(p) + m, score: score(scores[i])}
@@ -185,9 +188,12 @@ func (r *redisBackend) scan(ctx context.Context, p int) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("SCAN MATCH %s: %w", pattern, err)
 		}
+		if len(step) != 2 {
+			return nil, fmt.Errorf("%w: SCAN MATCH %s: %v", errBadReply, pattern, step)
+		}
 		next, ok1 := step[0].(string)
 		keys, ok2 := step[1].([]any)
-		if len(step) != 2 || !ok1 || !ok2 {
+		if !ok1 || !ok2 {
 			return nil, fmt.Errorf("%w: SCAN MATCH %s: %v", errBadReply, pattern, step)
 		}
 		for _, k := range keys {

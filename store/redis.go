@@ -90,9 +90,10 @@ const (
 )
 
 // redisConn is what the Redis backend needs of a client library: scripts
-// and pipelined commands, each sent to the node that serves its first key.
-// Replies are int64, string, float64, nil or []any of them; a nil reply is
-// nil, not an error.
+// and pipelined commands, each sent to the master that serves its first
+// key. Replies are int64, string, float64, nil or []any of them (the
+// store's scripts and commands give no others); a nil reply is nil, not an
+// error.
 type redisConn interface {
 	// eval runs s with EVALSHA, or with EVAL when the server lacks it,
 	// after checking the counts of keys and args against its header.
@@ -115,20 +116,38 @@ func (g goRedis) eval(ctx context.Context, s *lua.Script, keys, args []string) (
 	return g.reply(v, err)
 }
 
+// do sends each node's commands in one pipeline. On a cluster it sends
+// them to the slot's master, whatever the client's read routing
+// (ReadOnly, RouteByLatency, RouteRandomly): a read must see what the
+// scripts, which run on the master, wrote.
 func (g goRedis) do(ctx context.Context, cmds ...[]string) ([]any, error) {
-	pipe := g.client.Pipeline()
-	sent := make([]*redis.Cmd, len(cmds))
+	byNode := map[redis.Cmdable][]int{}
 	for i, c := range cmds {
-		sent[i] = pipe.Do(ctx, anys(c)...)
-	}
-	_, _ = pipe.Exec(ctx) // each command holds its own error
-	out := make([]any, len(cmds))
-	for i, c := range sent {
-		v, err := g.reply(c.Result())
-		if err != nil {
-			return nil, err
+		node := redis.Cmdable(g.client)
+		if cc, ok := g.client.(*redis.ClusterClient); ok {
+			master, err := cc.MasterForKey(ctx, c[1])
+			if _, err = g.reply(nil, err); err != nil {
+				return nil, err
+			}
+			node = master
 		}
-		out[i] = v
+		byNode[node] = append(byNode[node], i)
+	}
+	out := make([]any, len(cmds))
+	for node, indices := range byNode {
+		pipe := node.Pipeline()
+		sent := make([]*redis.Cmd, len(indices))
+		for j, i := range indices {
+			sent[j] = pipe.Do(ctx, anys(cmds[i])...)
+		}
+		_, _ = pipe.Exec(ctx) // each command holds its own error
+		for j, c := range sent {
+			v, err := g.reply(c.Result())
+			if err != nil {
+				return nil, err
+			}
+			out[indices[j]] = v
+		}
 	}
 	return out, nil
 }
@@ -369,9 +388,12 @@ func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
 	}
 	n := make([]int64, len(counts))
 	for i, c := range counts {
-		n[i], _ = c.(int64)
+		var ok bool
+		if n[i], ok = c.(int64); !ok || n[i] < 0 {
+			return Evictions{}, fmt.Errorf("%w: prune: %v, want 3 counts", errBadReply, counts)
+		}
 	}
-	if len(counts) != 3 || n[0] < 0 || n[1] < 0 || n[2] < 0 {
+	if len(counts) != 3 {
 		return Evictions{}, fmt.Errorf("%w: prune: %v, want 3 counts", errBadReply, counts)
 	}
 	return Evictions{TTL: n[0], Owners: n[1], Bytes: n[2]}, nil

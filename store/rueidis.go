@@ -16,10 +16,15 @@ import (
 // faster than go-redis at many callers (BENCHMARKS.md); go-redis stays the
 // default.
 //
-// rueidis ends every call at its context's deadline, so the store calls it
-// on the caller's goroutine, and finds a cluster's new slot owners by
-// itself. Give the client DisableCache: the store reads nothing through
-// client-side caching.
+// rueidis ends a command at its context's deadline, but a call that waits
+// for another caller's connection to be dialled does not watch its own, so
+// the store runs each call on a goroutine of its own and stops waiting at
+// OpTimeout, which costs nothing measurable here (BENCHMARKS.md). rueidis
+// finds a cluster's new masters by itself when a master's connections
+// fail; for a node that stops answering without closing them, set
+// ConnWriteTimeout and ClusterOption.ShardsRefreshInterval (README). Give
+// the client DisableCache: the store reads nothing through client-side
+// caching.
 func NewRueidis(client rueidis.Client, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil rueidis client", ErrInvalidOptions)
@@ -28,7 +33,7 @@ func NewRueidis(client rueidis.Client, opts Options) (*Store, error) {
 	for _, s := range lua.All() {
 		c.scripts[s] = rueidis.NewLuaScript(s.Source)
 	}
-	return newRedisStore(c, true, opts)
+	return newRedisStore(c, false, opts)
 }
 
 // rueidisConn is a redisConn on a rueidis client.

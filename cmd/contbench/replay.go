@@ -43,7 +43,7 @@ type replayConfig struct {
 // parseReplayConfig parses the arguments of contbench replay.
 func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 	rc := &replayConfig{target: &config{
-		backend: backendMemory,
+		backend: backendMemory, client: clientGoRedis,
 		// The store's defaults.
 		partitions: 16, ttl: 30 * time.Minute, maxOwners: 10_000, maxTotalBytes: 20_000_000,
 		namespace: freshNamespace(),
