@@ -41,6 +41,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
@@ -64,7 +65,7 @@ func main() {
 // config is the command line.
 type config struct {
 	listen, upstream, transport, redisURL, redisCluster string
-	namespace, replica, logLevel                        string
+	redisClient, namespace, replica, logLevel           string
 	advertise, forwardSecret, routingHeader             string
 	fakeUpstream                                        bool
 	sockets                                             int
@@ -104,6 +105,7 @@ Flags:
 	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream)")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis `URL` (redis://[user:password@]host:port/db, rediss:// for TLS) shared by the replicas")
 	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
+	fs.StringVar(&c.redisClient, "redis-client", "go-redis", "client library of the store on Redis: go-redis, or rueidis, faster at many turns in flight but connecting at start, so contproxy does not start while Redis is unreachable (the forwarding directory stays on go-redis)")
 	fs.StringVar(&c.namespace, "namespace", "cont", "key namespace in Redis; replicas sharing it share continuations")
 	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
 	fs.IntVar(&c.sockets, "sockets", 16, "WebSocket transport: upstream sockets kept per client credential")
@@ -141,6 +143,10 @@ Flags:
 		return c, errors.New("-upstream is required (or -fake-upstream for a first try)")
 	case c.redisURL != "" && c.redisCluster != "":
 		return c, errors.New("-redis and -redis-cluster exclude each other")
+	case c.redisClient != "go-redis" && c.redisClient != "rueidis":
+		return c, fmt.Errorf("-redis-client %q: want go-redis or rueidis", c.redisClient)
+	case c.redisClient != "go-redis" && c.redisURL == "" && c.redisCluster == "":
+		return c, errors.New("-redis-client needs -redis or -redis-cluster")
 	case c.transport != "" && c.transport != "http" && c.transport != "websocket":
 		return c, fmt.Errorf("-transport %q: want http or websocket", c.transport)
 	case c.sockets < 1:
@@ -200,13 +206,11 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	if err := metrics.Register(reg); err != nil {
 		return err
 	}
-	st, rdb, err := openStore(c, metrics)
+	st, rdb, closeStore, err := openStore(c, metrics)
 	if err != nil {
 		return err
 	}
-	if rdb != nil {
-		defer rdb.Close()
-	}
+	defer closeStore()
 	reg.MustRegister(metrics.StatsCollector(st, time.Second))
 
 	upstream := c.upstream
@@ -316,43 +320,60 @@ func run(ctx context.Context, args []string, env func(string) (string, bool), st
 	return nil
 }
 
-// openStore opens the store the flags name, and its Redis client (nil for
-// the in-process store).
-func openStore(c config, metrics *prommetrics.Metrics) (*store.Store, redis.UniversalClient, error) {
+// openStore opens the store the flags name and a go-redis client of its
+// Redis (nil for the in-process store), which the forwarding directory
+// uses; closeStore closes what it opened.
+func openStore(c config, metrics *prommetrics.Metrics) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
 	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: metrics}
 	// The client settings the README recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.
 	timeout := c.opTimeout + 300*time.Millisecond
+	var client redis.UniversalClient
+	var ropts rueidis.ClientOption
 	switch {
 	case c.redisURL != "":
 		ro, err := redis.ParseURL(c.redisURL)
 		if err != nil {
-			return nil, nil, fmt.Errorf("-redis: %w", err)
+			return nil, nil, nil, fmt.Errorf("-redis: %w", err)
 		}
 		ro.ContextTimeoutEnabled, ro.MaxRetries = true, 1
 		ro.ReadTimeout, ro.WriteTimeout, ro.DialTimeout, ro.PoolTimeout = timeout, timeout, time.Second, c.opTimeout
-		client := redis.NewClient(ro)
-		st, err := store.NewRedis(client, opts)
-		if err != nil {
-			_ = client.Close()
-			return nil, nil, err
+		client = redis.NewClient(ro)
+		if ropts, err = rueidis.ParseURL(c.redisURL); err != nil {
+			return nil, nil, nil, fmt.Errorf("-redis: %w", err)
 		}
-		return st, client, nil
 	case c.redisCluster != "":
-		client := redis.NewClusterClient(&redis.ClusterOptions{
+		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1,
 			ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: time.Second, PoolTimeout: c.opTimeout,
 		})
-		st, err := store.NewRedis(client, opts)
-		if err != nil {
-			_ = client.Close()
-			return nil, nil, err
-		}
-		return st, client, nil
+		ropts = rueidis.ClientOption{InitAddress: strings.Split(c.redisCluster, ",")}
 	default:
 		st, err := store.NewMemory(opts)
-		return st, nil, err
+		return st, nil, func() {}, err
 	}
+	closeStore = func() { _ = client.Close() }
+	var st *store.Store
+	var err error
+	if c.redisClient == "rueidis" {
+		// The settings the README recommends for rueidis.
+		ropts.DisableCache, ropts.ConnWriteTimeout, ropts.Dialer.Timeout = true, timeout, time.Second
+		ropts.ClusterOption.ShardsRefreshInterval = time.Second
+		var rc rueidis.Client
+		if rc, err = rueidis.NewClient(ropts); err != nil {
+			closeStore()
+			return nil, nil, nil, fmt.Errorf("-redis-client rueidis: %w", err)
+		}
+		closeStore = func() { rc.Close(); _ = client.Close() }
+		st, err = store.NewRueidis(rc, opts)
+	} else {
+		st, err = store.NewRedis(client, opts)
+	}
+	if err != nil {
+		closeStore()
+		return nil, nil, nil, err
+	}
+	return st, client, closeStore, nil
 }
 
 // sweepEvery is how often idle state is pruned.

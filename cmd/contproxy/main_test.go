@@ -46,6 +46,8 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-fake-upstream", "-redis", "redis://x", "-redis-cluster", "a:1"},
 		{"-fake-upstream", "-transport", "carrier-pigeon"},
 		{"-fake-upstream", "-sockets", "0"},
+		{"-fake-upstream", "-redis", "redis://x", "-redis-client", "redigo"},
+		{"-fake-upstream", "-redis-client", "rueidis"},
 		{"-fake-upstream", "stray"},
 	} {
 		_, err := parse(args, noEnv, io.Discard)
@@ -128,6 +130,14 @@ func TestShutdownLetsAStreamInFlightFinish(t *testing.T) {
 }
 
 func TestReplicasOnRedisForwardTurnsToTheirSocket(t *testing.T) {
+	for _, client := range []string{"go-redis", "rueidis"} {
+		t.Run(client, func(t *testing.T) { replicasForwardTurns(t, client) })
+	}
+}
+
+// replicasForwardTurns runs TestReplicasOnRedisForwardTurnsToTheirSocket
+// with the store on client.
+func replicasForwardTurns(t *testing.T, client string) {
 	rdb := redistest.Standalone(t)
 	ns := redistest.Namespace(t)
 	redistest.CleanupNamespace(t, rdb, ns)
@@ -137,7 +147,7 @@ func TestReplicasOnRedisForwardTurnsToTheirSocket(t *testing.T) {
 	for _, id := range []string{"gw-1", "gw-2"} {
 		port := freePort(t)
 		addr, _ := start(t, "-listen", port, "-upstream", "ws"+strings.TrimPrefix(up.URL, "http")+"/v1",
-			"-redis", "redis://"+rdb.Options().Addr, "-namespace", ns, "-replica", id,
+			"-redis", "redis://"+rdb.Options().Addr, "-redis-client", client, "-namespace", ns, "-replica", id,
 			"-forward-secret", strings.Repeat("k", 32))
 		addrs = append(addrs, addr)
 	}
