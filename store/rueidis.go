@@ -24,7 +24,8 @@ import (
 // fail; for a node that stops answering without closing them, set
 // ConnWriteTimeout and ClusterOption.ShardsRefreshInterval (README). Give
 // the client DisableCache: the store reads nothing through client-side
-// caching.
+// caching. Unlike go-redis, rueidis.NewClient connects at once and fails
+// while Redis is unreachable.
 func NewRueidis(client rueidis.Client, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil rueidis client", ErrInvalidOptions)
