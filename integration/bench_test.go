@@ -85,9 +85,7 @@ func BenchmarkStoreThroughput(b *testing.B) {
 			func(o store.Options) (*store.Store, error) { return store.NewRedis(ap, o) }
 	}}
 	clients := []client{goRedis(true), goRedis(false), autoPipelined, {"rueidis", func(b *testing.B, addr string) (func() error, func(store.Options) (*store.Store, error)) {
-		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true})
-		require.NoError(b, err)
-		b.Cleanup(c.Close)
+		c := newRueidis(b, addr)
 		noop := rueidis.NewLuaScript("return 1")
 		return func() error { return noop.Exec(ctx, c, nil, nil).Error() },
 			func(o store.Options) (*store.Store, error) { return store.NewRueidis(c, o) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -98,10 +96,7 @@ func TestFaultToxiproxy(t *testing.T) {
 			return func(o store.Options) (*store.Store, error) { return store.NewRedis(c, o) }
 		}},
 		{"rueidis", func(t *testing.T, addr string) faultOpener {
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{addr}, DisableCache: true,
-				Dialer: net.Dialer{Timeout: 5 * time.Second}})
-			require.NoError(t, err)
-			t.Cleanup(c.Close)
+			c := newRueidis(t, addr)
 			return func(o store.Options) (*store.Store, error) { return store.NewRueidis(c, o) }
 		}},
 	}
@@ -362,10 +357,7 @@ func TestFaultClusterFailover(t *testing.T) {
 			return func(o store.Options) (*store.Store, error) { return store.NewRedis(c, o) }
 		}},
 		{"rueidis", func(t *testing.T, addrs []string) faultOpener {
-			c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true,
-				Dialer: net.Dialer{Timeout: 5 * time.Second}})
-			require.NoError(t, err)
-			t.Cleanup(c.Close)
+			c := newRueidis(t, addrs...)
 			return func(o store.Options) (*store.Store, error) { return store.NewRueidis(c, o) }
 		}},
 	}

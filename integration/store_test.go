@@ -48,13 +48,20 @@ func rueidisOpener(newClient func(t testing.TB) redis.UniversalClient) storetest
 		case *redis.ClusterClient:
 			addrs = c.Options().Addrs
 		}
-		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
-		require.NoError(t, err)
-		t.Cleanup(rc.Close)
-		s, err := store.NewRueidis(rc, opts)
+		s, err := store.NewRueidis(newRueidis(t, addrs...), opts)
 		require.NoError(t, err)
 		return s
 	}
+}
+
+// newRueidis returns a rueidis client of the servers at addrs, with the
+// client cache off as the store wants it, closed when the test ends.
+func newRueidis(t testing.TB, addrs ...string) rueidis.Client {
+	t.Helper()
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	return c
 }
 
 func TestRueidisConformance(t *testing.T) {

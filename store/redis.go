@@ -386,15 +386,14 @@ func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
 	if err != nil {
 		return Evictions{}, err
 	}
-	n := make([]int64, len(counts))
-	for i, c := range counts {
-		var ok bool
-		if n[i], ok = c.(int64); !ok || n[i] < 0 {
-			return Evictions{}, fmt.Errorf("%w: prune: %v, want 3 counts", errBadReply, counts)
-		}
-	}
 	if len(counts) != 3 {
 		return Evictions{}, fmt.Errorf("%w: prune: %v, want 3 counts", errBadReply, counts)
+	}
+	var n [3]int64
+	for i, c := range counts {
+		if n[i], err = integer(c, nil); err != nil || n[i] < 0 {
+			return Evictions{}, fmt.Errorf("%w: prune: %v, want 3 counts", errBadReply, counts)
+		}
 	}
 	return Evictions{TTL: n[0], Owners: n[1], Bytes: n[2]}, nil
 }
