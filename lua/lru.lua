@@ -1,8 +1,11 @@
 -- lru.lua: the clock, accounting and eviction shared by the scripts that
--- change or read an owner. It defines local functions and constants only
--- (the ones that change the LRU through changes());
--- a script that calls them names lru in its header's uses line, and is sent
--- with this file before it (lua.go).
+-- change or read an owner. It defines local constants and three functions,
+-- pack_score, lru and prune; a script that uses them names lru in its
+-- header's uses line, and is sent with this file before it (lua.go). Each
+-- function a script defines costs time on every run, whether it is called or
+-- not, so the others are made by lru(), which a script calls only on the
+-- paths that need them: the paths that run most, a reserve or a record of a
+-- live owner, call none but pack_score.
 --
 -- Each partition has a sorted set (the LRU) whose members are its owners'
 -- keys (the state key without the partition's prefix) and whose scores pack
@@ -10,8 +13,8 @@
 --
 --   score = (touched_ms - 1735689600000) * 8192 + published * 4096 + size
 --
--- touched_ms is when the state's entry and TTL were last refreshed (see
--- refresh_due), published is 1 when the
+-- touched_ms is when the state's entry and TTL were last refreshed
+-- (reserve.lua says when), published is 1 when the
 -- state holds a continuation (c: the current turn's or, once a reserve
 -- consumed it, the one before), size is the state's stored-bytes estimate
 -- (clamped below 4096). Scores stay below 2^53 until 2059. Ordering by score
@@ -33,91 +36,31 @@ local SCORE_EPOCH_MS = 1735689600000
 local TIME_UNIT = 8192
 local PUBLISHED = 4096
 
--- clock returns the time in milliseconds: arg when the store passes one
--- (not "0"), else the server's: sec and usec of a TIME reply the caller
--- read, or a TIME of its own when it passes none.
-local function clock(arg, sec, usec)
-  if arg ~= '0' then return arg + 0 end
-  if not sec then
-    local t = redis.call('TIME')
-    sec, usec = t[1] + 0, t[2] + 0
-  end
-  return sec * 1000 + (usec - usec % 1000) / 1000
-end
-
 -- pack_score returns the score of an entry touched at ms.
 local function pack_score(ms, published, size)
   if size > PUBLISHED - 1 then size = PUBLISHED - 1 end
   return (ms - SCORE_EPOCH_MS) * TIME_UNIT + published * PUBLISHED + size
 end
 
--- refresh_due reports whether an entry at score old, at ms, is due for a
--- refresh of its touch and its state's TTL: touched a sixteenth of the TTL
--- ago or earlier. Until then reserve leaves both as they are; record never
--- refreshes them.
-local function refresh_due(old, ms, ttl)
-  return old < pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0)
-end
-
--- unpack_score returns a score's size and published (0 or 1).
-local function unpack_score(score)
-  local low = score % TIME_UNIT
-  if low >= PUBLISHED then return low - PUBLISHED, 1 end
-  return low, 0
-end
-
--- prune evicts, at most budget entries: the least recently touched while it
--- is idle (touched before idle_score) or the partition holds more than
--- max_owners entries or more than max_bytes bytes; limits is the argument
--- that names those three, "<max_owners>:<max_bytes>:<budget>", which the
--- scripts that prune take as they are given. It never evicts keep (an
--- LRU member; false for none). count is the LRU's size when the call grew
--- it (nil: the owner limit is not checked), bytes the partition's stored
--- bytes when the call grew them (nil: the byte limit is not checked). State
--- keys are prefix followed by the member: keys not in KEYS, which a caller
--- names in a DELETES header line. prefix must be that of the partition of
--- lru and part, so that every key deleted has their hash tag and is in their
--- Redis Cluster slot. It returns the number of evictions and their counts by
--- cause.
-local function prune(lru, part, prefix, keep, idle_score, limits, count, bytes)
-  local max_owners, max_bytes, budget = string.match(limits, '^(%d+):(%d+):(%d+)$')
-  max_owners, max_bytes, budget = max_owners + 0, max_bytes + 0, budget + 0
-  local ttl, owners, over, freed, unpublished = 0, 0, 0, 0, 0
-  while ttl + owners + over < budget do
-    local oldest = redis.call('ZRANGE', lru, 0, 1, 'WITHSCORES')
-    local victim, score = oldest[1], oldest[2]
-    if victim == keep then victim, score = oldest[3], oldest[4] end
-    if not victim then break end
-    score = tonumber(score)
-    if score < idle_score then
-      ttl = ttl + 1
-    elseif count and count > max_owners then
-      owners = owners + 1
-    elseif bytes and bytes - freed > max_bytes then
-      over = over + 1
-    else
-      break
-    end
-    redis.call('DEL', prefix .. victim)
-    redis.call('ZREM', lru, victim)
-    local size, published = unpack_score(score)
-    freed = freed + size
-    unpublished = unpublished + published
-    if count then count = count - 1 end
+-- lru returns the functions that read the clock and a score and change an
+-- LRU entry and the accounting, as a table: clock, unpack_score, touch,
+-- settle, remove.
+local function lru()
+  -- clock returns the time in milliseconds: arg when the store passes one
+  -- (not "0"), else the server's.
+  local function clock(arg)
+    if arg ~= '0' then return arg + 0 end
+    local t = redis.call('TIME')
+    return t[1] * 1000 + (t[2] - t[2] % 1000) / 1000
   end
-  if freed > 0 then redis.call('HINCRBY', part, 'bytes', -freed) end
-  if unpublished > 0 then redis.call('HINCRBY', part, 'published', -unpublished) end
-  if ttl > 0 then redis.call('HINCRBY', part, 'ev:ttl', ttl) end
-  if owners > 0 then redis.call('HINCRBY', part, 'ev:owners', owners) end
-  if over > 0 then redis.call('HINCRBY', part, 'ev:bytes', over) end
-  return ttl + owners + over, {ttl, owners, over}
-end
 
--- changes returns the functions that change an LRU entry and the
--- accounting, as a table: touch, settle, remove. A script makes them only on
--- the paths that change them: a function a script defines costs time on
--- every run that defines it.
-local function changes()
+  -- unpack_score returns a score's size and published (0 or 1).
+  local function unpack_score(score)
+    local low = score % TIME_UNIT
+    if low >= PUBLISHED then return low - PUBLISHED, 1 end
+    return low, 0
+  end
+
   -- settle adds a change of stored bytes and of published states to the
   -- partition's counters and returns its stored bytes when it read them.
   local function settle(part, bytes, published)
@@ -131,12 +74,12 @@ local function changes()
   -- in decimal) in place of its entry old (a score, or nil for none). It
   -- returns the change of the partition's stored bytes and published count,
   -- and the LRU's size when the entry is new.
-  local function touch(lru, member, old, score, score_s)
-    local added = redis.call('ZADD', lru, score_s, member) == 1
+  local function touch(lru_key, member, old, score, score_s)
+    local added = redis.call('ZADD', lru_key, score_s, member) == 1
     local bytes, published = unpack_score(score)
     if added or not old then
       -- new, or lost while its state kept a copy of its score (s)
-      return bytes, published, redis.call('ZCARD', lru)
+      return bytes, published, redis.call('ZCARD', lru_key)
     end
     local b, p = unpack_score(old)
     return bytes - b, published - p, nil
@@ -154,5 +97,53 @@ local function changes()
     end
   end
 
-  return {touch = touch, settle = settle, remove = remove}
+  return {clock = clock, unpack_score = unpack_score, touch = touch, settle = settle, remove = remove}
+end
+
+-- prune evicts, at most budget entries: the least recently touched while it
+-- is idle (touched before idle_score) or the partition holds more than
+-- max_owners entries or more than max_bytes bytes; limits is the argument
+-- that names those three, "<max_owners>:<max_bytes>:<budget>", which the
+-- scripts that prune take as they are given. It never evicts keep (an
+-- LRU member; false for none). count is the LRU's size when the call grew
+-- it (nil: the owner limit is not checked), bytes the partition's stored
+-- bytes when the call grew them (nil: the byte limit is not checked). State
+-- keys are prefix followed by the member: keys not in KEYS, which a caller
+-- names in a DELETES header line. prefix must be that of the partition of
+-- lru_key and part, so that every key deleted has their hash tag and is in
+-- their Redis Cluster slot. It returns the number of evictions and their counts by
+-- cause.
+local function prune(lru_key, part, prefix, keep, idle_score, limits, count, bytes)
+  local max_owners, max_bytes, budget = string.match(limits, '^(%d+):(%d+):(%d+)$')
+  max_owners, max_bytes, budget = max_owners + 0, max_bytes + 0, budget + 0
+  local unpack_score = lru().unpack_score
+  local ttl, owners, over, freed, unpublished = 0, 0, 0, 0, 0
+  while ttl + owners + over < budget do
+    local oldest = redis.call('ZRANGE', lru_key, 0, 1, 'WITHSCORES')
+    local victim, score = oldest[1], oldest[2]
+    if victim == keep then victim, score = oldest[3], oldest[4] end
+    if not victim then break end
+    score = tonumber(score)
+    if score < idle_score then
+      ttl = ttl + 1
+    elseif count and count > max_owners then
+      owners = owners + 1
+    elseif bytes and bytes - freed > max_bytes then
+      over = over + 1
+    else
+      break
+    end
+    redis.call('DEL', prefix .. victim)
+    redis.call('ZREM', lru_key, victim)
+    local size, published = unpack_score(score)
+    freed = freed + size
+    unpublished = unpublished + published
+    if count then count = count - 1 end
+  end
+  if freed > 0 then redis.call('HINCRBY', part, 'bytes', -freed) end
+  if unpublished > 0 then redis.call('HINCRBY', part, 'published', -unpublished) end
+  if ttl > 0 then redis.call('HINCRBY', part, 'ev:ttl', ttl) end
+  if owners > 0 then redis.call('HINCRBY', part, 'ev:owners', owners) end
+  if over > 0 then redis.call('HINCRBY', part, 'ev:bytes', over) end
+  return ttl + owners + over, {ttl, owners, over}
 end

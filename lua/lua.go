@@ -7,8 +7,8 @@
 // that header, so a caller that passes a different number is refused before
 // anything reaches Redis.
 //
-// The shared files (oplog.lua, lru.lua) define local functions only. A
-// script names the ones it calls in one header line,
+// The shared files (oplog.lua, lru.lua) define local functions and
+// constants only. A script names the ones it uses in one header line,
 //
 //	-- uses: oplog, lru
 //

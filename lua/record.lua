@@ -35,27 +35,22 @@
 --       "gone"       the owner has no live state (expired, evicted, cleared)
 --   [2] number of owners this call evicted
 
--- unchanged answers status, or "published" for a re-sent record that
--- published.
-local function unchanged(status)
-  if answered(KEYS[4]) then return {'published', 0} end
-  return {status, 0}
-end
-
+-- A call that changes nothing answers "gone" or "stale", or "published"
+-- when an earlier run of this record published (oplog.lua).
 local st = redis.call('HMGET', KEYS[1], 't', 's')
 local t = st[1]
 if not t then
-  return unchanged('gone')
+  return {answered(KEYS[4]) and 'published' or 'gone', 0}
 end
 local old = st[2] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 if old then old = old + 0 end
 -- On the server's clock, Redis has expired the key of an idle state: its
 -- TTL and its entry's touch are refreshed together (reserve.lua).
 if old and ARGV[1] ~= '0' and old < pack_score(ARGV[1] - ARGV[2], 0, 0) then
-  return unchanged('gone')
+  return {answered(KEYS[4]) and 'published' or 'gone', 0}
 end
 if t ~= ARGV[4] and t ~= '-' .. ARGV[4] then
-  return unchanged('stale')
+  return {answered(KEYS[4]) and 'published' or 'stale', 0}
 end
 if claim(KEYS[4], 'P', ARGV[3]) then
   return {'published', 0}
@@ -72,18 +67,18 @@ if old then
 else
   -- a state whose entry has no score (neither s nor an LRU entry) is
   -- touched now
-  score = pack_score(clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
+  score = pack_score(lru().clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 local score_s = string.format('%d', score)
 redis.call('HSET', KEYS[1], 't', '-' .. ARGV[4], 'c', ARGV[5], 's', score_s)
-local change = changes()
+local change = lru()
 local member = string.sub(KEYS[1], #KEYS[2])
 local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
 local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if count or db > 0 then
-  local ms = clock(ARGV[1])
+  local ms = change.clock(ARGV[1])
   evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
     pack_score(ms - ARGV[2], 0, 0), ARGV[7], count, bytes)
 end

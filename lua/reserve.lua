@@ -3,9 +3,13 @@
 -- Atomically: read the owner's state, draw the turn's sequence number from
 -- the partition's clock, make the new turn the owner's current one (which
 -- consumes the published continuation: nothing stays published), refresh
--- the owner's LRU entry and TTL when they are due (lru.lua refresh_due), and
--- evict (lru.lua) while the partition is over its limits. The caller
--- decides whether to continue from the continuation returned.
+-- the owner's LRU entry and TTL when they are due, and evict (lru.lua)
+-- while the partition is over its limits. The caller decides whether to
+-- continue from the continuation returned.
+--
+-- An entry and its state's TTL are due for a refresh once they were touched
+-- a sixteenth of the TTL ago or earlier; until then reserve leaves both as
+-- they are (record never refreshes them).
 --
 -- The sequence number is the largest of
 --   the partition's last sequence number + 1 (KEYS[5]),
@@ -55,7 +59,8 @@ local st = redis.call('HMGET', KEYS[1], 't', 'c', 's')
 local raw = st[3] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 local now = redis.call('TIME')
 local sec, usec = now[1] + 0, now[2] + 0
-local ms = clock(ARGV[1], sec, usec)
+-- The store's clock in milliseconds: ARGV[1], or this TIME when it is "0".
+local ms = ARGV[1] == '0' and sec * 1000 + (usec - usec % 1000) / 1000 or ARGV[1] + 0
 local ttl = ARGV[2] + 0
 local old = raw and raw + 0
 local idle = pack_score(ms - ttl, 0, 0)
@@ -86,8 +91,8 @@ if done then
   if string.sub(done, colon + 2, colon + 2) == '1' then c = string.sub(done, colon + 3) end
   return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, c}
 end
-if live and old and not refresh_due(old, ms, ttl) then
-  -- the entry and the TTL stay until they are due for a refresh (lru.lua)
+if live and old and old >= pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0) then
+  -- the entry and the TTL stay until they are due for a refresh
   redis.call('HSET', KEYS[1], 't', seq_s)
   return {seq, 1, 0, consumed or nil}
 end
@@ -103,7 +108,7 @@ local score = pack_score(ms, published, size)
 local score_s = string.format('%d', score)
 redis.call('HSET', KEYS[1], 't', seq_s, 's', score_s)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
-local change = changes()
+local change = lru()
 local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
 local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
