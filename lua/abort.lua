@@ -19,10 +19,11 @@
 
 local t = redis.call('HGET', KEYS[1], 't')
 local current = t and math.abs(tonumber(t)) == tonumber(ARGV[4])
+local change = current and lru()
 local old = current and redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 if old then
   old = tonumber(old)
-  current = old >= pack_score(lru().clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0)
+  current = old >= change.idle(ARGV[1], ARGV[2])
 end
 if not current then
   -- not current: nothing changes, unless an earlier run of this abort
@@ -31,6 +32,6 @@ if not current then
   return 0
 end
 if not claim(KEYS[4], 'A', ARGV[3]) then
-  lru().remove(old)
+  change.remove(old)
 end
 return 1

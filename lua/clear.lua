@@ -22,8 +22,8 @@
 local old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 local exists = redis.call('EXISTS', KEYS[1]) == 1
 if old then old = tonumber(old) end
-local live = exists
-  and not (old and old < pack_score(lru().clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0))
+local change = lru()
+local live = exists and not (old and old < change.idle(ARGV[1], ARGV[2]))
 if not live then
   -- An earlier run of this clear removed the state: nothing changes.
   if answered(KEYS[4]) then return 1 end
@@ -32,10 +32,10 @@ if not live then
     -- KEYS[3] is left untouched.
     return 0
   end
-  lru().remove(old)
+  change.remove(old)
   return 0
 end
 if not claim(KEYS[4], 'C', ARGV[3]) then
-  lru().remove(old)
+  change.remove(old)
 end
 return 1

@@ -19,7 +19,7 @@ if not st[1] then
   return {}
 end
 local score = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
-if score and tonumber(score) < pack_score(lru().clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0) then
+if score and tonumber(score) < lru().idle(ARGV[1], ARGV[2]) then
   return {}
 end
 return {score, st[1], st[2]}

@@ -43,8 +43,8 @@ local function pack_score(ms, published, size)
 end
 
 -- lru returns the functions that read the clock and a score and change an
--- LRU entry and the accounting, as a table: clock, unpack_score, touch,
--- settle, remove.
+-- LRU entry and the accounting, as a table: clock, idle, unpack_score,
+-- touch, settle, remove.
 local function lru()
   -- clock returns the time in milliseconds: arg when the store passes one
   -- (not "0"), else the server's.
@@ -52,6 +52,12 @@ local function lru()
     if arg ~= '0' then return arg + 0 end
     local t = redis.call('TIME')
     return t[1] * 1000 + (t[2] - t[2] % 1000) / 1000
+  end
+
+  -- idle returns the score below which an entry is idle: touched longer
+  -- than ttl milliseconds before the clock (arg as clock takes it).
+  local function idle(arg, ttl)
+    return pack_score(clock(arg) - ttl, 0, 0)
   end
 
   -- unpack_score returns a score's size and published (0 or 1).
@@ -97,7 +103,8 @@ local function lru()
     end
   end
 
-  return {clock = clock, unpack_score = unpack_score, touch = touch, settle = settle, remove = remove}
+  return {clock = clock, idle = idle, unpack_score = unpack_score, touch = touch, settle = settle,
+    remove = remove}
 end
 
 -- prune evicts, at most budget entries: the least recently touched while it
@@ -111,8 +118,8 @@ end
 -- keys are prefix followed by the member: keys not in KEYS, which a caller
 -- names in a DELETES header line. prefix must be that of the partition of
 -- lru_key and part, so that every key deleted has their hash tag and is in
--- their Redis Cluster slot. It returns the number of evictions and their counts by
--- cause.
+-- their Redis Cluster slot. It returns the number of evictions and their
+-- counts by cause.
 local function prune(lru_key, part, prefix, keep, idle_score, limits, count, bytes)
   local max_owners, max_bytes, budget = string.match(limits, '^(%d+):(%d+):(%d+)$')
   max_owners, max_bytes, budget = max_owners + 0, max_bytes + 0, budget + 0

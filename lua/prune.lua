@@ -20,7 +20,6 @@
 -- equal to the eviction budget (ARGV[4]) means more may remain.
 
 local _, n = prune(KEYS[1], KEYS[2], ARGV[3], false,
-  pack_score(lru().clock(ARGV[1]) - tonumber(ARGV[2]), 0, 0),
-  ARGV[4],
+  lru().idle(ARGV[1], ARGV[2]), ARGV[4],
   redis.call('ZCARD', KEYS[1]), tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0'))
 return n

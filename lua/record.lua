@@ -56,7 +56,7 @@ if claim(KEYS[4], 'P', ARGV[3]) then
   return {'published', 0}
 end
 
-local score
+local change, score
 if old then
   -- the touch stays; the size and the published bit may change
   score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[6] + #ARGV[5])
@@ -67,19 +67,19 @@ if old then
 else
   -- a state whose entry has no score (neither s nor an LRU entry) is
   -- touched now
-  score = pack_score(lru().clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
+  change = lru()
+  score = pack_score(change.clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 local score_s = string.format('%d', score)
 redis.call('HSET', KEYS[1], 't', '-' .. ARGV[4], 'c', ARGV[5], 's', score_s)
-local change = lru()
+change = change or lru()
 local member = string.sub(KEYS[1], #KEYS[2])
 local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
 local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if count or db > 0 then
-  local ms = change.clock(ARGV[1])
   evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
-    pack_score(ms - ARGV[2], 0, 0), ARGV[7], count, bytes)
+    change.idle(ARGV[1], ARGV[2]), ARGV[7], count, bytes)
 end
 return {'published', evicted}

@@ -59,7 +59,8 @@ local st = redis.call('HMGET', KEYS[1], 't', 'c', 's')
 local raw = st[3] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 local now = redis.call('TIME')
 local sec, usec = now[1] + 0, now[2] + 0
--- The store's clock in milliseconds: ARGV[1], or this TIME when it is "0".
+-- The store's clock in milliseconds, as lru.lua's clock reads it: ARGV[1],
+-- or this TIME when it is "0".
 local ms = ARGV[1] == '0' and sec * 1000 + (usec - usec % 1000) / 1000 or ARGV[1] + 0
 local ttl = ARGV[2] + 0
 local old = raw and raw + 0
