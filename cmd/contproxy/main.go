@@ -329,7 +329,8 @@ func openStore(c config, metrics *prommetrics.Metrics) (_ *store.Store, _ redis.
 	// store's deadline, and a re-sent script answers as its first run.
 	timeout := c.opTimeout + 300*time.Millisecond
 	var client redis.UniversalClient
-	var ropts rueidis.ClientOption
+	// rueidisOptions reads the same target for -redis-client rueidis.
+	var rueidisOptions func() (rueidis.ClientOption, error)
 	switch {
 	case c.redisURL != "":
 		ro, err := redis.ParseURL(c.redisURL)
@@ -339,15 +340,15 @@ func openStore(c config, metrics *prommetrics.Metrics) (_ *store.Store, _ redis.
 		ro.ContextTimeoutEnabled, ro.MaxRetries = true, 1
 		ro.ReadTimeout, ro.WriteTimeout, ro.DialTimeout, ro.PoolTimeout = timeout, timeout, time.Second, c.opTimeout
 		client = redis.NewClient(ro)
-		if ropts, err = rueidis.ParseURL(c.redisURL); err != nil {
-			return nil, nil, nil, fmt.Errorf("-redis: %w", err)
-		}
+		rueidisOptions = func() (rueidis.ClientOption, error) { return rueidis.ParseURL(c.redisURL) }
 	case c.redisCluster != "":
 		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1,
 			ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: time.Second, PoolTimeout: c.opTimeout,
 		})
-		ropts = rueidis.ClientOption{InitAddress: strings.Split(c.redisCluster, ",")}
+		rueidisOptions = func() (rueidis.ClientOption, error) {
+			return rueidis.ClientOption{InitAddress: strings.Split(c.redisCluster, ",")}, nil
+		}
 	default:
 		st, err := store.NewMemory(opts)
 		return st, nil, func() {}, err
@@ -356,6 +357,11 @@ func openStore(c config, metrics *prommetrics.Metrics) (_ *store.Store, _ redis.
 	var st *store.Store
 	var err error
 	if c.redisClient == "rueidis" {
+		var ropts rueidis.ClientOption
+		if ropts, err = rueidisOptions(); err != nil {
+			closeStore()
+			return nil, nil, nil, fmt.Errorf("-redis for -redis-client rueidis: %w", err)
+		}
 		// The settings the README recommends for rueidis.
 		ropts.DisableCache, ropts.ConnWriteTimeout, ropts.Dialer.Timeout = true, timeout, time.Second
 		ropts.ClusterOption.ShardsRefreshInterval = time.Second

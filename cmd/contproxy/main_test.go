@@ -18,6 +18,7 @@ import (
 
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store/prommetrics"
 )
 
 // noEnv is an empty environment.
@@ -52,6 +53,25 @@ func TestBadFlagsAreRefused(t *testing.T) {
 	} {
 		_, err := parse(args, noEnv, io.Discard)
 		assert.Error(t, err, "%q", args)
+	}
+}
+
+// The store on go-redis reads -redis as go-redis does, whatever rueidis
+// would make of it: go-redis takes a bare number of seconds as a timeout,
+// rueidis refuses it.
+func TestRedisURLIsReadByTheChosenClient(t *testing.T) {
+	const url = "redis://127.0.0.1:1/0?dial_timeout=3"
+	for client, ok := range map[string]bool{"go-redis": true, "rueidis": false} {
+		c, err := parse([]string{"-fake-upstream", "-redis", url, "-redis-client", client}, noEnv, io.Discard)
+		require.NoError(t, err)
+		st, _, closeStore, err := openStore(c, prommetrics.New(prommetrics.Options{}))
+		if !ok {
+			assert.ErrorContains(t, err, "-redis for -redis-client rueidis", client)
+			continue
+		}
+		require.NoError(t, err, client)
+		assert.NotNil(t, st)
+		closeStore()
 	}
 }
 
