@@ -14,8 +14,9 @@ import (
 
 // serverModel checks a real server against the in-process model, both on
 // a clock the test moves: the store passes it to the scripts, which judge
-// idleness by it (Redis's own key expiry, on the wall clock, lies far
-// behind). The limits are high enough that evictions come from idleness
+// idleness by it. Redis's own key expiry runs on the wall clock, so the TTL
+// is an hour, which no case lasts, and the clock's steps are the default
+// ones scaled to it. The limits are high enough that evictions come from idleness
 // only (miniredis covers evictions by limit against the model in package
 // store).
 // Every store of the check shares one client: the check opens one store per
@@ -23,14 +24,14 @@ import (
 func serverModel(t *testing.T, newClient func(testing.TB) redis.UniversalClient) {
 	c := newClient(t)
 	storetest.CheckModel(t, storetest.ModelConfig{
-		Options: store.Options{Partitions: 2, TTL: 10 * time.Second, MaxOwners: 1000, MaxTotalBytes: 1 << 20},
+		Options: store.Options{Partitions: 2, TTL: time.Hour, MaxOwners: 1000, MaxTotalBytes: 1 << 20},
+		Steps:   []time.Duration{time.Millisecond, 18 * time.Minute, 36 * time.Minute, 2 * time.Hour},
 		Open: func(t *testing.T, opts store.Options) *store.Store {
 			redistest.CleanupNamespace(t, c, opts.Namespace)
 			s, err := store.NewRedis(c, opts)
 			require.NoError(t, err)
 			return s
 		},
-		Advance: func(time.Time, time.Duration) {},
 	})
 }
 

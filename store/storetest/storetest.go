@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -19,9 +20,10 @@ import (
 )
 
 // Opener returns a store for opts. Each test gives its own fresh
-// Options.Namespace, and may open several stores in it (as several replicas
-// would): stores opened with the same namespace must share their state. The
-// opener cleans the namespace up when t ends.
+// Options.Namespace (and an OpTimeout, see patientOpTimeout), and may open
+// several stores in it (as several replicas would): stores opened with the
+// same namespace must share their state. The opener cleans the namespace up
+// when t ends.
 type Opener func(t *testing.T, opts store.Options) *store.Store
 
 // Run runs every conformance test against the stores open returns.
@@ -31,9 +33,23 @@ func Run(t *testing.T, open Opener) {
 			ns := namespace()
 			c.run(t, func(t *testing.T, opts store.Options) *store.Store {
 				opts.Namespace = ns
+				patient(&opts)
 				return open(t, opts)
 			})
 		})
+	}
+}
+
+// patientOpTimeout is the OpTimeout of the stores under test when their
+// options give none. The conformance cases check outcomes, not latency, and
+// on a loaded machine a call to a real server may take longer than the
+// default 200ms, which would turn it into ReasonStoreUnavailable.
+const patientOpTimeout = 30 * time.Second
+
+// patient sets opts.OpTimeout to patientOpTimeout unless it is set.
+func patient(opts *store.Options) {
+	if opts.OpTimeout == 0 {
+		opts.OpTimeout = patientOpTimeout
 	}
 }
 
