@@ -424,23 +424,30 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 	l.Phase("before")
 	l.Start(faultWorkers)
 	time.Sleep(time.Second)
+	byAddr[victim].Kill() // returns once the process is gone
 	killed := time.Now()
-	byAddr[victim].Kill()
 	l.Phase("killed")
 
-	// The promotion: the replica says it is a master serving slots.
+	// The promotion: the replica says it is a master serving slots. Until
+	// the start of the last look that found it a replica (stillReplica), no
+	// server held the dead master's partitions.
 	var promoted time.Time
+	stillReplica := killed
 	for promoted.IsZero() {
 		if time.Since(killed) > 15*time.Second {
 			l.Stop()
 			l.Report()
 			t.Fatalf("%s was not promoted within 15s of its master's death", heir)
 		}
+		looked := time.Now()
 		if nodes, err := faultClusterNodes(ctx, heir); err == nil {
 			for _, n := range nodes {
 				if n.Is("myself") && n.Is("master") && n.Slots {
 					promoted = time.Now()
 				}
+			}
+			if promoted.IsZero() {
+				stillReplica = looked
 			}
 		}
 		if promoted.IsZero() {
@@ -458,10 +465,21 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 
 	// The dead master's partitions: failing between the kill and the
 	// promotion, each working again (a reservation that did not fail open,
-	// or a Record that succeeded) soon after the promotion.
-	killedTally := l.Tally("killed", "dead")
-	assert.Positive(t, killedTally.Turns)
-	assert.Equal(t, killedTally.Turns, killedTally.FailOpen, "owners on the dead master fail open until the promotion")
+	// or a Record that succeeded) soon after the promotion. The promotion
+	// happened between stillReplica and promoted, so only reservations
+	// that ended before stillReplica must all have failed.
+	var whileDown, servedWhileDown int
+	for _, c := range calls.all() {
+		if c.op == store.OpReserve && group(c.owner) == "dead" && c.start.After(killed) && c.end.Before(stillReplica) {
+			whileDown++
+			if !c.failed {
+				servedWhileDown++
+			}
+		}
+	}
+	assert.Positive(t, whileDown, "reservations on the dead master's partitions while no server held them")
+	assert.Zero(t, servedWhileDown, "of %d reservations on the dead master's partitions while no server held them, %d did not fail open",
+		whileDown, servedWhileDown)
 	back := map[int]time.Duration{}
 	var lastBack time.Duration
 	for _, c := range calls.all() {

@@ -28,10 +28,13 @@ import (
 const (
 	faultOpTimeout = 100 * time.Millisecond
 	faultCooldown  = 300 * time.Millisecond
-	faultSlack     = 2 * faultOpTimeout
-	faultBound     = faultOpTimeout + faultSlack
 	faultWorkers   = 8
 )
+
+// faultBound is the longest a Reserve of a store with OpTimeout opTimeout
+// may take beyond what the whole process stalled meanwhile: the OpTimeout
+// and twice as much again of slack for a loaded machine under -race.
+func faultBound(opTimeout time.Duration) time.Duration { return 3 * opTimeout }
 
 // faultOptions returns the store options of the fault tests.
 func faultOptions(ns string) store.Options {
@@ -189,7 +192,7 @@ type faultTally struct {
 	Turns, Continued, Ambiguous, FailOpen, BreakerOpen, Missed int64
 	Records, Published, RecordErrs                             int64
 	MaxReserve, MaxRecord                                      time.Duration
-	Slow                                                       int64         // over faultBound, not explained by a stall
+	Slow                                                       int64         // over the load's bound, not explained by a stall
 	FirstContinued                                             time.Duration // since the phase began; -1: none
 	Reasons                                                    map[store.Reason]int64
 }
@@ -223,7 +226,8 @@ type faultLoad struct {
 	owners []*faultOwner
 	seed   uint64
 
-	lag *faultLag
+	lag   *faultLag
+	bound time.Duration // faultBound of the stores' OpTimeout
 
 	mu         sync.Mutex
 	phases     []string
@@ -241,6 +245,9 @@ type faultLoad struct {
 // each owner's group for the tallies.
 func newFaultLoad(t testing.TB, stores []*store.Store, n int, group func(identity.Owner) string) *faultLoad {
 	l := &faultLoad{t: t, stores: stores, seed: rand.Uint64(), tallies: map[[2]string]*faultTally{}}
+	for _, s := range stores {
+		l.bound = max(l.bound, faultBound(s.Options().OpTimeout))
+	}
 	for i := range n {
 		var id identity.Owner
 		var err error
@@ -393,7 +400,7 @@ func (l *faultLoad) AssertSound() {
 	for k, c := range l.tallies {
 		if c.Slow > 0 {
 			l.t.Errorf("phase %s group %q: %d Reserve calls over %v that no stall of the process explains; the slowest took %v",
-				k[0], k[1], c.Slow, faultBound, c.MaxReserve)
+				k[0], k[1], c.Slow, l.bound, c.MaxReserve)
 		}
 	}
 }
@@ -512,9 +519,9 @@ func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *stor
 	var continued, ambiguous, failOpen, breakerOpen, missed bool
 	took := end.Sub(start)
 	slow := false
-	if took > faultBound {
+	if took > l.bound {
 		stall := l.lag.Stall(start, end)
-		slow = took-stall > faultBound
+		slow = took-stall > l.bound
 		l.mu.Lock()
 		if len(l.slow) < 10 {
 			l.slow = append(l.slow, fmt.Sprintf("Reserve of %s took %v (process stalled %v meanwhile) in phase %s, %v after it began: reason %q, err %v",
@@ -628,6 +635,9 @@ func faultCandNames(m map[string]faultCandidate) []string {
 // delays every call whatever the store does.
 type faultLag struct {
 	mu      sync.Mutex
+	woke    *sync.Cond // broadcast each time the monitor wakes or stops
+	awake   time.Time  // the monitor's last wake-up
+	stopped bool
 	stalls  []faultStall
 	longest time.Duration
 }
@@ -638,28 +648,41 @@ type faultStall struct {
 
 func startFaultLag(ctx context.Context) *faultLag {
 	m := &faultLag{}
+	m.woke = sync.NewCond(&m.mu)
 	const tick = 2 * time.Millisecond
 	go func() {
+		defer func() {
+			m.mu.Lock()
+			m.stopped = true
+			m.mu.Unlock()
+			m.woke.Broadcast()
+		}()
 		for ctx.Err() == nil {
 			t0 := time.Now()
 			time.Sleep(tick)
 			t1 := time.Now()
+			m.mu.Lock()
 			if late := t1.Sub(t0) - tick; late > 5*time.Millisecond {
-				m.mu.Lock()
 				m.stalls = append(m.stalls, faultStall{from: t0.Add(tick), to: t1})
 				m.longest = max(m.longest, late)
-				m.mu.Unlock()
 			}
+			m.awake = t1
+			m.mu.Unlock()
+			m.woke.Broadcast()
 		}
 	}()
 	return m
 }
 
 // Stall returns how long, within [from, to], the monitor was kept from
-// running.
+// running. It first waits for the monitor to wake after to: a call that
+// ends as a stall ends may run before the monitor does and records it.
 func (m *faultLag) Stall(from, to time.Time) time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	for !m.stopped && !m.awake.After(to) {
+		m.woke.Wait()
+	}
 	var sum time.Duration
 	for _, s := range m.stalls {
 		a, b := s.from, s.to
