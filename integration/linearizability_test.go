@@ -28,8 +28,9 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// linCheckTimeout bounds one porcupine check.
-const linCheckTimeout = 30 * time.Second
+// linCheckTimeout bounds one porcupine check: seconds on a quiet machine,
+// far more on a loaded one under -race.
+const linCheckTimeout = 3 * time.Minute
 
 // linOp names an operation of the histories.
 type linOp int
