@@ -119,14 +119,14 @@ func faultToxiproxyCase(t *testing.T, upstream *faultServer, inject func(t *test
 	l := newFaultLoad(t, stores, 32, nil)
 	l.Phase("before")
 	l.Start(faultWorkers)
-	time.Sleep(faultBefore)
+	l.Await(faultBefore)
 	heal := inject(t, p)
 	l.Phase("faulted")
 	time.Sleep(faultDuring)
 	heal()
 	healed := time.Now()
 	l.Phase("after")
-	time.Sleep(faultAfter)
+	l.Await(faultAfter)
 	l.Stop()
 	l.Report()
 	l.AssertSound()
@@ -184,7 +184,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	l := newFaultLoad(t, stores, 32, nil)
 	l.Phase("before")
 	l.Start(faultWorkers)
-	time.Sleep(time.Second)
+	l.Await(time.Second)
 	srv.Kill()
 	l.Phase("down")
 	time.Sleep(time.Second)
@@ -192,7 +192,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	srv.Restart()
 	healed := time.Now()
 	l.Phase("restarted")
-	time.Sleep(2 * time.Second)
+	l.Await(2 * time.Second)
 	l.Stop()
 	l.Report()
 	l.AssertSound()
@@ -261,10 +261,10 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 
 	l.Phase("before")
 	l.Start(faultWorkers)
-	time.Sleep(time.Second)
+	l.Await(time.Second, "dead", "alive")
 	byAddr[victim].Kill()
 	l.Phase("killed")
-	time.Sleep(2500 * time.Millisecond)
+	l.Await(2500*time.Millisecond, "alive")
 	l.Stop()
 	l.Report()
 	l.AssertSound()
@@ -391,11 +391,13 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 	}
 	require.NotEmpty(t, heir, "no replica of %s in %+v", victim, topology)
 	group := onMaster(masterOf, victim, partitions)
-	// The default OpTimeout rather than the other fault tests' 100 ms: this
-	// test counts every timeout on the healthy masters as a failure.
+	// A second rather than the other fault tests' 100 ms: this test counts
+	// every timeout on the healthy masters as a failure, and a loaded
+	// machine may keep a server from running for a few hundred
+	// milliseconds (on a quiet one, no call to a healthy master takes 15 ms).
 	opts := faultOptions(ns)
 	opts.Partitions = partitions
-	opts.OpTimeout = 2 * faultOpTimeout
+	opts.OpTimeout = 10 * faultOpTimeout
 	calls := &faultCallLog{}
 	stores := make([]*store.Store, 2)
 	observers := make([]*faultObserver, len(stores))
@@ -403,7 +405,7 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 		o := opts
 		o.Replica = fmt.Sprintf("gw-%c", 'a'+i)
 		observers[i] = &faultObserver{}
-		o.Observer = store.MultiObserver(observers[i], calls)
+		o.Observer = store.MultiObserver(calls, observers[i]) // calls first: it reads the clock
 		stores[i], err = client(t, addrs)(o)
 		require.NoError(t, err)
 	}
@@ -423,7 +425,7 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 
 	l.Phase("before")
 	l.Start(faultWorkers)
-	time.Sleep(time.Second)
+	l.Await(time.Second, "dead", "alive")
 	byAddr[victim].Kill() // returns once the process is gone
 	killed := time.Now()
 	l.Phase("killed")
@@ -457,7 +459,7 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 	l.Phase("promoted")
 	time.Sleep(faultFailoverBound)
 	l.Phase("after")
-	time.Sleep(time.Second)
+	l.Await(time.Second, "dead", "alive")
 	l.Stop()
 	l.Report()
 	l.AssertSound()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -237,8 +238,8 @@ type faultLoad struct {
 	nViolated  int
 	slow       []string
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel, stopLag context.CancelFunc
+	wg              sync.WaitGroup
 }
 
 // newFaultLoad makes n owners (main threads and sub-agents); group names
@@ -273,7 +274,8 @@ func (l *faultLoad) Start(workers int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	l.cancel = cancel
 	l.t.Logf("load seed %d", l.seed)
-	l.lag = startFaultLag(ctx)
+	lagCtx, stopLag := context.WithCancel(context.Background())
+	l.lag, l.stopLag = startFaultLag(lagCtx), stopLag
 	for w := range workers {
 		l.wg.Add(1)
 		go func() {
@@ -294,10 +296,12 @@ func (l *faultLoad) Start(workers int) {
 	}
 }
 
-// Stop ends the workers and waits for their last turns.
+// Stop ends the workers and waits for their last turns, then stops the lag
+// monitor, which watches until the last turn has ended.
 func (l *faultLoad) Stop() {
 	l.cancel()
 	l.wg.Wait()
+	l.stopLag()
 }
 
 // Phase starts a new phase. A turn counts in the phase it began and ended
@@ -307,6 +311,29 @@ func (l *faultLoad) Phase(name string) {
 	defer l.mu.Unlock()
 	l.phases = append(l.phases, name)
 	l.phaseStart = append(l.phaseStart, time.Now())
+}
+
+// faultAwaitMax bounds how much longer than asked Await lets a phase run.
+const faultAwaitMax = 30 * time.Second
+
+// Await lets the current phase run for d, then on until some turn of each
+// of groups (all owners when none are named) has continued in it, for at
+// most faultAwaitMax more: on a loaded machine a phase may need longer
+// than d to show what it must. The assertions that follow say whether it
+// did.
+func (l *faultLoad) Await(d time.Duration, groups ...string) {
+	time.Sleep(d)
+	l.mu.Lock()
+	phase := l.phases[len(l.phases)-1]
+	l.mu.Unlock()
+	if len(groups) == 0 {
+		groups = []string{""}
+	}
+	for deadline := time.Now().Add(faultAwaitMax); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !slices.ContainsFunc(groups, func(g string) bool { return l.Tally(phase, g).Continued == 0 }) {
+			return
+		}
+	}
 }
 
 // current returns the index of the current phase.
@@ -388,7 +415,7 @@ func (l *faultLoad) Report() {
 }
 
 // AssertSound fails the test on any violation of the oracle and on any
-// Reserve slower than faultBound beyond what the whole process stalled
+// Reserve slower than the load's bound beyond what the whole process stalled
 // meanwhile.
 func (l *faultLoad) AssertSound() {
 	l.t.Helper()
