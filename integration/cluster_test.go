@@ -22,7 +22,9 @@ import (
 // The default namespace's partitions spread over every master of the
 // 3-master cluster, so load spreads too: a store with the default options
 // reserves a turn in each partition, and every master holds the keys of at
-// least two of them.
+// least two of them. It writes and then deletes the default namespace, so it
+// runs on the throwaway cluster of scripts/redis-env.sh, which nothing else
+// uses with the default namespace.
 func TestDefaultPartitionsLandOnEveryMaster(t *testing.T) {
 	c := redistest.Cluster(t)
 	ctx := context.Background()

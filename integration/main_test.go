@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// TestMain bounds the property tests' run time on real servers, where time
-// steps are real sleeps: 25 random histories per test unless -rapid.checks
+// TestMain bounds the property tests' run time on real servers, where every
+// step is a round trip: 25 random histories per test unless -rapid.checks
 // says otherwise.
 func TestMain(m *testing.M) {
 	flag.Parse()

@@ -15,10 +15,10 @@ import (
 // serverModel checks a real server against the in-process model, both on
 // a clock the test moves: the store passes it to the scripts, which judge
 // idleness by it. Redis's own key expiry runs on the wall clock, so the TTL
-// is an hour, which no case lasts, and the clock's steps are the default
-// ones scaled to it. The limits are high enough that evictions come from idleness
-// only (miniredis covers evictions by limit against the model in package
-// store).
+// is an hour, which no case lasts, and the clock's steps keep the default
+// ones' proportions to the TTL (a millisecond, 0.3, 0.6 and 2 TTLs). The
+// limits are high enough that evictions come from idleness only (miniredis
+// covers evictions by limit against the model in package store).
 // Every store of the check shares one client: the check opens one store per
 // case, hundreds when it shrinks a failure.
 func serverModel(t *testing.T, newClient func(testing.TB) redis.UniversalClient) {

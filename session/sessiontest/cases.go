@@ -207,12 +207,15 @@ func testConcurrentWritersLoseNoUpdate(t *testing.T, open Opener) {
 }
 
 // The Redis stores expire sessions with Redis's key TTL, on the server's
-// clock, so this case waits on the wall clock. A loaded machine may hold it
-// past the TTL between the save and the load that must find the session:
-// it then starts again with a fresh session, and fails only when the load
-// missed a session saved less than the TTL ago.
+// clock, so this case runs on the wall clock, with bounds loose enough for
+// a loaded machine and for miniredis, whose clock moves in steps of up to a
+// quarter second (a key may expire that much early or late). A session
+// must be found by a load that comes less than half the TTL after its save
+// began; when the machine held the load past that, the case starts again
+// with a fresh session. The session must then be gone within three TTLs of
+// its save.
 func testIdleSessionExpires(t *testing.T, open Opener) {
-	const ttl, attempts = 300 * time.Millisecond, 10
+	const ttl, attempts = time.Second, 5
 	st := open(t, session.StoreOptions{TTL: ttl})
 	var s *session.Session
 	var saved time.Time // when the last Save returned
@@ -226,12 +229,19 @@ func testIdleSessionExpires(t *testing.T, open Opener) {
 		if err == nil {
 			break
 		}
-		require.GreaterOrEqual(t, time.Since(before), ttl, "a session saved %v ago is gone: %v", time.Since(before), err)
-		require.Less(t, attempt, attempts, "every load came a TTL or more after its save")
+		require.ErrorIs(t, err, session.ErrNotFound)
+		require.GreaterOrEqual(t, time.Since(before), ttl/2, "a session saved %v ago is gone", time.Since(before))
+		require.Less(t, attempt, attempts, "every load came half a TTL or more after its save")
 	}
-	time.Sleep(2*ttl - time.Since(saved))
-	_, err := st.Load(ctx, s.ID)
-	assert.ErrorIs(t, err, session.ErrNotFound)
+	for {
+		_, err := st.Load(ctx, s.ID)
+		if errors.Is(err, session.ErrNotFound) {
+			return
+		}
+		require.NoError(t, err)
+		require.Less(t, time.Since(saved), 3*ttl, "the session is still there %v after its save, with a TTL of %v", time.Since(saved), ttl)
+		time.Sleep(ttl / 20)
+	}
 }
 
 func testPersistAcknowledgesOnlyAfterTheDurableWrite(t *testing.T, open Opener) {
