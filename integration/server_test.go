@@ -55,6 +55,23 @@ func cpuOnline(cpu int) bool {
 
 func startPrivateServer(t testing.TB, cpu int) *redis.Client {
 	t.Helper()
+	const attempts = 5
+	for range attempts {
+		if c := tryPrivateServer(t, cpu); c != nil {
+			return c
+		}
+	}
+	t.Fatalf("redis-server did not start on a free port in %d attempts", attempts)
+	return nil
+}
+
+// tryPrivateServer starts redis-server on a port that was free a moment
+// before, and returns a client of it, or nil when the server exited (the
+// port was taken meanwhile). The server that answers must be the one
+// started here: its process id is checked, so that a test never runs on
+// somebody else's server.
+func tryPrivateServer(t testing.TB, cpu int) *redis.Client {
+	t.Helper()
 	bin := redistest.ServerBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,17 +94,29 @@ func startPrivateServer(t testing.TB, cpu int) *redis.Client {
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
 	t.Cleanup(func() { _ = c.Close() })
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
+	ours := "process_id:" + strconv.Itoa(cmd.Process.Pid) // taskset execs redis-server: same pid
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-exited:
+			return nil
+		default:
+		}
+		if info, err := c.Info(context.Background(), "server").Result(); err == nil {
+			if !strings.Contains(info, ours+"\r\n") {
+				_ = cmd.Process.Kill()
+				return nil // another server holds the port
+			}
+			return c
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("redis-server on port %d did not answer within 10s", port)
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	return c
 }
 
 // commandStats returns INFO commandstats as command → (calls, usec_per_call).
