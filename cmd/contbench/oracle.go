@@ -146,16 +146,18 @@ var violationKinds = map[store.Reason]string{
 func promptID(gen int) string { return strconv.Itoa(gen) }
 
 // checkSuperseded checks the reservation of the second of two concurrent
-// requests of o, made while the first one's turn was current: it must say
-// so (or find no state, if the owner was evicted meanwhile).
+// requests of o, made while the first one's turn was current: the rule's
+// decision for a live owner with nothing published (or no state, if the
+// owner was evicted meanwhile).
 func (c *oracle) checkSuperseded(o *owner, rep *replica, res *store.Reservation) {
+	want := rule.Reserve(rule.Prior[json.RawMessage]{Live: true}, rule.Request[json.RawMessage]{})
 	switch res.Reason {
-	case store.ReasonSupersededTurn, store.ReasonMissingState, store.ReasonStoreUnavailable,
+	case want.Reason, store.ReasonMissingState, store.ReasonStoreUnavailable,
 		store.ReasonNone: // a continuation, which checkReserve judges
 		return
 	}
 	v := c.violation(o, rep, "concurrent turn not superseded")
-	v.Expected, v.Got = string(store.ReasonSupersededTurn), string(res.Reason)
+	v.Expected, v.Got = string(want.Reason), string(res.Reason)
 	c.report(v)
 }
 
