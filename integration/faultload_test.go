@@ -314,7 +314,7 @@ func (l *faultLoad) Phase(name string) {
 }
 
 // faultAwaitMax bounds how much longer than asked Await lets a phase run.
-const faultAwaitMax = 30 * time.Second
+const faultAwaitMax = 10 * time.Second
 
 // Await lets the current phase run for d, then on until some turn of each
 // of groups (all owners when none are named) has continued in it, for at
@@ -334,6 +334,7 @@ func (l *faultLoad) Await(d time.Duration, groups ...string) {
 			return
 		}
 	}
+	l.t.Logf("phase %s: owners of %q have not continued %v after it began", phase, groups, d+faultAwaitMax)
 }
 
 // current returns the index of the current phase.

@@ -103,13 +103,17 @@ func tryPrivateServer(t testing.TB, cpu int) *redis.Client {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		select {
 		case <-exited:
+			t.Logf("redis-server on port %d exited at once (the port was taken?); starting again", port)
+			_ = c.Close()
 			return nil
 		default:
 		}
 		if info, err := c.Info(context.Background(), "server").Result(); err == nil {
 			if !strings.Contains(info, ours+"\r\n") {
+				t.Logf("another server (not %s) answers on port %d; starting again", ours, port)
 				_ = cmd.Process.Kill()
-				return nil // another server holds the port
+				_ = c.Close()
+				return nil
 			}
 			return c
 		}
