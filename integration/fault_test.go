@@ -523,20 +523,29 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 	// throughout, and on the dead master's partitions once back. A call
 	// that timed out while this whole process was kept from running for a
 	// quarter of the OpTimeout or more is only logged: it says nothing of
-	// Redis or of the store.
+	// Redis or of the store. So are the refusals of a breaker that such
+	// timeouts may have opened: on the same partition, within a cooldown and
+	// an OpTimeout of the last of them.
 	failures := map[string]int{}
+	excused := map[int]time.Time{} // partition → end of its last timeout a stall explains
 	for _, c := range calls.all() {
 		if !c.failed {
 			continue
 		}
 		p, g := c.owner.Partition(partitions), group(c.owner)
-		if g == "dead" && !c.start.After(promoted.Add(faultFailoverBound)) {
-			continue
-		}
 		if stall := l.lag.Stall(c.start, c.end); errors.Is(c.err, context.DeadlineExceeded) && stall >= opts.OpTimeout/4 {
+			excused[p] = c.end
 			t.Logf("%s owner %s, partition %d: %s timed out %v after the kill while the process stalled %v of its %v: not counted",
 				g, c.owner.Key(), p, c.op, c.end.Sub(killed).Round(time.Millisecond), stall.Round(time.Millisecond),
 				c.end.Sub(c.start).Round(time.Millisecond))
+			continue
+		}
+		if g == "dead" && !c.start.After(promoted.Add(faultFailoverBound)) {
+			continue
+		}
+		if last, ok := excused[p]; ok && errors.Is(c.err, store.ErrBreakerOpen) && c.start.Sub(last) <= opts.BreakerCooldown+opts.OpTimeout {
+			t.Logf("%s owner %s, partition %d: %s refused by a breaker %v after a timeout a stall explains: not counted",
+				g, c.owner.Key(), p, c.op, c.start.Sub(last).Round(time.Millisecond))
 			continue
 		}
 		failures[g]++

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,7 +17,9 @@ import (
 func TestEachOperationIsOneCommand(t *testing.T) {
 	c := privateServer(t)
 	ctx := context.Background()
-	s, err := store.NewRedis(c, store.Options{Namespace: "rt"})
+	// A patient OpTimeout: a warm-up call that timed out on a loaded machine
+	// would leave its script unloaded, and a later operation would send it.
+	s, err := store.NewRedis(c, store.Options{Namespace: "rt", OpTimeout: 30 * time.Second})
 	require.NoError(t, err)
 	owner, err := identity.Main("session-rt")
 	require.NoError(t, err)
@@ -25,6 +28,7 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 
 	// Warm up: the first call of each script loads it (NOSCRIPT, then EVAL).
 	res := s.Reserve(ctx, owner, r)
+	require.NoError(t, res.Err)
 	_, err = s.Record(ctx, res, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
 	require.NoError(t, err)
 	_, err = s.Abort(ctx, res)
