@@ -256,9 +256,22 @@ func TestBreakerChangesArriveInOrder(t *testing.T) {
 	s, err := store.NewRedis(c, store.Options{Partitions: 1, BreakerFailures: 1, BreakerCooldown: time.Nanosecond, Observer: obs})
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	// The run lasts until the observer has seen 50 changes (a loaded machine
+	// needs longer than a quiet one), 30 s at most.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			obs.mu.Lock()
+			enough := obs.changes >= 50
+			obs.mu.Unlock()
+			if enough {
+				cancel()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
 	wg.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
 			if i%2 == 0 {

@@ -419,7 +419,7 @@ func TestClusterRefresherReloadsWithoutBlocking(t *testing.T) {
 	start := time.Now()
 	r.observe(io.EOF)
 	took := time.Since(start)
-	assert.Less(t, took, time.Second, "observe waited for the reload")
+	assert.Less(t, took, 2500*time.Millisecond, "observe waited for the reload (5 s)") // a loaded machine stalls up to ~1 s
 	require.Eventually(t, func() bool { return slots() == 2 }, 5*time.Second, 5*time.Millisecond)
 	assert.EqualValues(t, 2, r.reloads.Load())
 }
