@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -28,7 +27,7 @@ import (
 func TestDefaultPartitionsLandOnEveryMaster(t *testing.T) {
 	c := redistest.Cluster(t)
 	ctx := context.Background()
-	s, err := store.NewRedis(c, store.Options{OpTimeout: 30 * time.Second})
+	s, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout})
 	require.NoError(t, err)
 	ns, partitions := s.Options().Namespace, s.Options().Partitions
 	redistest.CleanupNamespace(t, c, ns+":")

@@ -3,12 +3,12 @@ package integration
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -19,7 +19,7 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 	ctx := context.Background()
 	// A patient OpTimeout: a warm-up call that timed out on a loaded machine
 	// would leave its script unloaded, and a later operation would send it.
-	s, err := store.NewRedis(c, store.Options{Namespace: "rt", OpTimeout: 30 * time.Second})
+	s, err := store.NewRedis(c, store.Options{Namespace: "rt", OpTimeout: redistest.PatientOpTimeout})
 	require.NoError(t, err)
 	owner, err := identity.Main("session-rt")
 	require.NoError(t, err)

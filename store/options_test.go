@@ -64,22 +64,17 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, fingerprint.V2().Name, o.Profile.Name)
 }
 
-// patientOpTimeout is the OpTimeout of the stores whose schema check must
-// finish as they open: on a loaded machine it may take longer than the
-// default 200 ms, and a check cut short refuses nothing.
-const patientOpTimeout = 30 * time.Second
-
 func TestPartitionCountIsFixedPerNamespace(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
-	_, err := store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "fixed"})
+	_, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fixed"})
 	require.NoError(t, err)
-	_, err = store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "fixed", Partitions: 16})
+	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fixed", Partitions: 16})
 	require.NoError(t, err, "the same count opens")
-	_, err = store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "fixed", Partitions: 8})
+	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fixed", Partitions: 8})
 	require.ErrorIs(t, err, store.ErrSchemaMismatch)
 	assert.Contains(t, err.Error(), "16 partitions")
 	assert.Contains(t, err.Error(), "8 partitions")
-	_, err = store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "other", Partitions: 8})
+	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "other", Partitions: 8})
 	require.NoError(t, err, "another namespace is free")
 	assert.Equal(t, "16", mr.HGet("fixed:{fixed}:meta", "partitions"))
 }
@@ -89,13 +84,13 @@ func TestPartitionCountIsFixedPerNamespace(t *testing.T) {
 // the namespace recorded first.
 func TestProfileAndKeyAreFixedPerNamespace(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
-	a, err := store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "fp"})
+	a, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fp"})
 	require.NoError(t, err)
 	key := mr.HGet("fp:{fp}:meta", "key")
 	assert.Len(t, key, 64)
 	assert.Equal(t, fingerprint.V2().ID(), mr.HGet("fp:{fp}:meta", "profile"))
 
-	b, err := store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "fp"})
+	b, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fp"})
 	require.NoError(t, err)
 	body := []byte(`{"model":"m","input":["a",{"type":"x"}]}`)
 	ra, err := a.ParseRequest(body)
@@ -109,7 +104,7 @@ func TestProfileAndKeyAreFixedPerNamespace(t *testing.T) {
 	other := fingerprint.V2()
 	other.Name = "v2-site"
 	other.PromptMembers = append(other.PromptMembers, "background")
-	_, err = store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "fp", Profile: other})
+	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fp", Profile: other})
 	require.ErrorIs(t, err, store.ErrSchemaMismatch)
 	assert.Contains(t, err.Error(), "v2-site")
 
@@ -141,7 +136,7 @@ func TestUnreachableRedisFailsOpen(t *testing.T) {
 
 func TestSchemaIsCheckedOnceRedisAnswers(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
-	_, err := store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "late", Partitions: 4})
+	_, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "late", Partitions: 4})
 	require.NoError(t, err)
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	s, err := store.NewRedis(c, store.Options{Namespace: "late", Partitions: 2, OpTimeout: 50 * time.Millisecond})
@@ -161,7 +156,7 @@ func TestSchemaIsCheckedOnceRedisAnswers(t *testing.T) {
 // partition count is refused again.
 func TestSchemaIsRecordedAgainAfterDataLoss(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
-	s, err := store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "lost", Partitions: 4})
+	s, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "lost", Partitions: 4})
 	require.NoError(t, err)
 	mr.FlushAll()
 	owner, _ := identity.Main("s")
@@ -169,6 +164,6 @@ func TestSchemaIsRecordedAgainAfterDataLoss(t *testing.T) {
 		s.Reserve(context.Background(), owner, nil)
 		return mr.Exists("lost:{lost}:meta")
 	}, 10*time.Second, 50*time.Millisecond)
-	_, err = store.NewRedis(c, store.Options{OpTimeout: patientOpTimeout, Namespace: "lost", Partitions: 8})
+	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "lost", Partitions: 8})
 	assert.ErrorIs(t, err, store.ErrSchemaMismatch)
 }

@@ -28,15 +28,10 @@ func servers(t *testing.T, f func(t *testing.T, c redis.UniversalClient)) {
 	})
 }
 
-// patientOpTimeout is the OpTimeout of these tests' stores: they check
-// outcomes, and on a loaded machine a call may take longer than the default
-// 200 ms.
-const patientOpTimeout = 30 * time.Second
-
 func openRedis(t *testing.T, c redis.UniversalClient) (*Store, *redisBackend) {
 	ns := redistest.Namespace(t)
 	redistest.CleanupNamespace(t, c, ns)
-	s, err := NewRedis(c, Options{Namespace: ns, Partitions: 2, OpTimeout: patientOpTimeout})
+	s, err := NewRedis(c, Options{Namespace: ns, Partitions: 2, OpTimeout: redistest.PatientOpTimeout})
 	require.NoError(t, err)
 	return s, s.backend.(*redisBackend)
 }
@@ -97,7 +92,7 @@ func TestReserveOfAnIdleStateChecksNoByteLimit(t *testing.T) {
 		redistest.CleanupNamespace(t, c, ns)
 		const ttl = time.Minute
 		clock := redistest.NewClock(time.UnixMilli(time.Now().UnixMilli()))
-		roomy, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, Now: clock.Now, OpTimeout: patientOpTimeout})
+		roomy, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, Now: clock.Now, OpTimeout: redistest.PatientOpTimeout})
 		require.NoError(t, err)
 		r := testRequest(t, `{"input":["a"]}`)
 		owners := make([]identity.Owner, 5)
@@ -117,7 +112,7 @@ func TestReserveOfAnIdleStateChecksNoByteLimit(t *testing.T) {
 		before, err := roomy.Stats(ctx)
 		require.NoError(t, err)
 
-		tight, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, Now: clock.Now, MaxTotalBytes: before.Total.StoredBytes / 2, OpTimeout: patientOpTimeout})
+		tight, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, Now: clock.Now, MaxTotalBytes: before.Total.StoredBytes / 2, OpTimeout: redistest.PatientOpTimeout})
 		require.NoError(t, err)
 		res := tight.Reserve(ctx, owners[0], r)
 		require.NoError(t, res.Err)

@@ -64,6 +64,12 @@ const (
 // pingTimeout bounds the initial reachability check of a server.
 const pingTimeout = 5 * time.Second
 
+// PatientOpTimeout is the store OpTimeout of tests that check outcomes, not
+// latency: on a loaded machine a call to Redis may take longer than the
+// default 200 ms, which would turn it into ReasonStoreUnavailable (and a
+// schema check cut short as a store opens refuses nothing).
+const PatientOpTimeout = 30 * time.Second
+
 // cleanupTimeout bounds the key deletion done by CleanupNamespace.
 const cleanupTimeout = 30 * time.Second
 

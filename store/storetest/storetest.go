@@ -10,17 +10,17 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
 // Opener returns a store for opts. Each test gives its own fresh
-// Options.Namespace (and an OpTimeout, see patientOpTimeout), and may open
+// Options.Namespace (and an OpTimeout, see patient), and may open
 // several stores in it (as several replicas would): stores opened with the
 // same namespace must share their state. The opener cleans the namespace up
 // when t ends.
@@ -40,16 +40,11 @@ func Run(t *testing.T, open Opener) {
 	}
 }
 
-// patientOpTimeout is the OpTimeout of the stores under test when their
-// options give none. The conformance cases check outcomes, not latency, and
-// on a loaded machine a call to a real server may take longer than the
-// default 200ms, which would turn it into ReasonStoreUnavailable.
-const patientOpTimeout = 30 * time.Second
-
-// patient sets opts.OpTimeout to patientOpTimeout unless it is set.
+// patient sets opts.OpTimeout to redistest.PatientOpTimeout unless it is
+// set: the conformance cases check outcomes, not latency.
 func patient(opts *store.Options) {
 	if opts.OpTimeout == 0 {
-		opts.OpTimeout = patientOpTimeout
+		opts.OpTimeout = redistest.PatientOpTimeout
 	}
 }
 
