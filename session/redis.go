@@ -16,7 +16,7 @@ import (
 
 // redisStore keeps each session under its own hash tag "{<ns>:<id>}":
 //
-//	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count)
+//	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count); e (expiry on StoreOptions.Now)
 //	<ns>:{<ns>:<id>}:log   list  journal messages, oldest first
 //	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy (lua/oplog.lua)
 type redisStore struct {
@@ -56,7 +56,7 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return append(args, doc, 0, r.answerTTL()), nil
+		return append(args, doc, 0, r.answerTTL(), r.now()), nil
 	}
 	header := *s
 	header.Messages = nil
@@ -70,7 +70,7 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 		args[1] = "append"
 		from = len(s.saved)
 	}
-	args = append(args, doc, len(s.Messages), r.answerTTL())
+	args = append(args, doc, len(s.Messages), r.answerTTL(), r.now())
 	for _, m := range s.Messages[from:] {
 		b, err := compactMessage(m)
 		if err != nil {
@@ -97,6 +97,15 @@ func extends(msgs, saved []json.RawMessage) bool {
 
 // answerTTL is how long a save's answer stays, in milliseconds.
 func (r *redisStore) answerTTL() int64 { return lua.AnswerTTL(r.opts.OpTimeout).Milliseconds() }
+
+// now is the scripts' clock argument: StoreOptions.Now in milliseconds
+// since the Unix epoch, or "0" for the server's clock.
+func (r *redisStore) now() string {
+	if r.opts.Now == nil {
+		return "0"
+	}
+	return strconv.FormatInt(r.opts.Now().UnixMilli(), 10)
+}
 
 // save runs the save script on c; on success s.Version is the new version.
 func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) error {
@@ -192,7 +201,7 @@ func (r *redisStore) Load(ctx context.Context, id string) (*Session, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout)
 	defer cancel()
-	reply, err := lua.SessionLoad.Run(ctx, r.client, r.keys(id, "")).Slice()
+	reply, err := lua.SessionLoad.Run(ctx, r.client, r.keys(id, ""), r.now()).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("%w: load %q: %w", ErrUnavailable, id, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -150,6 +151,50 @@ func TestLostSaveReplyAnswersTheVersionWritten(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, uint64(3), got.Version, "the other writer's save stands")
 			assert.Len(t, got.Messages, 3)
+		})
+	}
+}
+
+// Without StoreOptions.Now, Redis expires a session with its keys' TTL on
+// the server's clock: every save sets head and log to the TTL (and a store
+// without one keeps them), and nothing stores an expiry of its own.
+func TestServerClockExpiresSessionsWithTheKeysTTL(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	const ttl = time.Hour
+	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ns := "ns-" + mode.String()
+			st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: ns, Mode: mode, TTL: ttl})
+			require.NoError(t, err)
+			s := session.New("m", "", "")
+			s.Messages = []json.RawMessage{json.RawMessage(`{"role":"user","content":"hi"}`)}
+			require.NoError(t, st.Save(ctx, s))
+			head := ns + ":{" + ns + ":" + s.ID + "}:head"
+			keys := []string{head}
+			if mode == session.Journal {
+				keys = append(keys, ns+":{"+ns+":"+s.ID+"}:log")
+			}
+			for _, k := range keys {
+				require.True(t, mr.Exists(k), k)
+				assert.Equal(t, ttl, mr.TTL(k), k)
+			}
+			assert.Empty(t, mr.HGet(head, "e"), "no expiry field")
+
+			mr.FastForward(ttl - time.Millisecond)
+			_, err = st.Load(ctx, s.ID)
+			require.NoError(t, err, "a millisecond before the TTL")
+			mr.FastForward(time.Millisecond)
+			_, err = st.Load(ctx, s.ID)
+			require.ErrorIs(t, err, session.ErrNotFound, "at the TTL")
+
+			forever, err := session.NewRedisStore(c, session.StoreOptions{Namespace: ns, Mode: mode})
+			require.NoError(t, err)
+			s.Version = 0
+			require.NoError(t, forever.Save(ctx, s))
+			for _, k := range keys {
+				require.True(t, mr.Exists(k), k)
+				assert.Zero(t, mr.TTL(k), "%s is kept", k)
+			}
 		})
 	}
 }

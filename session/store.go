@@ -70,6 +70,12 @@ type StoreOptions struct {
 	DurableTimeout time.Duration
 	// OpTimeout bounds each operation (besides the durable wait). Default 2s.
 	OpTimeout time.Duration
+	// Now, when set, is the clock a session's TTL runs on: a session not
+	// saved for TTL by this clock is gone (tests set it to move time).
+	// Unset, the Redis store leaves expiry to Redis's key TTL on the
+	// server's clock and the in-process store uses time.Now. Redis expires
+	// the keys after TTL on its own clock either way.
+	Now func() time.Time
 	// Observer, when set, sees every operation.
 	Observer Observer
 }
@@ -143,7 +149,6 @@ func decodeSession(id string, data []byte) (*Session, error) {
 // memoryStore keeps sessions in process, encoded as Redis would hold them.
 type memoryStore struct {
 	opts  StoreOptions
-	now   func() time.Time
 	mu    sync.Mutex
 	heads map[string]memoryHead
 }
@@ -162,12 +167,15 @@ func NewMemoryStore(opts StoreOptions) (Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return observe(&memoryStore{opts: opts, now: time.Now, heads: map[string]memoryHead{}}, opts.Observer), nil
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return observe(&memoryStore{opts: opts, heads: map[string]memoryHead{}}, opts.Observer), nil
 }
 
 func (m *memoryStore) head(id string) (memoryHead, bool) {
 	h, ok := m.heads[id]
-	if ok && !h.expires.IsZero() && m.now().After(h.expires) {
+	if ok && !h.expires.IsZero() && !m.opts.Now().Before(h.expires) {
 		delete(m.heads, id)
 		return memoryHead{}, false
 	}
@@ -193,7 +201,7 @@ func (m *memoryStore) Save(ctx context.Context, s *Session) error {
 	}
 	next := memoryHead{version: h.version + 1, data: data}
 	if m.opts.TTL > 0 {
-		next.expires = m.now().Add(m.opts.TTL)
+		next.expires = m.opts.Now().Add(m.opts.TTL)
 	}
 	m.heads[s.ID] = next
 	s.Version = next.version

@@ -174,6 +174,21 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 	j.Messages = append(j.Messages, msg(`{"role":"assistant","content":"Sunny."}`))
 	save("journal: the log was lost, so the append is refused and rewritten with the same op id", journal, j, "journal")
 	load("journal: load", journal, "journal-1")
+
+	clock := redistest.NewClock(time.Date(2025, 6, 1, 12, 0, 10, 0, time.UTC))
+	clocked, err := session.NewRedisStore(srv.C, session.StoreOptions{Namespace: "sess", TTL: time.Hour, Now: clock.Now})
+	require.NoError(t, err)
+	c := newSession("clocked-1")
+	save("own clock: a store that passes its clock writes the head's expiry e, its now plus the TTL", clocked, c, "snapshot")
+	clock.Add(time.Hour)
+	steps = append(steps, srv.Step("own clock: at e the head has expired, so a load finds none", "session_load", map[string]any{"session": "clocked-1"}, func() map[string]any {
+		_, err := clocked.Load(ctx, "clocked-1")
+		require.ErrorIs(t, err, session.ErrNotFound)
+		return map[string]any{"error": "not_found"}
+	}))
+	c.Messages = append(c.Messages, msg(`{"role":"user","content":"Late"}`))
+	save("own clock: the expired session's writer conflicts at version 0", clocked, c, "snapshot")
+	save("own clock: a new session under the id starts again at version 1", clocked, newSession("clocked-1"), "snapshot")
 	return steps
 }
 
