@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -42,7 +43,7 @@ func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.note(cmd)
+		h.noteGoRedis(cmd)
 		return next(ctx, cmd)
 	}
 }
@@ -50,15 +51,26 @@ func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			h.note(cmd)
+			h.noteGoRedis(cmd)
 		}
 		return next(ctx, cmds)
 	}
 }
 
-func (h *scriptCalls) note(cmd redis.Cmder) {
-	args := cmd.Args()
-	name := strings.ToLower(cmd.Name())
+func (h *scriptCalls) noteGoRedis(cmd redis.Cmder) {
+	args := make([]string, len(cmd.Args()))
+	for i, a := range cmd.Args() {
+		args[i] = fmt.Sprint(a)
+	}
+	h.note(args)
+}
+
+// note records args when it is a script call.
+func (h *scriptCalls) note(args []string) {
+	if len(args) == 0 {
+		return
+	}
+	name := strings.ToLower(args[0])
 	if name != "eval" && name != "evalsha" && name != "eval_ro" && name != "evalsha_ro" {
 		return
 	}
@@ -68,12 +80,12 @@ func (h *scriptCalls) note(cmd redis.Cmder) {
 		h.bad = append(h.bad, fmt.Sprint(args))
 		return
 	}
-	numkeys, err := strconv.Atoi(fmt.Sprint(args[2]))
+	numkeys, err := strconv.Atoi(args[2])
 	if err != nil || numkeys < 0 || 3+numkeys > len(args) {
 		h.bad = append(h.bad, fmt.Sprintf("%s with numkeys %v and %d arguments in all", name, args[2], len(args)))
 		return
 	}
-	sha := fmt.Sprint(args[1])
+	sha := args[1]
 	if !strings.HasPrefix(name, "evalsha") {
 		sum := sha1.Sum([]byte(sha)) // EVAL sends the script itself
 		sha = hex.EncodeToString(sum[:])
@@ -81,20 +93,63 @@ func (h *scriptCalls) note(cmd redis.Cmder) {
 	h.calls = append(h.calls, scriptCall{sha: sha, keys: numkeys, args: len(args) - 3 - numkeys})
 }
 
+// observedRueidis is a rueidis client whose commands a scriptCalls sees.
+type observedRueidis struct {
+	rueidis.Client
+	calls *scriptCalls
+}
+
+func (o observedRueidis) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	o.calls.note(cmd.Commands())
+	return o.Client.Do(ctx, cmd)
+}
+
+func (o observedRueidis) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	for _, cmd := range cmds {
+		o.calls.note(cmd.Commands())
+	}
+	return o.Client.DoMulti(ctx, cmds...)
+}
+
 // Every script is called by some operation of the stores, and every call
-// passes the key and argument counts its script's header declares.
+// passes the key and argument counts its script's header declares: through
+// go-redis (the continuation store and the session store) and through
+// rueidis (the continuation store).
 func TestScriptCallsMatchTheirHeaders(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	mr.SetTime(time.Now())
-	calls := &scriptCalls{}
-	c.AddHook(calls)
+	viaGoRedis := &scriptCalls{}
+	c.AddHook(viaGoRedis)
 	ctx := context.Background()
 
-	runStoreOperations(t, ctx, c)
+	s, err := store.NewRedis(c, store.Options{Namespace: "calls", Partitions: 2})
+	require.NoError(t, err)
+	runStoreOperations(t, ctx, s)
 	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
 		runSessionOperations(t, ctx, c, mode)
 	}
+	checkScriptCalls(t, viaGoRedis, lua.All())
 
+	viaRueidis := &scriptCalls{}
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{mr.Addr()}, DisableCache: true})
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+	s, err = store.NewRueidis(observedRueidis{rc, viaRueidis}, store.Options{Namespace: "calls-rueidis", Partitions: 2})
+	require.NoError(t, err)
+	runStoreOperations(t, ctx, s)
+	var owners []*lua.Script
+	for _, s := range lua.All() {
+		if !strings.HasPrefix(s.Name, "session_") {
+			owners = append(owners, s)
+		}
+	}
+	checkScriptCalls(t, viaRueidis, owners)
+}
+
+// checkScriptCalls fails unless every call calls is one of lua.All() with
+// the counts its header declares, and every script of want was called.
+func checkScriptCalls(t *testing.T, calls *scriptCalls, want []*lua.Script) {
+	t.Helper()
 	byHash := map[string]*lua.Script{}
 	for _, s := range lua.All() {
 		byHash[s.Hash()] = s
@@ -122,7 +177,7 @@ func TestScriptCallsMatchTheirHeaders(t *testing.T) {
 			n, len(calls.calls), len(wrong), strings.Join(wrong[:min(5, len(wrong))], "\n"))
 	}
 	var never []string
-	for _, s := range lua.All() {
+	for _, s := range want {
 		if called[s.Name] == 0 {
 			never = append(never, s.Name)
 		}
@@ -139,12 +194,10 @@ func declared(s *lua.Script) string {
 	return fmt.Sprintf("%d keys and %d args%s", s.Keys, s.Args, more)
 }
 
-// runStoreOperations runs every operation of a continuation store on c,
+// runStoreOperations runs every operation of the continuation store s,
 // each of them successfully.
-func runStoreOperations(t *testing.T, ctx context.Context, c redis.UniversalClient) {
+func runStoreOperations(t *testing.T, ctx context.Context, s *store.Store) {
 	t.Helper()
-	s, err := store.NewRedis(c, store.Options{Namespace: "calls", Partitions: 2})
-	require.NoError(t, err)
 	owner, err := identity.Main("calls")
 	require.NoError(t, err)
 	parse := func(items ...string) *fingerprint.Request {
