@@ -117,26 +117,34 @@ func BenchmarkStoreThroughput(b *testing.B) {
 				// it, as the machine's speed drifts within seconds.
 				const rounds = 3
 				var ceilings, stores, busy, ratios []float64
+				var stopped atomic.Int64
 				before := ceiling()
-				for range rounds {
+				for r := range rounds {
 					cpu := serverCPU(b, srv)
 					start := time.Now()
 					parallelFor(ops/2, callers, func(i int) {
 						o := owners[i%len(owners)]
+						// Passes over the owners alternate, across rounds,
+						// between a turn that continues and one that is not
+						// append-only (the same work for the scripts).
 						req := turn.Next
-						if (i/len(owners))%2 == 1 {
-							req = turn.Recorded // not append-only: the same work
+						if ((r*ops/2+i)/len(owners))%2 == 1 {
+							req = turn.Recorded
 						}
 						res := s.Reserve(ctx, o, req)
 						if res.Err != nil {
 							b.Error(res.Err)
 							return
 						}
+						if req == turn.Next && !res.Continues() {
+							stopped.Add(1)
+						}
 						if _, err := s.Record(ctx, res, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{ID: 1}}); err != nil {
 							b.Error(err)
 						}
 					})
 					took := time.Since(start).Seconds()
+					require.Zero(b, stopped.Load(), "turns that should have continued and did not, round %d", r+1)
 					busy = append(busy, (serverCPU(b, srv)-cpu)/took)
 					storeOps := float64(ops) / took
 					after := ceiling()
