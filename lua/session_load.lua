@@ -13,7 +13,8 @@
 --   [4] journal message count or nil  [5] array of the journal's messages
 
 local head = redis.call('HMGET', KEYS[1], 'v', 'd', 'h', 'n', 'e')
-if not head[1] or (head[5] and ARGV[1] ~= '0' and ARGV[1] + 0 >= head[5] + 0) then
+local now = ARGV[1] + 0
+if not head[1] or (head[5] and now > 0 and now >= head[5] + 0) then
   return {}
 end
 return {head[1], head[2], head[3], head[4], redis.call('LRANGE', KEYS[2], 0, -1)}

@@ -70,11 +70,12 @@ type StoreOptions struct {
 	DurableTimeout time.Duration
 	// OpTimeout bounds each operation (besides the durable wait). Default 2s.
 	OpTimeout time.Duration
-	// Now, when set, is the clock a session's TTL runs on: a session not
-	// saved for TTL by this clock is gone (tests set it to move time).
-	// Unset, the Redis store leaves expiry to Redis's key TTL on the
-	// server's clock and the in-process store uses time.Now. Redis expires
-	// the keys after TTL on its own clock either way.
+	// Now, when set, is the clock a session's TTL runs on, in whole
+	// milliseconds after the Unix epoch: a session not saved for TTL by
+	// this clock is gone (tests set it to move time). Unset, the Redis
+	// store leaves expiry to Redis's key TTL on the server's clock and the
+	// in-process store uses time.Now. Redis expires the keys after TTL on
+	// its own clock either way.
 	Now func() time.Time
 	// Observer, when set, sees every operation.
 	Observer Observer
@@ -173,9 +174,13 @@ func NewMemoryStore(opts StoreOptions) (Store, error) {
 	return observe(&memoryStore{opts: opts, heads: map[string]memoryHead{}}, opts.Observer), nil
 }
 
+// nowMilli reads the store's clock to the millisecond, as the Redis store
+// passes it to its scripts.
+func (m *memoryStore) nowMilli() time.Time { return time.UnixMilli(m.opts.Now().UnixMilli()) }
+
 func (m *memoryStore) head(id string) (memoryHead, bool) {
 	h, ok := m.heads[id]
-	if ok && !h.expires.IsZero() && !m.opts.Now().Before(h.expires) {
+	if ok && !h.expires.IsZero() && !m.nowMilli().Before(h.expires) {
 		delete(m.heads, id)
 		return memoryHead{}, false
 	}
@@ -201,7 +206,7 @@ func (m *memoryStore) Save(ctx context.Context, s *Session) error {
 	}
 	next := memoryHead{version: h.version + 1, data: data}
 	if m.opts.TTL > 0 {
-		next.expires = m.opts.Now().Add(m.opts.TTL)
+		next.expires = m.nowMilli().Add(m.opts.TTL)
 	}
 	m.heads[s.ID] = next
 	s.Version = next.version

@@ -249,13 +249,26 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 
 func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenario.Step) {
 	answered := map[string]any{} // answer key → the reply that published
-	resent := 0
+	resent, clocked := 0, 0
 	for _, st := range steps {
 		answers, pttls := map[string]any{}, map[string]int64{}
+		heads := map[string]map[string]any{}
 		for _, k := range st.State {
-			answers[k.Key], pttls[k.Key] = k.String, k.PTTL
+			answers[k.Key], pttls[k.Key], heads[k.Key] = k.String, k.PTTL, k.Hash
 		}
 		for _, call := range st.Calls {
+			if call.Script == "session_load" {
+				// A load on a clock of its own finds no head whose e has come.
+				args := vectorscenario.Strings(t, call.Args)
+				require.Len(t, args, 1, st.Name)
+				now, _ := strconv.ParseInt(args[0], 10, 64)
+				if es, ok := heads[call.Keys[0]]["e"].(string); ok && now > 0 {
+					clocked++
+					e, err := strconv.ParseInt(es, 10, 64)
+					require.NoError(t, err, st.Name)
+					assert.Equal(t, now >= e, len(call.Reply.([]any)) == 0, "%s: load at %d of a head expiring at %d", st.Name, now, e)
+				}
+			}
 			if call.Script != "session_save" {
 				continue
 			}
@@ -265,7 +278,7 @@ func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenari
 			op, ok := strings.CutPrefix(call.Keys[2], tag+"q:")
 			assert.True(t, ok && vectorscenario.OpIDPattern.MatchString(op), "%s: answer key %q", st.Name, call.Keys[2])
 			args := vectorscenario.Strings(t, call.Args)
-			require.GreaterOrEqual(t, len(args), 6, st.Name)
+			require.GreaterOrEqual(t, len(args), 7, st.Name)
 			answerTTL, err := strconv.ParseInt(args[5], 10, 64)
 			require.NoError(t, err, st.Name)
 			assert.GreaterOrEqual(t, answerTTL, minAnswerTTL, "%s: answer TTL", st.Name)
@@ -277,6 +290,14 @@ func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenari
 				answered[call.Keys[2]] = r
 				assert.Equal(t, r[1], answers[call.Keys[2]], "%s: answer", st.Name)
 				assert.LessOrEqual(t, pttls[call.Keys[2]], answerTTL, "%s: answer TTL", st.Name)
+				// A save on a clock of its own with a TTL writes e = now + TTL;
+				// any other deletes it.
+				var want any
+				if now, _ := strconv.ParseInt(args[6], 10, 64); now > 0 && args[2] != "0" {
+					ttl, _ := strconv.ParseInt(args[2], 10, 64)
+					want = strconv.FormatInt(now+ttl, 10)
+				}
+				assert.Equal(t, want, heads[call.Keys[0]]["e"], "%s: e", st.Name)
 			} else if !slices.ContainsFunc(st.Calls, func(o vectorscenario.Call) bool {
 				return slices.Equal(o.Keys, call.Keys) && o.Reply.([]any)[0] == "ok"
 			}) {
@@ -286,4 +307,5 @@ func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenari
 		}
 	}
 	assert.NotZero(t, resent, "a session save sent again")
+	assert.NotZero(t, clocked, "a load on a clock of its own")
 }
