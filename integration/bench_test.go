@@ -148,8 +148,8 @@ func BenchmarkStoreThroughput(b *testing.B) {
 					busy = append(busy, (serverCPU(b, srv)-cpu)/took)
 					storeOps := float64(ops) / took
 					after := ceiling()
-					ceilings, stores = append(ceilings, (before+after)/2), append(stores, storeOps)
-					ratios = append(ratios, storeOps/((before+after)/2))
+					around := (before + after) / 2
+					ceilings, stores, ratios = append(ceilings, around), append(stores, storeOps), append(ratios, storeOps/around)
 					before = after
 				}
 				b.ReportMetric(median(busy), "server-busy")
