@@ -108,7 +108,7 @@ func BenchmarkStoreThroughput(b *testing.B) {
 					return float64(ops) / time.Since(start).Seconds()
 				}
 
-				s, err := open(store.Options{Namespace: redistest.Namespace(b), MaxOwners: 20_000, OpTimeout: 5 * time.Second})
+				s, err := open(store.Options{Namespace: redistest.Namespace(b), MaxOwners: 20_000})
 				require.NoError(b, err)
 				turn := storetest.NewTurn(b, s, 32)
 				fill(b, s, owners, turn)

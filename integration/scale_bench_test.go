@@ -178,7 +178,7 @@ func BenchmarkTurnServerTime(b *testing.B) {
 			calls := min(n, 20_000)
 			for b.Loop() {
 				c := pinnedServer(b)
-				s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40, OpTimeout: 5 * time.Second, TTL: bc.ttl})
+				s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40, TTL: bc.ttl})
 				require.NoError(b, err)
 				turn := storetest.NewTurn(b, s, 32)
 				fill(b, s, owners, turn)

@@ -1,24 +1,32 @@
 -- abort.lua: remove an owner's state if a turn is still its current one.
 --
--- A re-sent abort that removed the state answers 1 again (oplog.lua).
+-- A run that finds the turn current is the call's first (a run that
+-- removed the state leaves none with this turn): it keeps the answers the
+-- state holds (oplog.lua) and its own, "A", in its answer key until its
+-- deadline, so that a copy answers 1 again.
 --
 -- uses: oplog, lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
 -- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
--- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
+-- WRITES   <ns>:{<ns>:<pp>}:q:<member>:<op>  string  the answer key of a call
+--          whose answer it moves out of the state (oplog.lua), not in KEYS:
+--          named by KEYS[1]'s partition prefix, the owner's LRU member and the
+--          op. Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of
+--          the keys above, so it is in their slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  how long the answer stays, milliseconds
+-- ARGV[3]  this call's op (oplog.lua): 9 bytes
 -- ARGV[4]  the aborting turn's sequence number, decimal
 --
 -- Reply: integer
 --   1  the turn was current: the owner's state is removed
 --   0  it was not (stale turn, or no live state): nothing changed
 
-local t = redis.call('HGET', KEYS[1], 't')
-local current = t and math.abs(tonumber(t)) == tonumber(ARGV[4])
+local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
+local current = st[1] and math.abs(tonumber(st[1])) == tonumber(ARGV[4])
 local change = current and lru()
 local old = current and redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 if old then
@@ -26,12 +34,14 @@ if old then
   current = old >= change.idle(ARGV[1], ARGV[2])
 end
 if not current then
-  -- not current: nothing changes, unless an earlier run of this abort
-  -- removed the state
-  if answered(KEYS[4]) then return 1 end
+  -- nothing changes, unless an earlier run of this abort removed the state
+  if redis.call('GET', KEYS[4]) then return 1 end
   return 0
 end
-if not claim(KEYS[4], 'A', ARGV[3]) then
-  change.remove(old)
-end
+local log = oplog()
+local server = log.now()
+if st[3] then spills().all(string.sub(KEYS[4], 1, #KEYS[4] - 18), st[3], st[1], st[2], server) end
+local due = deadline(ARGV[3], 6, server)
+if due > server then log.claim(4, 'A', due) end
+change.remove(old)
 return 1

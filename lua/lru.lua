@@ -17,10 +17,13 @@
 -- (reserve.lua says when), published is 1 when the
 -- state holds a continuation (c: the current turn's or, once a reserve
 -- consumed it, the one before), size is the state's stored-bytes estimate
--- (clamped below 4096). Scores stay below 2^53 until 2059. Ordering by score
--- is ordering by last touch. A state whose touch is older than the TTL is
--- gone, whether or not Redis has expired its key yet: the score still tells
--- the bytes and the continuation to give back.
+-- (clamped below 4096): the estimate the store sends for the state without
+-- its continuation, plus the length of c. Scores stay below 2^53 until
+-- 2059. Ordering by score is ordering by last touch. A state whose touch is
+-- older than the TTL is gone, whether or not Redis has expired its key yet:
+-- the score still tells the bytes and the continuation to give back. As the
+-- state's fields tell its entry's size and published bit, reserve and
+-- record read the entry only when they need its touch.
 --
 -- The owner scripts, whose KEYS[1] is the state and KEYS[2] the LRU, read
 -- the member from their keys: the prefix "<ns>:{<ns>:<pp>}:o:" is one byte
@@ -77,14 +80,15 @@ local function lru()
   end
 
   -- touch files member in the LRU at score (a number, and score_s the same
-  -- in decimal) in place of its entry old (a score, or nil for none). It
-  -- returns the change of the partition's stored bytes and published count,
-  -- and the LRU's size when the entry is new.
+  -- in decimal) in place of its entry old (a score, or nil for none; only
+  -- its size and published bit count). It returns the change of the
+  -- partition's stored bytes and published count, and the LRU's size when
+  -- the entry is new.
   local function touch(lru_key, member, old, score, score_s)
     local added = redis.call('ZADD', lru_key, score_s, member) == 1
     local bytes, published = unpack_score(score)
     if added or not old then
-      -- new, or lost while its state kept a copy of its score (s)
+      -- new, or lost while its state lived
       return bytes, published, redis.call('ZCARD', lru_key)
     end
     local b, p = unpack_score(old)
@@ -118,9 +122,10 @@ end
 -- keys are prefix followed by the member: keys not in KEYS, which a caller
 -- names in a DELETES header line. prefix must be that of the partition of
 -- lru_key and part, so that every key deleted has their hash tag and is in
--- their Redis Cluster slot. It returns the number of evictions and their
--- counts by cause.
-local function prune(lru_key, part, prefix, keep, idle_score, limits, count, bytes)
+-- their Redis Cluster slot. release(key, member) runs before each state is
+-- deleted (oplog.lua: it keeps the answers the state holds). It returns the
+-- number of evictions and their counts by cause.
+local function prune(lru_key, part, prefix, keep, idle_score, limits, count, bytes, release)
   local max_owners, max_bytes, budget = string.match(limits, '^(%d+):(%d+):(%d+)$')
   max_owners, max_bytes, budget = max_owners + 0, max_bytes + 0, budget + 0
   local unpack_score = lru().unpack_score
@@ -140,6 +145,7 @@ local function prune(lru_key, part, prefix, keep, idle_score, limits, count, byt
     else
       break
     end
+    release(prefix .. victim, victim)
     redis.call('DEL', prefix .. victim)
     redis.call('ZREM', lru_key, victim)
     local size, published = unpack_score(score)

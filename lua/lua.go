@@ -19,13 +19,13 @@ package lua
 import (
 	"context"
 	"embed"
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -170,20 +170,23 @@ func count(re *regexp.Regexp, src string) int {
 	return n
 }
 
-// NewOpID returns a random operation id for a script that changes state
-// (oplog.lua): 12 lowercase hex digits, which name the key of its answer. A
-// client that re-sends the script re-sends the key, and the script answers
-// the repeat from it.
-func NewOpID() string {
-	return strconv.FormatUint(rand.Uint64()>>16|1<<48, 16)[1:]
+// OpSize is the length of an op (oplog.lua).
+const OpSize = 9
+
+// NewOp returns the op of a call that changes state (oplog.lua): 5 random
+// bytes, then the low 32 bits of the call's deadline, in milliseconds since
+// 2025-01-01T00:00:00Z on the server's clock, big-endian. A client that
+// re-sends the call re-sends the op, and the script answers the repeat as
+// its first run did.
+func NewOp(deadline int64) string {
+	var b [OpSize + 3]byte
+	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
+	binary.BigEndian.PutUint32(b[5:], uint32(deadline))
+	return string(b[:OpSize])
 }
 
-// AnswerTTL is how long a script's answer stays (oplog.lua) for a caller
-// whose operations time out after opTimeout: long past any re-send of the
-// script, at least 10 seconds.
-func AnswerTTL(opTimeout time.Duration) time.Duration {
-	return max(10*time.Second, 10*opTimeout)
-}
+// OpKey returns op in lowercase hex, as the name of its answer key ends.
+func OpKey(op string) string { return hex.EncodeToString([]byte(op)) }
 
 // Hash returns the script's SHA1, as EVALSHA names it.
 func (s *Script) Hash() string { return s.script.Hash() }

@@ -1,33 +1,112 @@
--- oplog.lua: the answers that make a re-sent script answer as its first run
--- did. It defines local functions only; every script that changes state
+-- oplog.lua: how a call that changes state answers its copies as its first
+-- run did. It defines local functions only; every script that changes state
 -- names oplog in its header's uses line, and is sent with this file before
 -- it (lua.go).
 --
--- A client may send a script twice: go-redis re-sends a command whose reply
--- was lost, and a delayed first copy may even run after the second. Every
--- such script is called with a key of its own, named after its operation
--- (12 random hex digits, one per call), in the hash tag of the keys it
--- changes. A run that changes something stores its answer there, with a
--- TTL (how long a client may still re-send: seconds); a run that finds an
--- answer returns it and changes nothing. A run that changes nothing stores
--- nothing: a copy of it that runs later sees the state of its own time,
--- which is an answer the call may give. Memory is one small key per change,
--- for the TTL.
+-- A client may send a call more than once: go-redis re-sends a command
+-- whose reply was lost, and a delayed first copy may even run after the
+-- second. So every such call carries an op (9 bytes): a random id (5
+-- bytes), then the call's deadline (4 bytes, big-endian), the instant after
+-- which its client waits for it no more, as the low 32 bits of a count of
+-- milliseconds since 2025-01-01T00:00:00Z on the server's clock. A script
+-- reads a deadline as the instant with those low bits nearest to a time it
+-- knows (deadline), which is exact within 24 days of it. A call also names
+-- a key of its own, its answer key, whose name ends in its op in
+-- lowercase hex.
 --
--- A script reads what it needs and works out its answer first. When the
--- answer changes something, claim stores it before the first write, in
--- the same command that finds an earlier run's (SET NX GET); otherwise
--- answered looks for an earlier run that did change something.
+-- Until its deadline, the first run of a call that changed something leaves
+-- its answer where the copies look:
+--   - reserve and record, in the owner's state: its field o holds the op of
+--     the reserve that made the current turn with its answer's flags, then
+--     the op of the last record that published (reserve.lua);
+--   - the others (abort, clear, session_save), in the answer key, with
+--     PXAT at the deadline (claim).
+-- A script that overwrites or deletes a slot of o whose deadline has not
+-- passed copies its answer to that call's answer key first (spills()), so
+-- the state holds one reserve's and one record's answer and an answer key
+-- lives only when calls on one owner come closer together than a deadline. A copy finds the answer in o, or else in its answer key.
+-- After its deadline no copy changes anything: reserve and clear, whose
+-- repeat would change state again, refuse to run after theirs, and the
+-- others are fenced by the owner's turn (record, abort) or the session's
+-- version (session_save), which their first run moved on.
 
--- answered returns the answer the first run of this operation stored, or
--- nil.
-local function answered(key)
-  return redis.call('GET', key) or nil
+-- deadline returns the deadline whose low 32 bits are the 4 bytes of s at
+-- position at, in milliseconds since 2025-01-01: the one nearest to near (in
+-- the same unit).
+local function deadline(s, at, near)
+  local a, b, c, d = string.byte(s, at, at + 3)
+  local diff = (((a * 256 + b) * 256 + c) * 256 + d - near) % 4294967296
+  if diff >= 2147483648 then diff = diff - 4294967296 end
+  return near + diff
 end
 
--- claim stores answer as this operation's, for ms milliseconds, unless an
--- earlier run stored one: it returns that earlier answer, or nil when this
--- run is the first and goes on to change what answer says.
-local function claim(key, answer, ms)
-  return redis.call('SET', key, answer, 'NX', 'GET', 'PX', ms) or nil
+-- oplog returns the clock and the claim of an answer key, as a table: now,
+-- claim.
+local function oplog()
+  -- now returns the server clock in milliseconds since 2025-01-01.
+  local function now()
+    local t = redis.call('TIME')
+    return (t[1] - 1735689600) * 1000 + (t[2] - t[2] % 1000) / 1000
+  end
+
+  -- claim stores answer as the answer of this call (its answer key
+  -- KEYS[i]) until the deadline due, unless an earlier run stored one: it
+  -- returns that earlier answer, or nil when this run is the first and goes
+  -- on to change what answer says.
+  local function claim(i, answer, due)
+    return redis.call('SET', KEYS[i], answer, 'NX', 'GET', 'PXAT', string.format('%d', due + 1735689600000)) or nil
+  end
+
+  return {now = now, claim = claim}
+end
+
+-- spills returns the functions that move the answers a state holds to
+-- their answer keys, as a table: reserve, record, all, releaser. Each
+-- writes a key only for a call whose deadline is after now (ms since
+-- 2025-01-01); prefix is the name of the owner's answer keys up to the op.
+local function spills()
+  -- spill stores answer in the answer key of the op of s at position at
+  -- (9 bytes) until its deadline, when that is after now.
+  local function spill(prefix, s, at, answer, now)
+    local due = deadline(s, at + 5, now)
+    if due > now then
+      redis.call('SET', prefix .. string.format('%02x%02x%02x%02x%02x%02x%02x%02x%02x', string.byte(s, at, at + 8)),
+        answer, 'PXAT', string.format('%d', due + 1735689600000))
+    end
+  end
+
+  -- reserve keeps the answer of the reserve of state o (the state's turn t
+  -- and continuation c).
+  local function reserve(prefix, o, t, c, now)
+    local flags = string.byte(o, 10) - 48
+    local consumed = flags % 2 == 1 and t + 0 > 0 and c
+    spill(prefix, o, 1, string.format('%d:%d', math.abs(t), (flags - flags % 2) / 2) ..
+      (consumed and '1' .. c or '0'), now)
+  end
+
+  -- record keeps the answer of the record of state o, if any.
+  local function record(prefix, o, now)
+    if #o >= 19 then spill(prefix, o, 11, 'P', now) end
+  end
+
+  -- all keeps both answers of state o (turn t, continuation c).
+  local function all(prefix, o, t, c, now)
+    reserve(prefix, o, t, c, now)
+    record(prefix, o, now)
+  end
+
+  -- releaser returns the function that prune (lru.lua) calls before it
+  -- deletes the state key of an owner (its LRU member): it keeps the
+  -- answers the state holds. The answer keys of the owner of
+  -- "<ns>:{<ns>:<pp>}:o:<member>" start "<ns>:{<ns>:<pp>}:q:<member>:".
+  local function releaser(now)
+    return function(key, member)
+      local v = redis.call('HMGET', key, 't', 'c', 'o')
+      if v[1] and v[3] then
+        all(string.sub(key, 1, #key - #member - 2) .. 'q:' .. member .. ':', v[3], v[1], v[2], now)
+      end
+    end
+  end
+
+  return {reserve = reserve, record = record, all = all, releaser = releaser}
 end

@@ -1,7 +1,7 @@
 -- prune.lua: evict idle owners, then the least recently touched while a
 -- partition is over its limits (lru.lua), for a maintenance sweep.
 --
--- uses: lru
+-- uses: oplog, lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:lru   zset  the partition's LRU (lru.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's accounting
@@ -10,6 +10,11 @@
 --          LRU member. Safe in Redis Cluster: ARGV[3] is the state-key prefix
 --          of this partition, whose hash tag {<ns>:<pp>} the keys above share,
 --          so the name is in their slot.
+-- WRITES   <ns>:{<ns>:<pp>}:q:<member>:<op>  string  the answer key of a call
+--          whose answer it moves out of an evicted state (oplog.lua),
+--          not in KEYS: named by ARGV[3]'s partition prefix, the owner's LRU
+--          member and the op. Safe in Redis Cluster: the name has the
+--          hash tag {<ns>:<pp>} of the keys above, so it is in their slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
 -- ARGV[3]  the partition's prefix of owner state keys: "<ns>:{<ns>:<pp>}:o:"
@@ -21,5 +26,5 @@
 
 local _, n = prune(KEYS[1], KEYS[2], ARGV[3], false,
   lru().idle(ARGV[1], ARGV[2]), ARGV[4],
-  redis.call('ZCARD', KEYS[1]), tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0'))
+  redis.call('ZCARD', KEYS[1]), tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0'), spills().releaser(oplog().now()))
 return n

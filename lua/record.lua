@@ -5,23 +5,36 @@
 -- replaces its continuation); otherwise changes nothing. Publishing keeps
 -- the owner's LRU touch and TTL (reserve refreshes them), changes the LRU
 -- entry's size and published bit when they change, and evicts (lru.lua)
--- while the partition is over its limits. A re-sent record that published
--- answers "published" again (oplog.lua).
+-- while the partition is over its limits.
+--
+-- Publishing writes this call's op as the record's part of the state's o
+-- (reserve.lua, oplog.lua), so a copy answers "published" again. A copy can
+-- only find the turn in flight (t = ARGV[4]) if no earlier run of it
+-- published, which is why the record that publishes it need not look for
+-- an earlier answer, nor check its deadline: a late first run may still
+-- publish. The answer of the record it replaces goes to that call's answer
+-- key while the call may be re-sent: when its deadline is after the turn
+-- began, this call reads the server's clock to tell.
 --
 -- uses: oplog, lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
 -- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
--- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
 --          followed by the owner's LRU member. Safe in Redis Cluster: the name
 --          has the hash tag {<ns>:<pp>} of the keys above, so it is in their
 --          slot.
+-- WRITES   <ns>:{<ns>:<pp>}:q:<member>:<op>  string  the answer key of a call
+--          whose answer it moves out of a state (oplog.lua), not in KEYS: named
+--          by KEYS[1]'s partition prefix, the owner's LRU member and the op.
+--          Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of the
+--          keys above, so it is in their slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  how long the answer stays, milliseconds
+-- ARGV[3]  this call's op (oplog.lua): 9 bytes
 -- ARGV[4]  the recording turn's sequence number, decimal
 -- ARGV[5]  the continuation (opaque bytes)
 -- ARGV[6]  stored-bytes estimate of the state without its continuation
@@ -33,46 +46,72 @@
 --       "published"  the continuation is stored
 --       "stale"      the owner's current turn is another turn: nothing changed
 --       "gone"       the owner has no live state (expired, evicted, cleared)
---   [2] number of owners this call evicted
+--       "expired"    the op's deadline has passed: nothing changed
+--   [2] number of owners this call evicted; for "expired", the server clock
+--       in milliseconds since 2025-01-01
 
--- A call that changes nothing answers "gone" or "stale", or "published"
--- when an earlier run of this record published (oplog.lua).
-local st = redis.call('HMGET', KEYS[1], 't', 's')
-local t = st[1]
-if not t then
-  return {answered(KEYS[4]) and 'published' or 'gone', 0}
+local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
+local t, c, o = st[1], st[2], st[3]
+local op = ARGV[3]
+if o and string.sub(o, 11, 19) == op then
+  return {'published', 0} -- this call's first run published
 end
-local old = st[2] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
-if old then old = old + 0 end
--- On the server's clock, Redis has expired the key of an idle state: its
--- TTL and its entry's touch are refreshed together (reserve.lua).
-if old and ARGV[1] ~= '0' and old < pack_score(ARGV[1] - ARGV[2], 0, 0) then
-  return {answered(KEYS[4]) and 'published' or 'gone', 0}
+-- server is the server clock in ms since 2025-01-01, read when needed. A
+-- call that changes nothing answers "published" when an earlier run of it
+-- published, as its answer key tells.
+local old, server
+if t and ARGV[1] ~= '0' then
+  -- With the store's clock a state is live while its entry is not idle; on
+  -- the server's, while its key is (reserve.lua).
+  old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+  old = old and old + 0
+  if old and old < pack_score(ARGV[1] - ARGV[2], 0, 0) then t = nil end
 end
-if t ~= ARGV[4] and t ~= '-' .. ARGV[4] then
-  return {answered(KEYS[4]) and 'published' or 'stale', 0}
+if not t then return {redis.call('GET', KEYS[4]) and 'published' or 'gone', 0} end
+if t ~= ARGV[4] then
+  if t ~= '-' .. ARGV[4] then return {redis.call('GET', KEYS[4]) and 'published' or 'stale', 0} end
+  -- published already: by this call's first run, by another call with the
+  -- same continuation (nothing to do) or by another record of the turn,
+  -- which this one replaces unless it ran already
+  if c == ARGV[5] then return {'published', 0} end
+  server = oplog().now()
+  if deadline(op, 6, server) <= server then return {'expired', server} end
+  if redis.call('GET', KEYS[4]) then return {'published', 0} end
 end
-if claim(KEYS[4], 'P', ARGV[3]) then
+
+local seq = ARGV[4]
+local turn_ms = (seq - seq % 1000) / 1000 -- when the turn began, ms since 2025-01-01
+local slot = (o and string.sub(o, 1, 10) or string.rep('0', 10)) .. op
+if o and #o >= 19 and deadline(o, 16, turn_ms) > turn_ms then
+  server = server or oplog().now()
+  spills().record(string.sub(KEYS[4], 1, #KEYS[4] - 18), o, server)
+end
+if c and #c == #ARGV[5] and ARGV[1] == '0' then
+  -- the entry's size and published bit stay (lru.lua)
+  redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[5], 'o', slot)
   return {'published', 0}
 end
 
+if ARGV[1] == '0' then
+  old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+  old = old and old + 0
+end
 local change, score
 if old then
   -- the touch stays; the size and the published bit may change
   score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[6] + #ARGV[5])
   if score == old then
-    redis.call('HSET', KEYS[1], 't', '-' .. ARGV[4], 'c', ARGV[5])
+    redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[5], 'o', slot)
     return {'published', 0}
   end
 else
-  -- a state whose entry has no score (neither s nor an LRU entry) is
-  -- touched now
+  -- a state whose entry is lost is touched now
   change = lru()
   score = pack_score(change.clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 local score_s = string.format('%d', score)
-redis.call('HSET', KEYS[1], 't', '-' .. ARGV[4], 'c', ARGV[5], 's', score_s)
+redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[5], 'o', slot)
 change = change or lru()
 local member = string.sub(KEYS[1], #KEYS[2])
 local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
@@ -80,6 +119,6 @@ local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if count or db > 0 then
   evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
-    change.idle(ARGV[1], ARGV[2]), ARGV[7], count, bytes)
+    change.idle(ARGV[1], ARGV[2]), ARGV[7], count, bytes, spills().releaser(server or oplog().now()))
 end
 return {'published', evicted}

@@ -7,9 +7,12 @@
 -- while the partition is over its limits. The caller decides whether to
 -- continue from the continuation returned.
 --
--- An entry and its state's TTL are due for a refresh once they were touched
--- a sixteenth of the TTL ago or earlier; until then reserve leaves both as
--- they are (record never refreshes them).
+-- Refreshing is due when the state's last reserve (its turn) and this one
+-- fall in different sixteenths of the TTL, counted from 2025-01-01 on the
+-- server's clock; with a clock the store passes (ARGV[1]), when the entry
+-- was touched a sixteenth of the TTL ago or earlier. Either way the entry
+-- and TTL were refreshed less than a sixteenth of the TTL before the
+-- owner's last reserve. Record never refreshes them.
 --
 -- The sequence number is the largest of
 --   the partition's last sequence number + 1 (KEYS[5]),
@@ -21,27 +24,34 @@
 -- store makes the turn token seq * partitions + partition (a 64-bit number).
 --
 -- The state's t is the current turn's sequence number, negated once that
--- turn published its continuation, c. Reserving sets t
--- (positive) and leaves c in place, so the LRU entry's size and published
--- bit stay as they were; s, the state's copy of its LRU score, changes with
--- the entry. The answer a re-sent reserve gives (oplog.lua) is
--- "<seq>:<existed><consumed>" followed by the consumed continuation.
+-- turn published its continuation, c. Reserving sets t (positive) and
+-- leaves c in place, so the LRU entry's size and published bit stay as
+-- they were. o holds this call's op and its answer's flags, '0' + 2 *
+-- existed + consumed, then the op of the last record that published
+-- (oplog.lua): a copy of this call answers from it, or from its answer key
+-- once a later reserve moved it there, "<seq>:<existed><consumed>"
+-- followed by the consumed continuation.
 --
 -- uses: oplog, lru
 --
--- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c, s
+-- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c, o
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
 -- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
--- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this operation's answer (oplog.lua)
+-- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
 -- KEYS[5]  <ns>:{<ns>:<pp>}:seq              string  the partition's last sequence number
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
 --          followed by the owner's LRU member. Safe in Redis Cluster: the name
 --          has the hash tag {<ns>:<pp>} of the keys above, so it is in their
 --          slot.
+-- WRITES   <ns>:{<ns>:<pp>}:q:<member>:<op>  string  the answer key of a call
+--          whose answer it moves out of a state (oplog.lua), not in KEYS: named
+--          by KEYS[1]'s partition prefix, the owner's LRU member and the op.
+--          Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of the
+--          keys above, so it is in their slot.
 -- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  how long the answer stays, milliseconds
+-- ARGV[3]  this call's op (oplog.lua): 9 bytes
 -- ARGV[4]  stored-bytes estimate of the state without its continuation
 -- ARGV[5]  limits (lru.lua prune): "<partition's owner limit>:<partition's
 --          stored-bytes limit>:<most evictions this call may make>"
@@ -51,31 +61,57 @@
 --   [2] 1 when the owner had live state before this call, else 0
 --   [3] number of owners this call evicted
 --   [4] the consumed continuation (opaque bytes), or nil when none
+-- or, when the op's deadline has passed and nothing changed, {"expired",
+-- the server clock in milliseconds since 2025-01-01}.
 
-local st = redis.call('HMGET', KEYS[1], 't', 'c', 's')
--- The state's s is its LRU score; without a state, the LRU may still hold
--- an entry whose key expired. The owner's LRU member is read from the keys
--- (lru.lua).
-local raw = st[3] or redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 local now = redis.call('TIME')
 local sec, usec = now[1] + 0, now[2] + 0
+-- the server clock in ms since 2025-01-01
+local server = (sec - 1735689600) * 1000 + (usec - usec % 1000) / 1000
+local op = ARGV[3]
+if deadline(op, 6, server) <= server then
+  return {'expired', server}
+end
+local t, c, o = st[1], st[2], st[3]
+if o and string.sub(o, 1, 9) == op then
+  -- this call's first run made the current turn; once the turn published
+  -- (its client had the reply) the state no longer holds the continuation
+  -- it consumed
+  local flags = string.byte(o, 10) - 48
+  return {math.abs(t + 0), (flags - flags % 2) / 2, 0, flags % 2 == 1 and t + 0 > 0 and c or nil}
+end
+local done = redis.call('GET', KEYS[4])
+if done then
+  -- its first run's answer, moved out of the state by a later call
+  local colon = string.find(done, ':', 1, true)
+  local k = nil
+  if string.sub(done, colon + 2, colon + 2) == '1' then k = string.sub(done, colon + 3) end
+  return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, k}
+end
+
 -- The store's clock in milliseconds, as lru.lua's clock reads it: ARGV[1],
--- or this TIME when it is "0".
-local ms = ARGV[1] == '0' and sec * 1000 + (usec - usec % 1000) / 1000 or ARGV[1] + 0
+-- or this TIME when it is "0". On the server's clock a state is live while
+-- its key is (its TTL and its entry's touch are refreshed together); with
+-- the store's, while its entry is not idle.
+local ms = ARGV[1] == '0' and server + SCORE_EPOCH_MS or ARGV[1] + 0
 local ttl = ARGV[2] + 0
-local old = raw and raw + 0
-local idle = pack_score(ms - ttl, 0, 0)
-local live = st[1] and not (old and old < idle)
+local tn = t and t + 0
+local live = t and true or false
+local old
+if not live or ARGV[1] ~= '0' then
+  old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+  old = old and old + 0
+  if live and old and old < pack_score(ms - ttl, 0, 0) then live = false end
+end
 
 -- The clock: one SET in the common case, a second when the clock is behind
--- the partition's or the owner's last number. A run that finds an earlier
--- run's answer puts back what it found (last).
+-- the partition's or the owner's last number.
 local seq = (sec - 1735689600) * 1000000 + usec
 local seq_s = string.format('%d', seq)
 local last = redis.call('SET', KEYS[5], seq_s, 'GET')
 local floor = (last or 0) + 1
-local t = st[1] and st[1] + 0
-if t and t >= floor then floor = t + 1 elseif t and -t >= floor then floor = 1 - t end
+if tn and tn >= floor then floor = tn + 1 elseif tn and -tn >= floor then floor = 1 - tn end
 if floor > seq then
   seq = floor
   seq_s = string.format('%d', seq)
@@ -83,34 +119,50 @@ if floor > seq then
 end
 
 -- t < 0: the state holds the continuation its last turn published
-local consumed = live and t < 0 and st[2]
-local done = claim(KEYS[4], seq_s .. (live and ':1' or ':0') .. (consumed and '1' .. consumed or '0'), ARGV[3])
-if done then
-  if last then redis.call('SET', KEYS[5], last) else redis.call('DEL', KEYS[5]) end
-  local colon = string.find(done, ':', 1, true)
-  local c = nil
-  if string.sub(done, colon + 2, colon + 2) == '1' then c = string.sub(done, colon + 3) end
-  return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, c}
+local consumed = live and tn < 0 and c
+local slot = op .. (consumed and '3' or live and '2' or '0')
+if o then
+  -- the answers of the calls this one replaces go to their answer keys
+  -- while those calls may be re-sent
+  local prefix = string.sub(KEYS[4], 1, #KEYS[4] - 18)
+  if deadline(o, 6, server) > server then spills().reserve(prefix, o, t, c, server) end
+  if live then
+    slot = slot .. string.sub(o, 11)
+  elseif #o >= 19 and deadline(o, 16, server) > server then
+    spills().record(prefix, o, server)
+  end
 end
-if live and old and old >= pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0) then
-  -- the entry and the TTL stay until they are due for a refresh
-  redis.call('HSET', KEYS[1], 't', seq_s)
-  return {seq, 1, 0, consumed or nil}
+if live then
+  local due
+  if ARGV[1] == '0' then
+    local sixteenth, prev = (ttl - ttl % 16) / 16, math.abs(tn)
+    prev = (prev - prev % 1000) / 1000
+    due = sixteenth < 1 or server - server % sixteenth ~= prev - prev % sixteenth
+  else
+    due = not old or old < pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0)
+  end
+  if not due then
+    -- the entry and the TTL stay until they are due for a refresh
+    redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot)
+    return {seq, 1, 0, consumed or nil}
+  end
 end
 
 local size, published = ARGV[4] + 0, 0
-if live and st[2] then
-  size, published = size + #st[2], 1
-elseif st[2] then
+if live and c then
+  size, published = size + #c, 1
+elseif c then
   redis.call('HDEL', KEYS[1], 'c')
 end
-local member = string.sub(KEYS[1], #KEYS[2])
 local score = pack_score(ms, published, size)
 local score_s = string.format('%d', score)
-redis.call('HSET', KEYS[1], 't', seq_s, 's', score_s)
+redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local member = string.sub(KEYS[1], #KEYS[2])
 local change = lru()
-local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
+-- A live state's entry has its size and published bit (lru.lua).
+local db, dp, count = change.touch(KEYS[2], member, live and (old or pack_score(SCORE_EPOCH_MS, published, size)) or old,
+  score, score_s)
 local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if old and not live then
@@ -120,7 +172,8 @@ if old and not live then
 end
 if count or db > 0 or evicted > 0 then
   if db <= 0 then bytes = nil end -- the byte limit is checked only when they grew
-  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member, idle, ARGV[5], count, bytes)
+  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
+    pack_score(ms - ttl, 0, 0), ARGV[5], count, bytes, spills().releaser(server))
 end
 
 return {seq, live and 1 or 0, evicted, consumed or nil}

@@ -6,20 +6,24 @@
 -- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n;
 --                                        e when the writer's clock expires it
 -- KEYS[2]  <ns>:{<ns>:<id>}:log   list  the journal's messages, oldest first
--- KEYS[3]  <ns>:{<ns>:<id>}:q:<op> string  this operation's answer (oplog.lua)
+-- KEYS[3]  <ns>:{<ns>:<id>}:q:<op> string  this call's answer key (oplog.lua)
 -- ARGV[1]  expected head version, decimal ("0": no head yet)
 -- ARGV[2]  "snapshot", "append" or "rewrite"
 -- ARGV[3]  idle TTL of the session, milliseconds; "0" keeps it
 -- ARGV[4]  the session document: the whole session (snapshot) or its header
 --          without messages (journal), JSON
 -- ARGV[5]  the journal's message count after this save ("0" for snapshot)
--- ARGV[6]  how long the answer stays, milliseconds
+-- ARGV[6]  this call's op (oplog.lua): 9 bytes
 -- ARGV[7]  now, milliseconds since the Unix epoch; "0" for the server's clock
 -- ARGV[8+] messages to push (append: the new ones; rewrite: all)
 --
 -- A head whose e (ARGV[7] plus the TTL, written by a save that passes its
 -- clock) is at or before ARGV[7] has expired on the writer's clock: the
 -- save finds no head, as Redis's key TTL makes it on the server's clock.
+--
+-- A save that publishes stores the version it wrote in its answer key until
+-- its deadline (oplog.lua), and a copy that finds it answers that version.
+-- No run changes anything after the call's deadline.
 --
 -- Reply: array
 --   {"ok", new version}       published (a re-sent save that published
@@ -28,15 +32,23 @@
 --   {"rewrite", version}      append refused: the stored journal does not
 --                             hold the messages the writer extends (send a
 --                             rewrite); nothing written
+--   {"expired", server clock} the op's deadline has passed: nothing written
+--                             (the clock in ms since 2025-01-01, decimal)
 
 -- refused answers status, or the version an earlier run of this save
 -- wrote.
 local function refused(status, stored)
-  local done = answered(KEYS[3])
+  local done = redis.call('GET', KEYS[3])
   if done then return {'ok', done} end
   return {status, stored}
 end
 
+local log = oplog()
+local server = log.now()
+local due = deadline(ARGV[6], 6, server)
+if due <= server then
+  return {'expired', string.format('%d', server)}
+end
 local now = ARGV[7] + 0
 local head = redis.call('HMGET', KEYS[1], 'v', 'n', 'e')
 local expired = head[3] and now > 0 and now >= head[3] + 0
@@ -54,7 +66,7 @@ if mode == 'append' then
   end
 end
 local version = string.format('%.0f', tonumber(stored) + 1)
-local done = claim(KEYS[3], version, ARGV[6])
+local done = log.claim(3, version, due)
 if done then
   return {'ok', done}
 end

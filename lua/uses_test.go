@@ -34,10 +34,10 @@ var redisGlobals = map[string]bool{
 type sharedFile struct {
 	// defines are its top-level locals: functions and constants.
 	defines map[string]bool
-	// deleters are its functions that make an unlisted deletion (a DEL of a
-	// key not given as KEYS[i]), themselves or through another of its
-	// functions.
-	deleters map[string]bool
+	// changers are, by kind, its functions that make an unlisted deletion
+	// or write (a DEL or a SET of a key not given as KEYS[i]), themselves
+	// or through another of its functions.
+	changers [unlistedKinds]map[string]bool
 	// reads are the free names it reads.
 	reads []luaName
 }
@@ -53,7 +53,7 @@ func parseShared(src string) (*sharedFile, error) {
 	if all.err != nil {
 		return nil, all.err
 	}
-	f := &sharedFile{defines: map[string]bool{}, deleters: map[string]bool{}, reads: all.reads}
+	f := &sharedFile{defines: map[string]bool{}, changers: [unlistedKinds]map[string]bool{{}, {}}, reads: all.reads}
 	calls := map[string][]string{} // function → the names its body reads
 	for _, st := range chunk {
 		local, ok := st.(*ast.LocalAssignStmt)
@@ -76,19 +76,23 @@ func parseShared(src string) (*sharedFile, error) {
 			if g.err != nil {
 				return nil, g.err
 			}
-			if len(g.unlisted) > 0 {
-				f.deleters[name] = true
+			for k, lines := range g.unlisted {
+				if len(lines) > 0 {
+					f.changers[k][name] = true
+				}
 			}
 			for _, r := range g.reads {
 				calls[name] = append(calls[name], r.name)
 			}
 		}
 	}
-	for changed := true; changed; {
-		changed = false
-		for fn, names := range calls {
-			if !f.deleters[fn] && slices.ContainsFunc(names, func(n string) bool { return f.deleters[n] && f.defines[n] }) {
-				f.deleters[fn], changed = true, true
+	for _, changers := range f.changers {
+		for changed := true; changed; {
+			changed = false
+			for fn, names := range calls {
+				if !changers[fn] && slices.ContainsFunc(names, func(n string) bool { return changers[n] && f.defines[n] }) {
+					changers[fn], changed = true, true
+				}
 			}
 		}
 	}
@@ -117,10 +121,28 @@ func sharedFiles(t *testing.T) (map[string]*sharedFile, map[string]string) {
 	return parsed, texts
 }
 
-// deletesLine is the header line of a script that deletes owners' states
-// named by an LRU member, which are not in its KEYS. The lines after it
-// that continue it ("--" and an indent) give the reason.
-var deletesLine = regexp.MustCompile(`(?m)^-- DELETES  <ns>:\{<ns>:<pp>\}:o:<member>\s+hash\s+\S.*\n(--   +\S.*\n)*`)
+// The kinds of unlisted changes a script may make: deleting owners' states
+// named by an LRU member (evictions), and writing the answer keys of other
+// calls (lua/oplog.lua), neither of which is in its KEYS.
+const (
+	unlistedDeletes = iota
+	unlistedWrites
+	unlistedKinds
+)
+
+// unlistedKind describes a kind of unlisted change: the commands that make
+// it, whether only their first argument is a key, and the header line a
+// script that makes it must have. The lines after that line that continue
+// it ("--" and an indent) give the reason.
+var unlistedKind = [unlistedKinds]struct {
+	name     string
+	commands []string
+	firstKey bool
+	line     *regexp.Regexp
+}{
+	{"DELETES", []string{"DEL", "UNLINK"}, false, regexp.MustCompile(`(?m)^-- DELETES  <ns>:\{<ns>:<pp>\}:o:<member>\s+hash\s+\S.*\n(--   +\S.*\n)*`)},
+	{"WRITES", []string{"SET"}, true, regexp.MustCompile(`(?m)^-- WRITES   <ns>:\{<ns>:<pp>\}:q:<member>:<op>\s+string\s+\S.*\n(--   +\S.*\n)*`)},
+}
 
 // useProblems returns what is wrong with what a script says it uses and
 // touches: file is its text, declared the shared files its uses line names
@@ -146,9 +168,11 @@ func useProblems(file string, declared []string, shared map[string]*sharedFile) 
 		}
 	}
 	used := map[string]bool{}
-	var deletes []string
-	for _, l := range g.unlisted {
-		deletes = append(deletes, fmt.Sprintf("line %d", l))
+	var changes [unlistedKinds][]string
+	for k, lines := range g.unlisted {
+		for _, l := range lines {
+			changes[k] = append(changes[k], fmt.Sprintf("line %d", l))
+		}
 	}
 	seen := map[string]bool{}
 	for _, r := range g.reads {
@@ -173,8 +197,10 @@ func useProblems(file string, declared []string, shared map[string]*sharedFile) 
 		default:
 			used[from[0]] = true
 		}
-		if len(from) == 1 && shared[from[0]].deleters[r.name] {
-			deletes = append(deletes, fmt.Sprintf("%s (line %d)", r.name, r.line))
+		for k := range changes {
+			if len(from) == 1 && shared[from[0]].changers[k][r.name] {
+				changes[k] = append(changes[k], fmt.Sprintf("%s (line %d)", r.name, r.line))
+			}
 		}
 	}
 	for _, lib := range declared {
@@ -182,16 +208,19 @@ func useProblems(file string, declared []string, shared map[string]*sharedFile) 
 			problems = append(problems, fmt.Sprintf("the uses line names %s.lua, which it does not use", lib))
 		}
 	}
-	block := deletesLine.FindString(header(file))
-	switch {
-	case len(deletes) > 0 && block == "":
-		problems = append(problems, fmt.Sprintf("deletes keys not in KEYS (%s) but has no DELETES header line", strings.Join(deletes, ", ")))
-	case len(deletes) == 0 && block != "":
-		problems = append(problems, "has a DELETES header line but deletes no key outside KEYS")
-	case block != "":
-		for _, want := range []string{"not in KEYS", "hash tag {<ns>:<pp>}", "Redis Cluster", "slot"} {
-			if !strings.Contains(strings.Join(strings.Fields(block), " "), want) {
-				problems = append(problems, fmt.Sprintf("the DELETES header line does not say %q", want))
+	for k, kind := range unlistedKind {
+		verb := strings.ToLower(kind.name)
+		block := kind.line.FindString(header(file))
+		switch {
+		case len(changes[k]) > 0 && block == "":
+			problems = append(problems, fmt.Sprintf("%s keys not in KEYS (%s) but has no %s header line", verb, strings.Join(changes[k], ", "), kind.name))
+		case len(changes[k]) == 0 && block != "":
+			problems = append(problems, fmt.Sprintf("has a %s header line but %s no key outside KEYS", kind.name, verb))
+		case block != "":
+			for _, want := range []string{"not in KEYS", "hash tag {<ns>:<pp>}", "Redis Cluster", "slot"} {
+				if !strings.Contains(strings.Join(strings.Fields(block), " "), want) {
+					problems = append(problems, fmt.Sprintf("the %s header line does not say %q", kind.name, want))
+				}
 			}
 		}
 	}
@@ -210,36 +239,44 @@ func header(src string) string {
 	return src[:end]
 }
 
-// deletesUnlisted reports whether e is a call redis.call or redis.pcall
-// that deletes (DEL, UNLINK) a key not given as KEYS[i], or whose command
-// is no literal.
-func deletesUnlisted(e *ast.FuncCallExpr) bool {
+// unlistedChange reports whether e is a call redis.call or redis.pcall
+// that makes an unlisted change (unlistedKind), and of which kind: whether
+// it deletes or writes a key not given as KEYS[i], or its command is no
+// literal (a deletion).
+func unlistedChange(e *ast.FuncCallExpr) (int, bool) {
 	f, ok := e.Func.(*ast.AttrGetExpr)
 	if !ok {
-		return false
+		return 0, false
 	}
 	obj, ok1 := f.Object.(*ast.IdentExpr)
 	method, ok2 := f.Key.(*ast.StringExpr)
 	if !ok1 || !ok2 || obj.Value != "redis" || (method.Value != "call" && method.Value != "pcall") || len(e.Args) == 0 {
-		return false
+		return 0, false
 	}
 	cmd, ok := e.Args[0].(*ast.StringExpr)
 	if !ok {
-		return true
+		return unlistedDeletes, true
 	}
-	if c := strings.ToUpper(cmd.Value); c != "DEL" && c != "UNLINK" {
-		return false
-	}
-	for _, a := range e.Args[1:] {
-		k, ok := a.(*ast.AttrGetExpr)
-		if !ok {
-			return true
+	for k, kind := range unlistedKind {
+		if !slices.Contains(kind.commands, strings.ToUpper(cmd.Value)) {
+			continue
 		}
-		if id, ok := k.Object.(*ast.IdentExpr); !ok || id.Value != "KEYS" {
-			return true
+		keys := e.Args[1:]
+		if kind.firstKey && len(keys) > 0 {
+			keys = keys[:1]
 		}
+		for _, a := range keys {
+			k2, ok := a.(*ast.AttrGetExpr)
+			if !ok {
+				return k, true
+			}
+			if id, ok := k2.Object.(*ast.IdentExpr); !ok || id.Value != "KEYS" {
+				return k, true
+			}
+		}
+		return 0, false
 	}
-	return false
+	return 0, false
 }
 
 // Every script names in its uses line exactly the shared files it calls,
@@ -282,18 +319,24 @@ func TestSharedFilesStandAlone(t *testing.T) {
 			"no script uses %s.lua", lib)
 	}
 	require.Contains(t, shared, "lru")
-	assert.True(t, shared["lru"].deleters["prune"], "prune deletes states named by an LRU member")
-	assert.False(t, shared["lru"].deleters["changes"], "changes' remove deletes KEYS[1] only")
+	assert.True(t, shared["lru"].changers[unlistedDeletes]["prune"], "prune deletes states named by an LRU member")
+	assert.False(t, shared["lru"].changers[unlistedDeletes]["lru"], "lru's remove deletes KEYS[1] only")
+	require.Contains(t, shared, "oplog")
+	assert.True(t, shared["oplog"].changers[unlistedWrites]["spills"], "spills writes the answer keys of other calls")
+	assert.False(t, shared["oplog"].changers[unlistedWrites]["oplog"], "oplog's claim writes a key of KEYS")
 }
 
 // The check catches a script that calls a shared function its uses line
 // does not name, names a shared file it does not use, reads an undefined
-// name, or deletes keys outside KEYS without saying so; it accepts a local
-// that shadows a shared function.
+// name, or deletes or writes keys outside KEYS without saying so; it
+// accepts a local that shadows a shared function.
 func TestUndeclaredUsesAreCaught(t *testing.T) {
 	shared, _ := sharedFiles(t)
 	const deletes = `-- DELETES  <ns>:{<ns>:<pp>}:o:<member>  hash  evicted states, not in KEYS:
 --          the hash tag {<ns>:<pp>} of KEYS[1], so in its Redis Cluster slot.
+`
+	const writes = `-- WRITES   <ns>:{<ns>:<pp>}:q:<member>:<op>  string  other calls' answers,
+--          not in KEYS: the hash tag {<ns>:<pp>} of KEYS[1], so in its Redis Cluster slot.
 `
 	// planted returns a script with a header of 6 lines and deletesBlock,
 	// an empty line and body: without deletesBlock, the body's first line
@@ -309,7 +352,7 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}{{
 		name: "an undeclared shared function",
 		uses: "oplog",
-		body: "if answered(KEYS[1]) then return 1 end\nlocal d = pack_score(0, 0, 0)\nclaim(KEYS[1], 'x', 1)\nreturn d\n",
+		body: "if deadline(ARGV[1], 1, 0) > 0 then return 1 end\nlocal d = pack_score(0, 0, 0)\noplog().claim(1, 'x', 1)\nreturn d\n",
 		want: []string{"pack_score (line 9): lru.lua's, which the uses line does not name"},
 	}, {
 		name: "an undeclared shared constant",
@@ -319,7 +362,7 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}, {
 		name: "a shared file declared but not used",
 		uses: "oplog, lru",
-		body: "return answered(KEYS[1])\n",
+		body: "return deadline(ARGV[1], 1, 0)\n",
 		want: []string{"the uses line names lru.lua, which it does not use"},
 	}, {
 		name: "a local that shadows a shared function",
@@ -363,6 +406,27 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 		uses:    "lru",
 		deletes: deletes,
 		body:    "return prune(KEYS[1], KEYS[2], ARGV[1], false, 0, '0:0:1', nil, nil)\n",
+	}, {
+		name: "answers moved out of a state without a WRITES line",
+		uses: "oplog",
+		body: "spills().record(ARGV[1], ARGV[2], 0)\nreturn 1\n",
+		want: []string{"writes keys not in KEYS (spills (line 8)) but has no WRITES header line"},
+	}, {
+		name: "a key written by name without a WRITES line",
+		uses: "none",
+		body: "redis.call('SET', KEYS[1], ARGV[1])\nreturn redis.call('SET', ARGV[1] .. ARGV[2], KEYS[1])\n",
+		want: []string{"writes keys not in KEYS (line 9) but has no WRITES header line"},
+	}, {
+		name:    "a WRITES line with its reason",
+		uses:    "oplog",
+		deletes: writes,
+		body:    "spills().record(ARGV[1], ARGV[2], 0)\nreturn 1\n",
+	}, {
+		name:    "a WRITES line for writes it does not make",
+		uses:    "oplog",
+		deletes: writes,
+		body:    "return oplog().claim(1, 'x', 1)\n",
+		want:    []string{"has a WRITES header line but writes no key outside KEYS"},
 	}} {
 		t.Run(c.name, func(t *testing.T) {
 			file := planted(c.uses, c.deletes, c.body)

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/lua"
 )
 
@@ -18,10 +20,13 @@ import (
 //
 //	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count); e (expiry on StoreOptions.Now)
 //	<ns>:{<ns>:<id>}:log   list  journal messages, oldest first
-//	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy (lua/oplog.lua)
+//	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy until the save's deadline (lua/oplog.lua)
 type redisStore struct {
 	client redis.UniversalClient
 	opts   StoreOptions
+	// servers estimates the servers' clock, on which saves carry their
+	// deadlines.
+	servers *serverclock.Clock
 }
 
 // NewRedisStore returns a Store on Redis (a *redis.Client or a
@@ -35,28 +40,28 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 	if err != nil {
 		return nil, err
 	}
-	return observe(&redisStore{client: client, opts: opts}, opts.Observer), nil
+	return observe(&redisStore{client: client, opts: opts, servers: serverclock.New(1)}, opts.Observer), nil
 }
 
 // keys returns a session's head and log keys, and, when op is not empty,
-// the key of that save's answer (lua/oplog.lua).
+// the answer key of that save (lua/oplog.lua).
 func (r *redisStore) keys(id, op string) []string {
 	tag := r.opts.Namespace + ":{" + r.opts.Namespace + ":" + id + "}:"
 	if op == "" {
 		return []string{tag + "head", tag + "log"}
 	}
-	return []string{tag + "head", tag + "log", tag + "q:" + op}
+	return []string{tag + "head", tag + "log", tag + "q:" + lua.OpKey(op)}
 }
 
-// saveArgs returns the script arguments publishing s.
-func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
+// saveArgs returns the script arguments publishing s as the call of op.
+func (r *redisStore) saveArgs(s *Session, rewrite bool, op string) ([]any, error) {
 	args := []any{strconv.FormatUint(s.Version, 10), "snapshot", r.opts.TTL.Milliseconds()}
 	if r.opts.Mode == Snapshot {
 		doc, err := encodeSession(s)
 		if err != nil {
 			return nil, err
 		}
-		return append(args, doc, 0, r.answerTTL(), r.now()), nil
+		return append(args, doc, 0, op, r.now()), nil
 	}
 	header := *s
 	header.Messages = nil
@@ -70,7 +75,7 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool) ([]any, error) {
 		args[1] = "append"
 		from = len(s.saved)
 	}
-	args = append(args, doc, len(s.Messages), r.answerTTL(), r.now())
+	args = append(args, doc, len(s.Messages), op, r.now())
 	for _, m := range s.Messages[from:] {
 		b, err := compactMessage(m)
 		if err != nil {
@@ -95,9 +100,6 @@ func extends(msgs, saved []json.RawMessage) bool {
 	return true
 }
 
-// answerTTL is how long a save's answer stays, in milliseconds.
-func (r *redisStore) answerTTL() int64 { return lua.AnswerTTL(r.opts.OpTimeout).Milliseconds() }
-
 // now is the scripts' clock argument: StoreOptions.Now in milliseconds
 // since the Unix epoch, or "0" for the server's clock.
 func (r *redisStore) now() string {
@@ -112,13 +114,17 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 	if err := validSession(s); err != nil {
 		return err
 	}
-	keys := r.keys(s.ID, lua.NewOpID()) // a refused append wrote nothing: its rewrite may reuse the key
-	for _, rewrite := range []bool{false, true} {
-		args, err := r.saveArgs(s, rewrite)
+	// A refused append wrote nothing: its rewrite may reuse the op. A save
+	// refused for its deadline while the caller still waits (the estimate
+	// of the server's clock was behind) is sent once more as a new call.
+	op := lua.NewOp(r.servers.Deadline(0, r.opts.OpTimeout))
+	rewrite, resent := false, false
+	for {
+		args, err := r.saveArgs(s, rewrite, op)
 		if err != nil {
 			return err
 		}
-		reply, err := lua.SessionSave.Run(ctx, c, keys, args...).StringSlice()
+		reply, err := lua.SessionSave.Run(ctx, c, r.keys(s.ID, op), args...).StringSlice()
 		if err != nil {
 			return fmt.Errorf("%w: save %q: %w", ErrUnavailable, s.ID, err)
 		}
@@ -137,12 +143,21 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 		case "conflict":
 			return fmt.Errorf("%w: session %q is at version %s, this copy at %d", ErrConflict, s.ID, reply[1], s.Version)
 		case "rewrite":
-			continue
+			if rewrite {
+				return fmt.Errorf("%w: save %q: journal refused a rewrite", ErrUnavailable, s.ID)
+			}
+			rewrite = true
+		case "expired":
+			server, err := strconv.ParseInt(reply[1], 10, 64)
+			if err != nil || resent || ctx.Err() != nil {
+				return fmt.Errorf("%w: save %q reached Redis after its deadline", ErrUnavailable, s.ID)
+			}
+			r.servers.Observe(0, server, time.Now())
+			op, resent = lua.NewOp(r.servers.Deadline(0, r.opts.OpTimeout)), true
 		default:
 			return fmt.Errorf("%w: save %q: unexpected status %q", ErrUnavailable, s.ID, reply[0])
 		}
 	}
-	return fmt.Errorf("%w: save %q: journal refused a rewrite", ErrUnavailable, s.ID)
 }
 
 func (r *redisStore) Save(ctx context.Context, s *Session) error {

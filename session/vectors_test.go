@@ -3,10 +3,10 @@ package session_test
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -34,13 +34,16 @@ var vecPath = filepath.Join("..", "testdata", "session-vectors.json")
 
 // vecFile is the layout of testdata/session-vectors.json.
 type vecFile struct {
-	About        []string              `json:"about"`
-	SessionKeys  []vecSessionKeys      `json:"session_keys"`
-	SessionSteps []vectorscenario.Step `json:"session_scenario"`
+	About []string `json:"about"`
+	// OpDeadlineMillis is how long after the server's clock of its step a
+	// save of the scenario has its deadline.
+	OpDeadlineMillis int64                 `json:"op_deadline_ms"`
+	SessionKeys      []vecSessionKeys      `json:"session_keys"`
+	SessionSteps     []vectorscenario.Step `json:"session_scenario"`
 }
 
 var vecAbout = []string{
-	"Test vectors of contstore's sessions; PROTOCOL.md section 10 describes every rule they exercise. The constants they share with the rest of the protocol (op id length, answer TTL rule) are in vectors.json.",
+	"Test vectors of contstore's sessions; PROTOCOL.md section 10 describes every rule they exercise, and 6.6 the ops of the calls that change state (a save's op, ARGV[6], is given as {hex}). The constants they share with the rest of the protocol (the op's length) are in vectors.json.",
 	"Regenerate with: go test ./session -run TestVectors -update-vectors. go test ./session fails when this file and the code disagree.",
 	"Scenario replies: a JSON string is a bulk string, a number an integer reply, null a nil reply, an array an array reply, {error: text} an error reply.",
 }
@@ -76,8 +79,8 @@ func vecSessionKeyNames(t *testing.T) []vecSessionKeys {
 			case "list":
 				v.Log = k
 			case "string":
-				require.Regexp(t, `:[0-9a-f]{12}$`, k)
-				v.AnswerPrefix = k[:len(k)-12]
+				require.Regexp(t, `:[0-9a-f]{18}$`, k)
+				v.AnswerPrefix = k[:len(k)-18]
 			}
 		}
 		require.NotEmpty(t, v.Head)
@@ -88,9 +91,9 @@ func vecSessionKeyNames(t *testing.T) []vecSessionKeys {
 	return vs
 }
 
-// vecOpaque: a session scenario holds no opaque bytes; each save draws a
-// random operation id for its answer key, KEYS[3].
-var vecOpaque = vectorscenario.Opaque{OpIDKey: map[string]int{"session_save": 2}}
+// vecOpaque: a session scenario's opaque bytes are the ops of its saves
+// (ARGV[6]), which also name their answer keys (KEYS[3]).
+var vecOpaque = vectorscenario.Opaque{Ops: map[string]vectorscenario.OpAt{"session_save": {Key: 2, Arg: 5}}}
 
 func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 	ctx := context.Background()
@@ -129,19 +132,27 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 			}
 		}))
 	}
-	// saveAgain sends the last step's script call again, as a client
-	// library re-sends a call whose reply was lost.
+	// saveAgain sends the script call of the last save step again, as a
+	// client library re-sends a call whose reply was lost; within its
+	// deadline it answers as it did.
 	saveAgain := func(name string) {
-		prev := steps[len(steps)-1]
+		i := len(steps) - 1
+		for steps[i].Input["resend"] != nil {
+			i--
+		}
+		prev := steps[i]
 		require.Len(t, prev.Calls, 1)
 		call := prev.Calls[0]
+		args := vectorscenario.Strings(t, call.Args)
 		steps = append(steps, srv.Step(name, "session_save", map[string]any{"resend": prev.Name}, func() map[string]any {
-			reply, err := lua.SessionSave.Run(ctx, srv.C, call.Keys, call.Args...).StringSlice()
+			reply, err := lua.SessionSave.Run(ctx, srv.C, call.Keys, anys(args)...).StringSlice()
 			require.NoError(t, err)
-			require.Equal(t, call.Reply, []any{reply[0], reply[1]})
+			if reply[0] != "expired" {
+				require.Equal(t, call.Reply, []any{reply[0], reply[1]})
+			}
 			return map[string]any{"status": reply[0], "version": reply[1]}
 		}))
-		vectorscenario.SameState(t, prev, steps[len(steps)-1])
+		vectorscenario.SameState(t, steps[len(steps)-2], steps[len(steps)-1])
 	}
 	load := func(name string, st session.Store, id string) {
 		steps = append(steps, srv.Step(name, "session_load", map[string]any{"session": id}, func() map[string]any {
@@ -167,6 +178,7 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 	save("journal: an append-only extension pushes the new message", journal, j, "journal")
 	saveAgain("journal: the same append sent again with the same op id: ok from its answer key; nothing is pushed twice")
 	srv.Advance(time.Second)
+	saveAgain("journal: the same append sent once more, after its deadline: refused with the server's clock; nothing changes")
 	j.Messages[0] = msg(`{"role":"user","content":"Hi (edited)"}`)
 	save("journal: an edited history is rewritten", journal, j, "journal")
 	srv.Advance(time.Second)
@@ -196,9 +208,10 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 
 func vecBuild(t *testing.T) vecFile {
 	return vecFile{
-		About:        vecAbout,
-		SessionKeys:  vecSessionKeyNames(t),
-		SessionSteps: vecSessionScenario(t),
+		About:            vecAbout,
+		OpDeadlineMillis: vectorscenario.OpDeadline.Milliseconds(),
+		SessionKeys:      vecSessionKeyNames(t),
+		SessionSteps:     vecSessionScenario(t),
 	}
 }
 
@@ -216,19 +229,13 @@ func vecLoad(t *testing.T) vecFile {
 	return f
 }
 
-// vecMinAnswerTTL reads the shortest answer TTL (PROTOCOL.md 7.4) from the
-// constants of testdata/vectors.json.
-func vecMinAnswerTTL(t *testing.T) int64 {
-	data, err := os.ReadFile(filepath.Join("..", "testdata", "vectors.json"))
-	require.NoError(t, err)
-	var f struct {
-		Constants struct {
-			MinAnswerTTLMillis int64 `json:"min_answer_ttl_ms"`
-		} `json:"constants"`
+// anys returns args as go-redis takes them.
+func anys(args []string) []any {
+	out := make([]any, len(args))
+	for i, a := range args {
+		out[i] = a
 	}
-	require.NoError(t, json.Unmarshal(data, &f))
-	require.Positive(t, f.Constants.MinAnswerTTLMillis)
-	return f.Constants.MinAnswerTTLMillis
+	return out
 }
 
 // ---- the documented rules, written out independently ----
@@ -244,13 +251,27 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Equal(t, v.Namespace+":"+tag+":log", v.Log)
 		assert.Equal(t, v.Namespace+":"+tag+":q:", v.AnswerPrefix)
 	}
-	ruleSessionScenario(t, vecMinAnswerTTL(t), f.SessionSteps)
+	ruleSessionScenario(t, f.OpDeadlineMillis, f.SessionSteps)
 }
 
-func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenario.Step) {
+// ruleDeadline is the deadline of op in ms since 2025-01-01: the instant
+// whose low 32 bits are op's last 4 bytes nearest to now (6.6).
+func ruleDeadline(op []byte, now int64) int64 {
+	low := int64(op[5])<<24 | int64(op[6])<<16 | int64(op[7])<<8 | int64(op[8])
+	diff := ((low-now)%(1<<32) + 1<<32) % (1 << 32)
+	if diff >= 1<<31 {
+		diff -= 1 << 32
+	}
+	return now + diff
+}
+
+func ruleSessionScenario(t *testing.T, deadlineAfter int64, steps []vectorscenario.Step) {
 	answered := map[string]any{} // answer key → the reply that published
-	resent, clocked := 0, 0
+	resent, clocked, expired := 0, 0, 0
 	for _, st := range steps {
+		at, err := time.Parse(time.RFC3339Nano, st.ServerTime)
+		require.NoError(t, err)
+		now := at.UnixMilli() - 1735689600000 // the scripts' clock (6.6)
 		answers, pttls := map[string]any{}, map[string]int64{}
 		heads := map[string]map[string]any{}
 		for _, k := range st.State {
@@ -276,20 +297,31 @@ func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenari
 			tag := strings.TrimSuffix(call.Keys[0], "head")
 			assert.Equal(t, tag+"log", call.Keys[1], st.Name)
 			op, ok := strings.CutPrefix(call.Keys[2], tag+"q:")
-			assert.True(t, ok && vectorscenario.OpIDPattern.MatchString(op), "%s: answer key %q", st.Name, call.Keys[2])
+			assert.True(t, ok && vectorscenario.OpPattern.MatchString(op), "%s: answer key %q", st.Name, call.Keys[2])
 			args := vectorscenario.Strings(t, call.Args)
 			require.GreaterOrEqual(t, len(args), 7, st.Name)
-			answerTTL, err := strconv.ParseInt(args[5], 10, 64)
-			require.NoError(t, err, st.Name)
-			assert.GreaterOrEqual(t, answerTTL, minAnswerTTL, "%s: answer TTL", st.Name)
+			// The op (6.6): its answer key ends in it in hex; its last 4
+			// bytes are the low 32 bits of its deadline.
+			require.Len(t, args[5], 9, st.Name)
+			assert.Equal(t, hex.EncodeToString([]byte(args[5])), op, "%s: answer key", st.Name)
+			deadline := ruleDeadline([]byte(args[5]), now)
 			r := call.Reply.([]any)
+			if r[0] == "expired" {
+				// Refused past its deadline, with the server's clock.
+				expired++
+				assert.LessOrEqual(t, deadline, now, st.Name)
+				assert.Equal(t, strconv.FormatInt(now, 10), r[1], st.Name)
+				continue
+			}
+			assert.Greater(t, deadline, now, st.Name)
 			if first, ok := answered[call.Keys[2]]; ok {
 				resent++
 				assert.Equal(t, first, r, st.Name)
 			} else if r[0] == "ok" {
 				answered[call.Keys[2]] = r
+				assert.Equal(t, now+deadlineAfter, deadline, "%s: deadline", st.Name)
 				assert.Equal(t, r[1], answers[call.Keys[2]], "%s: answer", st.Name)
-				assert.LessOrEqual(t, pttls[call.Keys[2]], answerTTL, "%s: answer TTL", st.Name)
+				assert.Contains(t, []int64{deadline - now - 1, deadline - now}, pttls[call.Keys[2]], "%s: the answer lives until the deadline", st.Name)
 				// A save on a clock of its own with a TTL writes e = now + TTL;
 				// any other deletes it.
 				var want any
@@ -307,5 +339,6 @@ func ruleSessionScenario(t *testing.T, minAnswerTTL int64, steps []vectorscenari
 		}
 	}
 	assert.NotZero(t, resent, "a session save sent again")
+	assert.NotZero(t, expired, "a session save sent again after its deadline")
 	assert.NotZero(t, clocked, "a load on a clock of its own")
 }

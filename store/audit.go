@@ -43,7 +43,7 @@ type auditEntry struct {
 	score        score
 	live         bool  // the state exists
 	hasContinuer bool  // the state holds a continuation
-	copied       score // the state's copy of its LRU score
+	size         int64 // the stored bytes the state's fields make (lua/lru.lua)
 }
 
 // checkPartition appends the problems of partition p to a.
@@ -63,8 +63,8 @@ func (o Options) checkPartition(a *Audit, p int, entries []auditEntry, liveKeys 
 			problem("LRU entry %q has no live state", e.key)
 		} else if e.hasContinuer != e.score.published() {
 			problem("LRU entry %q says published=%v, the state says %v", e.key, e.score.published(), e.hasContinuer)
-		} else if e.copied != e.score {
-			problem("LRU entry %q has score %d, the state's copy says %d", e.key, e.score, e.copied)
+		} else if e.size != e.score.size() {
+			problem("LRU entry %q says %d bytes, the state holds %d", e.key, e.score.size(), e.size)
 		}
 	}
 	for _, k := range liveKeys {
@@ -115,7 +115,8 @@ func (m *memory) audit(context.Context) (Audit, error) {
 		var live []string
 		for _, st := range p.lru {
 			alive := !m.expired(st, now) && p.owners[st.owner] == st
-			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, hasContinuer: st.kept > 0, copied: st.score})
+			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, hasContinuer: st.kept > 0,
+				size: min(keys.stateBytes(i, st.owner)+st.kept, maxStateBytes)})
 		}
 		for owner, st := range p.owners {
 			if !m.expired(st, now) {
@@ -157,7 +158,7 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 		for _, e := range entries {
 			keys = append(keys, e.key)
 		}
-		fields, err := r.readTurns(ctx, keys)
+		fields, err := r.readTurns(ctx, p, keys)
 		if err != nil {
 			return Audit{}, err
 		}
@@ -169,7 +170,7 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 		}
 		for i := range entries {
 			f := fields[len(found)+i]
-			entries[i].live, entries[i].hasContinuer, entries[i].copied = f.live, f.published, f.score
+			entries[i].live, entries[i].hasContinuer, entries[i].size = f.live, f.published, f.size
 		}
 		r.opts.checkPartition(&a, p, entries, live, parseCount(acct, 0), parseCount(acct, 1), func(o identity.Owner) string {
 			return r.keys.owner(o.Partition(r.opts.Partitions), o)
@@ -252,21 +253,22 @@ func scoredMembers(v any) ([]string, []float64, error) {
 
 // turnFields says whether a key holds a live state, whether that state
 // holds a continuation (published by its current turn or the one before),
-// and its copy of its LRU score.
+// and the stored bytes its fields make, as its LRU entry must say.
 type turnFields struct {
 	live, published bool
-	score           score
+	size            int64
 }
 
-// readTurns reads the fields t, c and s of keys in one pipeline.
-func (r *redisBackend) readTurns(ctx context.Context, keys []string) ([]turnFields, error) {
+// readTurns reads the fields t and c of keys of partition p in one
+// pipeline.
+func (r *redisBackend) readTurns(ctx context.Context, p int, keys []string) ([]turnFields, error) {
 	out := make([]turnFields, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
 	cmds := make([][]string, len(keys))
 	for i, k := range keys {
-		cmds[i] = []string{"HMGET", k, "t", "c", "s"}
+		cmds[i] = []string{"HMGET", k, "t", "c"}
 	}
 	replies, err := r.conn.do(ctx, cmds...)
 	if err != nil {
@@ -274,14 +276,14 @@ func (r *redisBackend) readTurns(ctx context.Context, keys []string) ([]turnFiel
 	}
 	for i, reply := range replies {
 		v, _ := reply.([]any)
-		if len(v) != 3 {
+		if len(v) != 2 {
 			return nil, fmt.Errorf("%w: state %s: %v", errBadReply, keys[i], reply)
 		}
+		c, _ := v[1].(string)
 		out[i].live = v[0] != nil
 		out[i].published = v[0] != nil && v[1] != nil
-		if s, ok := v[2].(string); ok {
-			n, _ := strconv.ParseInt(s, 10, 64)
-			out[i].score = score(n)
+		if owner, ok := ownerFromKey(keys[i]); ok {
+			out[i].size = min(r.keys.stateBytes(p, owner)+int64(len(c)), maxStateBytes)
 		}
 	}
 	return out, nil

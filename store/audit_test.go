@@ -23,7 +23,7 @@ func TestAuditFindsAStateInTheWrongPartition(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, a.Problems, "sound before the move")
 
-	p, keys := b.ownerKeys(owner, false)
+	p, keys := b.ownerKeys(owner)
 	q := 1 - p // openRedis has 2 partitions
 	score, err := c.ZScore(ctx, keys[1], owner.Key()).Result()
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/lua"
 )
 
 // keyspace builds every Redis key name of a namespace; nothing else does.
@@ -12,7 +13,7 @@ import (
 //
 //	<ns>:{<ns>}:meta                hash    schema version, partition count, fingerprint profile and key
 //	<ns>:{<ns>:<pp>}:o:<owner key>  hash    one owner's state
-//	<ns>:{<ns>:<pp>}:q:<owner key>:<op>  string  the answer of one operation that changed the owner, for seconds
+//	<ns>:{<ns>:<pp>}:q:<owner key>:<op>  string  the answer of one call that changed the owner, until its deadline
 //	<ns>:{<ns>:<pp>}:lru            zset    owner keys by last touch
 //	<ns>:{<ns>:<pp>}:part           hash    stored bytes, continuations, evictions
 //	<ns>:{<ns>:<pp>}:seq            string  the turn clock's last sequence number
@@ -54,10 +55,10 @@ func (k keyspace) ownerPrefix(p int) string { return k.parts[p].prefix }
 // owner returns the key of an owner's state hash in its partition p.
 func (k keyspace) owner(p int, o identity.Owner) string { return k.parts[p].prefix + o.Key() }
 
-// answer returns the key of the answer of operation op of owner o in its
+// answer returns the answer key of the call of op on owner o in its
 // partition p (lua/oplog.lua).
 func (k keyspace) answer(p int, o identity.Owner, op string) string {
-	return k.parts[p].answers + o.Key() + ":" + op
+	return k.parts[p].answers + o.Key() + ":" + lua.OpKey(op)
 }
 
 // lru returns the key of partition p's LRU.

@@ -16,7 +16,7 @@ const evictionBudget = 64
 var ErrSchemaMismatch = errors.New("store: namespace schema mismatch")
 
 // schemaVersion is the Redis layout this package reads and writes.
-const schemaVersion = 3
+const schemaVersion = 4
 
 // Evictions counts evicted owner states by cause.
 type Evictions struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/lua"
 )
 
@@ -59,10 +60,11 @@ func newRedisStore(conn redisConn, inline bool, opts Options) (*Store, error) {
 // newRedisBackend returns a backend on conn for options o, defaults filled
 // in, that has not checked the namespace's schema yet.
 func newRedisBackend(conn redisConn, o Options) *redisBackend {
-	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions), newOpID: lua.NewOpID,
-		ttl:       strconv.FormatInt(o.TTL.Milliseconds(), 10),
-		answerTTL: strconv.FormatInt(lua.AnswerTTL(o.OpTimeout).Milliseconds(), 10),
-		limits:    fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget)}
+	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions),
+		servers: serverclock.New(o.Partitions),
+		ttl:     strconv.FormatInt(o.TTL.Milliseconds(), 10),
+		limits:  fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget)}
+	r.newOp = func(p int) string { return lua.NewOp(r.servers.Deadline(p, o.OpTimeout)) }
 	r.fp.Store(o.newParser())
 	return r
 }
@@ -178,12 +180,15 @@ type redisBackend struct {
 	// fp parses under the namespace's key once a schema check has read it;
 	// before that, under the key this store proposes.
 	fp atomic.Pointer[fingerprint.Parser]
-	// newOpID draws the operation id of a script that changes state
-	// (lua/oplog.lua).
-	newOpID func() string
-	// The scripts' constant arguments: idle TTL and answer TTL in
-	// milliseconds, and the limits of the scripts that prune (lua/lru.lua).
-	ttl, answerTTL, limits string
+	// servers estimates the clocks of the partitions' servers, on which
+	// calls carry their deadlines.
+	servers *serverclock.Clock
+	// newOp draws the op of a call on partition p that changes state
+	// (lua/oplog.lua): its deadline is OpTimeout from now.
+	newOp func(p int) string
+	// The scripts' constant arguments: idle TTL in milliseconds, and the
+	// limits of the scripts that prune (lua/lru.lua).
+	ttl, limits string
 }
 
 func (r *redisBackend) parser() *fingerprint.Parser { return r.fp.Load() }
@@ -291,16 +296,19 @@ func integer(v any, err error) (int64, error) {
 }
 
 // ownerKeys returns an owner's partition and the keys of its scripts: state,
-// LRU, accounting and, for a script that changes state, the key of a fresh
-// operation's answer (lua/oplog.lua). A client that re-sends the script
-// re-sends the key with it.
-func (r *redisBackend) ownerKeys(owner identity.Owner, changes bool) (int, []string) {
+// LRU and accounting.
+func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 	p := owner.Partition(r.opts.Partitions)
-	keys := []string{r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)}
-	if changes {
-		keys = append(keys, r.keys.answer(p, owner, r.newOpID()))
-	}
-	return p, keys
+	return p, []string{r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)}
+}
+
+// change returns the keys and the first arguments of a call that changes
+// the state of owner (of partition p, whose keys ownerKeys gave): those keys
+// and the answer key of a fresh op (lua/oplog.lua); now, idle TTL and the
+// op. A client that re-sends the call re-sends both.
+func (r *redisBackend) change(p int, owner identity.Owner, keys []string) ([]string, []string) {
+	op := r.newOp(p)
+	return append(keys[:3:3], r.keys.answer(p, owner, op)), []string{r.clock(), r.ttl, op}
 }
 
 // clock returns the scripts' "now" argument: the store's clock when
@@ -312,16 +320,6 @@ func (r *redisBackend) clock() string {
 	return strconv.FormatInt(r.opts.Now().UnixMilli(), 10)
 }
 
-// head returns the arguments every owner script starts with: now and idle
-// TTL, then, for a script that changes state, how long its answer stays
-// (lua/oplog.lua).
-func (r *redisBackend) head(changes bool) []string {
-	if !changes {
-		return []string{r.clock(), r.ttl}
-	}
-	return []string{r.clock(), r.ttl, r.answerTTL}
-}
-
 // seqArg returns turn's sequence number as the scripts compare it: "0",
 // which no state holds, for a token of another partition.
 func (r *redisBackend) seqArg(turn Turn, p int) string {
@@ -329,24 +327,63 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 	return strconv.FormatUint(seq, 10)
 }
 
+// errPastDeadline marks a call that reached Redis after its deadline and
+// changed nothing (lua/oplog.lua).
+var errPastDeadline = errors.New("store: call reached Redis after its deadline")
+
+// changing runs a call of partition p that changes state, which draws its
+// op, and once more as a new call when Redis refused it for its deadline
+// while the caller still waits: the store's estimate of the server's clock
+// was behind, and the refusal's clock has set it right. A refused call
+// changed nothing, and so does any copy of it.
+func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, error)) (any, error) {
+	for tries := 0; ; tries++ {
+		reply, err := call()
+		if err != nil {
+			return nil, err
+		}
+		a, _ := reply.([]any)
+		server, ok := int64(0), len(a) == 2 && a[0] == "expired"
+		if ok {
+			server, ok = a[1].(int64)
+		}
+		if !ok {
+			return reply, nil
+		}
+		r.servers.Observe(p, server, time.Now())
+		if tries > 0 || ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (the server's clock read %s)", errPastDeadline,
+				time.UnixMilli(server+serverclock.EpochMillis).UTC().Format(time.RFC3339Nano))
+		}
+	}
+}
+
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
-	p, keys := r.ownerKeys(owner, true)
-	keys = append(keys, r.keys.seq(p))
-	args := append(r.head(true), strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits)
-	reply, err := slice(r.run(ctx, lua.Reserve, keys, args...))
+	p, keys := r.ownerKeys(owner)
+	tail := []string{strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
+	reply, err := slice(r.changing(ctx, p, func() (any, error) {
+		keys, args := r.change(p, owner, keys)
+		return r.run(ctx, lua.Reserve, append(keys, r.keys.seq(p)), append(args, tail...)...)
+	}))
 	if err != nil {
 		return reserved{}, err
 	}
 	got, err := decodeReserve(reply)
+	if err != nil {
+		return reserved{}, err
+	}
+	r.servers.Observe(p, int64(got.seq/1000), time.Now()) // the sequence counts the server's microseconds
 	got.Turn = turnOf(got.seq, r.opts.Partitions, p)
-	return got, err
+	return got, nil
 }
 
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
-	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(true), r.seqArg(turn, p), string(encodeContinuation(c)),
-		strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits)
-	reply, err := slice(r.run(ctx, lua.Record, keys, args...))
+	p, keys := r.ownerKeys(owner)
+	tail := []string{r.seqArg(turn, p), string(encodeContinuation(c)), strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
+	reply, err := slice(r.changing(ctx, p, func() (any, error) {
+		keys, args := r.change(p, owner, keys)
+		return r.run(ctx, lua.Record, keys, append(args, tail...)...)
+	}))
 	if err != nil {
 		return published{}, err
 	}
@@ -354,9 +391,9 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 }
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
-	p, keys := r.ownerKeys(owner, true)
-	args := append(r.head(true), r.seqArg(turn, p))
-	n, err := integer(r.run(ctx, lua.Abort, keys, args...))
+	p, keys := r.ownerKeys(owner)
+	keys, args := r.change(p, owner, keys)
+	n, err := integer(r.run(ctx, lua.Abort, keys, append(args, r.seqArg(turn, p))...))
 	return n == 1, err
 }
 
@@ -366,14 +403,17 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 }
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
-	_, keys := r.ownerKeys(owner, true)
-	n, err := integer(r.run(ctx, lua.Clear, keys, r.head(true)...))
+	p, keys := r.ownerKeys(owner)
+	n, err := integer(r.changing(ctx, p, func() (any, error) {
+		keys, args := r.change(p, owner, keys)
+		return r.run(ctx, lua.Clear, keys, args...)
+	}))
 	return n == 1, err
 }
 
 func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State, error) {
-	p, keys := r.ownerKeys(owner, false)
-	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2], r.head(false)...))
+	p, keys := r.ownerKeys(owner)
+	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2], r.clock(), r.ttl))
 	if err != nil {
 		return State{}, err
 	}

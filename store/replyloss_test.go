@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // lossyReplicas opens two stores on one namespace, as two gateway replicas
 // with clients of their own: the first one's client loses the replies loss
 // selects and re-sends the command once, as the README's settings allow.
-func lossyReplicas(t *testing.T, addr string) (*Store, *Store, *redistest.ReplyLoss) {
+// Each of with changes their options.
+func lossyReplicas(t *testing.T, addr string, with ...func(*Options)) (*Store, *Store, *redistest.ReplyLoss) {
 	loss := &redistest.ReplyLoss{}
 	lossy := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: 1, Dialer: loss.Dial})
 	plain := redis.NewClient(&redis.Options{Addr: addr})
@@ -31,6 +33,9 @@ func lossyReplicas(t *testing.T, addr string) (*Store, *Store, *redistest.ReplyL
 	ns := redistest.Namespace(t)
 	redistest.CleanupNamespace(t, plain, ns)
 	opts := Options{Namespace: ns, Partitions: 2, OpTimeout: 5 * time.Second}
+	for _, w := range with {
+		w(&opts)
+	}
 	a, err := NewRedis(lossy, opts)
 	require.NoError(t, err)
 	b, err := NewRedis(plain, opts)
@@ -48,6 +53,18 @@ func replyServers(t *testing.T, f func(t *testing.T, addr string)) {
 	t.Run("redis", func(t *testing.T) {
 		f(t, redistest.Standalone(t).Options().Addr)
 	})
+}
+
+// ownerIn returns a main owner, named after prefix, of partition p of
+// partitions.
+func ownerIn(t *testing.T, p, partitions int, prefix string) identity.Owner {
+	for i := 0; ; i++ {
+		o, err := identity.Main(fmt.Sprintf("%s-%d", prefix, i))
+		require.NoError(t, err)
+		if o.Partition(partitions) == p {
+			return o
+		}
+	}
 }
 
 // published reserves and records a turn of owner on s, answered by resp.
@@ -134,6 +151,44 @@ func TestLostRepliesAnswerAsTheFirstRun(t *testing.T) {
 			cur, err := b.IsCurrent(ctx, next)
 			require.NoError(t, err)
 			assert.True(t, cur, "the re-sent clear leaves the turn reserved after its first run")
+		})
+	})
+	t.Run("record after the next publish", func(t *testing.T) {
+		replyServers(t, func(t *testing.T, addr string) {
+			a, b, loss := lossyReplicas(t, addr)
+			res := a.Reserve(ctx, owner, testRequest(t, one))
+			require.NoError(t, res.Err)
+			loss.Lose(1, redistest.Containing(lua.Record.Hash()), func() {
+				next := b.Reserve(ctx, owner, testRequest(t, two))
+				require.Equal(t, "resp_1", next.PreviousResponseID, "another replica continued from the first run")
+				out, err := b.Record(ctx, next, Result{ResponseID: "resp_2", Socket: Socket{Any: true}})
+				require.NoError(t, err)
+				require.Equal(t, OutcomePublished, out)
+			})
+			out, err := a.Record(ctx, res, Result{ResponseID: "resp_1", Socket: Socket{Any: true}})
+			require.NoError(t, err)
+			require.Equal(t, int64(1), loss.Lost())
+			assert.Equal(t, OutcomePublished, out, "the re-sent record answers as the first run did")
+			st, err := b.Inspect(ctx, owner)
+			require.NoError(t, err)
+			assert.Equal(t, "resp_2", st.ResponseID, "and changed nothing")
+		})
+	})
+	t.Run("reserve of an owner evicted since", func(t *testing.T) {
+		replyServers(t, func(t *testing.T, addr string) {
+			a, b, loss := lossyReplicas(t, addr, func(o *Options) { o.MaxOwners = 2 }) // one owner a partition
+			publishedTurn(t, b, owner, one, "resp_1")
+			neighbour := ownerIn(t, owner.Partition(2), 2, "neighbour")
+			loss.Lose(1, redistest.Containing(lua.Reserve.Hash()), func() {
+				publishedTurn(t, b, neighbour, one, "resp_n")
+			})
+			res := a.Reserve(ctx, owner, testRequest(t, two))
+			require.Equal(t, int64(1), loss.Lost())
+			require.NoError(t, res.Err)
+			assert.Equal(t, "resp_1", res.PreviousResponseID, "the answer of the evicted state's reserve")
+			st, err := b.Inspect(ctx, owner)
+			require.NoError(t, err)
+			assert.False(t, st.Exists, "and the re-sent reserve changed nothing")
 		})
 	})
 	t.Run("reserve after the next publish", func(t *testing.T) {

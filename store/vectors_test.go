@@ -76,11 +76,8 @@ type vecConstants struct {
 	StateOverhead      int64 `json:"state_overhead"`
 	StateNameCost      int64 `json:"state_name_cost_percent"`
 	ContinuationFormat int   `json:"continuation_format"`
-	OpIDDigits         int   `json:"op_id_hex_digits"`
-	// An operation's answer stays max(MinAnswerTTL, AnswerTTLOpTimeouts ×
-	// OpTimeout).
-	MinAnswerTTLMillis     int64  `json:"min_answer_ttl_ms"`
-	AnswerTTLOpTimeouts    int64  `json:"answer_ttl_op_timeouts"`
+	// OpBytes is the length of an op (PROTOCOL.md 6.6).
+	OpBytes                int    `json:"op_bytes"`
 	EvictionBudget         int    `json:"eviction_budget"`
 	SchemaVersion          int    `json:"schema_version"`
 	DefaultNamespace       string `json:"default_namespace"`
@@ -231,7 +228,7 @@ type vecKeys struct {
 	// LRUMember is the owner's member in the LRU: State without it.
 	OwnerPrefix string `json:"owner_prefix"`
 	LRUMember   string `json:"lru_member"`
-	// AnswerPrefix followed by an operation id is the key of the answer of
+	// AnswerPrefix followed by an op in hex is the answer key of
 	// one operation that changes the owner.
 	AnswerPrefix string `json:"answer_prefix"`
 	LRU          string `json:"lru"`
@@ -276,7 +273,7 @@ func vecKeyNames(t *testing.T) []vecKeys {
 		p := c.owner.Partition(c.parts)
 		v := vecKeys{Namespace: c.ns, Partitions: c.parts, Session: c.owner.Session(), OwnerKey: c.owner.Key(),
 			Partition: p, Tag: k.tag(p), State: k.owner(p, c.owner), OwnerPrefix: k.ownerPrefix(p), LRUMember: c.owner.Key(),
-			AnswerPrefix: strings.TrimSuffix(k.answer(p, c.owner, "op"), "op"), LRU: k.lru(p), Part: k.part(p), Meta: k.meta()}
+			AnswerPrefix: strings.TrimSuffix(k.answer(p, c.owner, "op"), lua.OpKey("op")), LRU: k.lru(p), Part: k.part(p), Meta: k.meta()}
 		require.Equal(t, v.State, v.OwnerPrefix+v.LRUMember)
 		if c.owner.IsAgent() {
 			v.Agent = vecStr(c.owner.AgentID())
@@ -432,7 +429,7 @@ func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint
 	require.NoError(t, err)
 	b := newRedisBackend(goRedis{client: client}, opts)
 	b.schema.running = true
-	p, keys := b.ownerKeys(owner, false)
+	p, keys := b.ownerKeys(owner)
 	ctx := context.Background()
 	if prevSeq > 0 {
 		require.NoError(t, client.Set(ctx, b.keys.seq(p), prevSeq, 0).Err())
@@ -636,13 +633,15 @@ func vecScripts(t *testing.T) []vecScript {
 
 // vecOpaque names the opaque bytes of the store scenario: record's ARGV[5]
 // (the continuation), the continuation in reserve's reply [4] and inspect's
-// [3], field c of an owner state, and the answer of a reserve that consumed
-// a continuation.
+// [3], fields c and o of an owner state, the answer of a reserve that
+// consumed a continuation, and the ops of the calls that change state.
 var vecOpaque = vectorscenario.Opaque{
 	Arg:       func(script string, i int) bool { return script == "record" && i == 4 },
 	Reply:     map[string]int{"reserve": 3, "inspect": 2},
-	HashField: func(key, field string) bool { return field == "c" && strings.Contains(key, "}:o:") },
+	HashField: func(key, field string) bool { return (field == "c" || field == "o") && strings.Contains(key, "}:o:") },
 	String:    func(_, s string) bool { return vecConsumedAnswer.MatchString(s) },
+	Ops: map[string]vectorscenario.OpAt{"reserve": {Key: 3, Arg: 2}, "record": {Key: 3, Arg: 2},
+		"abort": {Key: 3, Arg: 2}, "clear": {Key: 3, Arg: 2}},
 }
 
 // vecConsumedAnswer matches the answer of a reserve that consumed a
@@ -665,24 +664,25 @@ var vecKey = func() (k fingerprint.Key) {
 
 var vecParser, _ = fingerprint.New(fingerprint.V2(), vecKey)
 
-// vecOpIDs draws the operation ids of a scenario's stores from a counter
-// they share, so that its calls are reproducible.
+// vecOpIDs draws the ops of a scenario's stores from a counter they
+// share and the server's clock, so that its calls are reproducible.
 type vecOpIDs struct {
-	n *uint64
-	// again, when set, is the id of the next call: a call sent again.
+	n   *uint64
+	now func() time.Time
+	// again, when set, is the op of the next call: a call sent again.
 	again string
-	// last is the id of the last call.
+	// last is the op of the last call.
 	last string
 }
 
-func (o *vecOpIDs) next() string {
-	id := o.again
-	if id == "" {
+func (o *vecOpIDs) next(int) string {
+	op := o.again
+	if op == "" {
 		*o.n++
-		id = vectorscenario.OpID(*o.n)
+		op = vectorscenario.Op(*o.n, o.now())
 	}
-	o.again, o.last = "", id
-	return id
+	o.again, o.last = "", op
+	return op
 }
 
 func vecReservation(r *Reservation) map[string]any {
@@ -707,9 +707,9 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	newStoreOn := func(o Options) (*Store, *redisBackend, *vecOpIDs) {
 		opts, err := o.withDefaults()
 		require.NoError(t, err)
-		ids := &vecOpIDs{n: &drawn}
+		ids := &vecOpIDs{n: &drawn, now: srv.Now}
 		rb := newRedisBackend(goRedis{client: srv.C}, opts)
-		rb.newOpID = ids.next
+		rb.newOp = ids.next
 		rb.fp.Store(vecParser)
 		rb.schema.running = true // no background schema checks in the record
 		return &Store{opts: opts, backend: rb, inline: true, breakers: newBreakers(opts)}, rb, ids
@@ -724,7 +724,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		steps = append(steps, srv.Step(name, op, in, func() map[string]any {
 			out := fn()
 			if ids.last != "" {
-				in["op_id"] = ids.last
+				in["op"] = lua.OpKey(ids.last)
 			}
 			return out
 		}))
@@ -792,8 +792,19 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		}
 		return out
 	}
-	later := func() { srv.Advance(1500 * time.Millisecond) }
+	later := func() { srv.Advance(1500 * time.Millisecond) } // past every op's deadline
+	soon := func() { srv.Advance(50 * time.Millisecond) }     // within the last op's
 	last := func() vectorscenario.Step { return steps[len(steps)-1] }
+	// raw sends a call of script with the keys and arguments of an earlier
+	// step's first call, as a client library re-sends it.
+	raw := func(name, op string, script *lua.Script, from vectorscenario.Step) {
+		call := from.Calls[0]
+		step(ids, name, op, map[string]any{"sent_again": from.Name}, func() map[string]any {
+			reply, err := rb.conn.eval(ctx, script, call.Keys, vectorscenario.Strings(t, call.Args))
+			require.NoError(t, err)
+			return map[string]any{"reply": vectorscenario.Reply(t, reply)}
+		})
+	}
 
 	step(ids, "open the namespace: record or compare the schema", "open", map[string]any{"namespace": "cont", "partitions": 16}, func() map[string]any {
 		require.NoError(t, rb.checkSchema(ctx))
@@ -808,8 +819,8 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	r2 := body("Be brief.", u1, o1, u2)
 	b := reserve("next request appends to the transcript: continue", s1, r2)
 	opB, first := ids.last, last()
-	later()
-	again := reserveAgain("the same reserve sent again later with the same op id (a client retry): the first run's answer from its answer key, although the continuation is consumed and the clock moved; nothing changes",
+	soon()
+	again := reserveAgain("the same reserve sent again within its deadline with the same op (its reply was lost): the first run's answer, from the state's o; nothing changes",
 		s1, r2, opB)
 	require.Equal(t, vecReservation(b), vecReservation(again))
 	require.Equal(t, first.Calls[0].Keys, last().Calls[0].Keys)
@@ -821,25 +832,65 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		return map[string]any{"current": ok}
 	})
 	inspect("inspect an owner whose turn is in flight", s1)
-	later()
+	soon()
 	record("a stale turn records: nothing changes", a, r1, Result{ResponseID: "resp_late", Socket: Socket{ID: 7}, Output: output(o1)})
 	out2 := Result{ResponseID: "resp_2", Socket: Socket{Replica: "gw-b", ID: 12}, Output: output(o2)}
 	record("the current turn records", b, r2, out2)
 	opRB := ids.last
-	later()
+	soon()
 	before := last()
-	recordAgain("the same record sent again later with the same op id: published, from its answer key; nothing changes (not even the LRU touch)", b, r2, out2, opRB)
+	recordAgain("the same record sent again within its deadline with the same op: published, from the state's o; nothing changes (not even the LRU touch)", b, r2, out2, opRB)
 	vectorscenario.SameState(t, before, last())
-	late := reserveAgain("the first reserve sent again once more, after its turn published a new continuation: still the first run's answer, with the continuation it consumed; nothing changes",
+	late := reserveAgain("the first reserve sent once more, within its deadline but after its turn published (so its client has its reply: no one waits for this copy): nothing changes; its turn, without the continuation it consumed, which the state no longer holds",
 		s1, r2, opB)
-	require.Equal(t, vecReservation(b), vecReservation(late))
+	require.Equal(t, b.Turn, late.Turn)
+	vectorscenario.SameState(t, before, last())
+	later()
+	raw("the first reserve sent once more, after its deadline: refused, with the server's clock; nothing changes", "reserve", lua.Reserve, first)
 	vectorscenario.SameState(t, before, last())
 	inspect("inspect a published owner", s1)
+
+	// Two replicas reserve one owner within a deadline: the later keeps the
+	// earlier one's answer in its answer key until its deadline.
+	other, _, otherIDs := newStoreOn(base)
 	srv.Advance(30 * time.Minute / 16)
 	r3 := body("Be verbose.", u1, o1, u2, o2)
 	c := reserve("changed instructions, a sixteenth of the TTL after the last refresh: prompt_changed; the LRU entry and the TTL are refreshed", s1, r3)
-	later()
-	record("record the full-context response", c, r3, Result{ResponseID: "resp_3", Socket: Socket{ID: 7}, Output: output(o1)})
+	opC, firstC := ids.last, last()
+	soon()
+	var c2 *Reservation
+	step(otherIDs, "another replica reserves the same owner within the first's deadline: superseded_turn; the first's answer moves to its answer key", "reserve",
+		map[string]any{"owner": s1.Key(), "request": r3}, func() map[string]any {
+			c2 = other.Reserve(ctx, s1, parse(r3))
+			require.NoError(t, c2.Err)
+			return vecReservation(c2)
+		})
+	soon()
+	againC := reserveAgain("the first of them sent again within its deadline: its first run's answer, from its answer key; nothing changes", s1, r3, opC)
+	require.Equal(t, vecReservation(c), vecReservation(againC))
+	require.Equal(t, firstC.Calls[0].Args, last().Calls[0].Args)
+	out3 := Result{ResponseID: "resp_3", Socket: Socket{ID: 7}, Output: output(o1)}
+	var opRC2 string
+	step(otherIDs, "the other replica's turn records", "record", map[string]any{"owner": s1.Key(), "turn": vecTurn(c2.Turn)}, func() map[string]any {
+		got, err := other.Record(ctx, c2, out3)
+		require.NoError(t, err)
+		opRC2 = otherIDs.last
+		return map[string]any{"outcome": string(got)}
+	})
+	soon()
+	r3b := body("Be verbose.", u1, o1, u2, o2, o1, u1)
+	c3 := reserve("a turn continues from it", s1, r3b)
+	record("and records within the other replica's record's deadline: that record's answer moves to its answer key", c3, r3b,
+		Result{ResponseID: "resp_3b", Socket: Socket{ID: 7}, Output: output(o1)})
+	soon()
+	step(otherIDs, "the other replica's record sent again within its deadline: published, from its answer key; nothing changes", "record",
+		map[string]any{"owner": s1.Key(), "turn": vecTurn(c2.Turn)}, func() map[string]any {
+			otherIDs.again = opRC2
+			got, err := other.Record(ctx, c2, out3)
+			require.NoError(t, err)
+			require.Equal(t, OutcomePublished, got)
+			return map[string]any{"outcome": string(got)}
+		})
 	later()
 	r4 := body("Be verbose.", u1, o1)
 	d := reserve("a request shorter than the transcript: not_append_only", s1, r4)
@@ -901,7 +952,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 			"max_owners": s.opts.MaxOwners, "max_total_bytes": s.opts.MaxTotalBytes, "max_owner_bytes": s.opts.MaxOwnerBytes,
 			"partition_owner_limit": s.opts.partitionOwners(), "partition_byte_limit": s.opts.partitionBytes(),
 			"eviction_budget": evictionBudget, "replica": s.opts.Replica,
-			"op_timeout_ms": s.opts.OpTimeout.Milliseconds(), "answer_ttl_ms": lua.AnswerTTL(s.opts.OpTimeout).Milliseconds()},
+			"op_timeout_ms": s.opts.OpTimeout.Milliseconds(), "op_deadline_ms": vectorscenario.OpDeadline.Milliseconds()},
 		Steps: steps,
 	}
 }
@@ -934,7 +985,7 @@ func vecBuild(t *testing.T) vecFile {
 			ScoreEpochMillis: scoreEpochMillis, ScoreTimeUnit: scoreTimeUnit, ScorePublished: scorePublished, MaxStateBytes: maxStateBytes,
 			TurnEpochSeconds: turnEpochSeconds, SeqLimit: 1 << 53,
 			StateOverhead: stateOverhead, StateNameCost: stateNameCost, ContinuationFormat: continuationFormat,
-			OpIDDigits: len(lua.NewOpID()), MinAnswerTTLMillis: lua.AnswerTTL(0).Milliseconds(), AnswerTTLOpTimeouts: int64(lua.AnswerTTL(time.Hour) / time.Hour),
+			OpBytes: lua.OpSize,
 			EvictionBudget: evictionBudget, SchemaVersion: schemaVersion,
 			DefaultNamespace: defaultNamespace, DefaultPartitions: defaultPartitions, MaxPartitions: MaxPartitions,
 			DefaultTTLMillis: defaultTTL.Milliseconds(), DefaultMaxOwners: defaultMaxOwners,
@@ -1242,26 +1293,24 @@ func ruleChanged(script string, reply any) bool {
 }
 
 func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
-	opTimeout := int64(sc.Options["op_timeout_ms"].(float64))
-	answerTTL := int64(sc.Options["answer_ttl_ms"].(float64))
+	deadlineAfter := int64(sc.Options["op_deadline_ms"].(float64))
 	ttl := int64(sc.Options["ttl_ms"].(float64))
 	partitions := uint64(sc.Options["partitions"].(float64))
-	assert.Equal(t, max(c.MinAnswerTTLMillis, c.AnswerTTLOpTimeouts*opTimeout), answerTTL)
 
-	firstRun := map[string]any{} // answer key → the first call's reply
+	type firstRun struct {
+		reply  any
+		answer string // what its answer key holds once a later call moves it there (6.6)
+		turn   string // the state's t after it, for a reserve
+	}
+	firsts := map[string]firstRun{} // op in hex → its first run
 	resent := map[string]int{}
 	for i, st := range sc.Steps {
 		at, err := time.Parse(time.RFC3339Nano, st.ServerTime)
 		require.NoError(t, err)
-		answers := map[string]string{} // answer key → the answer stored after the step
+		now := at.UnixMilli() - c.ScoreEpochMillis
+		states := map[string]map[string]any{}
 		for _, k := range st.State {
-			if strings.Contains(k.Key, "}:q:") {
-				if s, ok := k.String.(string); ok {
-					answers[k.Key] = s
-				} else {
-					answers[k.Key] = string(vectorscenario.UnHex(t, k.String))
-				}
-			}
+			states[k.Key] = k.Hash
 		}
 		for _, call := range st.Calls {
 			if call.Command != "EVALSHA" {
@@ -1290,12 +1339,14 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			if call.Script == "reserve" {
 				assert.Equal(t, base+"seq", call.Keys[4], st.Name)
 			}
-			answerKey := call.Keys[3]
-			op, ok := strings.CutPrefix(answerKey, base+"q:"+member+":")
-			assert.True(t, ok && vectorscenario.OpIDPattern.MatchString(op), "%s: answer key %q", st.Name, answerKey)
+			// The op: 5 bytes of id, then the low 32 bits of the deadline;
+			// its answer key ends in it in hex (6.6).
+			op := args[2]
+			require.Len(t, op, c.OpBytes, st.Name)
+			opHex := hex.EncodeToString([]byte(op))
+			assert.Equal(t, base+"q:"+member+":"+opHex, call.Keys[3], "%s: answer key", st.Name)
 			assert.Contains(t, []string{"0", strconv.FormatInt(at.UnixMilli(), 10)}, args[0], "%s: now", st.Name)
 			assert.Equal(t, strconv.FormatInt(ttl, 10), args[1], st.Name)
-			assert.Equal(t, strconv.FormatInt(answerTTL, 10), args[2], st.Name)
 			limits := regexp.MustCompile(`^\d+:\d+:` + strconv.Itoa(c.EvictionBudget) + `$`)
 			switch call.Script {
 			case "reserve":
@@ -1307,27 +1358,72 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 				_, ok := ruleDecode([]byte(args[4]))
 				assert.True(t, ok, "%s: continuation", st.Name)
 			}
-			first, seen := firstRun[answerKey]
-			if !seen {
-				firstRun[answerKey] = call.Reply
-				// A run that changed something stores its answer; one that
-				// changed nothing stores none.
-				if ruleChanged(call.Script, call.Reply) {
-					assert.Equal(t, ruleAnswer(t, call.Script, call.Reply), answers[answerKey], "%s: answer", st.Name)
-				} else {
-					assert.NotContains(t, answers, answerKey, st.Name)
-				}
-			} else {
-				// Sent again with the same answer key: the first run's answer
-				// (a reserve reports no evictions), and nothing changes.
-				resent[call.Script]++
-				want := first
-				if r, ok := want.([]any); ok && call.Script == "reserve" {
-					want = append(slices.Clone(r[:2]), append([]any{0.0}, r[3:]...)...)
-				}
-				assert.Equal(t, want, call.Reply, st.Name)
+			deadline := ruleDeadline(op, now)
+			if r, ok := call.Reply.([]any); ok && len(r) == 2 && r[0] == "expired" {
+				// Past its deadline: refused with the server's clock, and
+				// nothing changes (6.6).
+				assert.LessOrEqual(t, deadline, now, st.Name)
+				assert.Equal(t, float64(now), r[1], st.Name)
 				vectorscenario.SameState(t, sc.Steps[i-1], st)
+				continue
 			}
+			first, seen := firsts[opHex]
+			if !seen {
+				// A scenario's calls have their deadline a fixed time after
+				// they are first sent.
+				assert.Equal(t, now+deadlineAfter, deadline, "%s: deadline", st.Name)
+				f := firstRun{reply: call.Reply}
+				o, _ := states[state]["o"].(map[string]any)
+				slots := ""
+				if o != nil {
+					slots = string(vectorscenario.UnHex(t, o))
+				}
+				switch {
+				case !ruleChanged(call.Script, call.Reply):
+					// A run that changed nothing leaves no answer.
+					assert.False(t, strings.HasPrefix(slots, op) || (len(slots) == 19 && slots[10:] == op), "%s: answer in o", st.Name)
+				case call.Script == "reserve":
+					// Its op and answer's flags start the state's o.
+					r := call.Reply.([]any)
+					flags := byte('0' + 2*int(r[1].(float64)))
+					f.answer = fmt.Sprintf("%d:%d0", int64(r[0].(float64)), int(r[1].(float64)))
+					if len(r) > 3 && r[3] != nil {
+						flags++
+						f.answer = fmt.Sprintf("%d:%d1", int64(r[0].(float64)), int(r[1].(float64))) + string(vectorscenario.UnHex(t, r[3]))
+					}
+					assert.Equal(t, op+string(flags), slots[:min(len(slots), 10)], "%s: o", st.Name)
+					f.turn, _ = states[state]["t"].(string)
+				case call.Script == "record":
+					// Its op follows the reserve's in o.
+					assert.Len(t, slots, 19, st.Name)
+					assert.Equal(t, op, slots[min(len(slots), 10):], "%s: o", st.Name)
+					f.answer = "P"
+				default:
+					// Abort and clear keep their answer in their answer key.
+					f.answer = map[string]string{"abort": "A", "clear": "C"}[call.Script]
+				}
+				firsts[opHex] = f
+				continue
+			}
+			// Sent again with the same op: the first run's answer (a reserve
+			// reports no evictions, and no continuation once its turn
+			// published), and nothing changes.
+			resent[call.Script]++
+			want := first.reply
+			if r, ok := want.([]any); ok && call.Script == "reserve" {
+				want = append(slices.Clone(r[:2]), 0.0)
+				if len(r) > 3 && r[3] != nil && !strings.HasPrefix(fmt.Sprint(states[state]["t"]), "-") {
+					want = append(want.([]any), r[3])
+				}
+				got := call.Reply.([]any)
+				if len(got) == 4 && got[3] == nil {
+					got = got[:3]
+				}
+				assert.Equal(t, want, got, st.Name)
+			} else {
+				assert.Equal(t, want, call.Reply, st.Name)
+			}
+			vectorscenario.SameState(t, sc.Steps[i-1], st)
 			// A reserve's token is its seq * P + the partition of its keys.
 			if r, ok := call.Reply.([]any); ok && call.Script == "reserve" {
 				pp := base[strings.LastIndex(base[:len(base)-2], ":")+1 : len(base)-2]
@@ -1336,16 +1432,53 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 				assert.Equal(t, strconv.FormatUint(uint64(r[0].(float64))*partitions+p, 10), st.Result["turn"], st.Name)
 			}
 		}
-		ruleState(t, c, st, answerTTL)
+		// Every answer key holds the answer of its op's first run until
+		// that op's deadline (6.6).
+		for _, k := range st.State {
+			i := strings.Index(k.Key, "}:q:")
+			if i < 0 {
+				continue
+			}
+			require.Equal(t, "string", k.Type, st.Name)
+			opHex := k.Key[strings.LastIndex(k.Key, ":")+1:]
+			f, ok := firsts[opHex]
+			require.True(t, ok, "%s: answer key %s of no call", st.Name, k.Key)
+			v, isText := k.String.(string)
+			if !isText {
+				v = string(vectorscenario.UnHex(t, k.String))
+			}
+			assert.Equal(t, f.answer, v, "%s: %s", st.Name, k.Key)
+			b, err := hex.DecodeString(opHex)
+			require.NoError(t, err)
+			// PTTL counts from the server's clock, whose milliseconds
+			// miniredis keeps a fraction of.
+			left := ruleDeadline(string(b), now) - now
+			assert.Contains(t, []int64{left - 1, left}, k.PTTL, "%s: %s lives until its op's deadline", st.Name, k.Key)
+		}
+		ruleState(t, c, st)
 	}
 	assert.NotZero(t, resent["reserve"], "a reserve sent again")
 	assert.NotZero(t, resent["record"], "a record sent again")
 }
 
-// ruleState checks the keys after a step: owner states hold t and c and
-// have their LRU entry, answers expire within the answer TTL, and each
+// ruleDeadline is the deadline of op in ms since the score epoch: the
+// instant with op's last 4 bytes as its low 32 bits nearest to now.
+func ruleDeadline(op string, now int64) int64 {
+	low := int64(op[5])<<24 | int64(op[6])<<16 | int64(op[7])<<8 | int64(op[8])
+	diff := (low - now) % (1 << 32)
+	if diff < 0 {
+		diff += 1 << 32
+	}
+	if diff >= 1<<31 {
+		diff -= 1 << 32
+	}
+	return now + diff
+}
+
+// ruleState checks the keys after a step: owner states hold t, c and o and
+// have their LRU entry, whose size the state's fields give, and each
 // partition hash sums its LRU.
-func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step, answerTTL int64) {
+func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step) {
 	zsets := map[string][]vectorscenario.ZMember{}
 	hashes := map[string]map[string]any{}
 	for _, k := range st.State {
@@ -1355,28 +1488,33 @@ func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step, answerTTL i
 		if i := strings.Index(k.Key, "}:o:"); i >= 0 {
 			require.Equal(t, "hash", k.Type, st.Name)
 			member := k.Key[i+len("}:o:"):]
-			lru := zsets[k.Key[:i]+"}:lru"]
-			j := slices.IndexFunc(lru, func(m vectorscenario.ZMember) bool { return m.Member == member })
-			if assert.True(t, j >= 0, "%s: %s has no LRU entry", st.Name, k.Key) {
-				// s is a copy of the LRU score (6.2).
-				assert.Equal(t, strconv.FormatInt(lru[j].Score, 10), k.Hash["s"], "%s: %s s", st.Name, k.Key)
-			}
 			for f := range k.Hash {
-				assert.Contains(t, []string{"t", "c", "s"}, f, "%s: %s", st.Name, k.Key)
+				assert.Contains(t, []string{"t", "c", "o"}, f, "%s: %s", st.Name, k.Key)
 			}
 			tv, err := strconv.ParseInt(k.Hash["t"].(string), 10, 64)
 			require.NoError(t, err, st.Name)
 			assert.NotZero(t, tv)
+			size := ruleStateBytes(c, k.Key, member)
 			if cv, ok := k.Hash["c"]; ok {
-				_, ok := ruleDecode(vectorscenario.UnHex(t, cv))
+				b := vectorscenario.UnHex(t, cv)
+				_, ok := ruleDecode(b)
 				assert.True(t, ok, "%s: %s holds no continuation", st.Name, k.Key)
+				size += int64(len(b))
 			} else {
 				assert.Positive(t, tv, "%s: %s published without c", st.Name, k.Key)
 			}
-		}
-		if strings.Contains(k.Key, "}:q:") {
-			require.Equal(t, "string", k.Type, st.Name)
-			assert.True(t, k.PTTL > 0 && k.PTTL <= answerTTL, "%s: %s PTTL %d", st.Name, k.Key, k.PTTL)
+			// o: the op of the reserve of its turn and that answer's flags,
+			// then the op of the last record that published (6.2).
+			o := vectorscenario.UnHex(t, k.Hash["o"])
+			if assert.Contains(t, []int{c.OpBytes + 1, 2*c.OpBytes + 1}, len(o), "%s: %s o", st.Name, k.Key) {
+				assert.Contains(t, "0123", string(o[c.OpBytes]), "%s: %s o's flags", st.Name, k.Key)
+			}
+			lru := zsets[k.Key[:i]+"}:lru"]
+			j := slices.IndexFunc(lru, func(m vectorscenario.ZMember) bool { return m.Member == member })
+			if assert.True(t, j >= 0, "%s: %s has no LRU entry", st.Name, k.Key) {
+				// The entry's size is the one the state's fields give (7.3).
+				assert.Equal(t, min(size, c.MaxStateBytes), lru[j].Score%c.ScoreTimeUnit%c.ScorePublished, "%s: %s size", st.Name, k.Key)
+			}
 		}
 	}
 	for key, members := range zsets {

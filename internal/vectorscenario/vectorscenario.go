@@ -8,11 +8,11 @@ package vectorscenario
 import (
 	"context"
 	"crypto/sha1"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/lua"
 )
 
@@ -94,19 +95,34 @@ type Opaque struct {
 	HashField func(key, field string) bool
 	// String reports whether the string value of a key is opaque.
 	String func(key, value string) bool
-	// OpIDKey gives, by script, the index of the key that ends in a random
-	// operation id (lua.NewOpID). The recorder replaces that id with one
-	// of OpID, the same for every call that sent the same id, so that the
-	// scenario is reproducible.
-	OpIDKey map[string]int
+	// Ops gives, by script, where a call carries its op (lua.NewOp): the
+	// index of its answer key, whose name ends in the op in hex, and of
+	// the argument that holds it (0-based, after the keys). The recorder
+	// replaces each op with the scenario's next (Op), the same for every
+	// call that sent the same op, so that the scenario is reproducible,
+	// and gives the argument as Bytes.
+	Ops map[string]OpAt
 }
 
-// OpID is the n-th operation id of a scenario: 12 hex digits, as
-// lua.NewOpID draws them.
-func OpID(n uint64) string { return fmt.Sprintf("%012x", (n*0x9e3779b97f4a7c15)>>16) }
+// OpAt is where a script's call carries its op.
+type OpAt struct{ Key, Arg int }
 
-// OpIDPattern matches an operation id.
-var OpIDPattern = regexp.MustCompile(`^[0-9a-f]{12}$`)
+// OpDeadline is how long after the server's clock of its step a scenario's
+// call has its deadline.
+const OpDeadline = 200 * time.Millisecond
+
+// Op is the n-th op of a scenario, sent when the server's clock read now:
+// 5 bytes drawn from n, then the low 32 bits of its deadline (OpDeadline
+// later), as lua.NewOp makes them.
+func Op(n uint64, now time.Time) string {
+	var b [12]byte
+	binary.BigEndian.PutUint64(b[:], n*0x9e3779b97f4a7c15)
+	binary.BigEndian.PutUint32(b[5:], uint32(now.Add(OpDeadline).UnixMilli()-serverclock.EpochMillis))
+	return string(b[:lua.OpSize])
+}
+
+// OpPattern matches an op's hex in an answer key's name.
+var OpPattern = regexp.MustCompile(`^[0-9a-f]{18}$`)
 
 // recorder is a go-redis hook that records the commands a step sends.
 type recorder struct {
@@ -115,8 +131,9 @@ type recorder struct {
 	on      bool
 	calls   []Call
 	scripts map[string]string // SHA1 → name
-	opIDs   map[string]string // id drawn → id sent
+	opIDs   map[string]string // op drawn → op sent
 	drawn   uint64
+	now     *time.Time // the server's clock
 }
 
 func (r *recorder) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -126,7 +143,7 @@ func (r *recorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		r.fixOpID(cmd)
+		r.fixOp(cmd)
 		err := next(ctx, cmd)
 		if r.on {
 			r.record(cmd)
@@ -148,22 +165,23 @@ func (r *recorder) script(cmd redis.Cmder) string {
 	return ""
 }
 
-func (r *recorder) fixOpID(cmd redis.Cmder) {
-	k, ok := r.opaque.OpIDKey[r.script(cmd)]
+func (r *recorder) fixOp(cmd redis.Cmder) {
+	at, ok := r.opaque.Ops[r.script(cmd)]
 	if !ok {
 		return
 	}
 	args := cmd.Args()
-	key := args[3+k].(string) // "<…>:q:<op id>"
-	cut := len(key) - len(lua.NewOpID())
-	drawn := key[cut:]
-	id, ok := r.opIDs[drawn]
+	keys := args[2].(int)
+	drawn := args[3+keys+at.Arg].(string)
+	op, ok := r.opIDs[drawn]
 	if !ok {
 		r.drawn++
-		id = OpID(r.drawn)
-		r.opIDs[drawn], r.opIDs[id] = id, id
+		op = Op(r.drawn, *r.now)
+		r.opIDs[drawn], r.opIDs[op] = op, op
 	}
-	args[3+k] = key[:cut] + id
+	key := args[3+at.Key].(string) // "<…>:q:<op in hex>"
+	args[3+at.Key] = key[:len(key)-2*lua.OpSize] + lua.OpKey(op)
+	args[3+keys+at.Arg] = op
 }
 
 func (r *recorder) record(cmd redis.Cmder) {
@@ -186,7 +204,7 @@ func (r *recorder) record(cmd redis.Cmder) {
 	c.Args = []any{}
 	for i, a := range rest {
 		s := Arg(r.t, a)
-		if r.opaque.Arg != nil && c.Script != "" && r.opaque.Arg(c.Script, i) {
+		if at, ok := r.opaque.Ops[c.Script]; (ok && at.Arg == i) || (r.opaque.Arg != nil && c.Script != "" && r.opaque.Arg(c.Script, i)) {
 			c.Args = append(c.Args, Hex(s))
 			continue
 		}
@@ -321,7 +339,9 @@ type Server struct {
 func NewServer(t testing.TB, start time.Time, opaque Opaque) *Server {
 	mr, c := redistest.Miniredis(t)
 	mr.SetTime(start)
-	rec := &recorder{t: t, opaque: opaque, scripts: map[string]string{}, opIDs: map[string]string{}}
+	srv := &Server{t: t, mr: mr, opaque: opaque, now: start, C: c}
+	rec := &recorder{t: t, opaque: opaque, scripts: map[string]string{}, opIDs: map[string]string{}, now: &srv.now}
+	srv.rec = rec
 	c.AddHook(rec)
 	for _, s := range lua.All() {
 		sha, err := c.ScriptLoad(context.Background(), s.Source).Result()
@@ -329,7 +349,7 @@ func NewServer(t testing.TB, start time.Time, opaque Opaque) *Server {
 		require.Equal(t, s.Hash(), sha)
 		rec.scripts[sha] = s.Name
 	}
-	return &Server{t: t, mr: mr, opaque: opaque, rec: rec, now: start, C: c}
+	return srv
 }
 
 // Now returns the server's clock.
@@ -357,24 +377,31 @@ func (s *Server) Step(name, op string, input map[string]any, fn func() map[strin
 
 // SameState checks that nothing changed from step before to step after:
 // the same keys with the same contents, and each TTL down by the time
-// between them (nothing refreshed it).
+// between them (nothing refreshed it), but for the keys whose TTL ran out.
 func SameState(t testing.TB, before, after Step) {
 	t.Helper()
 	t0, err := time.Parse(time.RFC3339Nano, before.ServerTime)
 	require.NoError(t, err)
 	t1, err := time.Parse(time.RFC3339Nano, after.ServerTime)
 	require.NoError(t, err)
-	want := slices.Clone(before.State)
-	for i := range want {
-		if want[i].PTTL >= 0 {
-			want[i].PTTL -= t1.Sub(t0).Milliseconds()
+	want := []KeyState{}
+	for _, k := range before.State {
+		if k.PTTL >= 0 {
+			if k.PTTL -= t1.Sub(t0).Milliseconds(); k.PTTL <= 0 {
+				continue
+			}
 		}
+		want = append(want, k)
 	}
 	assert.Equal(t, want, after.State, "%s: nothing changes", after.Name)
 }
 
-// UnHex returns the bytes of a {"hex": …} value read back from a file.
+// UnHex returns the bytes of a {"hex": …} value read back from a file, or
+// of a Bytes.
 func UnHex(t testing.TB, v any) []byte {
+	if b, ok := v.(Bytes); ok {
+		v = map[string]any{"hex": b.Hex}
+	}
 	m, ok := v.(map[string]any)
 	require.True(t, ok, "%v is no {hex}", v)
 	b, err := hex.DecodeString(m["hex"].(string))

@@ -1,0 +1,78 @@
+// Package serverclock estimates Redis servers' clocks from the times their
+// scripts report, so that a call can carry its deadline on the clock of the
+// server that runs it (lua/oplog.lua).
+package serverclock
+
+import (
+	"sync"
+	"time"
+)
+
+// EpochMillis is the scripts' epoch, 2025-01-01T00:00:00Z, in milliseconds
+// since the Unix epoch: the clock values scripts take and give are counted
+// from it.
+const EpochMillis = 1735689600000
+
+// window is how long an observation counts: the estimate follows a server
+// clock that steps back within two windows.
+const window = time.Second
+
+// Clock estimates the clocks of n servers (for the store, the servers of its
+// partitions), each as an offset from this process's clock. Until a server
+// reports a time, its clock is taken to be this process's. It is safe for
+// concurrent use.
+type Clock struct {
+	servers []server
+	now     func() time.Time
+}
+
+// server is one server's estimate: the largest offset observed in the
+// current window and in the one before. An observation (the server's time
+// minus this process's when the reply arrived) is at most the true offset,
+// by the reply's time in flight, so the largest is the closest.
+type server struct {
+	mu          sync.Mutex
+	known       bool
+	start       time.Time // the current window's start
+	cur, before int64     // largest offsets in ms, in the current window and the one before
+}
+
+// New returns a Clock for n servers on this process's clock.
+func New(n int) *Clock { return newClock(n, time.Now) }
+
+func newClock(n int, now func() time.Time) *Clock {
+	return &Clock{servers: make([]server, max(n, 1)), now: now}
+}
+
+// Deadline returns the instant timeout from now on server i's clock, in
+// milliseconds since EpochMillis.
+func (c *Clock) Deadline(i int, timeout time.Duration) int64 {
+	return c.now().UnixMilli() + c.offset(i) + timeout.Milliseconds() - EpochMillis
+}
+
+func (c *Clock) offset(i int) int64 {
+	s := &c.servers[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.known {
+		return 0
+	}
+	return max(s.cur, s.before)
+}
+
+// Observe takes the time server i reported, in milliseconds since
+// EpochMillis, in a reply that arrived at received.
+func (c *Clock) Observe(i int, serverMillis int64, received time.Time) {
+	off := serverMillis + EpochMillis - received.UnixMilli()
+	s := &c.servers[i]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch age := received.Sub(s.start); {
+	case !s.known || age >= 2*window:
+		s.known, s.start, s.cur, s.before = true, received, off, off
+	case age >= window:
+		s.start, s.before, s.cur = received, s.cur, off
+	default:
+		s.cur = max(s.cur, off)
+	}
+}
