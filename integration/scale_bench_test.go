@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
-	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/storetest"
 )
@@ -55,31 +54,25 @@ func infoField(b *testing.B, c *redis.Client, section, field string) float64 {
 
 // BenchmarkMemoryPerOwner reports Redis used_memory per owner holding a
 // published continuation, on a private server: at 100,000 owners over the
-// default 16 partitions with the default namespace, filled in waves
-// (paced) and at once (burst), and for 20,000 owners filled in waves with
-// namespaces and owner ids from short to the longest the store takes.
+// default 16 partitions with the default namespace, and for 20,000 owners
+// with namespaces and owner ids from short to the longest the store takes.
 // Each reports the store's stored-bytes estimate too
 // (estimated-bytes/owner): MaxTotalBytes bounds that estimate, so it must
-// follow the real figure. Memory is read at rest, once the operations'
-// answers have expired (bytes/owner); bytes/owner-in-turn is read while
-// they live. A burst leaves two answers an owner alive at once, which grows
-// Redis's keyspace tables for good; a paced fill starts a wave once the
-// answers of the wave before have expired, as owners taking turns over
-// minutes leave few answers alive. Run with -benchtime 1x.
+// follow the real figure. The answers of the fill's calls stay in the
+// owners' states (lua/oplog.lua): the benchmark checks that Redis holds
+// nothing else. Run with -benchtime 1x.
 func BenchmarkMemoryPerOwner(b *testing.B) {
 	cases := []struct {
 		name      string
 		owners    int
-		wave      int // owners filled before the answers are left to expire; 0: all
 		namespace string
 		idBytes   int // 0: the benchmark's own short ids
 	}{
-		{"owners=100000/paced", 100_000, 15_000, "", 0},
-		{"owners=100000/burst", 100_000, 0, "", 0},
-		{"ns=1/id=short", 20_000, 6_000, "c", 0},
-		{"ns=64/id=short", 20_000, 6_000, strings.Repeat("n", 64), 0},
-		{"ns=1/id=256", 20_000, 6_000, "c", 256},
-		{"ns=64/id=256", 20_000, 6_000, strings.Repeat("n", 64), 256},
+		{"owners=100000", 100_000, "", 0},
+		{"ns=1/id=short", 20_000, "c", 0},
+		{"ns=64/id=short", 20_000, strings.Repeat("n", 64), 0},
+		{"ns=1/id=256", 20_000, "c", 256},
+		{"ns=64/id=256", 20_000, strings.Repeat("n", 64), 256},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -93,30 +86,20 @@ func BenchmarkMemoryPerOwner(b *testing.B) {
 				}
 			}
 			for b.Loop() {
-				memoryPerOwner(b, c.namespace, owners, c.wave)
+				memoryPerOwner(b, c.namespace, owners)
 			}
 		})
 	}
 }
 
-// memoryPerOwner fills owners, wave at a time (0: all at once), waiting
-// after each wave for its answers to expire.
-func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner, wave int) {
+// memoryPerOwner fills owners and reports the memory they take.
+func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner) {
 	ctx := context.Background()
 	n := int64(len(owners))
 	c := privateServer(b)
-	s, err := store.NewRedis(c, store.Options{Namespace: ns, MaxOwners: 2 * len(owners), MaxTotalBytes: 1 << 40, OpTimeout: time.Second})
+	s, err := store.NewRedis(c, store.Options{Namespace: ns, MaxOwners: 2 * len(owners), MaxTotalBytes: 1 << 40})
 	require.NoError(b, err)
 	turn := storetest.NewTurn(b, s, 32)
-	if wave == 0 {
-		wave = len(owners)
-	}
-	// Answers of an OpTimeout of 1s stay 10s; SCAN then frees the expired
-	// keys Redis has not sampled yet.
-	settle := func() {
-		time.Sleep(11 * time.Second)
-		require.NoError(b, rediskeys.Scan(ctx, c, "*", func([]string) error { return nil }))
-	}
 	// Open the connections fill uses first: each holds buffers that are no
 	// owner's.
 	conns := make([]*redis.Conn, 16)
@@ -128,23 +111,15 @@ func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner, wave int) 
 		require.NoError(b, cn.Close())
 	}
 	before := usedMemory(b, c)
-	for first := 0; first < len(owners); first += wave {
-		if first > 0 {
-			settle()
-		}
-		fill(b, s, owners[first:min(first+wave, len(owners))], turn)
-	}
-	inTurn := usedMemory(b, c)
+	fill(b, s, owners, turn)
+	after := usedMemory(b, c)
 	st, err := s.Stats(ctx)
 	require.NoError(b, err)
 	require.Equal(b, n, st.Total.Published)
-	settle()
-	// Left are the states, 3 keys a partition (LRU, accounting, clock) and
-	// the namespace's meta.
+	// Only the states, 3 keys a partition (LRU, accounting, clock) and the
+	// namespace's meta: no answer key.
 	require.Equal(b, n+3*16+1, c.DBSize(ctx).Val())
-	after := usedMemory(b, c)
 	b.ReportMetric(float64(after-before)/float64(n), "bytes/owner")
-	b.ReportMetric(float64(inTurn-before)/float64(n), "bytes/owner-in-turn")
 	b.ReportMetric(float64(st.Total.StoredBytes)/float64(n), "estimated-bytes/owner")
 }
 

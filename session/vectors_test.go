@@ -166,7 +166,7 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 	srv.Advance(time.Second)
 	a.Messages = append(a.Messages, msg(`{"role":"user","content":"More"}`))
 	save("snapshot: next save", snap, a, "snapshot")
-	saveAgain("snapshot: the same save sent again with the same op id: ok and the version it wrote, from its answer key; nothing changes")
+	saveAgain("snapshot: the same save sent again with the same op: ok and the version it wrote, from its answer key; nothing changes")
 	save("snapshot: a copy loaded at an older version conflicts", snap, stale, "snapshot")
 	load("snapshot: load", snap, "snap-1")
 
@@ -176,7 +176,7 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 	j.Messages = append(j.Messages, msg(`{"role":"user","content":"Weather?"}`))
 	j.Tokens.Input += 50
 	save("journal: an append-only extension pushes the new message", journal, j, "journal")
-	saveAgain("journal: the same append sent again with the same op id: ok from its answer key; nothing is pushed twice")
+	saveAgain("journal: the same append sent again with the same op: ok from its answer key; nothing is pushed twice")
 	srv.Advance(time.Second)
 	saveAgain("journal: the same append sent once more, after its deadline: refused with the server's clock; nothing changes")
 	j.Messages[0] = msg(`{"role":"user","content":"Hi (edited)"}`)
@@ -184,7 +184,7 @@ func vecSessionScenario(t *testing.T) []vectorscenario.Step {
 	srv.Advance(time.Second)
 	require.NoError(t, srv.C.Del(ctx, "sess:{sess:journal-1}:log").Err())
 	j.Messages = append(j.Messages, msg(`{"role":"assistant","content":"Sunny."}`))
-	save("journal: the log was lost, so the append is refused and rewritten with the same op id", journal, j, "journal")
+	save("journal: the log was lost, so the append is refused and rewritten with the same op", journal, j, "journal")
 	load("journal: load", journal, "journal-1")
 
 	clock := redistest.NewClock(time.Date(2025, 6, 1, 12, 0, 10, 0, time.UTC))

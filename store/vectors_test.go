@@ -749,7 +749,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		require.NoError(t, err)
 		return r
 	}
-	// reserveAgain reserves on s; again, when set, is the op id of an
+	// reserveAgain reserves on s; again, when set, is the op of an
 	// earlier call that this one sends again.
 	reserveAgain := func(name string, o identity.Owner, b, again string) *Reservation {
 		var res *Reservation
@@ -793,7 +793,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		return out
 	}
 	later := func() { srv.Advance(1500 * time.Millisecond) } // past every op's deadline
-	soon := func() { srv.Advance(50 * time.Millisecond) }     // within the last op's
+	soon := func() { srv.Advance(50 * time.Millisecond) }    // within the last op's
 	last := func() vectorscenario.Step { return steps[len(steps)-1] }
 	// raw sends a call of script with the keys and arguments of an earlier
 	// step's first call, as a client library re-sends it.
@@ -985,7 +985,7 @@ func vecBuild(t *testing.T) vecFile {
 			ScoreEpochMillis: scoreEpochMillis, ScoreTimeUnit: scoreTimeUnit, ScorePublished: scorePublished, MaxStateBytes: maxStateBytes,
 			TurnEpochSeconds: turnEpochSeconds, SeqLimit: 1 << 53,
 			StateOverhead: stateOverhead, StateNameCost: stateNameCost, ContinuationFormat: continuationFormat,
-			OpBytes: lua.OpSize,
+			OpBytes:        lua.OpSize,
 			EvictionBudget: evictionBudget, SchemaVersion: schemaVersion,
 			DefaultNamespace: defaultNamespace, DefaultPartitions: defaultPartitions, MaxPartitions: MaxPartitions,
 			DefaultTTLMillis: defaultTTL.Milliseconds(), DefaultMaxOwners: defaultMaxOwners,
