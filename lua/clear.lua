@@ -1,9 +1,10 @@
 -- clear.lua: remove an owner's state whatever its turn.
 --
--- A run that removes a live state keeps the answers the state holds and
--- its own, "C", in its answer key until its deadline (oplog.lua); a copy
--- that finds it answers 1 again and leaves a turn reserved after the first
--- run alone. No run changes anything after the call's deadline.
+-- A run keeps its answer, "C" when it removed a live state, else "0", in
+-- its answer key until its deadline, and the answers the state holds
+-- (oplog.lua); a copy that finds it answers as the first run did and leaves
+-- a turn reserved after it alone. No run changes anything after the call's
+-- deadline.
 --
 -- uses: oplog, lru
 --
@@ -22,14 +23,17 @@
 --
 -- Reply: integer
 --   1  the owner had live state and it is removed
---   0  it had none: with neither state nor LRU entry nothing changes (the
---      accounting is not touched); an idle state is removed all the same,
---      with no answer stored (a copy that runs again answers 0 as well)
--- or, when the op's deadline has passed and nothing changed, the array
--- {"expired", the server clock in milliseconds since 2025-01-01}.
+--   0  it had none: with neither state nor LRU entry only the answer is
+--      written (the accounting is not touched); an idle state is removed
+--      all the same
+-- or, when no run of this call answered and its deadline has passed, the
+-- array {"expired", the server clock in milliseconds since 2025-01-01}:
+-- nothing changed.
 
 local log = oplog()
 local server = log.now()
+local done = redis.call('GET', KEYS[4])
+if done then return done == 'C' and 1 or 0 end -- an earlier run's answer
 local due = deadline(ARGV[3], 6, server)
 if due <= server then return {'expired', server} end
 local old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
@@ -37,18 +41,16 @@ local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 if old then old = tonumber(old) end
 local change = lru()
 local live = st[1] and not (old and old < change.idle(ARGV[1], ARGV[2]))
-if not live then
-  -- An earlier run of this clear removed the state: nothing changes.
-  if redis.call('GET', KEYS[4]) then return 1 end
-  if not old and not st[1] then
-    -- No state and no LRU entry: nothing to delete, and the accounting
-    -- KEYS[3] is left untouched.
-    return 0
-  end
+-- The answer is kept whatever it is: no turn fences a clear, so a copy
+-- that found none would remove a turn reserved after the first run.
+log.claim(4, live and 'C' or '0', due)
+if live then
+  if st[3] then spills().all(string.sub(KEYS[4], 1, #KEYS[4] - 18), st[3], st[1], st[2], server) end
   change.remove(old)
-  return 0
+  return 1
 end
-if log.claim(4, 'C', due) then return 1 end
-if st[3] then spills().all(string.sub(KEYS[4], 1, #KEYS[4] - 18), st[3], st[1], st[2], server) end
-change.remove(old)
-return 1
+if old or st[1] then
+  -- an idle state and its entry go all the same
+  change.remove(old)
+end
+return 0

@@ -26,6 +26,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -172,6 +173,10 @@ func count(re *regexp.Regexp, src string) int {
 
 // OpSize is the length of an op (oplog.lua).
 const OpSize = 9
+
+// MaxDeadline is how long after a call starts its deadline may be at most
+// (oplog.lua): the scripts read a deadline further ahead as passed.
+const MaxDeadline = time.Hour
 
 // NewOp returns the op of a call that changes state (oplog.lua): 5 random
 // bytes, then the low 32 bits of the call's deadline, in milliseconds since

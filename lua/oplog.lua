@@ -8,10 +8,11 @@
 -- second. So every such call carries an op (9 bytes): a random id (5
 -- bytes), then the call's deadline (4 bytes, big-endian), the instant after
 -- which its client waits for it no more, as the low 32 bits of a count of
--- milliseconds since 2025-01-01T00:00:00Z on the server's clock. A script
--- reads a deadline as the instant with those low bits nearest to a time it
--- knows (deadline), which is exact within 24 days of it. A call also names
--- a key of its own, its answer key, whose name ends in its op in
+-- milliseconds since 2025-01-01T00:00:00Z on the server's clock, at most an
+-- hour after the call starts. A script reads a deadline as the instant with
+-- those low bits in the 2^32 ms that end an hour after a time it knows
+-- (deadline): exact for a call that began in the last 49 days. A call also
+-- names a key of its own, its answer key, whose name ends in its op in
 -- lowercase hex.
 --
 -- Until its deadline, the first run of a call that changed something leaves
@@ -25,18 +26,19 @@
 -- passed copies its answer to that call's answer key first (spills()), so
 -- the state holds one reserve's and one record's answer and an answer key
 -- lives only when calls on one owner come closer together than a deadline. A copy finds the answer in o, or else in its answer key.
--- After its deadline no copy changes anything: reserve and clear, whose
--- repeat would change state again, refuse to run after theirs, and the
--- others are fenced by the owner's turn (record, abort) or the session's
--- version (session_save), which their first run moved on.
+-- After its deadline no copy changes anything: reserve, clear and
+-- session_save refuse to run after theirs unless they find an earlier
+-- run's answer, and record and abort are fenced by the owner's turn, which
+-- their first run moved on. Clear, which no turn fences, keeps its answer
+-- even when it changed nothing.
 
 -- deadline returns the deadline whose low 32 bits are the 4 bytes of s at
--- position at, in milliseconds since 2025-01-01: the one nearest to near (in
--- the same unit).
+-- position at, in milliseconds since 2025-01-01: the one no later than an
+-- hour after near (in the same unit) and less than 2^32 ms before that.
 local function deadline(s, at, near)
   local a, b, c, d = string.byte(s, at, at + 3)
   local diff = (((a * 256 + b) * 256 + c) * 256 + d - near) % 4294967296
-  if diff >= 2147483648 then diff = diff - 4294967296 end
+  if diff > 3600000 then diff = diff - 4294967296 end
   return near + diff
 end
 

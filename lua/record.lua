@@ -73,10 +73,9 @@ if t ~= ARGV[4] then
   -- published already: by this call's first run, by another call with the
   -- same continuation (nothing to do) or by another record of the turn,
   -- which this one replaces unless it ran already
-  if c == ARGV[5] then return {'published', 0} end
+  if c == ARGV[5] or redis.call('GET', KEYS[4]) then return {'published', 0} end
   server = oplog().now()
   if deadline(op, 6, server) <= server then return {'expired', server} end
-  if redis.call('GET', KEYS[4]) then return {'published', 0} end
 end
 
 local seq = ARGV[4]

@@ -61,8 +61,9 @@
 --   [2] 1 when the owner had live state before this call, else 0
 --   [3] number of owners this call evicted
 --   [4] the consumed continuation (opaque bytes), or nil when none
--- or, when the op's deadline has passed and nothing changed, {"expired",
--- the server clock in milliseconds since 2025-01-01}.
+-- or, when no run of this call reserved and its deadline has passed,
+-- {"expired", the server clock in milliseconds since 2025-01-01}: nothing
+-- changed.
 
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 local now = redis.call('TIME')
@@ -70,9 +71,6 @@ local sec, usec = now[1] + 0, now[2] + 0
 -- the server clock in ms since 2025-01-01
 local server = (sec - 1735689600) * 1000 + (usec - usec % 1000) / 1000
 local op = ARGV[3]
-if deadline(op, 6, server) <= server then
-  return {'expired', server}
-end
 local t, c, o = st[1], st[2], st[3]
 if o and string.sub(o, 1, 9) == op then
   -- this call's first run made the current turn; once the turn published
@@ -88,6 +86,9 @@ if done then
   local k = nil
   if string.sub(done, colon + 2, colon + 2) == '1' then k = string.sub(done, colon + 3) end
   return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, k}
+end
+if deadline(op, 6, server) <= server then
+  return {'expired', server} -- no run of this call reserved: none will
 end
 
 -- The store's clock in milliseconds, as lru.lua's clock reads it: ARGV[1],

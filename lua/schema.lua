@@ -10,9 +10,14 @@
 -- ARGV[4]  fingerprint key the opening store proposes: 64 lowercase hex digits
 --
 -- Reply: array {schema version, partition count, profile id, key} as
--- recorded (strings; a field the namespace lacks is nil).
+-- recorded (strings; a field the namespace lacks is nil), then the server
+-- clock in milliseconds since 2025-01-01 (integer), from which a store
+-- takes its first estimate of its servers' clocks (oplog.lua).
 
 if redis.call('HSETNX', KEYS[1], 'schema', ARGV[1]) == 1 then
   redis.call('HSET', KEYS[1], 'partitions', ARGV[2], 'profile', ARGV[3], 'key', ARGV[4])
 end
-return redis.call('HMGET', KEYS[1], 'schema', 'partitions', 'profile', 'key')
+local got = redis.call('HMGET', KEYS[1], 'schema', 'partitions', 'profile', 'key')
+local now = redis.call('TIME')
+got[5] = (now[1] - 1735689600) * 1000 + (now[2] - now[2] % 1000) / 1000
+return got

@@ -32,19 +32,14 @@
 --   {"rewrite", version}      append refused: the stored journal does not
 --                             hold the messages the writer extends (send a
 --                             rewrite); nothing written
---   {"expired", server clock} the op's deadline has passed: nothing written
---                             (the clock in ms since 2025-01-01, decimal)
-
--- refused answers status, or the version an earlier run of this save
--- wrote.
-local function refused(status, stored)
-  local done = redis.call('GET', KEYS[3])
-  if done then return {'ok', done} end
-  return {status, stored}
-end
+--   {"expired", server clock} no run of this call published and its deadline
+--                             has passed: nothing written (the clock in ms
+--                             since 2025-01-01, decimal)
 
 local log = oplog()
 local server = log.now()
+local done = redis.call('GET', KEYS[3])
+if done then return {'ok', done} end -- an earlier run published
 local due = deadline(ARGV[6], 6, server)
 if due <= server then
   return {'expired', string.format('%d', server)}
@@ -54,7 +49,7 @@ local head = redis.call('HMGET', KEYS[1], 'v', 'n', 'e')
 local expired = head[3] and now > 0 and now >= head[3] + 0
 local stored = (not expired and head[1]) or '0'
 if stored ~= ARGV[1] then
-  return refused('conflict', stored)
+  return {'conflict', stored}
 end
 local mode = ARGV[2]
 local count = tonumber(ARGV[5])
@@ -62,14 +57,11 @@ local pushed = #ARGV - 7
 if mode == 'append' then
   local have = expired and -1 or tonumber(head[2] or '-1')
   if have ~= count - pushed or redis.call('LLEN', KEYS[2]) ~= have then
-    return refused('rewrite', stored)
+    return {'rewrite', stored}
   end
 end
 local version = string.format('%.0f', tonumber(stored) + 1)
-local done = log.claim(3, version, due)
-if done then
-  return {'ok', done}
-end
+log.claim(3, version, due)
 if mode ~= 'append' then
   redis.call('DEL', KEYS[2])
 end

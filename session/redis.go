@@ -40,7 +40,7 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 	if err != nil {
 		return nil, err
 	}
-	return observe(&redisStore{client: client, opts: opts, servers: serverclock.New(1)}, opts.Observer), nil
+	return observe(&redisStore{client: client, opts: opts, servers: serverclock.New(1, nil)}, opts.Observer), nil
 }
 
 // keys returns a session's head and log keys, and, when op is not empty,
@@ -100,6 +100,16 @@ func extends(msgs, saved []json.RawMessage) bool {
 	return true
 }
 
+// deadline returns the deadline of a save under ctx (at most OpTimeout from
+// now) on the server's clock, in milliseconds since the scripts' epoch.
+func (r *redisStore) deadline(ctx context.Context) int64 {
+	left := r.opts.OpTimeout
+	if end, ok := ctx.Deadline(); ok {
+		left = min(time.Until(end), left)
+	}
+	return r.servers.At(0, r.servers.Now().Add(left))
+}
+
 // now is the scripts' clock argument: StoreOptions.Now in milliseconds
 // since the Unix epoch, or "0" for the server's clock.
 func (r *redisStore) now() string {
@@ -115,9 +125,11 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 		return err
 	}
 	// A refused append wrote nothing: its rewrite may reuse the op. A save
-	// refused for its deadline while the caller still waits (the estimate
-	// of the server's clock was behind) is sent once more as a new call.
-	op := lua.NewOp(r.servers.Deadline(0, r.opts.OpTimeout))
+	// refused for its deadline is sent once more as a new call, while the
+	// caller still waits, when the refusal came OpTimeout or more after the
+	// deadline (as the store's, lua/oplog.lua, store/redis.go changing).
+	deadline := r.deadline(ctx)
+	op := lua.NewOp(deadline)
 	rewrite, resent := false, false
 	for {
 		args, err := r.saveArgs(s, rewrite, op)
@@ -149,11 +161,14 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 			rewrite = true
 		case "expired":
 			server, err := strconv.ParseInt(reply[1], 10, 64)
-			if err != nil || resent || ctx.Err() != nil {
+			if err == nil {
+				r.servers.Observe(0, server, r.servers.Now())
+			}
+			if err != nil || resent || ctx.Err() != nil || server < deadline+r.opts.OpTimeout.Milliseconds() {
 				return fmt.Errorf("%w: save %q reached Redis after its deadline", ErrUnavailable, s.ID)
 			}
-			r.servers.Observe(0, server, time.Now())
-			op, resent = lua.NewOp(r.servers.Deadline(0, r.opts.OpTimeout)), true
+			deadline = r.deadline(ctx)
+			op, resent = lua.NewOp(deadline), true
 		default:
 			return fmt.Errorf("%w: save %q: unexpected status %q", ErrUnavailable, s.ID, reply[0])
 		}

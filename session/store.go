@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/contstore/contstore/internal/names"
+	"github.com/contstore/contstore/lua"
 )
 
 // Store keeps sessions. Implementations: [NewRedisStore], [NewMemoryStore].
@@ -68,7 +69,9 @@ type StoreOptions struct {
 	MinReplicas int
 	// DurableTimeout bounds SaveDurable's wait. Default 1s.
 	DurableTimeout time.Duration
-	// OpTimeout bounds each operation (besides the durable wait). Default 2s.
+	// OpTimeout bounds each operation (besides the durable wait), at most an
+	// hour: a save's copies change nothing after it (lua/oplog.lua).
+	// Default 2s.
 	OpTimeout time.Duration
 	// Now, when set, is the clock a session's TTL runs on, in whole
 	// milliseconds after the Unix epoch: a session not saved for TTL by
@@ -105,6 +108,8 @@ func (o StoreOptions) withDefaults() (StoreOptions, error) {
 		return o, fmt.Errorf("%w: MinReplicas is %d, want at least 0", ErrInvalid, o.MinReplicas)
 	case o.DurableTimeout < 0 || o.OpTimeout < 0:
 		return o, fmt.Errorf("%w: negative timeout", ErrInvalid)
+	case o.OpTimeout > lua.MaxDeadline:
+		return o, fmt.Errorf("%w: OpTimeout is %v, want at most %v", ErrInvalid, o.OpTimeout, lua.MaxDeadline)
 	}
 	return o, nil
 }

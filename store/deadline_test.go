@@ -34,9 +34,13 @@ func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // A call that reaches Redis after its deadline changes nothing and says so
-// with the server's clock; the store, whose caller still waits, learns that
-// clock and sends the call again as a new one, which runs. A copy of the
-// refused call that comes later is refused as well.
+// with the server's clock. When the refusal comes OpTimeout or more after
+// the deadline (the store's estimate of the server's clock was that far
+// behind, so no copy of the call can have run in time), the store learns
+// that clock and, its caller still waiting, sends the call again as a new
+// one, which runs; a copy of the refused call that comes later is refused
+// as well. A refusal closer to the deadline may follow a copy that ran: it
+// is an error, and nothing is sent again.
 func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 	servers(t, func(t *testing.T, c redis.UniversalClient) {
 		s, b := openRedis(t, c)
@@ -44,18 +48,33 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 		p, okeys := b.ownerKeys(owner)
 		var sent []string
 		draw := b.newOp
-		b.newOp = func(p int) string {
-			op := draw(p)
-			if len(sent) == 0 {
-				op = lua.NewOp(b.servers.Deadline(p, -time.Hour)) // an hour past its deadline
-			}
+		b.newOp = func(p int, deadline int64) string {
+			op := draw(p, deadline)
 			sent = append(sent, op)
 			return op
 		}
+		// behind makes the store's estimate of the server's clock d behind.
+		behind := func(d time.Duration) {
+			server, err := slice(b.conn.eval(ctx, lua.Schema, []string{b.keys.meta()}, []string{"0", "0", "", ""}))
+			require.NoError(t, err)
+			b.servers = serverclock.New(2, nil)
+			b.servers.Observe(p, server[4].(int64)-d.Milliseconds(), time.Now())
+		}
+
+		behind(redistest.PatientOpTimeout + time.Second)
 		res := s.Reserve(ctx, owner, testRequest(t, `{"input":["a"]}`))
-		require.NoError(t, res.Err)
-		require.Len(t, sent, 2, "refused, then sent again as a new call")
+		require.ErrorIs(t, res.Err, errPastDeadline, "a second short of OpTimeout past the deadline")
+		assert.Len(t, sent, 1, "not sent again")
 		st, err := s.Inspect(ctx, owner)
+		require.NoError(t, err)
+		assert.False(t, st.Exists, "the refused call changed nothing")
+
+		sent = nil
+		behind(redistest.PatientOpTimeout + time.Hour)
+		res = s.Reserve(ctx, owner, testRequest(t, `{"input":["a"]}`))
+		require.NoError(t, res.Err)
+		require.Len(t, sent, 2, "refused an hour past its deadline, then sent again as a new call")
+		st, err = s.Inspect(ctx, owner)
 		require.NoError(t, err)
 		assert.Equal(t, res.Turn, st.Turn, "one turn reserved")
 		assert.Zero(t, c.Exists(ctx, b.keys.answer(p, owner, sent[0])).Val(), "the refused call left no answer")
@@ -73,9 +92,10 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 	})
 }
 
-// A store whose estimate of the server's clock is far behind (a server
-// clock an hour ahead) loses one round trip to the first refusal, then
-// carries deadlines on the server's clock.
+// A store takes its servers' clock from the namespace's schema check when
+// it opens, so a server clock an hour ahead costs nothing. When that clock
+// then jumps an hour ahead again, the store loses one round trip to the
+// first refusal and carries its deadlines on the new clock after it.
 func TestTheStoreLearnsTheServersClock(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	mr.SetTime(time.Now().Add(time.Hour))
@@ -90,12 +110,23 @@ func TestTheStoreLearnsTheServersClock(t *testing.T) {
 	calls.n.Store(0)
 	res := s.Reserve(ctx, owner, testRequest(t, `{"input":["a"]}`))
 	require.NoError(t, res.Err)
-	assert.Equal(t, int64(2), calls.n.Load(), "the first call is refused and sent again")
+	assert.Equal(t, int64(1), calls.n.Load(), "the clock is known from the schema check")
+
 	out, err := s.Record(ctx, res, Result{ResponseID: "resp_1", Socket: Socket{Any: true}})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomePublished, out)
-	assert.Equal(t, int64(3), calls.n.Load(), "later calls are not refused")
+	assert.Equal(t, int64(2), calls.n.Load())
+
+	mr.SetTime(time.Now().Add(2 * time.Hour))
+	res = s.Reserve(ctx, owner, testRequest(t, `{"input":["a","b"]}`))
+	require.NoError(t, res.Err)
+	assert.True(t, res.Continues())
+	assert.Equal(t, int64(4), calls.n.Load(), "refused after the jump and sent again")
+	_, err = s.Record(ctx, res, Result{ResponseID: "resp_2", Socket: Socket{Any: true}})
+	require.NoError(t, err)
+	require.NoError(t, s.Reserve(ctx, owner, testRequest(t, `{"input":["a","b","c"]}`)).Err)
+	assert.Equal(t, int64(6), calls.n.Load(), "later calls are not refused")
 	b := s.backend.(*redisBackend)
-	assert.InDelta(t, time.Now().Add(time.Hour+redistest.PatientOpTimeout).UnixMilli()-serverclock.EpochMillis,
+	assert.InDelta(t, time.Now().Add(2*time.Hour+redistest.PatientOpTimeout).UnixMilli()-serverclock.EpochMillis,
 		b.servers.Deadline(0, redistest.PatientOpTimeout), float64(time.Second.Milliseconds()))
 }

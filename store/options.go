@@ -9,6 +9,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/internal/names"
+	"github.com/contstore/contstore/lua"
 )
 
 // ErrInvalidOptions is wrapped by every error about an option out of range.
@@ -82,7 +83,8 @@ type Options struct {
 	// responses whose socket names no replica. Default "replica-" and 12
 	// random hex digits. At most 256 bytes of printable UTF-8.
 	Replica string
-	// OpTimeout bounds each operation. Default 200ms.
+	// OpTimeout bounds each operation, at most an hour: a call's copies
+	// change nothing after it (lua/oplog.lua). Default 200ms.
 	OpTimeout time.Duration
 	// Now is the clock of the in-process backend and of the circuit
 	// breaker. Default time.Now. The Redis backend's idle TTL and LRU use
@@ -148,8 +150,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: MaxOwnerBytes is %d, want at least 1", ErrInvalidOptions, o.MaxOwnerBytes)
 	case o.MaxTotalBytes < int64(o.Partitions):
 		return o, fmt.Errorf("%w: MaxTotalBytes is %d, want at least Partitions (%d)", ErrInvalidOptions, o.MaxTotalBytes, o.Partitions)
-	case o.OpTimeout <= 0:
-		return o, fmt.Errorf("%w: OpTimeout is %v, want more than 0", ErrInvalidOptions, o.OpTimeout)
+	case o.OpTimeout <= 0 || o.OpTimeout > lua.MaxDeadline:
+		return o, fmt.Errorf("%w: OpTimeout is %v, want more than 0 and at most %v", ErrInvalidOptions, o.OpTimeout, lua.MaxDeadline)
 	case o.BreakerFailures < -1:
 		return o, fmt.Errorf("%w: BreakerFailures is %d, want -1 (off) or more than 0", ErrInvalidOptions, o.BreakerFailures)
 	case o.BreakerCooldown < 0:

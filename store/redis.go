@@ -61,10 +61,10 @@ func newRedisStore(conn redisConn, inline bool, opts Options) (*Store, error) {
 // in, that has not checked the namespace's schema yet.
 func newRedisBackend(conn redisConn, o Options) *redisBackend {
 	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions),
-		servers: serverclock.New(o.Partitions),
+		servers: serverclock.New(o.Partitions, nil), // deadlines are real time, whatever Options.Now says
 		ttl:     strconv.FormatInt(o.TTL.Milliseconds(), 10),
 		limits:  fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget)}
-	r.newOp = func(p int) string { return lua.NewOp(r.servers.Deadline(p, o.OpTimeout)) }
+	r.newOp = func(p int, deadline int64) string { return lua.NewOp(deadline) }
 	r.fp.Store(o.newParser())
 	return r
 }
@@ -183,9 +183,9 @@ type redisBackend struct {
 	// servers estimates the clocks of the partitions' servers, on which
 	// calls carry their deadlines.
 	servers *serverclock.Clock
-	// newOp draws the op of a call on partition p that changes state
-	// (lua/oplog.lua): its deadline is OpTimeout from now.
-	newOp func(p int) string
+	// newOp draws the op of a call on partition p that changes state, with
+	// its deadline on the server's clock (lua/oplog.lua).
+	newOp func(p int, deadline int64) string
 	// The scripts' constant arguments: idle TTL in milliseconds, and the
 	// limits of the scripts that prune (lua/lru.lua).
 	ttl, limits string
@@ -212,11 +212,14 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 	proposedKey := proposed.Key()
 	got, err := slice(r.conn.eval(ctx, lua.Schema, []string{r.keys.meta()}, []string{strconv.Itoa(schemaVersion),
 		strconv.Itoa(r.opts.Partitions), proposed.ProfileID(), hex.EncodeToString(proposedKey[:])}))
-	if err == nil && len(got) != 4 {
-		err = fmt.Errorf("%w: schema: %d elements, want 4", errBadReply, len(got))
+	if err == nil && len(got) != 5 {
+		err = fmt.Errorf("%w: schema: %d elements, want 5", errBadReply, len(got))
 	}
 	if err != nil {
 		return err
+	}
+	if server, ok := got[4].(int64); ok {
+		r.servers.Seed(server, r.servers.Now())
 	}
 	field := func(i int) string { s, _ := got[i].(string); return s }
 	var mismatch error
@@ -303,12 +306,15 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 }
 
 // change returns the keys and the first arguments of a call that changes
-// the state of owner (of partition p, whose keys ownerKeys gave): those keys
-// and the answer key of a fresh op (lua/oplog.lua); now, idle TTL and the
-// op. A client that re-sends the call re-sends both.
-func (r *redisBackend) change(p int, owner identity.Owner, keys []string) ([]string, []string) {
-	op := r.newOp(p)
-	return append(keys[:3:3], r.keys.answer(p, owner, op)), []string{r.clock(), r.ttl, op}
+// the state of owner (of partition p, whose keys ownerKeys gave), and its
+// deadline: those keys and the answer key of a fresh op (lua/oplog.lua);
+// now, idle TTL and the op. A client that re-sends the call re-sends both.
+// The deadline is ctx's (at most OpTimeout from now) on the clock of the
+// partition's server, in milliseconds since the scripts' epoch.
+func (r *redisBackend) change(ctx context.Context, p int, owner identity.Owner, keys []string) ([]string, []string, int64) {
+	deadline := r.servers.At(p, r.servers.Now().Add(timeLeft(ctx, r.opts.OpTimeout)))
+	op := r.newOp(p, deadline)
+	return append(keys[:3:3], r.keys.answer(p, owner, op)), []string{r.clock(), r.ttl, op}, deadline
 }
 
 // clock returns the scripts' "now" argument: the store's clock when
@@ -327,18 +333,31 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 	return strconv.FormatUint(seq, 10)
 }
 
+// timeLeft returns how long ctx has left, at most limit.
+func timeLeft(ctx context.Context, limit time.Duration) time.Duration {
+	if end, ok := ctx.Deadline(); ok {
+		return min(time.Until(end), limit)
+	}
+	return limit
+}
+
 // errPastDeadline marks a call that reached Redis after its deadline and
 // changed nothing (lua/oplog.lua).
 var errPastDeadline = errors.New("store: call reached Redis after its deadline")
 
-// changing runs a call of partition p that changes state, which draws its
-// op, and once more as a new call when Redis refused it for its deadline
-// while the caller still waits: the store's estimate of the server's clock
-// was behind, and the refusal's clock has set it right. A refused call
-// changed nothing, and so does any copy of it.
-func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, error)) (any, error) {
+// changing runs call, a call of partition p that changes state, which
+// draws its op and returns its reply and deadline. When Redis refused it
+// for its deadline, the store takes the server's clock from the refusal
+// and, while the caller still waits, sends it once more as a new call if
+// the refusal came OpTimeout or more after the deadline. Then the store's
+// estimate of the server's clock was that far behind when the call began:
+// every copy of it reached Redis after its deadline and was refused (a
+// copy that ran in time would have made the deadline its caller's within
+// OpTimeout), so the new call cannot repeat an effect. A refusal closer to
+// the deadline may follow a copy that ran, and is an error.
+func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, int64, error)) (any, error) {
 	for tries := 0; ; tries++ {
-		reply, err := call()
+		reply, deadline, err := call()
 		if err != nil {
 			return nil, err
 		}
@@ -350,8 +369,8 @@ func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, er
 		if !ok {
 			return reply, nil
 		}
-		r.servers.Observe(p, server, time.Now())
-		if tries > 0 || ctx.Err() != nil {
+		r.servers.Observe(p, server, r.servers.Now())
+		if tries > 0 || ctx.Err() != nil || server < deadline+r.opts.OpTimeout.Milliseconds() {
 			return nil, fmt.Errorf("%w (the server's clock read %s)", errPastDeadline,
 				time.UnixMilli(server+serverclock.EpochMillis).UTC().Format(time.RFC3339Nano))
 		}
@@ -361,9 +380,10 @@ func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, er
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
 	p, keys := r.ownerKeys(owner)
 	tail := []string{strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
-	reply, err := slice(r.changing(ctx, p, func() (any, error) {
-		keys, args := r.change(p, owner, keys)
-		return r.run(ctx, lua.Reserve, append(keys, r.keys.seq(p)), append(args, tail...)...)
+	reply, err := slice(r.changing(ctx, p, func() (any, int64, error) {
+		keys, args, deadline := r.change(ctx, p, owner, keys)
+		reply, err := r.run(ctx, lua.Reserve, append(keys, r.keys.seq(p)), append(args, tail...)...)
+		return reply, deadline, err
 	}))
 	if err != nil {
 		return reserved{}, err
@@ -372,7 +392,7 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 	if err != nil {
 		return reserved{}, err
 	}
-	r.servers.Observe(p, int64(got.seq/1000), time.Now()) // the sequence counts the server's microseconds
+	r.servers.Observe(p, int64(got.seq/1000), r.servers.Now()) // the sequence counts the server's microseconds
 	got.Turn = turnOf(got.seq, r.opts.Partitions, p)
 	return got, nil
 }
@@ -380,9 +400,10 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	p, keys := r.ownerKeys(owner)
 	tail := []string{r.seqArg(turn, p), string(encodeContinuation(c)), strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
-	reply, err := slice(r.changing(ctx, p, func() (any, error) {
-		keys, args := r.change(p, owner, keys)
-		return r.run(ctx, lua.Record, keys, append(args, tail...)...)
+	reply, err := slice(r.changing(ctx, p, func() (any, int64, error) {
+		keys, args, deadline := r.change(ctx, p, owner, keys)
+		reply, err := r.run(ctx, lua.Record, keys, append(args, tail...)...)
+		return reply, deadline, err
 	}))
 	if err != nil {
 		return published{}, err
@@ -392,7 +413,7 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
 	p, keys := r.ownerKeys(owner)
-	keys, args := r.change(p, owner, keys)
+	keys, args, _ := r.change(ctx, p, owner, keys)
 	n, err := integer(r.run(ctx, lua.Abort, keys, append(args, r.seqArg(turn, p))...))
 	return n == 1, err
 }
@@ -404,9 +425,10 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
 	p, keys := r.ownerKeys(owner)
-	n, err := integer(r.changing(ctx, p, func() (any, error) {
-		keys, args := r.change(p, owner, keys)
-		return r.run(ctx, lua.Clear, keys, args...)
+	n, err := integer(r.changing(ctx, p, func() (any, int64, error) {
+		keys, args, deadline := r.change(ctx, p, owner, keys)
+		reply, err := r.run(ctx, lua.Clear, keys, args...)
+		return reply, deadline, err
 	}))
 	return n == 1, err
 }

@@ -153,6 +153,20 @@ func TestLostRepliesAnswerAsTheFirstRun(t *testing.T) {
 			assert.True(t, cur, "the re-sent clear leaves the turn reserved after its first run")
 		})
 	})
+	t.Run("clear of an owner with no state", func(t *testing.T) {
+		replyServers(t, func(t *testing.T, addr string) {
+			a, b, loss := lossyReplicas(t, addr)
+			var next *Reservation
+			loss.Lose(1, redistest.Containing(lua.Clear.Hash()), func() {
+				next = b.Reserve(ctx, owner, testRequest(t, one))
+			})
+			require.NoError(t, a.Clear(ctx, owner))
+			require.Equal(t, int64(1), loss.Lost())
+			cur, err := b.IsCurrent(ctx, next)
+			require.NoError(t, err)
+			assert.True(t, cur, "the re-sent clear, whose first run found nothing, leaves the turn reserved since")
+		})
+	})
 	t.Run("record after the next publish", func(t *testing.T) {
 		replyServers(t, func(t *testing.T, addr string) {
 			a, b, loss := lossyReplicas(t, addr)

@@ -25,6 +25,7 @@ import (
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/internal/vectorfile"
 	"github.com/contstore/contstore/internal/vectorscenario"
 	"github.com/contstore/contstore/lua"
@@ -429,6 +430,7 @@ func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint
 	require.NoError(t, err)
 	b := newRedisBackend(goRedis{client: client}, opts)
 	b.schema.running = true
+	b.servers.Seed(now.UnixMilli()-serverclock.EpochMillis, time.Now())
 	p, keys := b.ownerKeys(owner)
 	ctx := context.Background()
 	if prevSeq > 0 {
@@ -675,7 +677,7 @@ type vecOpIDs struct {
 	last string
 }
 
-func (o *vecOpIDs) next(int) string {
+func (o *vecOpIDs) next(int, int64) string {
 	op := o.again
 	if op == "" {
 		*o.n++
@@ -813,6 +815,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	later()
 	r1 := body("Be brief.", u1)
 	a := reserve("first request of s1: no state", s1, r1)
+	firstA := last()
 	later()
 	record("record the first response", a, r1, Result{ResponseID: "resp_1", Socket: Socket{ID: 7}, Output: output(o1)})
 	later()
@@ -846,7 +849,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	require.Equal(t, b.Turn, late.Turn)
 	vectorscenario.SameState(t, before, last())
 	later()
-	raw("the first reserve sent once more, after its deadline: refused, with the server's clock; nothing changes", "reserve", lua.Reserve, first)
+	raw("the reserve of s1's first turn sent again long after its deadline (its answer left the state and was not kept): refused, with the server's clock; nothing changes", "reserve", lua.Reserve, firstA)
 	vectorscenario.SameState(t, before, last())
 	inspect("inspect a published owner", s1)
 

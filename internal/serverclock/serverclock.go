@@ -18,9 +18,9 @@ const EpochMillis = 1735689600000
 const window = time.Second
 
 // Clock estimates the clocks of n servers (for the store, the servers of its
-// partitions), each as an offset from this process's clock. Until a server
-// reports a time, its clock is taken to be this process's. It is safe for
-// concurrent use.
+// partitions), each as an offset from a local clock. Until a server reports
+// a time, its clock is taken to be the local one. It is safe for concurrent
+// use.
 type Clock struct {
 	servers []server
 	now     func() time.Time
@@ -37,17 +37,29 @@ type server struct {
 	cur, before int64     // largest offsets in ms, in the current window and the one before
 }
 
-// New returns a Clock for n servers on this process's clock.
-func New(n int) *Clock { return newClock(n, time.Now) }
-
-func newClock(n int, now func() time.Time) *Clock {
+// New returns a Clock for n servers on the local clock now (time.Now
+// when nil): the clock its caller reasons with, whose times it passes to
+// At and Observe.
+func New(n int, now func() time.Time) *Clock {
+	if now == nil {
+		now = time.Now
+	}
 	return &Clock{servers: make([]server, max(n, 1)), now: now}
+}
+
+// Now returns the local clock's time.
+func (c *Clock) Now() time.Time { return c.now() }
+
+// At returns the instant local (on the local clock) on server i's clock, in
+// milliseconds since EpochMillis.
+func (c *Clock) At(i int, local time.Time) int64 {
+	return local.UnixMilli() + c.offset(i) - EpochMillis
 }
 
 // Deadline returns the instant timeout from now on server i's clock, in
 // milliseconds since EpochMillis.
 func (c *Clock) Deadline(i int, timeout time.Duration) int64 {
-	return c.now().UnixMilli() + c.offset(i) + timeout.Milliseconds() - EpochMillis
+	return c.At(i, c.now().Add(timeout))
 }
 
 func (c *Clock) offset(i int) int64 {
@@ -63,10 +75,28 @@ func (c *Clock) offset(i int) int64 {
 // Observe takes the time server i reported, in milliseconds since
 // EpochMillis, in a reply that arrived at received.
 func (c *Clock) Observe(i int, serverMillis int64, received time.Time) {
-	off := serverMillis + EpochMillis - received.UnixMilli()
 	s := &c.servers[i]
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.observe(serverMillis+EpochMillis-received.UnixMilli(), received)
+}
+
+// Seed takes the time a server reported, as Observe does, for each server
+// whose clock is not known yet: the servers of one deployment keep their
+// clocks close.
+func (c *Clock) Seed(serverMillis int64, received time.Time) {
+	for i := range c.servers {
+		s := &c.servers[i]
+		s.mu.Lock()
+		if !s.known {
+			s.observe(serverMillis+EpochMillis-received.UnixMilli(), received)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// observe takes an offset observed at received; s.mu is held.
+func (s *server) observe(off int64, received time.Time) {
 	switch age := received.Sub(s.start); {
 	case !s.known || age >= 2*window:
 		s.known, s.start, s.cur, s.before = true, received, off, off

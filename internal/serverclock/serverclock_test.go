@@ -13,7 +13,7 @@ import (
 func TestClockFollowsTheServer(t *testing.T) {
 	local := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := local
-	c := newClock(2, func() time.Time { return now })
+	c := New(2, func() time.Time { return now })
 	ms := func(d time.Duration) int64 { return d.Milliseconds() }
 	base := local.UnixMilli() - EpochMillis
 
@@ -34,4 +34,10 @@ func TestClockFollowsTheServer(t *testing.T) {
 	at = now.UnixMilli() - EpochMillis
 	c.Observe(0, at+ms(time.Second), now)
 	assert.Equal(t, at+ms(time.Second)+200, c.Deadline(0, 200*time.Millisecond), "followed")
+
+	// A seed sets the servers not heard from yet.
+	c.Seed(at+ms(time.Minute), now)
+	assert.Equal(t, at+ms(time.Second)+200, c.Deadline(0, 200*time.Millisecond), "known already")
+	assert.Equal(t, at+ms(time.Minute)+200, c.Deadline(1, 200*time.Millisecond), "seeded")
+	assert.Equal(t, at+ms(time.Minute)-5000, c.At(1, now.Add(-5*time.Second)), "any instant")
 }
