@@ -18,8 +18,9 @@
 -- Until its deadline, the first run of a call that changed something leaves
 -- its answer where the copies look:
 --   - reserve and record, in the owner's state: its field o holds the op of
---     the reserve that made the current turn with its answer's flags, then
---     the op of the last record that published (reserve.lua);
+--     the reserve that made the current turn with its answer's flags (and a
+--     byte of the refresh clock, reserve.lua), then the op of the last
+--     record that published;
 --   - the others (abort, clear, session_save), in the answer key, with
 --     PXAT at the deadline (claim).
 -- A script that overwrites or deletes a slot of o whose deadline has not
@@ -88,7 +89,7 @@ local function spills()
 
   -- record keeps the answer of the record of state o, if any.
   local function record(prefix, o, now)
-    if #o >= 19 then spill(prefix, o, 11, 'P', now) end
+    if #o >= 20 then spill(prefix, o, 12, 'P', now) end
   end
 
   -- all keeps both answers of state o (turn t, continuation c).

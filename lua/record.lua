@@ -53,7 +53,7 @@
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 local t, c, o = st[1], st[2], st[3]
 local op = ARGV[3]
-if o and string.sub(o, 11, 19) == op then
+if o and string.sub(o, 12, 20) == op then
   return {'published', 0} -- this call's first run published
 end
 -- server is the server clock in ms since 2025-01-01, read when needed. A
@@ -80,8 +80,8 @@ end
 
 local seq = ARGV[4]
 local turn_ms = (seq - seq % 1000) / 1000 -- when the turn began, ms since 2025-01-01
-local slot = (o and string.sub(o, 1, 10) or string.rep('0', 10)) .. op
-if o and #o >= 19 and deadline(o, 16, turn_ms) > turn_ms then
+local slot = (o and string.sub(o, 1, 11) or string.rep('0', 11)) .. op
+if o and #o >= 20 and deadline(o, 17, turn_ms) > turn_ms then
   server = server or oplog().now()
   spills().record(string.sub(KEYS[4], 1, #KEYS[4] - 18), o, server)
 end
@@ -104,9 +104,14 @@ if old then
     return {'published', 0}
   end
 else
-  -- a state whose entry is lost is touched now
+  -- a state whose entry is lost is touched now, and o's refresh tick
+  -- (reserve.lua) with it
   change = lru()
-  score = pack_score(change.clock(ARGV[1]), 1, ARGV[6] + #ARGV[5])
+  local ms, tick = change.clock(ARGV[1]), ARGV[2] - ARGV[2] % 256
+  tick = tick > 0 and tick / 256 or 1
+  local now_tick = ms - SCORE_EPOCH_MS
+  slot = string.sub(slot, 1, 10) .. string.char((now_tick - now_tick % tick) / tick % 256) .. op
+  score = pack_score(ms, 1, ARGV[6] + #ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 local score_s = string.format('%d', score)

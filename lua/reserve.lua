@@ -7,12 +7,13 @@
 -- while the partition is over its limits. The caller decides whether to
 -- continue from the continuation returned.
 --
--- Refreshing is due when the state's last reserve (its turn) and this one
--- fall in different sixteenths of the TTL, counted from 2025-01-01 on the
--- server's clock; with a clock the store passes (ARGV[1]), when the entry
--- was touched a sixteenth of the TTL ago or earlier. Either way the entry
--- and TTL were refreshed less than a sixteenth of the TTL before the
--- owner's last reserve. Record never refreshes them.
+-- Refreshing is due once 15 ticks of a 256th of the TTL have passed since
+-- the last refresh, which the state's o records (its tick, modulo 256: a
+-- live state was refreshed less than 256 ticks ago); with a clock the store
+-- passes (ARGV[1]), when the entry was touched a sixteenth of the TTL ago or
+-- earlier. Either way the entry and TTL were refreshed less than a
+-- sixteenth of the TTL before the owner's last reserve. Record never
+-- refreshes them.
 --
 -- The sequence number is the largest of
 --   the partition's last sequence number + 1 (KEYS[5]),
@@ -27,10 +28,11 @@
 -- turn published its continuation, c. Reserving sets t (positive) and
 -- leaves c in place, so the LRU entry's size and published bit stay as
 -- they were. o holds this call's op and its answer's flags, '0' + 2 *
--- existed + consumed, then the op of the last record that published
--- (oplog.lua): a copy of this call answers from it, or from its answer key
--- once a later reserve moved it there, "<seq>:<existed><consumed>"
--- followed by the consumed continuation.
+-- existed + consumed, the tick of the last refresh (one byte), then the op
+-- of the last record that published (oplog.lua): a copy of this call
+-- answers from it, or from its answer key once a later reserve moved it
+-- there, "<seq>:<existed><consumed>" followed by the consumed
+-- continuation.
 --
 -- uses: oplog, lru
 --
@@ -127,27 +129,28 @@ if o then
   -- while those calls may be re-sent
   local prefix = string.sub(KEYS[4], 1, #KEYS[4] - 18)
   if deadline(o, 6, server) > server then spills().reserve(prefix, o, t, c, server) end
-  if live then
-    slot = slot .. string.sub(o, 11)
-  elseif #o >= 19 and deadline(o, 16, server) > server then
-    spills().record(prefix, o, server)
-  end
+  if not live and #o >= 20 and deadline(o, 17, server) > server then spills().record(prefix, o, server) end
 end
+-- The refresh clock: the store's clock in ticks of a 256th of the TTL (at
+-- least a millisecond), modulo 256.
+local tick = ttl - ttl % 256
+tick = tick > 0 and tick / 256 or 1
+local now_tick = ms - SCORE_EPOCH_MS
+now_tick = (now_tick - now_tick % tick) / tick % 256
 if live then
   local due
   if ARGV[1] == '0' then
-    local sixteenth, prev = (ttl - ttl % 16) / 16, math.abs(tn)
-    prev = (prev - prev % 1000) / 1000
-    due = sixteenth < 1 or server - server % sixteenth ~= prev - prev % sixteenth
+    due = not o or (now_tick - string.byte(o, 11)) % 256 >= 15
   else
     due = not old or old < pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0)
   end
   if not due then
     -- the entry and the TTL stay until they are due for a refresh
-    redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot)
+    redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot .. string.sub(o, 11))
     return {seq, 1, 0, consumed or nil}
   end
 end
+slot = slot .. string.char(now_tick) .. (live and o and string.sub(o, 12) or '')
 
 local size, published = ARGV[4] + 0, 0
 if live and c then

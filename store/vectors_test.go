@@ -1384,7 +1384,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 				switch {
 				case !ruleChanged(call.Script, call.Reply):
 					// A run that changed nothing leaves no answer.
-					assert.False(t, strings.HasPrefix(slots, op) || (len(slots) == 19 && slots[10:] == op), "%s: answer in o", st.Name)
+					assert.False(t, strings.HasPrefix(slots, op) || (len(slots) == 20 && slots[11:] == op), "%s: answer in o", st.Name)
 				case call.Script == "reserve":
 					// Its op and answer's flags start the state's o.
 					r := call.Reply.([]any)
@@ -1398,8 +1398,8 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 					f.turn, _ = states[state]["t"].(string)
 				case call.Script == "record":
 					// Its op follows the reserve's in o.
-					assert.Len(t, slots, 19, st.Name)
-					assert.Equal(t, op, slots[min(len(slots), 10):], "%s: o", st.Name)
+					assert.Len(t, slots, 20, st.Name)
+					assert.Equal(t, op, slots[min(len(slots), 11):], "%s: o", st.Name)
 					f.answer = "P"
 				default:
 					// Abort and clear keep their answer in their answer key.
@@ -1458,7 +1458,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			left := ruleDeadline(string(b), now) - now
 			assert.Contains(t, []int64{left - 1, left}, k.PTTL, "%s: %s lives until its op's deadline", st.Name, k.Key)
 		}
-		ruleState(t, c, st)
+		ruleState(t, c, st, ttl)
 	}
 	assert.NotZero(t, resent["reserve"], "a reserve sent again")
 	assert.NotZero(t, resent["record"], "a record sent again")
@@ -1481,7 +1481,7 @@ func ruleDeadline(op string, now int64) int64 {
 // ruleState checks the keys after a step: owner states hold t, c and o and
 // have their LRU entry, whose size the state's fields give, and each
 // partition hash sums its LRU.
-func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step) {
+func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step, ttl int64) {
 	zsets := map[string][]vectorscenario.ZMember{}
 	hashes := map[string]map[string]any{}
 	for _, k := range st.State {
@@ -1506,10 +1506,11 @@ func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step) {
 			} else {
 				assert.Positive(t, tv, "%s: %s published without c", st.Name, k.Key)
 			}
-			// o: the op of the reserve of its turn and that answer's flags,
-			// then the op of the last record that published (6.2).
+			// o: the op of the reserve of its turn, that answer's flags and
+			// the tick of the last refresh, then the op of the last record
+			// that published (6.2).
 			o := vectorscenario.UnHex(t, k.Hash["o"])
-			if assert.Contains(t, []int{c.OpBytes + 1, 2*c.OpBytes + 1}, len(o), "%s: %s o", st.Name, k.Key) {
+			if assert.Contains(t, []int{c.OpBytes + 2, 2*c.OpBytes + 2}, len(o), "%s: %s o", st.Name, k.Key) {
 				assert.Contains(t, "0123", string(o[c.OpBytes]), "%s: %s o's flags", st.Name, k.Key)
 			}
 			lru := zsets[k.Key[:i]+"}:lru"]
@@ -1517,6 +1518,9 @@ func ruleState(t *testing.T, c vecConstants, st vectorscenario.Step) {
 			if assert.True(t, j >= 0, "%s: %s has no LRU entry", st.Name, k.Key) {
 				// The entry's size is the one the state's fields give (7.3).
 				assert.Equal(t, min(size, c.MaxStateBytes), lru[j].Score%c.ScoreTimeUnit%c.ScorePublished, "%s: %s size", st.Name, k.Key)
+				// o's tick is its entry's touch in 256ths of the TTL (8.2).
+				tick := max(ttl/256, 1)
+				assert.Equal(t, byte(lru[j].Score/c.ScoreTimeUnit/tick%256), o[min(len(o)-1, c.OpBytes+1)], "%s: %s tick", st.Name, k.Key)
 			}
 		}
 	}
