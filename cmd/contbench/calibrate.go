@@ -185,19 +185,61 @@ func calibrate(ctx context.Context, cfg *config, tgt *target, rep *report) *cali
 	}
 	ping, pingFailed := throughput(ctx, cfg.concurrency, pingOp)
 	eval, evalFailed := throughput(ctx, cfg.concurrency, evalOp)
-	if pingFailed+evalFailed > 0 {
-		rep.note("calibration: %d PING and %d EVALSHA calls failed", pingFailed, evalFailed)
+	turns, turnsFailed, err := storeAlone(ctx, cfg, tgt)
+	if err != nil {
+		rep.note("calibration: turns alone: %v", err)
+	}
+	if pingFailed+evalFailed+turnsFailed > 0 {
+		rep.note("calibration: %d PING, %d EVALSHA and %d turns failed", pingFailed, evalFailed, turnsFailed)
 	}
 	c := &calibration{
-		Seconds:          calibrateFor.Seconds(),
-		PingPerSecond:    ping,
-		EvalshaPerSecond: eval,
-		StorePerSecond:   rep.Run.StoreOpsPerSecond,
+		Seconds:             calibrateFor.Seconds(),
+		PingPerSecond:       ping,
+		EvalshaPerSecond:    eval,
+		StorePerSecond:      rep.Run.StoreOpsPerSecond,
+		StoreAlonePerSecond: 2 * turns,
 	}
 	if eval > 0 {
 		c.FractionOfEvalsha = c.StorePerSecond / eval
+		c.AloneFractionOfEvalsha = c.StoreAlonePerSecond / eval
 	}
 	return c
+}
+
+// aloneOwners is how many owners storeAlone cycles through: enough that an
+// owner's turns come further apart than OpTimeout, as conversations' do, so
+// that no call's answer leaves its state (lua/oplog.lua).
+const aloneOwners = 10000
+
+// storeAlone plays turns (a reserve, then a record that publishes) of
+// aloneOwners throwaway owners on the replicas' stores, from the run's
+// concurrency, for calibrateFor: the store's own throughput, without the
+// workload's requests and checks. It returns the turns per second and the
+// number that failed.
+func storeAlone(ctx context.Context, cfg *config, tgt *target) (float64, int64, error) {
+	req, err := tgt.stores[0].ParseRequest(probeBody)
+	if err != nil {
+		return 0, 0, err
+	}
+	owners := make([]identity.Owner, aloneOwners)
+	for i := range owners {
+		if owners[i], err = identity.Main(fmt.Sprintf("contbench-alone-%d", i)); err != nil {
+			return 0, 0, err
+		}
+	}
+	next := make([]int, cfg.concurrency) // each goroutine's owners: g, g + concurrency, …
+	turns, failed := throughput(ctx, cfg.concurrency, func(ctx context.Context, g int) error {
+		o := owners[(g+next[g]*cfg.concurrency)%len(owners)]
+		next[g]++
+		s := tgt.stores[g%len(tgt.stores)]
+		res := s.Reserve(ctx, o, req)
+		if res.Err != nil {
+			return res.Err
+		}
+		_, err := s.Record(ctx, res, probeResult)
+		return err
+	})
+	return turns, failed, nil
 }
 
 // throughput calls op from workers goroutines (g is the goroutine's

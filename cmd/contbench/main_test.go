@@ -269,6 +269,7 @@ func TestStandaloneRedisThroughRueidis(t *testing.T) {
 	require.NotNil(t, b.report.Calibrate)
 	assert.Positive(t, b.report.Calibrate.EvalshaPerSecond)
 	assert.Positive(t, b.report.Calibrate.FractionOfEvalsha)
+	assert.Positive(t, b.report.Calibrate.AloneFractionOfEvalsha)
 }
 
 func TestStandaloneRedis(t *testing.T) {
@@ -299,6 +300,7 @@ func TestStandaloneRedis(t *testing.T) {
 	assert.Positive(t, cal.PingPerSecond)
 	assert.Positive(t, cal.EvalshaPerSecond)
 	assert.Positive(t, cal.FractionOfEvalsha)
+	assert.Positive(t, cal.StoreAlonePerSecond)
 }
 
 func TestKeepLeavesTheNamespaceAndItCannotBeReused(t *testing.T) {

@@ -67,6 +67,10 @@ type calibration struct {
 	EvalshaPerSecond  float64 `json:"noop_evalsha_per_second"`
 	StorePerSecond    float64 `json:"store_ops_per_second"`
 	FractionOfEvalsha float64 `json:"fraction_of_evalsha"`
+	// StoreAlonePerSecond counts the reserves and records of turns played
+	// on the stores alone, without the workload (storeAlone).
+	StoreAlonePerSecond    float64 `json:"store_alone_ops_per_second"`
+	AloneFractionOfEvalsha float64 `json:"alone_fraction_of_evalsha"`
 }
 
 // newReport starts the report of a run of cfg on tgt.

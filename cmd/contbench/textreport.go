@@ -127,6 +127,7 @@ func (r *report) write(w io.Writer, notes bool) {
 		t.row("PING ops/s", fmt.Sprintf("%.0f", c.PingPerSecond))
 		t.row("no-op EVALSHA ops/s", fmt.Sprintf("%.0f", c.EvalshaPerSecond))
 		t.row("store ops/s (main run)", fmt.Sprintf("%.0f = %.3f of the EVALSHA ceiling", c.StorePerSecond, c.FractionOfEvalsha))
+		t.row("store ops/s (turns alone)", fmt.Sprintf("%.0f = %.3f of the EVALSHA ceiling", c.StoreAlonePerSecond, c.AloneFractionOfEvalsha))
 	}
 	t.write(w)
 
