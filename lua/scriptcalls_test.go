@@ -31,30 +31,12 @@ type scriptCall struct {
 	keys, args int
 }
 
-// scriptCalls is a client hook that records every EVAL and EVALSHA (and
-// their read-only forms), alone or in a pipeline.
+// scriptCalls records every EVAL and EVALSHA (and their read-only forms)
+// a client sends, alone or in a pipeline.
 type scriptCalls struct {
 	mu    sync.Mutex
 	calls []scriptCall
 	bad   []string // commands it could not read
-}
-
-func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.noteGoRedis(cmd)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.noteGoRedis(cmd)
-		}
-		return next(ctx, cmds)
-	}
 }
 
 func (h *scriptCalls) noteGoRedis(cmd redis.Cmder) {
@@ -119,7 +101,7 @@ func TestScriptCallsMatchTheirHeaders(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	mr.SetTime(time.Now())
 	viaGoRedis := &scriptCalls{}
-	c.AddHook(viaGoRedis)
+	c.AddHook(redistest.CommandHook(viaGoRedis.noteGoRedis))
 	ctx := context.Background()
 
 	s, err := store.NewRedis(c, store.Options{Namespace: "calls", Partitions: 2})

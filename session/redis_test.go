@@ -39,32 +39,26 @@ func TestCorruptSessionIsReportedByName(t *testing.T) {
 	}
 }
 
-// countingHook sums the bytes of the arguments of every script call.
-type countingHook struct{ bytes atomic.Int64 }
-
-func (h *countingHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *countingHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
+// argumentBytes returns a hook that adds the bytes of the arguments of
+// every command to n.
+func argumentBytes(n *atomic.Int64) redistest.CommandHook {
+	return func(cmd redis.Cmder) {
 		for _, a := range cmd.Args() {
 			switch v := a.(type) {
 			case string:
-				h.bytes.Add(int64(len(v)))
+				n.Add(int64(len(v)))
 			case []byte:
-				h.bytes.Add(int64(len(v)))
+				n.Add(int64(len(v)))
 			}
 		}
-		return next(ctx, cmd)
 	}
 }
 
 // A journal save of a long session sends the new messages, not the history.
 func TestJournalSavesWriteOnlyNewMessages(t *testing.T) {
 	_, c := redistest.Miniredis(t)
-	hook := &countingHook{}
-	c.AddHook(hook)
+	var sent atomic.Int64
+	c.AddHook(argumentBytes(&sent))
 	st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: "j", Mode: session.Journal})
 	require.NoError(t, err)
 	s := session.New("m", "", "")
@@ -76,13 +70,13 @@ func TestJournalSavesWriteOnlyNewMessages(t *testing.T) {
 		history += int64(len(m))
 	}
 	require.NoError(t, st.Save(ctx, s))
-	first := hook.bytes.Swap(0) // EVALSHA, then EVAL after NOSCRIPT
+	first := sent.Swap(0) // EVALSHA, then EVAL after NOSCRIPT
 
 	perSave := make([]int64, 5)
 	for i := range perSave {
 		s.Messages = append(s.Messages, json.RawMessage(fmt.Sprintf(`{"role":"assistant","content":"reply %d"}`, i)))
 		require.NoError(t, st.Save(ctx, s))
-		perSave[i] = hook.bytes.Swap(0)
+		perSave[i] = sent.Swap(0)
 	}
 	t.Logf("history %d bytes; first save sent %d, appends %v", history, first, perSave)
 	for _, n := range perSave {
@@ -95,7 +89,7 @@ func TestJournalSavesWriteOnlyNewMessages(t *testing.T) {
 	// An edit of history rewrites: it sends everything again.
 	s.Messages[0] = json.RawMessage(`{"role":"user","content":"edited"}`)
 	require.NoError(t, st.Save(ctx, s))
-	assert.Greater(t, hook.bytes.Swap(0), history)
+	assert.Greater(t, sent.Swap(0), history)
 	got, err = st.Load(ctx, s.ID)
 	require.NoError(t, err)
 	assert.Equal(t, `{"role":"user","content":"edited"}`, string(got.Messages[0]))

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"context"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,22 +15,6 @@ import (
 	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/lua"
 )
-
-// scriptCalls counts the EVALSHA and EVAL commands a client sends.
-type scriptCalls struct{ n atomic.Int64 }
-
-func (s *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (s *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (s *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToUpper(cmd.Name()); name == "EVALSHA" || name == "EVAL" {
-			s.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
 
 // A call that reaches Redis after its deadline changes nothing and says so
 // with the server's clock. When the refusal comes OpTimeout or more after
@@ -102,30 +85,34 @@ func TestTheStoreLearnsTheServersClock(t *testing.T) {
 	for _, sc := range lua.All() {
 		require.NoError(t, c.ScriptLoad(ctx, sc.Source).Err()) // no NOSCRIPT to count
 	}
-	calls := &scriptCalls{}
-	c.AddHook(calls)
+	var calls atomic.Int64 // EVALSHA and EVAL commands
+	c.AddHook(redistest.CommandHook(func(cmd redis.Cmder) {
+		if name := strings.ToUpper(cmd.Name()); name == "EVALSHA" || name == "EVAL" {
+			calls.Add(1)
+		}
+	}))
 	s, err := NewRedis(c, Options{Namespace: "clock", Partitions: 1, OpTimeout: redistest.PatientOpTimeout})
 	require.NoError(t, err)
 	owner, _ := identity.Main("clock")
-	calls.n.Store(0)
+	calls.Store(0)
 	res := s.Reserve(ctx, owner, testRequest(t, `{"input":["a"]}`))
 	require.NoError(t, res.Err)
-	assert.Equal(t, int64(1), calls.n.Load(), "the clock is known from the schema check")
+	assert.Equal(t, int64(1), calls.Load(), "the clock is known from the schema check")
 
 	out, err := s.Record(ctx, res, Result{ResponseID: "resp_1", Socket: Socket{Any: true}})
 	require.NoError(t, err)
 	assert.Equal(t, OutcomePublished, out)
-	assert.Equal(t, int64(2), calls.n.Load())
+	assert.Equal(t, int64(2), calls.Load())
 
 	mr.SetTime(time.Now().Add(2 * time.Hour))
 	res = s.Reserve(ctx, owner, testRequest(t, `{"input":["a","b"]}`))
 	require.NoError(t, res.Err)
 	assert.True(t, res.Continues())
-	assert.Equal(t, int64(4), calls.n.Load(), "refused after the jump and sent again")
+	assert.Equal(t, int64(4), calls.Load(), "refused after the jump and sent again")
 	_, err = s.Record(ctx, res, Result{ResponseID: "resp_2", Socket: Socket{Any: true}})
 	require.NoError(t, err)
 	require.NoError(t, s.Reserve(ctx, owner, testRequest(t, `{"input":["a","b","c"]}`)).Err)
-	assert.Equal(t, int64(6), calls.n.Load(), "later calls are not refused")
+	assert.Equal(t, int64(6), calls.Load(), "later calls are not refused")
 	b := s.backend.(*redisBackend)
 	assert.InDelta(t, time.Now().Add(2*time.Hour+redistest.PatientOpTimeout).UnixMilli()-serverclock.EpochMillis,
 		b.servers.Deadline(0, redistest.PatientOpTimeout), float64(time.Second.Milliseconds()))
