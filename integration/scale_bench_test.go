@@ -133,8 +133,10 @@ func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner) {
 // is evicted. A turn comes within a sixteenth of the TTL of the owner's
 // last refresh, so it writes no LRU entry; in the refreshing case (10,000
 // owners, TTL 16 s) each reserve phase starts a second after the fill, so
-// every reserve refreshes its owner's entry and TTL. A script that does nothing, run the same way, gives the
-// floor. The figures are the medians of 5 rounds on one server, which a
+// every reserve refreshes its owner's entry and TTL. An owner's calls come
+// further apart than OpTimeout (the default), so no answer leaves its
+// state: each phase checks that its only SETs are the reserves' clock's. A
+// script that does nothing, run the same way, gives the floor. The figures are the medians of 5 rounds on one server, which a
 // noisy machine moves less than one round. Run it under taskset with
 // -benchtime 1x (see BENCHMARKS.md).
 func BenchmarkTurnServerTime(b *testing.B) {
@@ -158,7 +160,11 @@ func BenchmarkTurnServerTime(b *testing.B) {
 				turn := storetest.NewTurn(b, s, 32)
 				fill(b, s, owners, turn)
 				reservations := make([]*store.Reservation, calls)
-				phase := func(op func(i int)) float64 {
+				// phase runs op for every owner of the round and returns the
+				// script's server time; sets is how many SETs the phase
+				// makes: the clock's of each reserve, and no answer key
+				// (no two calls on an owner come within OpTimeout).
+				phase := func(op func(i int), sets int) float64 {
 					require.NoError(b, c.ConfigResetStat(ctx).Err())
 					parallelFor(calls, 8, op)
 					all := commandStats(b, c)
@@ -166,6 +172,7 @@ func BenchmarkTurnServerTime(b *testing.B) {
 					// The store may recheck the namespace's schema (one
 					// script) in a phase.
 					require.True(b, st.calls >= int64(calls) && st.calls <= int64(calls)+2, "%d script calls, want %d", st.calls, calls)
+					require.Equal(b, int64(sets), all["set"].calls, "SET calls")
 					if testing.Verbose() {
 						for name, cs := range all {
 							b.Logf("%s: %d calls, %.2f us/call, %.2f us per script", name, cs.calls, cs.usecPerCall, float64(cs.calls)*cs.usecPerCall/float64(calls))
@@ -182,27 +189,32 @@ func BenchmarkTurnServerTime(b *testing.B) {
 						// The same owners again: back to the turn before.
 						fill(b, s, owners, turn)
 					}
+					// The fill's calls are past their deadlines (OpTimeout,
+					// the default) before the owners' next, as the turns of
+					// a conversation are.
+					wait := 400 * time.Millisecond // twice the default OpTimeout
 					if bc.ttl > 0 {
-						time.Sleep(bc.ttl/16 + 100*time.Millisecond) // every entry is due
+						wait = bc.ttl/16 + 100*time.Millisecond // every entry is due
 					}
+					time.Sleep(wait)
 					reserves = append(reserves, phase(func(i int) {
 						reservations[i] = s.Reserve(ctx, owners[i*(n/calls)+r%(n/calls)], turn.Next)
 						if !reservations[i].Continues() {
 							b.Errorf("owner %d: %s %v", i, reservations[i].Reason, reservations[i].Err)
 						}
-					}))
+					}, calls))
 					records = append(records, phase(func(i int) {
 						out, err := s.Record(ctx, reservations[i], store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
 						if err != nil || out != store.OutcomePublished {
 							b.Errorf("owner %d: %s %v", i, out, err)
 						}
-					}))
+					}, 0))
 					// The floor on the same server: a script that does nothing.
 					floors = append(floors, phase(func(int) {
 						if err := noop.EvalSha(ctx, c, nil).Err(); err != nil {
 							b.Error(err)
 						}
-					}))
+					}, 0))
 				}
 				reserve, record, floor := median(reserves), median(records), median(floors)
 				st, err := s.Stats(ctx)
