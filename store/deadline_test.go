@@ -115,5 +115,5 @@ func TestTheStoreLearnsTheServersClock(t *testing.T) {
 	assert.Equal(t, int64(6), calls.Load(), "later calls are not refused")
 	b := s.backend.(*redisBackend)
 	assert.InDelta(t, time.Now().Add(2*time.Hour+redistest.PatientOpTimeout).UnixMilli()-serverclock.EpochMillis,
-		b.servers.Deadline(0, redistest.PatientOpTimeout), float64(time.Second.Milliseconds()))
+		b.servers.At(0, time.Now().Add(redistest.PatientOpTimeout)), float64(time.Second.Milliseconds()))
 }

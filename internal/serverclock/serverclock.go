@@ -56,12 +56,6 @@ func (c *Clock) At(i int, local time.Time) int64 {
 	return local.UnixMilli() + c.offset(i) - EpochMillis
 }
 
-// Deadline returns the instant timeout from now on server i's clock, in
-// milliseconds since EpochMillis.
-func (c *Clock) Deadline(i int, timeout time.Duration) int64 {
-	return c.At(i, c.now().Add(timeout))
-}
-
 func (c *Clock) offset(i int) int64 {
 	s := &c.servers[i]
 	s.mu.Lock()
