@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -100,16 +99,6 @@ func extends(msgs, saved []json.RawMessage) bool {
 	return true
 }
 
-// deadline returns the deadline of a save under ctx (at most OpTimeout from
-// now) on the server's clock, in milliseconds since the scripts' epoch.
-func (r *redisStore) deadline(ctx context.Context) int64 {
-	left := r.opts.OpTimeout
-	if end, ok := ctx.Deadline(); ok {
-		left = min(time.Until(end), left)
-	}
-	return r.servers.At(0, r.servers.Now().Add(left))
-}
-
 // now is the scripts' clock argument: StoreOptions.Now in milliseconds
 // since the Unix epoch, or "0" for the server's clock.
 func (r *redisStore) now() string {
@@ -126,9 +115,8 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 	}
 	// A refused append wrote nothing: its rewrite may reuse the op. A save
 	// refused for its deadline is sent once more as a new call, while the
-	// caller still waits, when the refusal came OpTimeout or more after the
-	// deadline (as the store's, lua/oplog.lua, store/redis.go changing).
-	deadline := r.deadline(ctx)
+	// caller still waits, when the refusal allows it (serverclock Refused).
+	deadline := r.servers.Deadline(ctx, 0, r.opts.OpTimeout)
 	op := lua.NewOp(deadline)
 	rewrite, resent := false, false
 	for {
@@ -161,13 +149,10 @@ func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) err
 			rewrite = true
 		case "expired":
 			server, err := strconv.ParseInt(reply[1], 10, 64)
-			if err == nil {
-				r.servers.Observe(0, server, r.servers.Now())
-			}
-			if err != nil || resent || ctx.Err() != nil || server < deadline+r.opts.OpTimeout.Milliseconds() {
+			if err != nil || !r.servers.Refused(0, server, deadline, r.opts.OpTimeout) || resent || ctx.Err() != nil {
 				return fmt.Errorf("%w: save %q reached Redis after its deadline", ErrUnavailable, s.ID)
 			}
-			deadline = r.deadline(ctx)
+			deadline = r.servers.Deadline(ctx, 0, r.opts.OpTimeout)
 			op, resent = lua.NewOp(deadline), true
 		default:
 			return fmt.Errorf("%w: save %q: unexpected status %q", ErrUnavailable, s.ID, reply[0])

@@ -31,8 +31,8 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 		p, okeys := b.ownerKeys(owner)
 		var sent []string
 		draw := b.newOp
-		b.newOp = func(p int, deadline int64) string {
-			op := draw(p, deadline)
+		b.newOp = func(deadline int64) string {
+			op := draw(deadline)
 			sent = append(sent, op)
 			return op
 		}
@@ -41,7 +41,7 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 			server, err := slice(b.conn.eval(ctx, lua.Schema, []string{b.keys.meta()}, []string{"0", "0", "", ""}))
 			require.NoError(t, err)
 			b.servers = serverclock.New(2, nil)
-			b.servers.Observe(p, server[4].(int64)-d.Milliseconds(), time.Now())
+			b.servers.Observe(p, server[4].(int64)-d.Milliseconds())
 		}
 
 		behind(redistest.PatientOpTimeout + time.Second)
@@ -115,5 +115,5 @@ func TestTheStoreLearnsTheServersClock(t *testing.T) {
 	assert.Equal(t, int64(6), calls.Load(), "later calls are not refused")
 	b := s.backend.(*redisBackend)
 	assert.InDelta(t, time.Now().Add(2*time.Hour+redistest.PatientOpTimeout).UnixMilli()-serverclock.EpochMillis,
-		b.servers.At(0, time.Now().Add(redistest.PatientOpTimeout)), float64(time.Second.Milliseconds()))
+		b.servers.Deadline(ctx, 0, redistest.PatientOpTimeout), float64(time.Second.Milliseconds()))
 }

@@ -63,8 +63,8 @@ func newRedisBackend(conn redisConn, o Options) *redisBackend {
 	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions),
 		servers: serverclock.New(o.Partitions, nil), // deadlines are real time, whatever Options.Now says
 		ttl:     strconv.FormatInt(o.TTL.Milliseconds(), 10),
-		limits:  fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget)}
-	r.newOp = func(p int, deadline int64) string { return lua.NewOp(deadline) }
+		limits:  fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget),
+		newOp:   lua.NewOp}
 	r.fp.Store(o.newParser())
 	return r
 }
@@ -183,9 +183,9 @@ type redisBackend struct {
 	// servers estimates the clocks of the partitions' servers, on which
 	// calls carry their deadlines.
 	servers *serverclock.Clock
-	// newOp draws the op of a call on partition p that changes state, with
-	// its deadline on the server's clock (lua/oplog.lua).
-	newOp func(p int, deadline int64) string
+	// newOp draws the op of a call that changes state, with its deadline
+	// on the server's clock (lua/oplog.lua).
+	newOp func(deadline int64) string
 	// The scripts' constant arguments: idle TTL in milliseconds, and the
 	// limits of the scripts that prune (lua/lru.lua).
 	ttl, limits string
@@ -219,7 +219,7 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 		return err
 	}
 	if server, ok := got[4].(int64); ok {
-		r.servers.Seed(server, r.servers.Now())
+		r.servers.Seed(server)
 	}
 	field := func(i int) string { s, _ := got[i].(string); return s }
 	var mismatch error
@@ -312,8 +312,8 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 // The deadline is ctx's (at most OpTimeout from now) on the clock of the
 // partition's server, in milliseconds since the scripts' epoch.
 func (r *redisBackend) change(ctx context.Context, p int, owner identity.Owner, keys []string) ([]string, []string, int64) {
-	deadline := r.servers.At(p, r.servers.Now().Add(timeLeft(ctx, r.opts.OpTimeout)))
-	op := r.newOp(p, deadline)
+	deadline := r.servers.Deadline(ctx, p, r.opts.OpTimeout)
+	op := r.newOp(deadline)
 	return append(keys[:3:3], r.keys.answer(p, owner, op)), []string{r.clock(), r.ttl, op}, deadline
 }
 
@@ -333,28 +333,15 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 	return strconv.FormatUint(seq, 10)
 }
 
-// timeLeft returns how long ctx has left, at most limit.
-func timeLeft(ctx context.Context, limit time.Duration) time.Duration {
-	if end, ok := ctx.Deadline(); ok {
-		return min(time.Until(end), limit)
-	}
-	return limit
-}
-
 // errPastDeadline marks a call that reached Redis after its deadline and
 // changed nothing (lua/oplog.lua).
 var errPastDeadline = errors.New("store: call reached Redis after its deadline")
 
 // changing runs call, a call of partition p that changes state, which
 // draws its op and returns its reply and deadline. When Redis refused it
-// for its deadline, the store takes the server's clock from the refusal
-// and, while the caller still waits, sends it once more as a new call if
-// the refusal came OpTimeout or more after the deadline. Then the store's
-// estimate of the server's clock was that far behind when the call began:
-// every copy of it reached Redis after its deadline and was refused (a
-// copy that ran in time would have made the deadline its caller's within
-// OpTimeout), so the new call cannot repeat an effect. A refusal closer to
-// the deadline may follow a copy that ran, and is an error.
+// for its deadline, the store sends it once more as a new call while the
+// caller still waits, if the refusal allows it (serverclock Refused: no
+// copy can have run); else the refusal is an error.
 func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, int64, error)) (any, error) {
 	for tries := 0; ; tries++ {
 		reply, deadline, err := call()
@@ -369,8 +356,7 @@ func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, in
 		if !ok {
 			return reply, nil
 		}
-		r.servers.Observe(p, server, r.servers.Now())
-		if tries > 0 || ctx.Err() != nil || server < deadline+r.opts.OpTimeout.Milliseconds() {
+		if !r.servers.Refused(p, server, deadline, r.opts.OpTimeout) || tries > 0 || ctx.Err() != nil {
 			return nil, fmt.Errorf("%w (the server's clock read %s)", errPastDeadline,
 				time.UnixMilli(server+serverclock.EpochMillis).UTC().Format(time.RFC3339Nano))
 		}
@@ -392,7 +378,7 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 	if err != nil {
 		return reserved{}, err
 	}
-	r.servers.Observe(p, int64(got.seq/1000), r.servers.Now()) // the sequence counts the server's microseconds
+	r.servers.Observe(p, int64(got.seq/1000)) // the sequence counts the server's microseconds
 	got.Turn = turnOf(got.seq, r.opts.Partitions, p)
 	return got, nil
 }

@@ -430,7 +430,7 @@ func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint
 	require.NoError(t, err)
 	b := newRedisBackend(goRedis{client: client}, opts)
 	b.schema.running = true
-	b.servers.Seed(now.UnixMilli()-serverclock.EpochMillis, time.Now())
+	b.servers.Seed(now.UnixMilli() - serverclock.EpochMillis)
 	p, keys := b.ownerKeys(owner)
 	ctx := context.Background()
 	if prevSeq > 0 {
@@ -677,7 +677,7 @@ type vecOpIDs struct {
 	last string
 }
 
-func (o *vecOpIDs) next(int, int64) string {
+func (o *vecOpIDs) next(int64) string {
 	op := o.again
 	if op == "" {
 		*o.n++

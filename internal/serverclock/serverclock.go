@@ -4,6 +4,7 @@
 package serverclock
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -38,8 +39,7 @@ type server struct {
 }
 
 // New returns a Clock for n servers on the local clock now (time.Now
-// when nil): the clock its caller reasons with, whose times it passes to
-// At and Observe.
+// when nil).
 func New(n int, now func() time.Time) *Clock {
 	if now == nil {
 		now = time.Now
@@ -47,13 +47,34 @@ func New(n int, now func() time.Time) *Clock {
 	return &Clock{servers: make([]server, max(n, 1)), now: now}
 }
 
-// Now returns the local clock's time.
-func (c *Clock) Now() time.Time { return c.now() }
-
 // At returns the instant local (on the local clock) on server i's clock, in
 // milliseconds since EpochMillis.
 func (c *Clock) At(i int, local time.Time) int64 {
 	return local.UnixMilli() + c.offset(i) - EpochMillis
+}
+
+// Deadline returns the deadline of a call to server i under ctx: ctx's, at
+// most limit from now, on server i's clock in milliseconds since
+// EpochMillis.
+func (c *Clock) Deadline(ctx context.Context, i int, limit time.Duration) int64 {
+	if end, ok := ctx.Deadline(); ok {
+		limit = min(time.Until(end), limit)
+	}
+	return c.At(i, c.now().Add(limit))
+}
+
+// Refused takes the clock of server i from its refusal of a call whose
+// deadline was deadline, made with at most limit to wait (both as Deadline
+// takes them), and reports whether the caller, if it still waits, may send
+// the call again as a new one: when the refusal came limit or more after
+// the deadline. Then the estimate of the server's clock was that far
+// behind when the call began, so every copy of it reached the server after
+// its deadline and was refused (a copy in time would have made the
+// deadline its caller's within limit), and a new call cannot repeat an
+// effect. A refusal closer to the deadline may follow a copy that ran.
+func (c *Clock) Refused(i int, serverMillis, deadline int64, limit time.Duration) bool {
+	c.Observe(i, serverMillis)
+	return serverMillis >= deadline+limit.Milliseconds()
 }
 
 func (c *Clock) offset(i int) int64 {
@@ -67,8 +88,9 @@ func (c *Clock) offset(i int) int64 {
 }
 
 // Observe takes the time server i reported, in milliseconds since
-// EpochMillis, in a reply that arrived at received.
-func (c *Clock) Observe(i int, serverMillis int64, received time.Time) {
+// EpochMillis, in a reply that has just arrived.
+func (c *Clock) Observe(i int, serverMillis int64) {
+	received := c.now()
 	s := &c.servers[i]
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -78,7 +100,8 @@ func (c *Clock) Observe(i int, serverMillis int64, received time.Time) {
 // Seed takes the time a server reported, as Observe does, for each server
 // whose clock is not known yet: the servers of one deployment keep their
 // clocks close.
-func (c *Clock) Seed(serverMillis int64, received time.Time) {
+func (c *Clock) Seed(serverMillis int64) {
+	received := c.now()
 	for i := range c.servers {
 		s := &c.servers[i]
 		s.mu.Lock()
