@@ -40,7 +40,7 @@ if not current then
 end
 local log = oplog()
 local server = log.now()
-if st[3] then spills().all(string.sub(KEYS[4], 1, #KEYS[4] - 18), st[3], st[1], st[2], server) end
+if st[3] then spills().all(st[3], st[1], st[2], server) end
 local due = deadline(ARGV[3], 6, server)
 if due > server then log.claim(4, 'A', due) end
 change.remove(old)

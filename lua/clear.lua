@@ -45,7 +45,7 @@ local live = st[1] and not (old and old < change.idle(ARGV[1], ARGV[2]))
 -- that found none would remove a turn reserved after the first run.
 log.claim(4, live and 'C' or '0', due)
 if live then
-  if st[3] then spills().all(string.sub(KEYS[4], 1, #KEYS[4] - 18), st[3], st[1], st[2], server) end
+  if st[3] then spills().all(st[3], st[1], st[2], server) end
   change.remove(old)
   return 1
 end

@@ -1,6 +1,6 @@
 -- lru.lua: the clock, accounting and eviction shared by the scripts that
--- change or read an owner. It defines local constants and three functions,
--- pack_score, lru and prune; a script that uses them names lru in its
+-- change or read an owner. It defines local constants and four functions,
+-- pack_score, refresh_tick, lru and prune; a script that uses them names lru in its
 -- header's uses line, and is sent with this file before it (lua.go). Each
 -- function a script defines costs time on every run, whether it is called or
 -- not, so the others are made by lru(), which a script calls only on the
@@ -43,6 +43,17 @@ local PUBLISHED = 4096
 local function pack_score(ms, published, size)
   if size > PUBLISHED - 1 then size = PUBLISHED - 1 end
   return (ms - SCORE_EPOCH_MS) * TIME_UNIT + published * PUBLISHED + size
+end
+
+-- refresh_tick returns the tick of ms (milliseconds since the Unix epoch)
+-- for a TTL of ttl milliseconds, which the state's o keeps for its last
+-- refresh (reserve.lua): the time since 2025-01-01 in 256ths of the TTL (at
+-- least a millisecond), modulo 256.
+local function refresh_tick(ms, ttl)
+  local unit = ttl - ttl % 256
+  unit = unit > 0 and unit / 256 or 1
+  local t = ms - SCORE_EPOCH_MS
+  return (t - t % unit) / unit % 256
 end
 
 -- lru returns the functions that read the clock and a score and change an

@@ -66,11 +66,14 @@ end
 -- spills returns the functions that move the answers a state holds to
 -- their answer keys, as a table: reserve, record, all, releaser. Each
 -- writes a key only for a call whose deadline is after now (ms since
--- 2025-01-01); prefix is the name of the owner's answer keys up to the op.
+-- 2025-01-01). prefix is the name of the owner's answer keys up to the op;
+-- when nil, that of the owner whose state is KEYS[1]: the calling script's
+-- own answer key (its fourth key) without its op in hex.
 local function spills()
   -- spill stores answer in the answer key of the op of s at position at
   -- (9 bytes) until its deadline, when that is after now.
   local function spill(prefix, s, at, answer, now)
+    prefix = prefix or string.sub(KEYS[4], 1, #KEYS[4] - 18)
     local due = deadline(s, at + 5, now)
     if due > now then
       redis.call('SET', prefix .. string.format('%02x%02x%02x%02x%02x%02x%02x%02x%02x', string.byte(s, at, at + 8)),
@@ -80,7 +83,7 @@ local function spills()
 
   -- reserve keeps the answer of the reserve of state o (the state's turn t
   -- and continuation c).
-  local function reserve(prefix, o, t, c, now)
+  local function reserve(o, t, c, now, prefix)
     local flags = string.byte(o, 10) - 48
     local consumed = flags % 2 == 1 and t + 0 > 0 and c
     spill(prefix, o, 1, string.format('%d:%d', math.abs(t), (flags - flags % 2) / 2) ..
@@ -88,14 +91,14 @@ local function spills()
   end
 
   -- record keeps the answer of the record of state o, if any.
-  local function record(prefix, o, now)
+  local function record(o, now, prefix)
     if #o >= 20 then spill(prefix, o, 12, 'P', now) end
   end
 
   -- all keeps both answers of state o (turn t, continuation c).
-  local function all(prefix, o, t, c, now)
-    reserve(prefix, o, t, c, now)
-    record(prefix, o, now)
+  local function all(o, t, c, now, prefix)
+    reserve(o, t, c, now, prefix)
+    record(o, now, prefix)
   end
 
   -- releaser returns the function that prune (lru.lua) calls before it
@@ -106,7 +109,7 @@ local function spills()
     return function(key, member)
       local v = redis.call('HMGET', key, 't', 'c', 'o')
       if v[1] and v[3] then
-        all(string.sub(key, 1, #key - #member - 2) .. 'q:' .. member .. ':', v[3], v[1], v[2], now)
+        all(v[3], v[1], v[2], now, string.sub(key, 1, #key - #member - 2) .. 'q:' .. member .. ':')
       end
     end
   end

@@ -83,7 +83,7 @@ local turn_ms = (seq - seq % 1000) / 1000 -- when the turn began, ms since 2025-
 local slot = (o and string.sub(o, 1, 11) or string.rep('0', 11)) .. op
 if o and #o >= 20 and deadline(o, 17, turn_ms) > turn_ms then
   server = server or oplog().now()
-  spills().record(string.sub(KEYS[4], 1, #KEYS[4] - 18), o, server)
+  spills().record(o, server)
 end
 if c and #c == #ARGV[5] and ARGV[1] == '0' then
   -- the entry's size and published bit stay (lru.lua)
@@ -107,10 +107,8 @@ else
   -- a state whose entry is lost is touched now, and o's refresh tick
   -- (reserve.lua) with it
   change = lru()
-  local ms, tick = change.clock(ARGV[1]), ARGV[2] - ARGV[2] % 256
-  tick = tick > 0 and tick / 256 or 1
-  local now_tick = ms - SCORE_EPOCH_MS
-  slot = string.sub(slot, 1, 10) .. string.char((now_tick - now_tick % tick) / tick % 256) .. op
+  local ms = change.clock(ARGV[1])
+  slot = string.sub(slot, 1, 10) .. string.char(refresh_tick(ms, ARGV[2] + 0)) .. op
   score = pack_score(ms, 1, ARGV[6] + #ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

@@ -127,16 +127,10 @@ local slot = op .. (consumed and '3' or live and '2' or '0')
 if o then
   -- the answers of the calls this one replaces go to their answer keys
   -- while those calls may be re-sent
-  local prefix = string.sub(KEYS[4], 1, #KEYS[4] - 18)
-  if deadline(o, 6, server) > server then spills().reserve(prefix, o, t, c, server) end
-  if not live and #o >= 20 and deadline(o, 17, server) > server then spills().record(prefix, o, server) end
+  if deadline(o, 6, server) > server then spills().reserve(o, t, c, server) end
+  if not live and #o >= 20 and deadline(o, 17, server) > server then spills().record(o, server) end
 end
--- The refresh clock: the store's clock in ticks of a 256th of the TTL (at
--- least a millisecond), modulo 256.
-local tick = ttl - ttl % 256
-tick = tick > 0 and tick / 256 or 1
-local now_tick = ms - SCORE_EPOCH_MS
-now_tick = (now_tick - now_tick % tick) / tick % 256
+local now_tick = refresh_tick(ms, ttl)
 if live then
   local due
   if ARGV[1] == '0' then

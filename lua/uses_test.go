@@ -409,7 +409,7 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 	}, {
 		name: "answers moved out of a state without a WRITES line",
 		uses: "oplog",
-		body: "spills().record(ARGV[1], ARGV[2], 0)\nreturn 1\n",
+		body: "spills().record(ARGV[1], 0, ARGV[2])\nreturn 1\n",
 		want: []string{"writes keys not in KEYS (spills (line 8)) but has no WRITES header line"},
 	}, {
 		name: "a key written by name without a WRITES line",
@@ -420,7 +420,7 @@ func TestUndeclaredUsesAreCaught(t *testing.T) {
 		name:    "a WRITES line with its reason",
 		uses:    "oplog",
 		deletes: writes,
-		body:    "spills().record(ARGV[1], ARGV[2], 0)\nreturn 1\n",
+		body:    "spills().record(ARGV[1], 0, ARGV[2])\nreturn 1\n",
 	}, {
 		name:    "a WRITES line for writes it does not make",
 		uses:    "oplog",
