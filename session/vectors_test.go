@@ -254,17 +254,6 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 	ruleSessionScenario(t, f.OpDeadlineMillis, f.SessionSteps)
 }
 
-// ruleDeadline is the deadline of op in ms since 2025-01-01: the instant
-// whose low 32 bits are op's last 4 bytes nearest to now (6.6).
-func ruleDeadline(op []byte, now int64) int64 {
-	low := int64(op[5])<<24 | int64(op[6])<<16 | int64(op[7])<<8 | int64(op[8])
-	diff := ((low-now)%(1<<32) + 1<<32) % (1 << 32)
-	if diff >= 1<<31 {
-		diff -= 1 << 32
-	}
-	return now + diff
-}
-
 func ruleSessionScenario(t *testing.T, deadlineAfter int64, steps []vectorscenario.Step) {
 	answered := map[string]any{} // answer key → the reply that published
 	resent, clocked, expired := 0, 0, 0
@@ -304,7 +293,7 @@ func ruleSessionScenario(t *testing.T, deadlineAfter int64, steps []vectorscenar
 			// bytes are the low 32 bits of its deadline.
 			require.Len(t, args[5], 9, st.Name)
 			assert.Equal(t, hex.EncodeToString([]byte(args[5])), op, "%s: answer key", st.Name)
-			deadline := ruleDeadline([]byte(args[5]), now)
+			deadline := vectorscenario.Deadline(args[5], now)
 			r := call.Reply.([]any)
 			if r[0] == "expired" {
 				// Refused past its deadline, with the server's clock.

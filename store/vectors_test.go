@@ -1361,7 +1361,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 				_, ok := ruleDecode([]byte(args[4]))
 				assert.True(t, ok, "%s: continuation", st.Name)
 			}
-			deadline := ruleDeadline(op, now)
+			deadline := vectorscenario.Deadline(op, now)
 			if r, ok := call.Reply.([]any); ok && len(r) == 2 && r[0] == "expired" {
 				// Past its deadline: refused with the server's clock, and
 				// nothing changes (6.6).
@@ -1455,27 +1455,13 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			require.NoError(t, err)
 			// PTTL counts from the server's clock, whose milliseconds
 			// miniredis keeps a fraction of.
-			left := ruleDeadline(string(b), now) - now
+			left := vectorscenario.Deadline(string(b), now) - now
 			assert.Contains(t, []int64{left - 1, left}, k.PTTL, "%s: %s lives until its op's deadline", st.Name, k.Key)
 		}
 		ruleState(t, c, st, ttl)
 	}
 	assert.NotZero(t, resent["reserve"], "a reserve sent again")
 	assert.NotZero(t, resent["record"], "a record sent again")
-}
-
-// ruleDeadline is the deadline of op in ms since the score epoch: the
-// instant with op's last 4 bytes as its low 32 bits nearest to now.
-func ruleDeadline(op string, now int64) int64 {
-	low := int64(op[5])<<24 | int64(op[6])<<16 | int64(op[7])<<8 | int64(op[8])
-	diff := (low - now) % (1 << 32)
-	if diff < 0 {
-		diff += 1 << 32
-	}
-	if diff >= 1<<31 {
-		diff -= 1 << 32
-	}
-	return now + diff
 }
 
 // ruleState checks the keys after a step: owner states hold t, c and o and

@@ -121,6 +121,19 @@ func Op(n uint64, now time.Time) string {
 	return string(b[:lua.OpSize])
 }
 
+// Deadline is the deadline of op, in milliseconds since 2025-01-01, as
+// PROTOCOL.md 6.6 reads it, written out apart from the scripts: the
+// instant with op's last 4 bytes as its low 32 bits, no later than an hour
+// after now and less than 2^32 ms before that.
+func Deadline(op string, now int64) int64 {
+	low := int64(op[5])<<24 | int64(op[6])<<16 | int64(op[7])<<8 | int64(op[8])
+	diff := ((low-now)%(1<<32) + 1<<32) % (1 << 32)
+	if diff > time.Hour.Milliseconds() {
+		diff -= 1 << 32
+	}
+	return now + diff
+}
+
 // OpPattern matches an op's hex in an answer key's name.
 var OpPattern = regexp.MustCompile(`^[0-9a-f]{18}$`)
 
