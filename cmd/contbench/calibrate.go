@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/store"
 )
@@ -89,15 +90,9 @@ func (t *target) sampleClosed(ctx context.Context, clients int64) (serverSample,
 // for each owner, then reserves a turn for each (consuming it), then
 // records each of those turns.
 func probeScripts(ctx context.Context, cfg *config, tgt *target) (reserve, record scriptTime, err error) {
-	req, err := tgt.stores[0].ParseRequest(probeBody)
+	req, owners, err := probeTurns(tgt, "contbench-probe-", probeCalls)
 	if err != nil {
 		return reserve, record, err
-	}
-	owners := make([]identity.Owner, probeCalls)
-	for i := range owners {
-		if owners[i], err = identity.Main(fmt.Sprintf("contbench-probe-%d", i)); err != nil {
-			return reserve, record, err
-		}
 	}
 	stores := tgt.stores
 	reservations := make([]*store.Reservation, probeCalls)
@@ -141,6 +136,23 @@ func probeScripts(ctx context.Context, cfg *config, tgt *target) (reserve, recor
 		return reserve, record, fmt.Errorf("%d of %d calls failed, the first with: %w", n, 4*probeCalls, firstErr)
 	}
 	return reserve, record, nil
+}
+
+// probeTurns returns the request of the turns of throwaway owners, parsed
+// as the stores parse it, and n such owners, their session ids prefix
+// followed by a number.
+func probeTurns(tgt *target, prefix string, n int) (*fingerprint.Request, []identity.Owner, error) {
+	req, err := tgt.stores[0].ParseRequest(probeBody)
+	if err != nil {
+		return nil, nil, err
+	}
+	owners := make([]identity.Owner, n)
+	for i := range owners {
+		if owners[i], err = identity.Main(fmt.Sprintf("%s%d", prefix, i)); err != nil {
+			return nil, nil, err
+		}
+	}
+	return req, owners, nil
 }
 
 // parallel calls fn(i) for i in 0..n-1 from up to workers goroutines.
@@ -217,15 +229,9 @@ const aloneOwners = 10000
 // workload's requests and checks. It returns the turns per second and the
 // number that failed.
 func storeAlone(ctx context.Context, cfg *config, tgt *target) (float64, int64, error) {
-	req, err := tgt.stores[0].ParseRequest(probeBody)
+	req, owners, err := probeTurns(tgt, "contbench-alone-", aloneOwners)
 	if err != nil {
 		return 0, 0, err
-	}
-	owners := make([]identity.Owner, aloneOwners)
-	for i := range owners {
-		if owners[i], err = identity.Main(fmt.Sprintf("contbench-alone-%d", i)); err != nil {
-			return 0, 0, err
-		}
 	}
 	next := make([]int, cfg.concurrency) // each goroutine's owners: g, g + concurrency, …
 	turns, failed := throughput(ctx, cfg.concurrency, func(ctx context.Context, g int) error {
