@@ -1,5 +1,5 @@
-// Package embedded runs an in-process Redis (miniredis) whose clock follows
-// the wall clock, for first runs without a Redis server.
+// Package embedded runs an in-process Redis (miniredis) whose clock is the
+// wall clock, for first runs without a Redis server.
 package embedded
 
 import (
@@ -9,38 +9,34 @@ import (
 	"github.com/alicebob/miniredis/v2"
 )
 
-// Clock periods. TIME, by which the store's scripts judge whether an
-// owner's state is still live, follows the wall clock closely; key expiry,
-// which only frees the memory of expired state, runs less often: miniredis
-// walks and sorts every key to expire them, and a load test leaves tens of
-// thousands of keys.
-const (
-	timeEvery   = 5 * time.Millisecond
-	expiryEvery = 250 * time.Millisecond
-)
+// expiryEvery is how often expired keys go. miniredis walks and sorts every
+// key to expire them, and a load test leaves tens of thousands of keys, so
+// it is not done at every command.
+const expiryEvery = 250 * time.Millisecond
 
-// FollowRealTime keeps mr's clock (TIME and key expiry) moving with the
-// wall clock, as a real server's does: miniredis only expires keys when told
-// to with FastForward. Keys expire up to 250 ms late. It returns a function
-// that stops the clock.
+// FollowRealTime makes mr's clock the wall clock, as a real server's is:
+// TIME, and every time a command reads (PXAT, the TTLs it sets), read the
+// wall clock at the command, however late a starved process runs it. The
+// store's scripts judge a call's deadline by TIME, so a command that runs
+// after its caller gave up sees that it did. miniredis only expires keys
+// when told to, with FastForward: keys expire every 250 ms, up to 250 ms
+// (more while the process is starved) after their TTL, which only keeps
+// them longer. It returns a function that stops the expiry.
 func FollowRealTime(mr *miniredis.Miniredis) (stop func()) {
-	last := time.Now()
-	mr.SetTime(last)
+	mr.SetTime(time.Time{}) // no set time: miniredis reads time.Now
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(timeEvery)
+		tick := time.NewTicker(expiryEvery)
 		defer tick.Stop()
+		last := time.Now()
 		for {
 			select {
 			case <-done:
 				return
 			case now := <-tick.C:
-				mr.SetTime(now)
-				if d := now.Sub(last); d >= expiryEvery {
-					mr.FastForward(d)
-					last = now
-				}
+				mr.FastForward(now.Sub(last))
+				last = now
 			}
 		}
 	})
