@@ -4,11 +4,14 @@
 // address of a live replica, cached briefly in process. A replica that
 // dies stops renewing and drops out within TTL.
 //
-// On Redis the directory lives in the continuation store's namespace, one
-// string per replica, outside the store's stored-bytes budget (a few dozen
-// bytes per replica):
+// A replica is announced by its name and found by its name or by its
+// reference ('#' and the 16 hex digits of the name's digest), which is how
+// the store names another replica's socket (store.Socket). On Redis the
+// directory lives in the continuation store's namespace, one string per
+// replica, outside the store's stored-bytes budget (a few dozen bytes per
+// replica):
 //
-//	<ns>:{<ns>}:replica:<replica id>   string   the replica's address, with TTL
+//	<ns>:{<ns>}:replica:<replica reference>   string   the replica's address, with TTL
 //
 // Lookups fail open in the callers' sense: an error or an unknown replica
 // means "serve the turn here".
@@ -52,9 +55,6 @@ type Options struct {
 	// Default time.Now.
 	Now func() time.Time
 }
-
-// maxReplicaBytes bounds a replica id, as identity bounds owner ids.
-const maxReplicaBytes = 256
 
 // Directory maps replica ids to addresses. It is safe for concurrent use.
 type Directory struct {
@@ -117,9 +117,9 @@ func newDirectory(opts Options, b backend) (*Directory, error) {
 	return &Directory{opts: opts, b: b, cache: map[string]cached{}}, nil
 }
 
-// Announce says that replica is reachable at addr, for TTL.
+// Announce says that replica (a name) is reachable at addr, for TTL.
 func (d *Directory) Announce(ctx context.Context, replica, addr string) error {
-	if err := validReplica(replica); err != nil {
+	if err := validName(replica); err != nil {
 		return err
 	}
 	if addr == "" || strings.ContainsFunc(addr, unicode.IsSpace) {
@@ -127,17 +127,17 @@ func (d *Directory) Announce(ctx context.Context, replica, addr string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.OpTimeout)
 	defer cancel()
-	return unavailable(d.b.set(ctx, replica, addr, d.opts.TTL))
+	return unavailable(d.b.set(ctx, ref(replica), addr, d.opts.TTL))
 }
 
-// Withdraw removes replica's announcement.
+// Withdraw removes the announcement of replica (a name).
 func (d *Directory) Withdraw(ctx context.Context, replica string) error {
-	if err := validReplica(replica); err != nil {
+	if err := validName(replica); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.opts.OpTimeout)
 	defer cancel()
-	return unavailable(d.b.del(ctx, replica))
+	return unavailable(d.b.del(ctx, ref(replica)))
 }
 
 // Run announces replica at addr, renews the announcement every TTL/3
@@ -163,12 +163,15 @@ func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(e
 	}
 }
 
-// Lookup returns the address replica announced, or "" when it has no live
-// announcement.
+// Lookup returns the address replica (a name or a reference) announced, or
+// "" when it has no live announcement.
 func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) {
-	if err := validReplica(replica); err != nil {
-		return "", err
+	if !names.IsReplicaRef(replica) {
+		if err := validName(replica); err != nil {
+			return "", err
+		}
 	}
+	replica = ref(replica)
 	now := d.opts.Now()
 	d.mu.Lock()
 	c, ok := d.cache[replica]
@@ -199,13 +202,17 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrUnavailable, err)
 }
 
-// validReplica checks a replica id as the store does.
-func validReplica(id string) error {
-	if err := names.Check(id, maxReplicaBytes); err != nil {
-		return fmt.Errorf("%w: replica id %q %v", ErrInvalid, id, err)
+// validName checks a replica name as the store does.
+func validName(name string) error {
+	if err := names.Replica(name); err != nil {
+		return fmt.Errorf("%w: replica name %q %v", ErrInvalid, name, err)
 	}
 	return nil
 }
+
+// ref returns the reference of a replica name or reference: the
+// announcements' key.
+func ref(replica string) string { return names.ReplicaRef(names.ReplicaDigest(replica)) }
 
 // validNamespace checks a namespace as the store does.
 func validNamespace(ns string) error {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/internal/names"
 	"github.com/contstore/contstore/internal/redistest"
 )
 
@@ -79,9 +80,28 @@ func TestAnnouncementsExpireWithoutRenewal(t *testing.T) {
 	rd, err := NewRedis(c, "ns", Options{TTL: 3 * time.Second})
 	require.NoError(t, err)
 	require.NoError(t, rd.Announce(ctx, "gw-1", "a:1"))
-	ttl, err := c.PTTL(ctx, "ns:{ns}:replica:gw-1").Result()
+	ttl, err := c.PTTL(ctx, "ns:{ns}:replica:"+names.ReplicaRef(names.ReplicaDigest("gw-1"))).Result()
 	require.NoError(t, err)
 	assert.Equal(t, 3*time.Second, ttl)
+}
+
+// A replica is found by its name and by its reference, which is how a
+// store names another replica's socket.
+func TestLookupTakesAReference(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	d, err := NewRedis(c, "ns", Options{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, d.Announce(ctx, "gw-1", "a:1"))
+	for _, replica := range []string{"gw-1", names.ReplicaRef(names.ReplicaDigest("gw-1"))} {
+		addr, err := d.Lookup(ctx, replica)
+		require.NoError(t, err)
+		assert.Equal(t, "a:1", addr, replica)
+	}
+	addr, err := d.Lookup(ctx, names.ReplicaRef(names.ReplicaDigest("gw-2")))
+	require.NoError(t, err)
+	assert.Empty(t, addr)
+	require.ErrorIs(t, d.Announce(ctx, "#gw", "a:1"), ErrInvalid, "a name cannot look like a reference")
 }
 
 func TestRunRenewsThenWithdraws(t *testing.T) {
@@ -95,7 +115,7 @@ func TestRunRenewsThenWithdraws(t *testing.T) {
 		5*time.Second, time.Millisecond)
 	cancel()
 	require.NoError(t, <-done)
-	n, err := c.Exists(context.Background(), "ns:{ns}:replica:gw-1").Result()
+	n, err := c.Exists(context.Background(), "ns:{ns}:replica:"+names.ReplicaRef(names.ReplicaDigest("gw-1"))).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "withdrawn when Run ends")
 }

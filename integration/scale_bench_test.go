@@ -18,10 +18,15 @@ import (
 
 // fill gives n owners a published continuation, from 16 clients.
 func fill(b *testing.B, s *store.Store, owners []identity.Owner, turn storetest.Turn) {
+	fillWith(b, s, owners, turn, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
+}
+
+// fillWith is fill with each owner's response id and socket from out.
+func fillWith(b *testing.B, s *store.Store, owners []identity.Owner, turn storetest.Turn, out store.Result) {
 	ctx := context.Background()
 	parallelFor(len(owners), 16, func(i int) {
 		res := s.Reserve(ctx, owners[i], turn.Recorded)
-		out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
+		out, err := s.Record(ctx, res, out)
 		if err != nil || out != store.OutcomePublished {
 			b.Errorf("owner %d: %v %v", i, out, err)
 		}
@@ -55,24 +60,34 @@ func infoField(b *testing.B, c *redis.Client, section, field string) float64 {
 // BenchmarkMemoryPerOwner reports Redis used_memory per owner holding a
 // published continuation, on a private server: at 100,000 owners over the
 // default 16 partitions with the default namespace, and for 20,000 owners
-// with namespaces and owner ids from short to the longest the store takes.
-// Each reports the store's stored-bytes estimate too
+// with namespaces and owner ids from short to the longest the store takes;
+// and at 100,000 owners with response ids as OpenAI gives them ("resp_" and
+// 48 hex digits) on a socket of a replica named by default ("replica-" and
+// 12 hex digits), "gw-1", or 64 bytes. Each reports the store's stored-bytes estimate too
 // (estimated-bytes/owner): MaxTotalBytes bounds that estimate, so it must
 // follow the real figure. The answers of the fill's calls stay in the
 // owners' states (lua/oplog.lua): the benchmark checks that Redis holds
 // nothing else. Run with -benchtime 1x.
 func BenchmarkMemoryPerOwner(b *testing.B) {
+	short := store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}}
+	openAI := func(replica string) store.Result {
+		return store.Result{ResponseID: "resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", Socket: store.Socket{Replica: replica, ID: 17}}
+	}
 	cases := []struct {
 		name      string
 		owners    int
 		namespace string
 		idBytes   int // 0: the benchmark's own short ids
+		out       store.Result
 	}{
-		{"owners=100000", 100_000, "", 0},
-		{"ns=1/id=short", 20_000, "c", 0},
-		{"ns=64/id=short", 20_000, strings.Repeat("n", 64), 0},
-		{"ns=1/id=256", 20_000, "c", 256},
-		{"ns=64/id=256", 20_000, strings.Repeat("n", 64), 256},
+		{"owners=100000", 100_000, "", 0, short},
+		{"ns=1/id=short", 20_000, "c", 0, short},
+		{"ns=64/id=short", 20_000, strings.Repeat("n", 64), 0, short},
+		{"ns=1/id=256", 20_000, "c", 256, short},
+		{"ns=64/id=256", 20_000, strings.Repeat("n", 64), 256, short},
+		{"owners=100000/resp=openai/replica=default", 100_000, "", 0, openAI("")},
+		{"owners=100000/resp=openai/replica=gw-1", 100_000, "", 0, openAI("gw-1")},
+		{"owners=100000/resp=openai/replica=64B", 100_000, "", 0, openAI(strings.Repeat("r", 64))},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -86,14 +101,14 @@ func BenchmarkMemoryPerOwner(b *testing.B) {
 				}
 			}
 			for b.Loop() {
-				memoryPerOwner(b, c.namespace, owners)
+				memoryPerOwner(b, c.namespace, owners, c.out)
 			}
 		})
 	}
 }
 
 // memoryPerOwner fills owners and reports the memory they take.
-func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner) {
+func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner, out store.Result) {
 	ctx := context.Background()
 	n := int64(len(owners))
 	c := privateServer(b)
@@ -111,7 +126,7 @@ func memoryPerOwner(b *testing.B, ns string, owners []identity.Owner) {
 		require.NoError(b, cn.Close())
 	}
 	before := usedMemory(b, c)
-	fill(b, s, owners, turn)
+	fillWith(b, s, owners, turn, out)
 	after := usedMemory(b, c)
 	st, err := s.Stats(ctx)
 	require.NoError(b, err)

@@ -5,12 +5,20 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+
+	"github.com/contstore/contstore/internal/names"
 )
 
-// The first byte of an encoded continuation: how its response id is held.
+// The first byte of an encoded continuation: how its response id and its
+// socket's replica are held.
 const (
-	continuationFormat    = 1 // the response id as it is
-	continuationHexFormat = 2 // an id of the form "resp_" + lowercase hex, as the bytes the hex spells
+	continuationFormat    = 3 // the response id as it is; the replica's digest
+	continuationHexFormat = 4 // an id of the form "resp_" + lowercase hex, as the bytes the hex spells; the replica's digest
+
+	// Formats written before replicas were held by their digest, still
+	// read: the replica's name to the end.
+	continuationNamedFormat    = 1
+	continuationNamedHexFormat = 2
 )
 
 // responseIDPrefix starts the response ids OpenAI gives ("resp_" and 48
@@ -20,33 +28,40 @@ const responseIDPrefix = "resp_"
 // encodeContinuation returns c as an owner's state holds it (field c, see
 // lua/reserve.lua); Lua never reads it:
 //
-//	format byte: 1, or 2 when the response id is "resp_" followed by an
+//	format byte: 3, or 4 when the response id is "resp_" followed by an
 //	  even number of lowercase hex digits
 //	uvarint transcript items, uvarint transcript bytes
 //	8 bytes transcript digest, 8 bytes prompt signature (big-endian)
 //	uvarint socket id (0 for any socket), uvarint length of the response id
-//	  field, which holds the id (format 1) or the bytes its hex digits
-//	  spell (format 2)
-//	response id field, then the socket's replica to the end
+//	  field, which holds the id (format 3) or the bytes its hex digits
+//	  spell (format 4)
+//	response id field, then, unless the socket id is 0, the 8-byte digest
+//	  of the socket's replica (big-endian, names.ReplicaDigest)
+//
+// The replica's digest keeps the state within Redis's compact hash
+// encoding (values of at most 64 bytes) whatever the replica's name.
 func encodeContinuation(c continuation) []byte {
 	format, id := continuationFormat, []byte(c.ResponseID)
 	if packed, ok := packResponseID(c.ResponseID); ok {
 		format, id = continuationHexFormat, packed
 	}
-	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+16+len(id)+len(c.Origin.Replica))
+	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+16+len(id)+8)
 	b = append(b, byte(format))
 	b = binary.AppendUvarint(b, uint64(c.Transcript.Items))
 	b = binary.AppendUvarint(b, uint64(c.Transcript.Bytes))
 	b = binary.BigEndian.AppendUint64(b, c.Transcript.Digest)
 	b = binary.BigEndian.AppendUint64(b, c.Signature)
-	sock, replica := c.Origin.ID, c.Origin.Replica
+	sock := c.Origin.ID
 	if c.Origin.Any {
-		sock, replica = 0, ""
+		sock = 0
 	}
 	b = binary.AppendUvarint(b, sock)
 	b = binary.AppendUvarint(b, uint64(len(id)))
 	b = append(b, id...)
-	return append(b, replica...)
+	if sock == 0 {
+		return b
+	}
+	return binary.BigEndian.AppendUint64(b, names.ReplicaDigest(c.Origin.Replica))
 }
 
 // packResponseID returns the bytes the hex digits of an id "resp_<hex>"
@@ -66,7 +81,7 @@ func decodeContinuation(b []byte) (continuation, error) {
 	bad := func(what string) (continuation, error) {
 		return continuation{}, fmt.Errorf("%w: continuation: %s", errBadReply, what)
 	}
-	if len(b) == 0 || (b[0] != continuationFormat && b[0] != continuationHexFormat) {
+	if len(b) == 0 || b[0] < continuationNamedFormat || b[0] > continuationHexFormat {
 		return bad("unknown format")
 	}
 	format := b[0]
@@ -97,14 +112,21 @@ func decodeContinuation(b []byte) (continuation, error) {
 		return bad("response id")
 	}
 	b = b[n:]
-	if format == continuationHexFormat {
+	if format == continuationHexFormat || format == continuationNamedHexFormat {
 		c.ResponseID = responseIDPrefix + hex.EncodeToString(b[:size])
 	} else {
 		c.ResponseID = string(b[:size])
 	}
-	c.Origin = Socket{Replica: string(b[size:]), ID: id}
-	if id == 0 {
+	replica := b[size:]
+	switch {
+	case id == 0:
 		c.Origin = Socket{Any: true}
+	case format == continuationNamedFormat || format == continuationNamedHexFormat:
+		c.Origin = Socket{Replica: replicaRef(string(replica)), ID: id}
+	case len(replica) != 8:
+		return bad("replica digest")
+	default:
+		c.Origin = Socket{Replica: names.ReplicaRef(binary.BigEndian.Uint64(replica)), ID: id}
 	}
 	return c, nil
 }

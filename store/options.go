@@ -35,7 +35,7 @@ const MaxPartitions = 1024
 // Limits on names.
 const (
 	maxNamespaceBytes  = names.MaxNamespaceBytes
-	maxReplicaBytes    = 256
+	maxReplicaBytes    = names.MaxReplicaBytes
 	maxResponseIDBytes = 512
 )
 
@@ -81,7 +81,8 @@ type Options struct {
 	Disabled bool
 	// Replica names this gateway replica; it is the origin recorded with
 	// responses whose socket names no replica. Default "replica-" and 12
-	// random hex digits. At most 256 bytes of printable UTF-8.
+	// random hex digits. At most 256 bytes of printable UTF-8, not starting
+	// with '#'. States keep a 64-bit digest of it (see Socket).
 	Replica string
 	// OpTimeout bounds each operation, at most an hour: a call's copies
 	// change nothing after it (lua/oplog.lua). Default 200ms.
@@ -160,8 +161,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.BreakerFailures == -1 {
 		o.BreakerFailures = 0 // the breaker never opens
 	}
-	if err := validText("Replica", o.Replica, maxReplicaBytes); err != nil {
-		return o, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	if err := names.Replica(o.Replica); err != nil {
+		return o, fmt.Errorf("%w: Replica %v", ErrInvalidOptions, err)
 	}
 	return o, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/names"
 )
 
 // ErrInvalidRequest is fingerprint.ErrInvalidRequest: a body, output item,
@@ -29,7 +30,12 @@ type Socket struct {
 	// response: an upstream that stores responses (HTTP with store=true).
 	// Replica and ID are then ignored.
 	Any bool
-	// Replica is the gateway replica holding the socket.
+	// Replica is the gateway replica holding the socket. A Result names it
+	// by the replica's name (Options.Replica). An owner's state keeps only
+	// a 64-bit digest of the name, so a Reservation's Origin names the
+	// reserving store's own replica by its name and any other by a
+	// reference, '#' and 16 hex digits, which directory.Directory.Lookup
+	// resolves and a Result takes back.
 	Replica string
 	// ID names the socket within the replica; 0 means "unknown".
 	ID uint64
@@ -199,7 +205,8 @@ type Store struct {
 	opts     Options
 	backend  backend
 	breakers breakers
-	inline   bool // the backend returns by the context's deadline: no goroutine per call
+	inline   bool   // the backend returns by the context's deadline: no goroutine per call
+	ref      string // the reference of opts.Replica (Socket)
 }
 
 // continuation is what a published turn leaves for the next one.
@@ -252,7 +259,7 @@ func newStore(opts Options, inline bool, open func(Options) (backend, error)) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, backend: b, inline: inline, breakers: newBreakers(opts)}, nil
+	return &Store{opts: opts, backend: b, inline: inline, breakers: newBreakers(opts), ref: replicaRef(opts.Replica)}, nil
 }
 
 // WithReplica returns a store that shares s's state, options and circuit
@@ -265,6 +272,7 @@ func (s *Store) WithReplica(replica string) *Store {
 	if replica == "" {
 		c.opts.Replica = randomReplica()
 	}
+	c.ref = replicaRef(c.opts.Replica)
 	return &c
 }
 
@@ -324,7 +332,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		res.Reason = ReasonEmptyDelta
 	default:
 		res.PreviousResponseID = prev.ResponseID
-		res.Origin = prev.Origin
+		res.Origin = s.named(prev.Origin)
 		res.Delta = req.Items()[prev.Transcript.Items:]
 		res.DeltaCount = len(res.Delta)
 	}
@@ -384,6 +392,9 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 			return s.backend.abort(ctx, res.Owner, res.Turn)
 		})
 	} else {
+		if !out.Socket.Any {
+			out.Socket.Replica = replicaRef(out.Socket.Replica)
+		}
 		c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
 		got, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {
 			return s.backend.publish(ctx, res.Owner, res.Turn, c)
@@ -437,9 +448,20 @@ func (s *Store) Inspect(ctx context.Context, owner identity.Owner) (State, error
 	if owner.IsZero() {
 		return State{}, nil
 	}
-	return run(ctx, s, OpInspect, owner, func(ctx context.Context) (State, error) {
+	st, err := run(ctx, s, OpInspect, owner, func(ctx context.Context) (State, error) {
 		return s.backend.inspect(ctx, owner)
 	})
+	st.Origin = s.named(st.Origin)
+	return st, err
+}
+
+// named returns a socket of a state with its replica named as Socket says:
+// by its name when it is this store's.
+func (s *Store) named(sock Socket) Socket {
+	if sock.Replica == s.ref {
+		sock.Replica = s.opts.Replica
+	}
+	return sock
 }
 
 // run is call for the operations whose event carries no decision: it wraps
@@ -472,11 +494,18 @@ func validResult(out Result) error {
 	if out.Socket.Any {
 		return nil
 	}
-	if err := validText("socket replica", out.Socket.Replica, maxReplicaBytes); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	if names.IsReplicaRef(out.Socket.Replica) {
+		return nil
+	}
+	if err := names.Replica(out.Socket.Replica); err != nil {
+		return fmt.Errorf("%w: socket replica %v", ErrInvalidRequest, err)
 	}
 	return nil
 }
+
+// replicaRef returns the reference of a replica name or reference: what an
+// owner's state keeps of it.
+func replicaRef(replica string) string { return names.ReplicaRef(names.ReplicaDigest(replica)) }
 
 // The stored-bytes estimate of an owner's state, the same on every backend:
 // stateOverhead plus the names Redis keeps for it (its key and its LRU

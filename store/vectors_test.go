@@ -325,12 +325,18 @@ type vecContinuation struct {
 	Name  string `json:"name"`
 	Hex   string `json:"hex"`
 	Valid bool   `json:"valid"`
+	// DecodeOnly marks an encoding of a format that is read but no longer
+	// written.
+	DecodeOnly bool `json:"decode_only,omitempty"`
 	// The decoded continuation, when Valid. AnySocket: any socket of any
-	// replica (socket id 0); OriginReplica and OriginSocket are then empty
-	// and "0".
+	// replica (socket id 0); OriginReplica and OriginDigest are then empty
+	// and OriginSocket "0". OriginReplica is the replica's name as the
+	// encoder was given it; the encoding holds its digest, OriginDigest
+	// (16 hex digits, names.ReplicaDigest), which is what a decoder gives.
 	ResponseID      *string            `json:"response_id,omitempty"`
 	AnySocket       bool               `json:"any_socket,omitempty"`
 	OriginReplica   *string            `json:"origin_replica,omitempty"`
+	OriginDigest    string             `json:"origin_replica_digest,omitempty"`
 	OriginSocket    string             `json:"origin_socket,omitempty"`
 	Items           *int               `json:"items,omitempty"`
 	TranscriptBytes *int64             `json:"transcript_bytes,omitempty"`
@@ -345,12 +351,12 @@ func vecContinuations(t *testing.T) []vecContinuation {
 	}{
 		{"a socket of a replica", continuation{ResponseID: "resp_68a1f0c2", Origin: Socket{Replica: "gw-a", ID: 7},
 			Signature: 0xd4d1fe4b38ed9369, Transcript: fingerprint.Transcript{Items: 2, Digest: 0x7c6d5e4f3a2b1c0d, Bytes: 118}}},
-		{"an id as OpenAI gives them, resp_ and 48 lowercase hex digits: held as the 24 bytes they spell (format 2)",
+		{"an id as OpenAI gives them, resp_ and 48 lowercase hex digits: held as the 24 bytes they spell (format 4)",
 			continuation{ResponseID: "resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", Origin: Socket{Replica: "gw-a", ID: 1},
 				Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
-		{"uppercase hex digits: held as they are (format 1)", continuation{ResponseID: "resp_68A1F0C2", Origin: Socket{Replica: "gw-a", ID: 1},
+		{"uppercase hex digits: held as they are (format 3)", continuation{ResponseID: "resp_68A1F0C2", Origin: Socket{Replica: "gw-a", ID: 1},
 			Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
-		{"an odd number of hex digits: held as they are (format 1)", continuation{ResponseID: "resp_68a1f", Origin: Socket{Replica: "gw-a", ID: 1},
+		{"an odd number of hex digits: held as they are (format 3)", continuation{ResponseID: "resp_68a1f", Origin: Socket{Replica: "gw-a", ID: 1},
 			Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
 		{"any socket (the upstream stores responses)", continuation{ResponseID: "resp_store", Origin: Socket{Any: true},
 			Signature: 1, Transcript: fingerprint.Transcript{Items: 1, Digest: 2, Bytes: 3}}},
@@ -362,22 +368,37 @@ func vecContinuations(t *testing.T) []vecContinuation {
 			Signature: 0x0123456789abcdef, Transcript: fingerprint.Transcript{Items: 1, Digest: 0xfedcba9876543210, Bytes: 2}}},
 	}
 	var vs []vecContinuation
-	for _, c := range cases {
-		b := encodeContinuation(c.c)
+	add := func(name string, c continuation, b []byte, decodeOnly bool) {
 		back, err := decodeContinuation(b)
-		require.NoError(t, err, c.name)
-		require.Equal(t, c.c, back, c.name)
-		d, g := vectorfile.NewDigest(c.c.Transcript.Digest), vectorfile.NewDigest(c.c.Signature)
-		v := vecContinuation{Name: c.name, Hex: hex.EncodeToString(b), Valid: true, ResponseID: vecStr(c.c.ResponseID),
-			AnySocket: c.c.Origin.Any, OriginReplica: vecStr(c.c.Origin.Replica), OriginSocket: strconv.FormatUint(c.c.Origin.ID, 10),
-			Items: &c.c.Transcript.Items, TranscriptBytes: &c.c.Transcript.Bytes, Digest: &d, Signature: &g}
+		require.NoError(t, err, name)
+		want := c
+		if !c.Origin.Any {
+			want.Origin.Replica = replicaRef(c.Origin.Replica)
+		}
+		require.Equal(t, want, back, name)
+		d, g := vectorfile.NewDigest(c.Transcript.Digest), vectorfile.NewDigest(c.Signature)
+		v := vecContinuation{Name: name, Hex: hex.EncodeToString(b), Valid: true, DecodeOnly: decodeOnly, ResponseID: vecStr(c.ResponseID),
+			AnySocket: c.Origin.Any, OriginReplica: vecStr(c.Origin.Replica), OriginSocket: strconv.FormatUint(c.Origin.ID, 10),
+			Items: &c.Transcript.Items, TranscriptBytes: &c.Transcript.Bytes, Digest: &d, Signature: &g}
+		if !c.Origin.Any {
+			v.OriginDigest = strings.TrimPrefix(want.Origin.Replica, "#")
+		}
 		vs = append(vs, v)
+	}
+	for _, c := range cases {
+		add(c.name, c.c, encodeContinuation(c.c), false)
+	}
+	for _, c := range cases[:3] {
+		add("written before replicas were held by their digest: "+c.name, c.c, encodeNamedContinuation(c.c), true)
 	}
 	digests := strings.Repeat("00", 16)
 	over := hex.EncodeToString(binary.AppendUvarint(nil, 1<<62+1))
 	for _, c := range []struct{ name, hex string }{
 		{"empty", ""},
-		{"unknown format byte", "03" + "0000" + digests + "01" + "01" + "72"},
+		{"unknown format byte", "05" + "0000" + digests + "01" + "01" + "72"},
+		{"format byte 0", "00" + "0000" + digests + "01" + "01" + "72"},
+		{"replica digest of 7 bytes", "03" + "0000" + digests + "01" + "01" + "72" + strings.Repeat("ab", 7)},
+		{"replica digest of 9 bytes", "03" + "0000" + digests + "01" + "01" + "72" + strings.Repeat("ab", 9)},
 		{"truncated varint", "0180"},
 		{"item count above 2^62", "01" + over + "00" + digests + "01" + "01" + "72"},
 		{"truncated digests", "01" + "0000" + strings.Repeat("00", 15)},
@@ -392,6 +413,23 @@ func vecContinuations(t *testing.T) []vecContinuation {
 		vs = append(vs, vecContinuation{Name: c.name, Hex: c.hex})
 	}
 	return vs
+}
+
+// encodeNamedContinuation encodes c as states written before replicas were
+// held by their digest: format 1 or 2, the replica's name to the end.
+func encodeNamedContinuation(c continuation) []byte {
+	b := encodeContinuation(continuation{ResponseID: c.ResponseID, Origin: Socket{Any: true}, Signature: c.Signature, Transcript: c.Transcript})
+	b[0] -= continuationFormat - continuationNamedFormat
+	if c.Origin.Any {
+		return b
+	}
+	// the socket id sits after the format byte, the two sizes and the digests
+	_, n1 := binary.Uvarint(b[1:])
+	_, n2 := binary.Uvarint(b[1+n1:])
+	at := 1 + n1 + n2 + 16
+	out := append(append([]byte(nil), b[:at]...), binary.AppendUvarint(nil, c.Origin.ID)...)
+	out = append(out, b[at+1:]...)
+	return append(out, c.Origin.Replica...)
 }
 
 type vecTurnToken struct {
@@ -1033,18 +1071,19 @@ func ruleUvarint(b []byte, v uint64) []byte {
 	return append(b, byte(v))
 }
 
-// ruleContinuation is a continuation as PROTOCOL.md 6.2 encodes it.
+// ruleContinuation is a continuation as PROTOCOL.md 6.2 encodes it; its
+// replica is the digest of the replica's name, xxhash64.
 type ruleContinuation struct {
-	responseID, replica string
-	socket              uint64
-	items, bytes        uint64
-	digest, signature   uint64
+	responseID        string
+	replica, socket   uint64
+	items, bytes      uint64
+	digest, signature uint64
 }
 
 func (c ruleContinuation) encode() []byte {
-	format, id := byte(1), []byte(c.responseID)
+	format, id := byte(3), []byte(c.responseID)
 	if m := rulePackedID.FindStringSubmatch(c.responseID); m != nil {
-		format, id = 2, nil
+		format, id = 4, nil
 		for i := 0; i < len(m[1]); i += 2 {
 			v, _ := strconv.ParseUint(m[1][i:i+2], 16, 8)
 			id = append(id, byte(v))
@@ -1060,12 +1099,14 @@ func (c ruleContinuation) encode() []byte {
 	b = ruleUvarint(b, uint64(len(id)))
 	b = append(b, id...)
 	if c.socket != 0 {
-		b = append(b, c.replica...)
+		for shift := 56; shift >= 0; shift -= 8 {
+			b = append(b, byte(c.replica>>shift))
+		}
 	}
 	return b
 }
 
-// rulePackedID matches the response ids format 2 holds as bytes.
+// rulePackedID matches the response ids formats 2 and 4 hold as bytes.
 var rulePackedID = regexp.MustCompile(`^resp_((?:[0-9a-f]{2})+)$`)
 
 // ruleDecode decodes an encoded continuation, or reports false.
@@ -1082,10 +1123,10 @@ func ruleDecode(b []byte) (ruleContinuation, bool) {
 		}
 		return 0, false
 	}
-	if len(b) == 0 || (b[0] != 1 && b[0] != 2) {
+	if len(b) == 0 || b[0] < 1 || b[0] > 4 {
 		return c, false
 	}
-	packed := b[0] == 2
+	packed, named := b[0]%2 == 0, b[0] <= 2
 	b = b[1:]
 	var ok1, ok2, ok3, ok4 bool
 	if c.items, ok1 = uvarint(); !ok1 || c.items > 1<<62 {
@@ -1110,8 +1151,16 @@ func ruleDecode(b []byte) (ruleContinuation, bool) {
 	if packed {
 		c.responseID = "resp_" + hex.EncodeToString(b[:n])
 	}
-	if c.socket != 0 {
-		c.replica = string(b[n:])
+	switch rest := b[n:]; {
+	case c.socket == 0:
+	case named:
+		c.replica = xxhash.Sum64String(string(rest))
+	case len(rest) != 8:
+		return c, false
+	default:
+		for _, x := range rest {
+			c.replica = c.replica<<8 | uint64(x)
+		}
 	}
 	return c, true
 }
@@ -1166,7 +1215,7 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Less(t, v.Score, c.SeqLimit, "scores stay below 2^53")
 	}
 
-	assert.Equal(t, 1, c.ContinuationFormat)
+	assert.Equal(t, 3, c.ContinuationFormat)
 	var valid, invalid int
 	for _, v := range f.Continuations {
 		b, err := hex.DecodeString(v.Hex)
@@ -1184,13 +1233,19 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		require.NoError(t, err, v.Name)
 		signature, err := strconv.ParseUint(v.Signature.Hex, 16, 64)
 		require.NoError(t, err, v.Name)
-		want := ruleContinuation{responseID: *v.ResponseID, replica: *v.OriginReplica, socket: socket,
+		want := ruleContinuation{responseID: *v.ResponseID, socket: socket,
 			items: uint64(*v.Items), bytes: uint64(*v.TranscriptBytes), digest: digest, signature: signature}
 		assert.Equal(t, v.AnySocket, socket == 0, v.Name)
 		if v.AnySocket {
 			assert.Empty(t, *v.OriginReplica, v.Name)
+			assert.Empty(t, v.OriginDigest, v.Name)
+		} else {
+			want.replica = xxhash.Sum64String(*v.OriginReplica)
+			assert.Equal(t, fmt.Sprintf("%016x", want.replica), v.OriginDigest, v.Name)
 		}
-		assert.Equal(t, hex.EncodeToString(want.encode()), v.Hex, v.Name)
+		if !v.DecodeOnly {
+			assert.Equal(t, hex.EncodeToString(want.encode()), v.Hex, v.Name)
+		}
 		assert.Equal(t, want, got, v.Name)
 	}
 	assert.NotZero(t, valid)
@@ -1227,7 +1282,7 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Equal(t, len(key), v.MemberBytes)
 		socket, err := strconv.ParseUint(v.OriginSocket, 10, 64)
 		require.NoError(t, err)
-		cont := ruleContinuation{responseID: v.ResponseID, replica: v.OriginReplica, socket: socket, items: uint64(v.Items), bytes: uint64(v.TranscriptBytes)}
+		cont := ruleContinuation{responseID: v.ResponseID, replica: xxhash.Sum64String(v.OriginReplica), socket: socket, items: uint64(v.Items), bytes: uint64(v.TranscriptBytes)}
 		assert.Equal(t, len(cont.encode()), v.ContinuationBytes)
 		assert.Equal(t, ruleStateBytes(c, stateKey, key), v.WithoutContinuation)
 		assert.Equal(t, v.WithoutContinuation+int64(v.ContinuationBytes), v.WithContinuation)

@@ -68,9 +68,9 @@ func testSiblingsIndependent(t *testing.T, open Opener) {
 	next := req(t, "one", "two")
 	oneNext, twoNext := s.Reserve(ctx, one, next), s.Reserve(ctx, two, next)
 	assert.Equal(t, "resp_one", oneNext.PreviousResponseID)
-	assert.Equal(t, socket(11), oneNext.Origin)
+	assert.Equal(t, remote(socket(11)), oneNext.Origin)
 	assert.Equal(t, "resp_two", twoNext.PreviousResponseID)
-	assert.Equal(t, socket(22), twoNext.Origin)
+	assert.Equal(t, remote(socket(22)), twoNext.Origin)
 }
 
 func testOtherOwnerCannotInterfere(t *testing.T, open Opener) {
@@ -226,14 +226,14 @@ func testAppendOnly(t *testing.T, open Opener) {
 	st, err := s.Inspect(ctx, owner)
 	require.NoError(t, err)
 	assert.Equal(t, 2, st.Items, "input and output items")
-	assert.Equal(t, socket(7), st.Origin)
+	assert.Equal(t, remote(socket(7)), st.Origin)
 
 	appended := parse(t, body("", message("one"), assistant("answer one"), message("two"), message("three")))
 	next := s.Reserve(ctx, owner, appended)
 	require.True(t, next.Continues(), "reason %q", next.Reason)
 	assert.Equal(t, store.ReasonNone, next.Reason)
 	assert.Equal(t, "resp_1", next.PreviousResponseID)
-	assert.Equal(t, socket(7), next.Origin)
+	assert.Equal(t, remote(socket(7)), next.Origin)
 	assert.Equal(t, 2, next.DeltaCount)
 	require.Len(t, next.Delta, 2)
 	assert.JSONEq(t, message("two"), string(next.Delta[0]))
@@ -587,7 +587,7 @@ func testAnySocket(t *testing.T, open Opener) {
 	assert.Equal(t, store.OutcomePublished, out)
 	onA := a.Reserve(ctx, owner, req(t, "one", "two", "three"))
 	require.True(t, onA.Continues())
-	assert.Equal(t, store.Socket{Replica: "replica-b", ID: 4}, onA.Origin)
+	assert.Equal(t, remote(store.Socket{Replica: "replica-b", ID: 4}), onA.Origin)
 	assert.False(t, onA.Local(), "replica-b's socket is not replica-a's")
 	retry := onA.FullContextRetry()
 	assert.False(t, retry.Local())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/names"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
@@ -147,6 +148,13 @@ func agentOwner(t testing.TB, session, agent string) identity.Owner {
 }
 
 func socket(id uint64) store.Socket { return store.Socket{Replica: "replica-a", ID: id} }
+
+// remote returns sock as a store whose replica is another one names it:
+// by its replica's reference (store.Socket).
+func remote(sock store.Socket) store.Socket {
+	sock.Replica = names.ReplicaRef(names.ReplicaDigest(sock.Replica))
+	return sock
+}
 
 // publish reserves a turn for owner and records response id on socket 1.
 func publish(t testing.TB, s *store.Store, owner identity.Owner, r *fingerprint.Request, id string) *store.Reservation {
