@@ -367,6 +367,12 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		if _, forwarded := c.(*forwardConn); forwarded {
 			p.stats.forwarded.Add(1)
 		}
+		if c.socket() == (store.Socket{}) {
+			// store:false over HTTP: nothing upstream to continue from
+			p.abort(sctx, lg, res)
+			lg = lg.With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
+			break
+		}
 		outcome, err := p.cfg.Store.Record(sctx, res, store.Result{
 			ResponseID: out.id, Socket: c.socket(), Output: out.output,
 		})

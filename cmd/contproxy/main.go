@@ -13,7 +13,8 @@
 //
 // Every flag can also be set in the environment as CONTPROXY_<FLAG>, upper
 // case with dashes as underscores (CONTPROXY_REDIS, CONTPROXY_UPSTREAM);
-// a flag on the command line wins. Besides /v1/responses it serves
+// a flag on the command line wins, and any other CONTPROXY_ variable is
+// named in a warning at start. Besides /v1/responses it serves
 // GET /healthz (200 "ok"; 503 once shutting down) and GET /metrics
 // (Prometheus). SIGINT or SIGTERM stop it gracefully: it stops accepting
 // requests and lets the turns in flight finish, streams included, for up
@@ -29,8 +30,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -52,14 +55,31 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr, nil)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stderr, nil)
 	stop()
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-	case err != nil:
-		fmt.Fprintln(os.Stderr, "contproxy:", err)
-		os.Exit(2)
+	if code := exitCode(err, os.Stderr); code != 0 {
+		os.Exit(code)
 	}
+}
+
+// usageError is a command line (or environment) contproxy refuses.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// exitCode writes err to stderr and returns the exit status: 0 for no
+// error and for -h, 2 otherwise. A refused command line gets one line
+// pointing at -h, not the whole usage.
+func exitCode(err error, stderr io.Writer) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	fmt.Fprintln(stderr, "contproxy:", err)
+	if _, ok := errors.AsType[usageError](err); ok {
+		fmt.Fprintln(stderr, "run contproxy -h for the flags")
+	}
+	return 2
 }
 
 // config is the command line.
@@ -71,18 +91,39 @@ type config struct {
 	sockets                                             int
 	maxBody                                             int64
 	upstreamTimeout, shutdownTimeout, opTimeout         time.Duration
+	logLevelValue                                       slog.Level
+	// unknownEnv holds the CONTPROXY_ variables no flag reads.
+	unknownEnv []unknownVar
 }
+
+// unknownVar is a CONTPROXY_ environment variable no flag reads, and the
+// one it probably meant ("" when none is close).
+type unknownVar struct{ name, near string }
 
 // envPrefix prefixes the environment variables that set flags.
 const envPrefix = "CONTPROXY_"
 
-// parse reads args, then the environment for the flags args left unset.
-func parse(args []string, env func(string) (string, bool), stderr io.Writer) (config, error) {
+// parse reads args, then the environment (os.Environ's form) for the
+// flags args left unset. It writes the usage to stderr for -h (and
+// returns flag.ErrHelp); any other error is a usageError.
+func parse(args, environ []string, stderr io.Writer) (config, error) {
+	c, err := parseFlags(args, environ, stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		err = usageError{err}
+	}
+	return c, err
+}
+
+// parseFlags is parse, its errors not yet marked as usage errors.
+func parseFlags(args, environ []string, stderr io.Writer) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("contproxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), `Usage: contproxy [flags]
+	// The flag package writes its errors and the usage to the output while
+	// parsing; parse's caller reports errors, and the usage is for -h only.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	usage := func() {
+		fmt.Fprint(stderr, `Usage: contproxy [flags]
 
 A Responses gateway that continues conversations with previous_response_id
 and only the new input items when the shared continuation store allows it.
@@ -94,18 +135,20 @@ Serves POST /v1/responses, GET /healthz and GET /metrics.
 
 Every flag may be set as CONTPROXY_<FLAG> in the environment
 (CONTPROXY_UPSTREAM, CONTPROXY_REDIS_CLUSTER, ...); the command line wins.
+Any other CONTPROXY_ variable is named in a warning at start.
 
 Flags:
 `)
+		fs.SetOutput(stderr)
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve clients on")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
 	fs.BoolVar(&c.fakeUpstream, "fake-upstream", false, "serve the built-in fake Responses upstream on a loopback port and use it (over -transport)")
-	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream)")
+	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream); only websocket continues store:false turns, which Codex sends")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis `URL` (redis://[user:password@]host:port/db, rediss:// for TLS) shared by the replicas")
 	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
-	fs.StringVar(&c.redisClient, "redis-client", "go-redis", "client library of the store on Redis: go-redis, or rueidis, faster at many turns in flight but connecting at start, so contproxy does not start while Redis is unreachable (the forwarding directory stays on go-redis)")
+	fs.StringVar(&c.redisClient, "redis-client", "go-redis", "client library of the store on Redis: go-redis, or rueidis, faster at many turns in flight but connecting at start, so contproxy does not start while Redis is unreachable (the forwarding directory uses go-redis either way)")
 	fs.StringVar(&c.namespace, "namespace", "cont", "key namespace in Redis; replicas sharing it share continuations")
 	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
 	fs.IntVar(&c.sockets, "sockets", 16, "WebSocket transport: upstream sockets kept per client credential")
@@ -118,14 +161,26 @@ Flags:
 	fs.StringVar(&c.routingHeader, "routing-header", "Contproxy-Replica", "answer `header` naming the replica holding the turn's socket, for load balancer affinity; - for none")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+		}
 		return c, err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	env := map[string]string{}
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, seen := env[k]; !seen && strings.HasPrefix(k, envPrefix) { // the first wins, as in os.LookupEnv
+			env[k] = v
+		}
+	}
 	var envErr error
+	known := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) {
-		name := envPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := env(name); ok && !set[f.Name] && envErr == nil {
+		name := envVar(f.Name)
+		known[name] = true
+		if v, ok := env[name]; ok && !set[f.Name] && envErr == nil {
 			if err := f.Value.Set(v); err != nil {
 				envErr = fmt.Errorf("%s=%q: %w", name, v, err)
 			}
@@ -134,6 +189,12 @@ Flags:
 	if envErr != nil {
 		return c, envErr
 	}
+	for name := range env {
+		if !known[name] {
+			c.unknownEnv = append(c.unknownEnv, unknownVar{name, nearest(name, known)})
+		}
+	}
+	slices.SortFunc(c.unknownEnv, func(a, b unknownVar) int { return strings.Compare(a.name, b.name) })
 	switch {
 	case fs.NArg() > 0:
 		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
@@ -156,11 +217,26 @@ Flags:
 	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
 		return c, fmt.Errorf("-forward-secret has %d bytes, need at least 32", len(c.forwardSecret))
 	}
-	if c.transport == "" {
-		c.transport = "http"
-		if strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://") {
-			c.transport = "websocket"
+	if c.redisURL != "" {
+		if err := checkRedisURL(c.redisURL); err != nil {
+			return c, err
 		}
+	}
+	if err := c.logLevelValue.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	ws := strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://")
+	switch {
+	case c.transport == "" && ws:
+		c.transport = "websocket"
+	case c.transport == "":
+		c.transport = "http"
+	case c.upstream != "" && ws != (c.transport == "websocket"):
+		want := "an http:// or https://"
+		if c.transport == "websocket" {
+			want = "a ws:// or wss://"
+		}
+		return c, fmt.Errorf("-transport %s needs %s -upstream URL", c.transport, want)
 	}
 	if c.forwardSecret != "" {
 		switch {
@@ -187,18 +263,79 @@ Flags:
 	return c, nil
 }
 
+// envVar is the environment variable that sets a flag: -redis-cluster is
+// CONTPROXY_REDIS_CLUSTER.
+func envVar(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// nearest returns the variable of known closest to name, by edit distance
+// over what follows the prefix, or "" when none is within half of name's
+// length: CONTPROXY_REDIS for CONTPROXY_REDIS_URL.
+func nearest(name string, known map[string]bool) string {
+	n := strings.TrimPrefix(name, envPrefix)
+	best, bestDist := "", len(n)/2+1
+	for k := range known {
+		d := editDistance(n, strings.TrimPrefix(k, envPrefix))
+		if d < bestDist || d == bestDist && best != "" && k < best {
+			best, bestDist = k, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	row := make([]int, len(b)+1)
+	for j := range row {
+		row[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		diag := row[0]
+		row[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			diag, row[j] = row[j], min(row[j]+1, row[j-1]+1, diag+cost)
+		}
+	}
+	return row[len(b)]
+}
+
+// checkRedisURL tells whether go-redis reads s as a Redis URL. The error
+// never repeats s, which may hold a password.
+func checkRedisURL(s string) error {
+	const want = "-redis wants a URL such as redis://127.0.0.1:6379"
+	_, err := redis.ParseURL(s)
+	switch {
+	case err == nil:
+		return nil
+	case !strings.Contains(s, "://"): // host:port, or a bare host
+		return errors.New(want)
+	}
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		err = ue.Err // url.Error quotes the URL
+	}
+	return fmt.Errorf("%s: %w", want, err)
+}
+
 // run serves until ctx ends, then shuts down gracefully. ready, when not
 // nil, gets the address it listens on.
-func run(ctx context.Context, args []string, env func(string) (string, bool), stderr io.Writer, ready func(addr string)) error {
-	c, err := parse(args, env, stderr)
+func run(ctx context.Context, args, environ []string, stderr io.Writer, ready func(addr string)) error {
+	c, err := parse(args, environ, stderr)
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return fmt.Errorf("-log-level: %w", err)
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevelValue}))
+	for _, v := range c.unknownEnv {
+		if v.near != "" {
+			logger.Warn("ignoring an environment variable no flag reads", "var", v.name, "did_you_mean", v.near)
+		} else {
+			logger.Warn("ignoring an environment variable no flag reads", "var", v.name)
+		}
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

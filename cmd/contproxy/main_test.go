@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,22 +24,165 @@ import (
 )
 
 // noEnv is an empty environment.
-func noEnv(string) (string, bool) { return "", false }
+var noEnv []string
 
 func TestFlagsComeFromTheEnvironmentUnlessGiven(t *testing.T) {
-	env := map[string]string{"CONTPROXY_UPSTREAM": "wss://up.example/v1", "CONTPROXY_SOCKETS": "4",
-		"CONTPROXY_REPLICA": "from-env"}
-	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	c, err := parse([]string{"-replica", "from-flag"}, lookup, io.Discard)
+	env := []string{"CONTPROXY_UPSTREAM=wss://up.example/v1", "CONTPROXY_SOCKETS=4", "CONTPROXY_REPLICA=from-env"}
+	c, err := parse([]string{"-replica", "from-flag"}, env, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, "wss://up.example/v1", c.upstream)
 	assert.Equal(t, "websocket", c.transport, "from the URL's scheme")
 	assert.Equal(t, 4, c.sockets)
 	assert.Equal(t, "from-flag", c.replica)
+	assert.Empty(t, c.unknownEnv)
 
-	env["CONTPROXY_SOCKETS"] = "many"
-	_, err = parse(nil, lookup, io.Discard)
+	_, err = parse(nil, append(env, "CONTPROXY_SOCKETS=many"), io.Discard)
+	assert.NoError(t, err, "the first of a variable's values wins, as in os.LookupEnv")
+	_, err = parse(nil, []string{"CONTPROXY_UPSTREAM=wss://up.example/v1", "CONTPROXY_SOCKETS=many"}, io.Discard)
 	assert.ErrorContains(t, err, "CONTPROXY_SOCKETS")
+}
+
+// contproxy runs contproxy's main with args and env, as main does, and
+// returns the exit status and what it wrote to stderr.
+func contproxy(env []string, args ...string) (code int, stderr string) {
+	var b strings.Builder
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // a command line that is accepted serves nothing
+	code = exitCode(run(ctx, args, env, &b, nil), &b)
+	return code, b.String()
+}
+
+func TestBadFlagsPrintTheErrorAndAPointerToHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  []string
+		err  string
+	}{
+		{args: []string{"-fake-upstream", "-nope"}, err: "flag provided but not defined: -nope"},
+		{args: []string{"-fake-upstream", "-sockets", "many"}, err: `invalid value "many" for flag -sockets: parse error`},
+		{args: []string{}, err: "-upstream is required (or -fake-upstream for a first try)"},
+		{args: []string{"-fake-upstream", "-log-level", "loud"}, err: `-log-level "loud": want debug, info, warn or error`},
+		{env: []string{"CONTPROXY_FAKE_UPSTREAM=maybe"}, err: `CONTPROXY_FAKE_UPSTREAM="maybe": parse error`},
+	} {
+		code, stderr := contproxy(tc.env, tc.args...)
+		assert.Equal(t, 2, code, "%q", tc.args)
+		assert.Equal(t, "contproxy: "+tc.err+"\nrun contproxy -h for the flags\n", stderr, "%q %q", tc.args, tc.env)
+	}
+}
+
+func TestHelpPrintsTheUsage(t *testing.T) {
+	code, stderr := contproxy(noEnv, "-h")
+	assert.Equal(t, 0, code)
+	assert.True(t, strings.HasPrefix(stderr, "Usage: contproxy [flags]\n"), stderr)
+	for _, f := range []string{"-upstream URL", "-transport string", "-redis URL", "-log-level string"} {
+		assert.Contains(t, stderr, "\n  "+f+"\n", "every flag is listed")
+	}
+	assert.NotContains(t, stderr, "run contproxy -h")
+}
+
+// Help says what contproxy does, not what it did once.
+func TestHelpTellsNoHistory(t *testing.T) {
+	_, stderr := contproxy(noEnv, "-h")
+	for _, phrase := range []string{"is gone", "formerly", "the old", "no longer", "used to", "renamed",
+		"deprecated", "anymore", "stays on", "now "} {
+		assert.NotContains(t, strings.ToLower(stderr), phrase)
+	}
+}
+
+func TestRedisWantsAURL(t *testing.T) {
+	for _, tc := range []struct{ redis, err string }{
+		{"127.0.0.1:6379", "-redis wants a URL such as redis://127.0.0.1:6379"},
+		{"localhost:6379", "-redis wants a URL such as redis://127.0.0.1:6379"},
+		{"user:secret@10.0.0.1:6379", "-redis wants a URL such as redis://127.0.0.1:6379"},
+		{"http://127.0.0.1:6379", "-redis wants a URL such as redis://127.0.0.1:6379: redis: invalid URL scheme: http"},
+		{"redis://user:secret@127.0.0.1:port/0", `-redis wants a URL such as redis://127.0.0.1:6379: invalid port ":port" after host`},
+		{"redis://127.0.0.1:6379", ""},
+		{"rediss://user:secret@127.0.0.1:6380/2?dial_timeout=3", ""},
+		{"unix:///run/redis.sock", ""},
+	} {
+		for _, env := range [][]string{nil, {"CONTPROXY_REDIS=" + tc.redis}} {
+			args := []string{"-fake-upstream"}
+			if env == nil {
+				args = append(args, "-redis", tc.redis)
+			}
+			_, err := parse(args, env, io.Discard)
+			if tc.err == "" {
+				assert.NoError(t, err, tc.redis)
+				continue
+			}
+			assert.EqualError(t, err, tc.err, tc.redis)
+			assert.NotContains(t, err.Error(), "secret", "a -redis that is refused is not repeated")
+		}
+	}
+}
+
+func TestUnknownEnvironmentVariablesAreNamed(t *testing.T) {
+	c, err := parse(nil, []string{"CONTPROXY_FAKE_UPSTREAM=true", "CONTPROXY_REDIS_URL=redis://127.0.0.1:6379",
+		"CONTPROXY_LOGLEVEL=debug", "CONTPROXY_UPSTREAM_URL=https://up.example/v1", "CONTPROXY_BANANA=1",
+		"REDIS_URL=redis://127.0.0.1:6379", "CONTPROXY_REDIS_URL=second"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []unknownVar{
+		{"CONTPROXY_BANANA", ""},
+		{"CONTPROXY_LOGLEVEL", "CONTPROXY_LOG_LEVEL"},
+		{"CONTPROXY_REDIS_URL", "CONTPROXY_REDIS"},
+		{"CONTPROXY_UPSTREAM_URL", "CONTPROXY_UPSTREAM"},
+	}, c.unknownEnv, "each once, with the variable it probably meant")
+}
+
+func TestUnknownEnvironmentVariablesAreWarnedAboutAtStart(t *testing.T) {
+	var log syncBuffer
+	_, stop := startWith(t, []string{"CONTPROXY_REDIS_URL=redis://127.0.0.1:6379", "CONTPROXY_BANANA=1"}, &log,
+		"-fake-upstream")
+	require.NoError(t, stop())
+	out := log.String()
+	assert.Equal(t, 1, strings.Count(out, "var=CONTPROXY_REDIS_URL did_you_mean=CONTPROXY_REDIS\n"), out)
+	assert.Equal(t, 1, strings.Count(out, "var=CONTPROXY_BANANA\n"), out)
+	assert.Contains(t, out, `level=WARN msg="ignoring an environment variable no flag reads" var=CONTPROXY_REDIS_URL`)
+}
+
+// A store:false turn over HTTP is served in full and not recorded, since
+// the upstream keeps nothing to continue; its log line says so.
+func TestADroppedTurnSaysWhyItWasNotRecorded(t *testing.T) {
+	for tr, want := range map[string]string{
+		"http":      `outcome=not_recorded why="the upstream keeps no responses (store:false)"`,
+		"websocket": "outcome=published",
+	} {
+		t.Run(tr, func(t *testing.T) {
+			var log syncBuffer
+			addr, stop := startWith(t, noEnv, &log, "-fake-upstream", "-transport", tr, "-log-level", "debug")
+			resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
+				strings.NewReader(`{"model":"m","store":false,"metadata":{"session_id":"s1"},"input":"hi"}`))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.NoError(t, stop()) // the turn's line is written once its handler returns
+			out := log.String()
+			assert.Contains(t, out, want)
+			if tr != "http" {
+				assert.NotContains(t, out, "why=")
+			}
+		})
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a writer and a reader on different
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestBadFlagsAreRefused(t *testing.T) {
@@ -46,6 +191,8 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-fake-upstream", "-upstream", "http://x/v1"},
 		{"-fake-upstream", "-redis", "redis://x", "-redis-cluster", "a:1"},
 		{"-fake-upstream", "-transport", "carrier-pigeon"},
+		{"-upstream", "https://up.example/v1", "-transport", "websocket"},
+		{"-upstream", "wss://up.example/v1", "-transport", "http"},
 		{"-fake-upstream", "-sockets", "0"},
 		{"-fake-upstream", "-redis", "redis://x", "-redis-client", "redigo"},
 		{"-fake-upstream", "-redis-client", "rueidis"},
@@ -78,11 +225,17 @@ func TestRedisURLIsReadByTheChosenClient(t *testing.T) {
 // start runs contproxy with args until the test ends or stop is called.
 func start(t *testing.T, args ...string) (addr string, stop func() error) {
 	t.Helper()
+	return startWith(t, noEnv, io.Discard, args...)
+}
+
+// startWith is start with an environment and a writer for the log.
+func startWith(t *testing.T, env []string, stderr io.Writer, args ...string) (addr string, stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"-listen", "127.0.0.1:0", "-log-level", "warn"}, args...), noEnv, io.Discard,
+		done <- run(ctx, append([]string{"-listen", "127.0.0.1:0", "-log-level", "warn"}, args...), env, stderr,
 			func(a string) { ready <- a })
 	}()
 	select {
