@@ -7,16 +7,22 @@ import (
 
 // headline is what the report opens with: the deployment's hit rate
 // against the best one process can do and against per-replica stores,
-// and whether the shared store made any decision ground truth forbids.
-// The baselines' figures are absent when they were not played.
+// whether the shared store made any decision ground truth forbids, and
+// whether the runs measured the store at all. The baselines' figures are
+// absent when they were not played, and the ratio when (a) or (b) is no
+// measurement.
 type headline struct {
-	HitRate                      float64  `json:"hit_rate"`
-	OneReplicaHitRate            *float64 `json:"one_replica_hit_rate,omitempty"`
-	RatioToOneReplica            *float64 `json:"ratio_to_one_replica,omitempty"`
-	PerReplicaHitRate            *float64 `json:"per_replica_stores_hit_rate,omitempty"`
-	PerReplicaWrongContinuations *int64   `json:"per_replica_stores_wrong_continuations,omitempty"`
+	// Result is PASS, FAIL or INCONCLUSIVE (decide); Inconclusive lists
+	// the reasons runs are not a measurement of the store, also under FAIL.
+	Result                       string         `json:"result"`
+	Inconclusive                 []inconclusive `json:"inconclusive,omitempty"`
+	HitRate                      float64        `json:"hit_rate"`
+	OneReplicaHitRate            *float64       `json:"one_replica_hit_rate,omitempty"`
+	RatioToOneReplica            *float64       `json:"ratio_to_one_replica,omitempty"`
+	PerReplicaHitRate            *float64       `json:"per_replica_stores_hit_rate,omitempty"`
+	PerReplicaWrongContinuations *int64         `json:"per_replica_stores_wrong_continuations,omitempty"`
 	// Violations counts those of the shared-store runs, (a) and (b); Pass
-	// says there are none.
+	// says the result is PASS.
 	Violations  int64        `json:"violations"`
 	Pass        bool         `json:"pass"`
 	Definitions []definition `json:"definitions"`
@@ -32,11 +38,11 @@ type definition struct {
 // the runs call for.
 func (r *report) finish(cfg *config) {
 	a := &r.Run
-	h := headline{HitRate: a.HitRate, Violations: a.Violations}
+	h := headline{HitRate: a.HitRate, Violations: a.Violations, Inconclusive: r.inconclusiveReasons()}
 	if b := r.OneReplica; b != nil {
 		h.OneReplicaHitRate = new(b.HitRate)
 		h.Violations += b.Violations
-		if b.HitRate > 0 {
+		if b.HitRate > 0 && measured(a, h.Inconclusive) && measured(b, h.Inconclusive) {
 			h.RatioToOneReplica = new(a.HitRate / b.HitRate)
 		}
 	}
@@ -44,7 +50,8 @@ func (r *report) finish(cfg *config) {
 		h.PerReplicaHitRate = new(c.HitRate)
 		h.PerReplicaWrongContinuations = new(c.WrongContinuations)
 	}
-	h.Pass = h.Violations == 0
+	h.Result = decide(h.Violations, h.Inconclusive)
+	h.Pass = h.Result == resultPass
 	h.Definitions = r.definitions(cfg)
 	r.Headline = h
 
@@ -106,44 +113,83 @@ func (r *report) definitions(cfg *config) []definition {
 			definition{"wrong continuations", "continuations (c)'s stores offered that ground truth forbids, such as an " +
 				"older response of the conversation (the upstream would lose turns); contbench sends the full context instead"})
 	}
-	runs := "(a)"
-	if r.OneReplica != nil {
-		runs = "(a) and (b)"
-	}
-	return append(defs, definition{"PASS", fmt.Sprintf("no violation, a decision of the shared store that ground truth "+
-		"forbids, in %s; FAIL, and exit status 1, otherwise", runs)})
+	return append(defs,
+		definition{"PASS", fmt.Sprintf("no violation, a decision of the shared store that ground truth forbids, in %s, "+
+			"and every run a measurement; FAIL, and exit status %d, with a violation; INCONCLUSIVE, and exit status %d, "+
+			"when a run is not a measurement", r.sharedRuns(), exitViolations, exitInconclusive)},
+		definition{"not a measurement", fmt.Sprintf("a run in which the store failed open on more than %.0f%% of the "+
+			"reservations, or failed more than %.0f%% of the records and aborts: its figures describe how often the store "+
+			"answered within -op-timeout (%v) on this machine, not what it decided; and every run when a Redis server's clock fell "+
+			"behind this machine's, which lets calls run after their deadline", 100*maxFailedShare, 100*maxFailedShare, cfg.opTimeout)})
 }
 
-// writeHeadline prints the headline figures, then their definitions.
+// sharedRuns names the shared-store runs of the report.
+func (r *report) sharedRuns() string {
+	if r.OneReplica != nil {
+		return "(a) and (b)"
+	}
+	return "(a)"
+}
+
+// replayHint points from the synthetic workload to real traffic.
+const replayHint = "your own traffic: contbench replay TRACE.jsonl replays captured requests through the store (contbench replay -h)"
+
+// writeHeadline prints the headline figures and the result, then their
+// definitions.
 func (r *report) writeHeadline(w io.Writer) {
 	h := &r.Headline
-	verdict, runs := "PASS", "(a)"
-	if !h.Pass {
-		verdict = "FAIL"
-	}
-	if r.OneReplica != nil {
-		runs = "(a) and (b)"
-	}
 	aligned(w, func(tw io.Writer) {
 		hitRate := func(label string, x *runResult, more string) {
+			if !measured(x, h.Inconclusive) {
+				more += ", not a measurement"
+			}
 			fmt.Fprintf(tw, "hit rate %s\t%.3f\t%d of %d turns%s\n", label, x.HitRate, x.Continued, x.Turns, more)
 		}
 		hitRate(labelDeployment, &r.Run, "")
 		if b := r.OneReplica; b != nil {
 			hitRate(labelOneReplica, b, "")
-			ratio := "-"
-			if h.RatioToOneReplica != nil {
-				ratio = fmt.Sprintf("%.3f", *h.RatioToOneReplica)
-			}
-			fmt.Fprintf(tw, "ratio (a)/(b)\t%s\t\n", ratio)
+			r.writeRatio(tw)
 		}
 		if c := r.PerReplica; c != nil {
 			hitRate(labelPerReplica, c, fmt.Sprintf(", %d wrong continuations", c.WrongContinuations))
 		}
-		fmt.Fprintf(tw, "result\t%s\t%d violations in %s\n", verdict, h.Violations, runs)
+		r.writeResult(tw)
 	})
 	fmt.Fprintln(w)
 	for _, d := range h.Definitions {
 		writeWrapped(w, d.Figure+": "+d.Meaning)
+	}
+	writeWrapped(w, replayHint)
+}
+
+// writeRatio prints the ratio of (a)'s hit rate to (b)'s, or why there
+// is none.
+func (r *report) writeRatio(tw io.Writer) {
+	h := &r.Headline
+	switch {
+	case h.RatioToOneReplica != nil:
+		fmt.Fprintf(tw, "ratio (a)/(b)\t%.3f\t\n", *h.RatioToOneReplica)
+	case !measured(&r.Run, h.Inconclusive) || !measured(r.OneReplica, h.Inconclusive):
+		fmt.Fprintf(tw, "ratio (a)/(b)\t-\tnot shown: (a) and (b) are not both measurements\n")
+	default:
+		fmt.Fprintf(tw, "ratio (a)/(b)\t-\t\n")
+	}
+}
+
+// writeResult prints the result line: PASS or FAIL with the violations,
+// or INCONCLUSIVE with its reasons; under FAIL, the reasons follow.
+func (r *report) writeResult(tw io.Writer) {
+	h := &r.Headline
+	if h.Result == resultInconclusive {
+		text := reasonsSentence(h.Inconclusive)
+		if h.Violations > 0 {
+			text += fmt.Sprintf("; the %d violations in %s are no verdict on the store", h.Violations, r.sharedRuns())
+		}
+		fmt.Fprintf(tw, "result\t%s: %s\n", h.Result, text)
+		return
+	}
+	fmt.Fprintf(tw, "result\t%s\t%d violations in %s\n", h.Result, h.Violations, r.sharedRuns())
+	for _, reason := range h.Inconclusive {
+		fmt.Fprintf(tw, "\t\talso: %s\n", reason.Reason)
 	}
 }

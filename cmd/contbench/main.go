@@ -30,10 +30,18 @@
 // the store instead and explains every turn that does not continue (see
 // contbench replay -h).
 //
-// Exit status: 0 when the shared-store runs, (a) and (b), found no
-// violation, 1 when they found some, 2 for bad flags or a target that
-// cannot be used, 130 when interrupted. The violations of (c) are
-// expected and do not change it.
+// The report's headline gives the result: PASS when the shared-store
+// runs, (a) and (b), found no violation; FAIL when they found some;
+// INCONCLUSIVE when a run is not a measurement of the store, because the
+// store failed open on more than 5% of its reservations or failed more
+// than 5% of its records and aborts (see -op-timeout), or because a Redis
+// server's clock fell behind this machine's during the runs (calls could
+// then run after their deadline). FAIL wins over INCONCLUSIVE, except over
+// a clock that fell behind. The violations of (c) are expected and do not
+// change the result.
+//
+// Exit status: 0 PASS, 1 FAIL, 2 bad flags or a target that cannot be
+// used, 3 INCONCLUSIVE, 130 interrupted.
 package main
 
 import (
@@ -47,11 +55,10 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/store"
@@ -59,10 +66,11 @@ import (
 
 // Exit statuses.
 const (
-	exitOK          = 0
-	exitViolations  = 1
-	exitUsage       = 2
-	exitInterrupted = 130
+	exitOK           = 0
+	exitViolations   = 1
+	exitUsage        = 2
+	exitInconclusive = 3
+	exitInterrupted  = 130
 )
 
 // defaultTurns bounds each run when neither -turns nor -duration is
@@ -84,17 +92,40 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runReplay(ctx, args[1:], stdout, stderr)
 	}
 	cfg, err := parseConfig(args, stderr)
-	var usage *usageError
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return exitOK
-	case errors.As(err, &usage):
-		fmt.Fprintf(stderr, "contbench: %v (see contbench -h)\n", err)
-		return exitUsage
-	case err != nil: // the flag package has printed it
-		return exitUsage
+	if err != nil {
+		return usageStatus(err, "contbench", stderr)
 	}
 	return execute(ctx, cfg, stdout, stderr)
+}
+
+// usageStatus returns the exit status of err, an error of the command
+// line of command: 0 for -h, whose usage is printed already; otherwise
+// the status of bad flags, after printing err and where the flags are
+// described.
+func usageStatus(err error, command string, stderr io.Writer) int {
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "contbench: %v\nrun %s -h for the flags\n", err, command)
+	return exitUsage
+}
+
+// parseFlags parses args with fs, printing nothing on an error: it
+// returns the flag package's one-line message as a usageError. On -h it
+// prints usage, the whole help, to stderr and returns flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string, usage func(io.Writer), stderr io.Writer) error {
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stderr)
+		usage(stderr)
+		return err
+	case err != nil:
+		return &usageError{"", err.Error()}
+	}
+	return nil
 }
 
 // upstreamMode says which upstream connections can continue a response.
@@ -191,9 +222,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	cfg := &config{}
 	var cluster, upstream, route string
 	fs := flag.NewFlagSet("contbench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: contbench [flags]\n\n"+
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "Usage: contbench [flags]\n\n"+
 			"Simulates gateway replicas driving a continuation store, checks every\n"+
 			"decision against ground truth and reports what the deployment delivers.\n"+
 			"With no -redis, -cluster or -backend it uses an embedded Redis.\n\n"+
@@ -206,11 +236,20 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 			"      the best one process can do;\n"+
 			"  (c) one in-process store per replica, as single-process gateways do\n"+
 			"      today; its wrong continuations are counted, not failures.\n"+
-			"-baselines=false plays (a) alone, for load tests and calibration. The\n"+
-			"-compare flag, which added (c), is gone: (b) and (c) are the default.\n\n"+
+			"-baselines=false plays (a) alone, for load tests and calibration.\n\n"+
+			"The report's headline gives the result: PASS, no decision of the shared\n"+
+			"store in (a) and (b) that ground truth forbids; FAIL, some; INCONCLUSIVE,\n"+
+			"a run is not a measurement of the store, because more than %.0f%% of its\n"+
+			"reservations failed open or more than %.0f%% of its records and aborts\n"+
+			"failed (see -op-timeout), or a Redis server's clock fell behind this\n"+
+			"machine's during the runs. FAIL wins over INCONCLUSIVE, except over a\n"+
+			"clock that fell behind: calls could then run after their deadline.\n\n"+
+			"Exit status: %d PASS, %d FAIL, %d bad flags or a target that cannot be used,\n"+
+			"%d INCONCLUSIVE, %d interrupted.\n\n"+
 			"Subcommand:\n  contbench replay [flags] TRACE.jsonl...\n"+
 			"    \treplay recorded client traffic through the store and explain every miss\n"+
-			"    \t(contbench replay -h)\n\nFlags:\n", defaultTurns)
+			"    \t(contbench replay -h)\n\nFlags:\n", defaultTurns, 100*maxFailedShare, 100*maxFailedShare,
+			exitOK, exitViolations, exitUsage, exitInconclusive, exitInterrupted)
 		fs.PrintDefaults()
 	}
 
@@ -222,7 +261,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "idle TTL of an owner's state")
 	fs.IntVar(&cfg.maxOwners, "max-owners", 100000, "most owners the store keeps")
 	fs.Int64Var(&cfg.maxTotalBytes, "max-total-bytes", 1<<30, "most bytes the store keeps")
-	fs.DurationVar(&cfg.opTimeout, "op-timeout", 200*time.Millisecond, "bound on each store operation")
+	fs.DurationVar(&cfg.opTimeout, "op-timeout", 200*time.Millisecond, "bound on each store operation of the measured turns (set-up and clean-up calls get "+adminTimeout.String()+")")
 	fs.StringVar(&cfg.namespace, "namespace", "", "Redis key namespace; it must hold no continuation state yet (default: a fresh contbench-<random> one)")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the namespace's keys after the run (those of (a); (b)'s namespace of its own is removed)")
 
@@ -251,7 +290,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&cfg.jsonPath, "json", "", "also write the report as JSON to `file`")
 	fs.BoolVar(&cfg.quiet, "quiet", false, "print the report only: no progress or notes on stderr, no notes under the report (the -json report keeps them)")
 
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -272,6 +311,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
+	}
+	if err := checkOutputPath(cfg.jsonPath); err != nil {
+		return nil, &usageError{"json", err.Error()}
 	}
 	return cfg, nil
 }
@@ -335,8 +377,8 @@ func (c *config) validate() error {
 		}
 	}
 	if c.redisURL != "" {
-		if _, err := redis.ParseURL(c.redisURL); err != nil {
-			return bad("redis", "%v", err)
+		if err := checkRedisURL(c.redisURL); err != nil {
+			return err
 		}
 	}
 	for _, addr := range c.cluster {
@@ -398,6 +440,8 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	}
 
 	rep := newReport(cfg, tgt)
+	clocks := watchClocks(ctx, tgt.admin) // none for the memory backend
+	defer clocks.finish()
 	before, sampleErr := tgt.sample(ctx)
 	if err := tgt.connect(ctx, cfg); err != nil {
 		fmt.Fprintf(stderr, "contbench: %v\n", err)
@@ -408,7 +452,7 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "contbench: %v\n", err)
 		return exitUsage
 	}
-	rep.Run = simulate(ctx, cfg, tgt.stores, dir, true, labelDeployment, notes)
+	rep.Run = simulate(ctx, cfg, deployment{stores: tgt.stores, dir: dir, state: tgt.state}, labelDeployment, notes)
 	rep.Run.Namespace = tgt.ns
 	switch {
 	case ctx.Err() != nil:
@@ -428,6 +472,13 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 			rep.note("the baselines were not played: %v", err)
 		}
 	}
+	for _, n := range tgt.notes {
+		if !slices.Contains(rep.Notes, n) { // the replicas may have connected twice
+			rep.note("%s", n)
+		}
+	}
+	lag, server := clocks.finish()
+	rep.ClockLagMillis, rep.ClockLagServer = float64(lag)/float64(time.Millisecond), server
 	rep.finish(cfg)
 
 	rep.write(stdout, !cfg.quiet)
@@ -437,14 +488,24 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 	}
-	switch {
-	case ctx.Err() != nil:
+	if ctx.Err() != nil {
 		fmt.Fprintln(stderr, "contbench: interrupted")
 		return exitInterrupted
-	case rep.Headline.Violations > 0:
-		fmt.Fprintf(stderr, "contbench: %d oracle violations in the shared-store runs: the store answered what ground truth does not allow (see the report)\n",
-			rep.Headline.Violations)
+	}
+	return resultStatus(&rep.Headline, stderr)
+}
+
+// resultStatus returns the exit status of the result h gives, saying on
+// stderr why it is not PASS.
+func resultStatus(h *headline, stderr io.Writer) int {
+	switch h.Result {
+	case resultFail:
+		fmt.Fprintf(stderr, "contbench: FAIL: %d oracle violations in the shared-store runs: the store answered what ground truth does not allow (see the report)\n",
+			h.Violations)
 		return exitViolations
+	case resultInconclusive:
+		fmt.Fprintf(stderr, "contbench: INCONCLUSIVE: %s\n", reasonsSentence(h.Inconclusive))
+		return exitInconclusive
 	}
 	return exitOK
 }
@@ -470,30 +531,41 @@ func playBaselines(ctx context.Context, cfg *config, tgt *target, rep *report, n
 	}
 	one := same
 	one.replicas, one.sockets = 1, min(cfg.replicas*cfg.sockets, maxSockets)
-	stores, dir, remove, err := tgt.oneReplica(ctx, &one)
-	if err != nil {
-		return fmt.Errorf("setting up the one-replica baseline: %w", err)
-	}
-	single := simulate(ctx, &one, stores, dir, true, labelOneReplica, notes)
-	if tgt.newClient != nil {
-		single.Namespace = stores[0].Options().Namespace
-	}
-	rep.OneReplica = &single
-	if err := remove(); err != nil {
-		rep.note("removing the one-replica baseline's namespace: %v", err)
-	}
-	if ctx.Err() != nil {
-		return nil
+	if err := playOneReplica(ctx, &one, tgt, rep, notes); err != nil || ctx.Err() != nil {
+		return err
 	}
 	perReplica, err := memoryStores(&same)
 	if err != nil {
 		return err
 	}
-	dir, err = directory.NewMemory(directory.Options{OpTimeout: cfg.opTimeout})
+	dir, err := directory.NewMemory(directory.Options{OpTimeout: cfg.opTimeout})
 	if err != nil {
 		return err
 	}
-	c := simulate(ctx, &same, perReplica, dir, false, labelPerReplica, notes)
+	c := simulate(ctx, &same, deployment{stores: perReplica, dir: dir, own: perReplica}, labelPerReplica, notes)
 	rep.PerReplica = &c
+	return nil
+}
+
+// playOneReplica plays the one-replica baseline, one, on the target's
+// backend and adds it to rep.
+func playOneReplica(ctx context.Context, one *config, tgt *target, rep *report, notes io.Writer) error {
+	d, remove, err := tgt.oneReplica(ctx, one)
+	defer func() {
+		if remove == nil {
+			return
+		}
+		if err := remove(); err != nil {
+			rep.note("removing the one-replica baseline's namespace: %v", err)
+		}
+	}()
+	if err != nil {
+		return fmt.Errorf("setting up the one-replica baseline: %w", err)
+	}
+	single := simulate(ctx, one, d, labelOneReplica, notes)
+	if tgt.newClient != nil {
+		single.Namespace = d.stores[0].Options().Namespace
+	}
+	rep.OneReplica = &single
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -32,14 +33,17 @@ type bench struct {
 	stderr string
 }
 
+// testOpTimeout is the -op-timeout of the tests that check outcomes: a
+// store call that a loaded machine holds up must not fail open.
+const testOpTimeout = "1m"
+
 // runBench runs contbench with args, quietly, and reads its JSON report.
-// Store operations get a generous timeout, so that a loaded test machine
-// does not make them fail open.
+// Store operations get testOpTimeout unless args give one.
 func runBench(t *testing.T, args ...string) bench {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "report.json")
 	var stdout, stderr bytes.Buffer
-	args = append([]string{"-op-timeout", "5s"}, args...)
+	args = append([]string{"-op-timeout", testOpTimeout}, args...)
 	b := bench{code: run(context.Background(), append(args, "-quiet", "-json", path), &stdout, &stderr)}
 	b.stdout, b.stderr = stdout.String(), stderr.String()
 	if data, err := os.ReadFile(path); err == nil {
@@ -91,7 +95,7 @@ func TestEmbeddedRedisStickyRun(t *testing.T) {
 // -quiet prints the report alone: nothing on stderr and no notes under
 // the report, with or without -json, which keeps the notes.
 func TestQuietPrintsTheReportOnly(t *testing.T) {
-	args := []string{"-turns", "300", "-baselines=false", "-op-timeout", "5s"}
+	args := []string{"-turns", "300", "-baselines=false", "-op-timeout", testOpTimeout}
 	note := "note: figures from the embedded Redis"
 	t.Run("loud", func(t *testing.T) {
 		var stdout, stderr bytes.Buffer
@@ -158,17 +162,23 @@ func TestDefaultRunOnEmbeddedRedis(t *testing.T) {
 
 	h := rep.Headline
 	assert.True(t, h.Pass)
+	assert.Equal(t, resultPass, h.Result)
+	assert.Empty(t, h.Inconclusive)
 	assert.Equal(t, r.HitRate, h.HitRate)
 	require.NotNil(t, h.OneReplicaHitRate)
 	require.NotNil(t, h.RatioToOneReplica)
 	assert.InDelta(t, r.HitRate / *h.OneReplicaHitRate, *h.RatioToOneReplica, 1e-9)
 	require.NotNil(t, h.PerReplicaWrongContinuations)
 	assert.Equal(t, rep.PerReplica.WrongContinuations, *h.PerReplicaWrongContinuations)
-	assert.Len(t, h.Definitions, 7)
+	assert.Len(t, h.Definitions, 8)
 	assert.True(t, strings.HasPrefix(b.stdout, "hit rate (a) deployment"), b.stdout)
 	assert.Contains(t, b.stdout, "\nresult   ")
 	assert.Contains(t, b.stdout, "PASS    0 violations in (a) and (b)")
-	assert.NotContains(t, b.stdout, "%", "rates are fractions")
+	headline, _, _ := strings.Cut(b.stdout, "\n\n")
+	_, figures, _ := strings.Cut(b.stdout, "\ncontbench: ")
+	assert.NotContains(t, headline+figures, "%", "rates are fractions")
+	assert.NotContains(t, headline, "not a measurement")
+	assert.Contains(t, b.stdout, "contbench replay", "the report points to replaying real traffic")
 }
 
 func TestMemoryBackend(t *testing.T) {
@@ -179,11 +189,21 @@ func TestMemoryBackend(t *testing.T) {
 	assert.Nil(t, b.report.Redis)
 }
 
+// -duration stops the workers from starting turns: a run lasts the
+// duration, and after it at most the slowest turn a worker had in flight,
+// longer only by what the process stalled meanwhile.
 func TestMemoryBackendStopsAfterDuration(t *testing.T) {
-	b := runBench(t, "-backend", "memory", "-duration", "300ms")
+	const duration = 300 * time.Millisecond
+	stalls := startStallMonitor(t)
+	b := runBench(t, "-backend", "memory", "-duration", duration.String())
+	stalled := stalls.stop()
 	require.Equal(t, exitOK, b.code, b.stderr)
-	assert.Positive(t, b.report.Run.Turns)
-	assert.Less(t, b.report.Run.Seconds, 5.0)
+	r := b.report.Run
+	assert.Positive(t, r.Turns)
+	assert.GreaterOrEqual(t, r.Seconds, duration.Seconds())
+	over := time.Duration((r.Seconds - duration.Seconds()) * float64(time.Second))
+	assert.LessOrEqual(t, over, slowestTurn(r)+stalled+time.Second,
+		"run went on %v after -duration; its slowest turn took at most %v and the process stalled %v", over, slowestTurn(r), stalled)
 	require.NotNil(t, b.report.OneReplica)
 	require.NotNil(t, b.report.PerReplica)
 	assert.Equal(t, b.report.Run.Turns, b.report.OneReplica.Turns, "the baselines play the deployment's turns")
@@ -212,9 +232,10 @@ func TestSeedReproducesTheWorkloadAtAnyConcurrency(t *testing.T) {
 
 // Owners come back from idle gaps longer than the TTL to find their state
 // gone, on the embedded Redis's clock; the run is bounded by time, so no
-// gap is cut short.
+// gap is cut short, and long enough that owners come back from gaps at
+// any throughput.
 func TestIdleGapsOutliveTheTTL(t *testing.T) {
-	b := runBench(t, "-ttl", "100ms", "-idle", "0.05", "-duration", "1s", "-conversations", "50", "-baselines=false")
+	b := runBench(t, "-ttl", "100ms", "-idle", "0.05", "-duration", "3s", "-conversations", "50", "-baselines=false")
 	require.Equal(t, exitOK, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 	r := b.report.Run
 	assert.Zero(t, r.Violations, "violations: %+v", r.Examples)
@@ -398,7 +419,7 @@ func TestBrokenStoreFailsTheRun(t *testing.T) {
 
 	assert.Equal(t, exitViolations, code)
 	assert.Contains(t, stdout.String(), "\nresult   ")
-	assert.Contains(t, stdout.String(), "FAIL")
+	assert.Regexp(t, `\nresult +FAIL +\d+ violations in \(a\)`, stdout.String())
 	assert.Contains(t, stdout.String(), "VIOLATIONS ((a) deployment)")
 	assert.Contains(t, stdout.String(), "prompt changed: ")
 	assert.Contains(t, stderr.String(), "oracle violations")
@@ -532,6 +553,8 @@ func TestBadFlagsExitWithUsageStatus(t *testing.T) {
 			code := run(context.Background(), tc.args, &stdout, &stderr)
 			assert.Equal(t, exitUsage, code)
 			assert.Contains(t, stderr.String(), tc.flag)
+			assert.True(t, strings.HasSuffix(stderr.String(), "\nrun contbench -h for the flags\n"), stderr.String())
+			assert.Equal(t, 2, strings.Count(stderr.String(), "\n"), "the error and where the flags are, not the whole help")
 			assert.Empty(t, stdout.String())
 		})
 	}
@@ -547,6 +570,63 @@ func TestUnreachableRedisIsASetupError(t *testing.T) {
 func TestHelpExitsZero(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	assert.Equal(t, exitOK, run(context.Background(), []string{"-h"}, &stdout, &stderr))
-	assert.Contains(t, stderr.String(), "-conversations")
-	assert.Contains(t, stderr.String(), "-baselines=false plays (a) alone")
+	help := stderr.String()
+	assert.Contains(t, help, "-conversations")
+	assert.Contains(t, help, "-baselines=false plays (a) alone")
+	assert.Contains(t, help, "Exit status: 0 PASS, 1 FAIL, 2 bad flags or a target that cannot be used,\n3 INCONCLUSIVE, 130 interrupted.")
+	assert.NotContains(t, help, "-compare", "the help describes the command as it is")
+	assert.NotContains(t, help, "is gone")
+}
+
+// stallMonitor measures how long the process was kept from running: it
+// sleeps in short ticks and sums how late it wakes.
+type stallMonitor struct {
+	done    chan struct{}
+	stopped chan time.Duration
+}
+
+// startStallMonitor starts measuring stalls until stop is called.
+func startStallMonitor(t *testing.T) *stallMonitor {
+	t.Helper()
+	m := &stallMonitor{done: make(chan struct{}), stopped: make(chan time.Duration, 1)}
+	const tick = 2 * time.Millisecond
+	go func() {
+		var late time.Duration
+		for {
+			select {
+			case <-m.done:
+				m.stopped <- late
+				return
+			default:
+			}
+			start := time.Now()
+			time.Sleep(tick)
+			late += max(time.Since(start)-tick, 0)
+		}
+	}()
+	t.Cleanup(func() { _ = m.stop() })
+	return m
+}
+
+// stop ends the measurement and returns how long the process stalled.
+func (m *stallMonitor) stop() time.Duration {
+	select {
+	case <-m.done:
+		return 0
+	default:
+		close(m.done)
+	}
+	return <-m.stopped
+}
+
+// slowestTurn bounds the time of one turn of run r by its slowest store
+// calls: a concurrent pair's two reservations, records and aborts, and a
+// directory lookup each.
+func slowestTurn(r runResult) time.Duration {
+	var micros int64
+	for _, op := range opNames {
+		micros += 2 * r.Ops[op].Max
+	}
+	micros += 2 * r.Forwarding.Lookup.Max
+	return time.Duration(micros) * time.Microsecond
 }

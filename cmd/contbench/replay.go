@@ -22,8 +22,13 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// Exit status of a replay that found malformed trace lines.
-const exitMalformed = 1
+// Exit status of a replay whose traces held malformed lines, or a file
+// without turns.
+const exitBadTrace = 1
+
+// maxMalformedShown is how many malformed lines of a file the replay
+// describes; it counts the others.
+const maxMalformedShown = 10
 
 // Reasons a replay reports besides the store's.
 const (
@@ -53,9 +58,8 @@ func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 	}}
 	var cluster string
 	fs := flag.NewFlagSet("contbench replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: contbench replay [flags] TRACE.jsonl...\n\n"+
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "Usage: contbench replay [flags] TRACE.jsonl...\n\n"+
 			"Replays recorded upstream calls through the store, in order, one line per call:\n"+
 			"  {\"owner\":{\"session\":\"s1\",\"agent\":\"\"},\"request\":{...},\"response_id\":\"resp_1\",\"output\":[...]}\n"+
 			"(\"headers\" and other members are ignored). Each call is reserved and its response\n"+
@@ -63,20 +67,24 @@ func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 			"every miss after an owner's first turn prints where the request departs from the\n"+
 			"previous turn's transcript. Each trace file is replayed on its own: an owner's\n"+
 			"first line in a file starts from no state.\n\n"+
-			"A line that is not a trace line (bad JSON, no owner) is reported with its number\n"+
-			"and skipped; the replay goes on and exits with status 1. A request the store\n"+
-			"refuses is an invalid_request turn, sent upstream in full.\n\n"+
+			"A line that is not a trace line (bad JSON, no owner, no request) is skipped;\n"+
+			"the first %d of a file are reported with their numbers, the others counted.\n"+
+			"The replay goes on and exits with status %d, as it does when a file holds no\n"+
+			"turn. A request the store refuses is an invalid_request turn, sent upstream\n"+
+			"in full.\n\n"+
 			"Without -redis or -cluster the store is in process. On Redis every key lives in\n"+
 			"a fresh namespace, removed at the end.\n\n"+
-			"Exit status: 0, or 1 when malformed lines were skipped, 2 for bad flags, an\n"+
-			"unreadable trace or a target that cannot be used, 130 when interrupted.\n\nFlags:\n")
+			"Exit status: %d, or %d when malformed lines were skipped or a file held no\n"+
+			"turn, %d for bad flags, an unreadable or empty trace or a target that cannot\n"+
+			"be used, %d when interrupted.\n\nFlags:\n",
+			maxMalformedShown, exitBadTrace, exitOK, exitBadTrace, exitUsage, exitInterrupted)
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&rc.jsonPath, "json", "", "also write the report as JSON to `file`")
 	fs.StringVar(&rc.target.redisURL, "redis", "", "replay against the standalone Redis at `URL`, e.g. redis://127.0.0.1:6379/0")
 	fs.StringVar(&cluster, "cluster", "", "replay against the Redis Cluster with these seed `nodes`, host:port,host:port,...")
 	fs.DurationVar(&rc.target.opTimeout, "op-timeout", 2*time.Second, "bound on each store operation")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, usage, stderr); err != nil {
 		return nil, err
 	}
 	if cluster != "" {
@@ -87,6 +95,9 @@ func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 	}
 	if err := rc.target.validate(); err != nil {
 		return nil, err
+	}
+	if err := checkOutputPath(rc.jsonPath); err != nil {
+		return nil, &usageError{"json", err.Error()}
 	}
 	rc.files = fs.Args()
 	if len(rc.files) == 0 {
@@ -99,23 +110,14 @@ func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 // returns the exit status.
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rc, err := parseReplayConfig(args, stderr)
-	var usage *usageError
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return exitOK
-	case errors.As(err, &usage):
-		fmt.Fprintf(stderr, "contbench: %v (see contbench replay -h)\n", err)
-		return exitUsage
-	case err != nil: // the flag package has printed it
-		return exitUsage
+	if err != nil {
+		return usageStatus(err, "contbench replay", stderr)
 	}
 	for _, path := range rc.files { // before anything runs: a typo costs nothing
-		f, err := os.Open(path)
-		if err != nil {
+		if err := checkTrace(path); err != nil {
 			fmt.Fprintf(stderr, "contbench: %v\n", err)
 			return exitUsage
 		}
-		_ = f.Close()
 	}
 	tgt, err := openTarget(ctx, rc.target)
 	if err != nil {
@@ -136,7 +138,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		desc = "in-process store"
 	}
 
-	fmt.Fprintf(stdout, "contbench replay: %s, %d trace files\n\n", desc, len(rc.files))
+	fmt.Fprintf(stdout, "contbench replay: %s, %s\n\n", desc, plural(len(rc.files), "trace file", "trace files"))
 	r := newReplayer(tgt.stores[0], desc, stdout)
 	for _, path := range rc.files {
 		if ctx.Err() != nil {
@@ -154,26 +156,35 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) int
 			return exitUsage
 		}
 	}
-	switch {
-	case ctx.Err() != nil:
+	if ctx.Err() != nil {
 		fmt.Fprintln(stderr, "contbench: interrupted")
 		return exitInterrupted
-	case r.report.Malformed > 0:
-		fmt.Fprintf(stderr, "contbench: %d malformed trace lines were skipped (see the report)\n", r.report.Malformed)
-		return exitMalformed
 	}
-	return exitOK
+	return r.report.status(stderr)
 }
 
-// traceLine is one upstream call of a trace.
-type traceLine struct {
-	Owner *struct {
-		Session string `json:"session"`
-		Agent   string `json:"agent"`
-	} `json:"owner"`
-	Request    json.RawMessage   `json:"request"`
-	ResponseID string            `json:"response_id"`
-	Output     []json.RawMessage `json:"output"`
+// status returns the exit status of the replay rep describes, saying on
+// stderr what was wrong with its traces.
+func (rep *replayReport) status(stderr io.Writer) int {
+	code := exitOK
+	if n := rep.Malformed; n > 0 {
+		fmt.Fprintf(stderr, "contbench: %s skipped (see the report)\n",
+			plural(n, "malformed trace line was", "malformed trace lines were"))
+		code = exitBadTrace
+	}
+	for _, f := range rep.FilesWithoutTurns {
+		fmt.Fprintf(stderr, "contbench: no turns in %s\n", f)
+		code = exitBadTrace
+	}
+	return code
+}
+
+// plural returns n with the singular or the plural noun, as n calls for.
+func plural(n int, singular, plurals string) string {
+	if n == 1 {
+		return "1 " + singular
+	}
+	return fmt.Sprintf("%d %s", n, plurals)
 }
 
 // replayTotals sums turns.
@@ -254,13 +265,15 @@ type fileTotals struct {
 }
 
 // replayReport is everything a replay found; the text and the JSON show
-// the same figures.
+// the same figures. MalformedLines describes the first malformed lines
+// of each file (maxMalformedShown); Malformed counts them all.
 type replayReport struct {
 	Target string `json:"target"`
 	replayTotals
-	Files          []*fileTotals   `json:"files"`
-	Turn           []*replayTurn   `json:"turn"`
-	MalformedLines []malformedLine `json:"malformed_lines,omitempty"`
+	Files             []*fileTotals   `json:"files"`
+	Turn              []*replayTurn   `json:"turn"`
+	MalformedLines    []malformedLine `json:"malformed_lines,omitempty"`
+	FilesWithoutTurns []string        `json:"files_without_turns,omitempty"`
 }
 
 // replayer replays traces through one store, printing each turn.
@@ -311,13 +324,26 @@ func (r *replayer) replay(ctx context.Context, name string, rd io.Reader) error 
 			r.line(ctx, ft, seen, n, raw)
 		}
 		if errors.Is(err, io.EOF) {
-			return nil
+			break
 		}
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", name, err)
 		}
 	}
+	r.endFile(ft)
 	return nil
+}
+
+// endFile says what the replay of file ft left unsaid: how many malformed
+// lines were not described, and that the file held no turn.
+func (r *replayer) endFile(ft *fileTotals) {
+	if more := ft.Malformed - maxMalformedShown; more > 0 {
+		fmt.Fprintf(r.out, "%s: … and %s\n", ft.File, plural(more, "more malformed line", "more malformed lines"))
+	}
+	if ft.Turns == 0 {
+		fmt.Fprintf(r.out, "%s: no turns in the file\n", ft.File)
+		r.report.FilesWithoutTurns = append(r.report.FilesWithoutTurns, ft.File)
+	}
 }
 
 // line replays line n of file ft.
@@ -325,10 +351,7 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 	var tl traceLine
 	owner, err := parseTraceLine(raw, &tl)
 	if err != nil {
-		fmt.Fprintf(r.out, "%s:%d: malformed trace line, skipped: %v\n", ft.File, n, err)
-		r.report.MalformedLines = append(r.report.MalformedLines, malformedLine{ft.File, n, err.Error()})
-		ft.Malformed++
-		r.report.Malformed++
+		r.malformed(ft, n, err)
 		return
 	}
 	prev, later := seen[owner]
@@ -373,18 +396,16 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 	r.printTurn(owner, t)
 }
 
-// parseTraceLine decodes raw into tl and returns its owner.
-func parseTraceLine(raw []byte, tl *traceLine) (identity.Owner, error) {
-	if err := json.Unmarshal(raw, tl); err != nil {
-		return identity.Owner{}, err
+// malformed counts line n of file ft as malformed because of err, and
+// describes it while the file has not had maxMalformedShown.
+func (r *replayer) malformed(ft *fileTotals, n int, err error) {
+	ft.Malformed++
+	r.report.Malformed++
+	if ft.Malformed > maxMalformedShown {
+		return
 	}
-	if tl.Owner == nil {
-		return identity.Owner{}, errors.New(`no "owner"`)
-	}
-	if tl.Owner.Agent == "" {
-		return identity.Main(tl.Owner.Session)
-	}
-	return identity.Agent(tl.Owner.Session, tl.Owner.Agent)
+	fmt.Fprintf(r.out, "%s:%d: malformed trace line, skipped: %v\n", ft.File, n, err)
+	r.report.MalformedLines = append(r.report.MalformedLines, malformedLine{ft.File, n, err.Error()})
 }
 
 // explain sets the turn's mismatch: where req departs from the transcript
@@ -464,6 +485,9 @@ func (rep *replayReport) write(w io.Writer) {
 	_ = tw.Flush()
 	fmt.Fprintf(w, "reasons: %s\n", reasonsString(rep.Reasons))
 	fmt.Fprintln(w, "(continued as a fraction of later turns; saved as a fraction of the full context)")
+	if rep.Malformed > 0 {
+		fmt.Fprintf(w, "malformed lines: %d, skipped (described above, at most %d a file)\n", rep.Malformed, maxMalformedShown)
+	}
 }
 
 // fraction formats n/d as a fraction, "-" when d is 0.

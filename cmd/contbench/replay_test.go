@@ -272,7 +272,7 @@ func TestReplayCommandWritesJSON(t *testing.T) {
 	jsonPath := filepath.Join(t.TempDir(), "r.json")
 	code, stdout, stderr := replayCommand("-json", jsonPath, trace)
 	require.Equal(t, exitOK, code, stderr)
-	assert.Contains(t, stdout, "contbench replay: in-process store, 1 trace files")
+	assert.Contains(t, stdout, "contbench replay: in-process store, 1 trace file\n")
 	assert.Contains(t, stdout, trace+":2  main(\"s1\")  continued  items 1 of 3")
 	assert.Contains(t, stdout, "reasons: continued 1, missing_state 1")
 
@@ -294,10 +294,10 @@ func TestReplayCommandWritesJSON(t *testing.T) {
 func TestReplayCommandMalformedLineExitsOne(t *testing.T) {
 	trace := writeTrace(t, "not json\n"+traceLineOf(t, "s1", "", traceBody("x", traceUser("hi")), "resp_1", traceAnswer("hello")))
 	code, stdout, stderr := replayCommand(trace)
-	assert.Equal(t, exitMalformed, code)
+	assert.Equal(t, exitBadTrace, code)
 	assert.Contains(t, stdout, trace+":1: malformed trace line, skipped")
 	assert.Contains(t, stdout, trace+":2  main(\"s1\")  missing_state", "the replay goes on")
-	assert.Contains(t, stderr, "1 malformed trace lines were skipped")
+	assert.Contains(t, stderr, "1 malformed trace line was skipped")
 }
 
 func TestReplayCommandFlags(t *testing.T) {
@@ -328,15 +328,18 @@ func TestReplayCommandFlags(t *testing.T) {
 		assert.Equal(t, exitUsage, code, "%v", tc.args)
 		assert.Contains(t, stderr, tc.want, "%v", tc.args)
 		assert.Empty(t, stdout, "%v", tc.args)
+		assert.NotContains(t, stderr, "Usage:", "%v: a bad flag is one line, not the help", tc.args)
 	}
+	_, _, stderr = replayCommand("-no-such-flag", "t.jsonl")
+	assert.Equal(t, "contbench: flag provided but not defined: -no-such-flag\nrun contbench replay -h for the flags\n", stderr)
 }
 
 func TestReplayCommandOnRedis(t *testing.T) {
 	mr, _ := redistest.Miniredis(t)
 	trace := writeTrace(t, handTrace(t))
 	jsonPath := filepath.Join(t.TempDir(), "r.json")
-	code, stdout, stderr := replayCommand("-json", jsonPath, "-redis", "redis://"+mr.Addr(), trace)
-	require.Equal(t, exitMalformed, code, stderr)
+	code, stdout, stderr := replayCommand("-json", jsonPath, "-redis", "redis://"+mr.Addr(), "-op-timeout", testOpTimeout, trace)
+	require.Equal(t, exitBadTrace, code, stderr)
 	assert.Contains(t, stdout, "contbench replay: redis redis://"+mr.Addr())
 	assert.Empty(t, mr.Keys(), "the namespace is removed after the replay")
 
@@ -346,4 +349,100 @@ func TestReplayCommandOnRedis(t *testing.T) {
 	require.NoError(t, json.Unmarshal(data, &rep))
 	memory, _ := replayTrace(t, trace, handTrace(t))
 	assert.Equal(t, memory.replayTotals, rep.replayTotals, "Redis decides as the in-process store does")
+}
+
+// An empty trace is no replay: it is refused before anything runs, as a
+// missing one is.
+func TestReplayEmptyFileIsAnError(t *testing.T) {
+	for _, content := range []string{"", "\n \n\t\r\n"} {
+		trace := writeTrace(t, content)
+		code, stdout, stderr := replayCommand(trace)
+		assert.Equal(t, exitUsage, code)
+		assert.Equal(t, "contbench: no turns in "+trace+": the file is empty\n", stderr)
+		assert.Empty(t, stdout, "no table of zeros")
+	}
+}
+
+// A trace whose every line is malformed has no turns, and says so.
+func TestReplayFileWithoutTurnsIsAnError(t *testing.T) {
+	good := writeTrace(t, traceLineOf(t, "s1", "", traceBody("x", traceUser("hi")), "resp_1", traceAnswer("hello")))
+	noise := filepath.Join(t.TempDir(), "noise.jsonl")
+	require.NoError(t, os.WriteFile(noise, []byte("not json\n"), 0o644))
+	jsonPath := filepath.Join(t.TempDir(), "r.json")
+	code, stdout, stderr := replayCommand("-json", jsonPath, good, noise)
+	assert.Equal(t, exitBadTrace, code)
+	assert.Contains(t, stdout, "contbench replay: in-process store, 2 trace files\n")
+	assert.Contains(t, stdout, noise+": no turns in the file\n")
+	assert.NotContains(t, stdout, good+": no turns")
+	assert.Contains(t, stderr, "contbench: no turns in "+noise+"\n")
+
+	data, err := os.ReadFile(jsonPath)
+	require.NoError(t, err)
+	var rep replayReport
+	require.NoError(t, json.Unmarshal(data, &rep))
+	assert.Equal(t, []string{noise}, rep.FilesWithoutTurns)
+	assert.Equal(t, 1, rep.Turns)
+}
+
+// A line without a request is no trace line: it is malformed, not a turn
+// whose request the store refuses.
+func TestReplayLineWithoutRequestIsMalformed(t *testing.T) {
+	first := traceLineOf(t, "s1", "", traceBody("x", traceUser("hi")), "resp_1", traceAnswer("hello"))
+	for _, line := range []string{
+		`{"owner":{"session":"s1"},"response_id":"resp_2"}`,
+		`{"owner":{"session":"s1"},"request":null}`,
+	} {
+		rep, out := replayTrace(t, "t.jsonl", first+line+"\n")
+		assert.Equal(t, 1, rep.Turns, "the line is no turn")
+		assert.Zero(t, rep.Reasons[reasonInvalidRequest])
+		assert.Equal(t, 1, rep.Malformed)
+		require.Len(t, rep.MalformedLines, 1)
+		assert.Equal(t, 2, rep.MalformedLines[0].Line)
+		assert.Equal(t, `no "request"`, rep.MalformedLines[0].Error)
+		assert.Contains(t, out, "t.jsonl:2: malformed trace line, skipped: no \"request\"\n")
+		assert.NotContains(t, out, "not a JSON object")
+	}
+}
+
+// A line that does not decode is described in the trace's terms, not in
+// Go's.
+func TestReplayMalformedLinesSayWhatIsWrong(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{`[1, 2]`, "not a JSON object but an array"},
+		{`"text"`, "not a JSON object but a string"},
+		{`42`, "not a JSON object but a number"},
+		{`{"owner":"s1","request":{}}`, `"owner" is a string, want an object`},
+		{`{"owner":{"session":5},"request":{}}`, `"owner.session" is a number, want a string`},
+		{`{"owner":{"session":"s1"},"request":{},"output":{}}`, `"output" is an object, want an array`},
+		{`not json`, "not JSON: invalid character 'o' in literal null (expecting 'u'), at byte 2"},
+	} {
+		rep, out := replayTrace(t, "t.jsonl", tc.line+"\n")
+		require.Len(t, rep.MalformedLines, 1, tc.line)
+		assert.Equal(t, tc.want, rep.MalformedLines[0].Error, tc.line)
+		for _, goTerm := range []string{"main.", "Go value", "Go struct", "unmarshal"} {
+			assert.NotContains(t, out, goTerm, tc.line)
+		}
+	}
+}
+
+// Noise makes a few lines of report, not one per line: the first
+// malformed lines of a file are described, the others counted.
+func TestReplayCapsMalformedLineMessages(t *testing.T) {
+	var noise strings.Builder
+	for noise.Len() < 64<<10 {
+		noise.WriteString("\x00\x01binary noise \xff\xfe and more of it\n")
+	}
+	lines := strings.Count(noise.String(), "\n")
+	trace := writeTrace(t, noise.String())
+	code, stdout, stderr := replayCommand(trace)
+	assert.Equal(t, exitBadTrace, code)
+	assert.Equal(t, maxMalformedShown, strings.Count(stdout, "malformed trace line, skipped"))
+	assert.Contains(t, stdout, fmt.Sprintf("%s: … and %d more malformed lines\n", trace, lines-maxMalformedShown))
+	assert.Less(t, strings.Count(stdout, "\n"), 2*maxMalformedShown+10, stdout)
+	assert.Contains(t, stderr, fmt.Sprintf("contbench: %d malformed trace lines were skipped", lines))
+	assert.Contains(t, stdout, fmt.Sprintf("\nmalformed lines: %d, skipped", lines))
+
+	rep, _ := replayTrace(t, trace, noise.String())
+	assert.Equal(t, lines, rep.Malformed, "every malformed line is counted")
+	assert.Len(t, rep.MalformedLines, maxMalformedShown)
 }

@@ -34,7 +34,12 @@ type report struct {
 	PerReplica *runResult   `json:"per_replica_stores,omitempty"`
 	Redis      *redisStats  `json:"redis,omitempty"`
 	Calibrate  *calibration `json:"calibrate,omitempty"`
-	Notes      []string     `json:"notes,omitempty"`
+	// ClockLagMillis is the most a Redis server's clock fell behind this
+	// machine's during the runs (clockwatch.go); ClockLagServer is that
+	// server.
+	ClockLagMillis float64  `json:"clock_lag_ms,omitempty"`
+	ClockLagServer string   `json:"clock_lag_server,omitempty"`
+	Notes          []string `json:"notes,omitempty"`
 }
 
 // redisStats are the Redis server's figures.

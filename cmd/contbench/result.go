@@ -181,11 +181,8 @@ func (s *sim) result(label string, workers []*worker, elapsed time.Duration) run
 	return res
 }
 
-// storeState reads what stores hold; shared stores are read once.
-func storeState(ctx context.Context, stores []*store.Store, shared bool) (*stateStats, error) {
-	if shared {
-		stores = stores[:1]
-	}
+// storeState reads what stores, which share no state, hold between them.
+func storeState(ctx context.Context, stores []*store.Store) (*stateStats, error) {
 	st := &stateStats{}
 	for _, s := range stores {
 		stats, err := s.Stats(ctx)

@@ -36,6 +36,12 @@ type sim struct {
 	announceErrors atomic.Int64  // failed directory announcements and withdrawals
 }
 
+// minIdleMargin is the least an idle gap outlasts the TTL by, so that the
+// state has expired when its owner comes back: a state lives up to the
+// TTL after its last turn, and the embedded Redis expires keys only every
+// 250 ms (internal/embedded), later when the process is starved.
+const minIdleMargin = time.Second
+
 // Streams of the seed: each owner's is (seed, owner index); the
 // scheduler's and the workers' (which pick owners and random routes, and
 // so never change the workload) are set apart by the top bits.
@@ -44,26 +50,39 @@ const (
 	workerStreams   = 1 << 63
 )
 
-// simulate runs the workload against stores, one per replica (shared
-// says whether they share their state), the replicas announcing
-// themselves in dir for the run, shows progress on w, and returns what it
-// delivered as deployment label.
-func simulate(ctx context.Context, cfg *config, stores []*store.Store, dir *directory.Directory, shared bool, label string, w io.Writer) runResult {
-	gs := make([]gatewayStore, len(stores))
-	for i, st := range stores {
+// deployment is what a run plays on: one store per replica, the
+// directory the replicas announce themselves in, and the stores that hold
+// the run's state between them, read after it: one store shared by the
+// replicas, or each replica's own.
+type deployment struct {
+	stores []*store.Store
+	dir    *directory.Directory
+	state  *store.Store   // the shared state's reader, when the replicas share it
+	own    []*store.Store // each replica's own store, when they do not
+}
+
+// simulate runs the workload on d, shows progress on w, and returns what
+// it delivered as deployment label.
+func simulate(ctx context.Context, cfg *config, d deployment, label string, w io.Writer) runResult {
+	gs := make([]gatewayStore, len(d.stores))
+	for i, st := range d.stores {
 		gs[i] = st
 		if cfg.wrapStore != nil {
 			gs[i] = cfg.wrapStore(st)
 		}
 	}
-	s := newSim(cfg, gs, dir)
+	s := newSim(cfg, gs, d.dir)
 	withdraw := s.announce(ctx)
 	stop := showProgress(w, s, label)
 	workers, elapsed := s.run(ctx)
 	stop()
 	withdraw()
 	res := s.result(label, workers, elapsed)
-	state, err := storeState(context.WithoutCancel(ctx), stores, shared)
+	holders := d.own
+	if d.state != nil {
+		holders = []*store.Store{d.state}
+	}
+	state, err := storeState(context.WithoutCancel(ctx), holders)
 	if err != nil {
 		res.StateError = err.Error()
 	}
@@ -80,7 +99,7 @@ func newSim(cfg *config, stores []gatewayStore, dir *directory.Directory) *sim {
 		cfg:     cfg,
 		byName:  map[string]*replica{},
 		dir:     dir,
-		idleGap: cfg.ttl + max(cfg.ttl/5, 100*time.Millisecond),
+		idleGap: cfg.ttl + max(cfg.ttl/5, minIdleMargin),
 	}
 	for i, st := range stores {
 		r := &replica{name: replicaName(i), store: st, up: newUpstream(cfg.upstream, issued, cfg.sockets)}

@@ -15,15 +15,15 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/contstore/contstore/directory"
-	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/embedded"
 	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/store"
 )
 
-// Timeouts of the set-up and clean-up steps.
+// Timeouts of reaching the target and of removing a namespace's keys;
+// adminTimeout bounds the other set-up calls.
 const (
-	connectTimeout = 5 * time.Second
+	connectTimeout = 10 * time.Second
 	cleanupTimeout = 60 * time.Second
 )
 
@@ -49,6 +49,12 @@ type target struct {
 	clients  []redis.UniversalClient
 	rclients []rueidis.Client
 	stores   []*store.Store
+	// state reads the namespace's state with adminTimeout: on Redis, the
+	// store that set the namespace up; on the memory backend, the shared
+	// store.
+	state *store.Store
+	// notes holds what the set-up found that the report should say.
+	notes []string
 	// stopEmbedded stops the embedded Redis and its clock.
 	stopEmbedded func()
 }
@@ -63,7 +69,7 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 		if err != nil {
 			return nil, err
 		}
-		t := &target{desc: "in-process store shared by all replicas"}
+		t := &target{desc: "in-process store shared by all replicas", state: base}
 		for i := range cfg.replicas {
 			t.stores = append(t.stores, base.WithReplica(replicaName(i)))
 		}
@@ -91,14 +97,13 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 		}
 		rueidisOpts = func() (rueidis.ClientOption, error) { return rueidis.ClientOption{InitAddress: cfg.cluster}, nil }
 	default:
-		mr, err := miniredis.Run()
+		mr, stop, err := startEmbedded()
 		if err != nil {
 			return nil, fmt.Errorf("starting the embedded Redis: %w", err)
 		}
 		t.desc = "embedded miniredis"
 		t.embedded = true
-		stopClock := embedded.FollowRealTime(mr)
-		t.stopEmbedded = func() { stopClock(); mr.Close() }
+		t.stopEmbedded = stop
 		t.newClient = func() redis.UniversalClient {
 			return redis.NewClient(&redis.Options{Addr: mr.Addr(), PoolSize: pool})
 		}
@@ -118,74 +123,26 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 		}
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
 	t.admin = t.newClient()
-	if err := t.admin.Ping(ctx).Err(); err != nil {
+	if err := ping(ctx, t.admin); err != nil {
 		return nil, errors.Join(fmt.Errorf("cannot reach %s: %w", t.desc, err), t.close(ctx, true))
 	}
-	s, err := store.NewRedis(t.admin, cfg.storeOptions("contbench"))
+	s, err := t.openAdmin(ctx, cfg, t.ns)
 	if err != nil {
 		return nil, errors.Join(err, t.close(ctx, true))
 	}
-	if err := checkEmpty(ctx, s, t.ns); err != nil {
-		return nil, errors.Join(err, t.close(ctx, true))
-	}
-	t.owned = true
+	t.owned, t.state = true, s
 	if err := warmUp(ctx, s); err != nil {
 		return nil, errors.Join(fmt.Errorf("warming %s up: %w", t.desc, err), t.close(ctx, true))
 	}
 	return t, nil
 }
 
-// checkEmpty returns an error unless the store s of namespace ns holds no
-// continuation state.
-func checkEmpty(ctx context.Context, s *store.Store, ns string) error {
-	st, err := s.Stats(ctx)
-	if err != nil {
-		return fmt.Errorf("reading namespace %q: %w", ns, err)
-	}
-	if tot := st.Total; tot.Owners > 0 || tot.StoredBytes > 0 || tot.Evictions.Total() > 0 {
-		return fmt.Errorf("namespace %q already holds continuation state (%d owners): give contbench a namespace of its own",
-			ns, tot.Owners)
-	}
-	return nil
-}
-
-// warmUp runs each store operation once in every partition, on throwaway
-// owners it then removes: a server allocates some memory on its first use
-// of each command (the scripts' included), and that is no owner's.
-func warmUp(ctx context.Context, s *store.Store) error {
-	req, err := s.ParseRequest(probeBody)
-	if err != nil {
-		return err
-	}
-	partitions := s.Options().Partitions
-	warm := make([]bool, partitions)
-	for i, left := 0, partitions; left > 0; i++ {
-		owner, err := identity.Main(fmt.Sprintf("contbench-warm-up-%d", i))
-		if err != nil {
-			return err
-		}
-		p := owner.Partition(partitions)
-		if warm[p] {
-			continue
-		}
-		warm[p] = true
-		left--
-		if _, err := s.Record(ctx, s.Reserve(ctx, owner, req), probeResult); err != nil {
-			return err
-		}
-		if _, err := s.Abort(ctx, s.Reserve(ctx, owner, req)); err != nil {
-			return err
-		}
-		s.Reserve(ctx, owner, req)
-		if err := s.Clear(ctx, owner); err != nil {
-			return err
-		}
-	}
-	_, err = s.Sweep(ctx)
-	return err
+// ping checks that c reaches its server within connectTimeout.
+func ping(ctx context.Context, c redis.UniversalClient) error {
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	return c.Ping(ctx).Err()
 }
 
 // connect opens each replica's client and store on Redis; it does nothing
@@ -194,12 +151,10 @@ func (t *target) connect(ctx context.Context, cfg *config) error {
 	if t.newClient == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
 	for i := range cfg.replicas {
 		c := t.newClient()
 		t.clients = append(t.clients, c)
-		if err := c.Ping(ctx).Err(); err != nil {
+		if err := ping(ctx, c); err != nil {
 			return fmt.Errorf("cannot reach %s: %w", t.desc, err)
 		}
 		if t.newRueidis != nil {
@@ -215,7 +170,19 @@ func (t *target) connect(ctx context.Context, cfg *config) error {
 		}
 		t.stores = append(t.stores, s)
 	}
-	return nil
+	return t.awaitSchema(ctx, t.stores, t.state)
+}
+
+// awaitSchema gives stores, opened on the namespace admin set up, time to
+// read its schema (see awaitSchema), and notes how many have not.
+func (t *target) awaitSchema(ctx context.Context, stores []*store.Store, admin *store.Store) error {
+	behind, err := awaitSchema(ctx, stores, admin)
+	if behind > 0 {
+		t.notes = append(t.notes, fmt.Sprintf("%d of %d replica stores of namespace %q had not read its schema %v after opening "+
+			"(their checks run within -op-timeout): until they do, their turns do not continue",
+			behind, len(stores), admin.Options().Namespace, schemaWait))
+	}
+	return err
 }
 
 // openStore opens a store with opts on replica i's client.
@@ -240,36 +207,27 @@ func (t *target) directory(cfg *config, ns string) (*directory.Directory, error)
 	return directory.NewRedis(t.clients[0], ns, opts)
 }
 
-// oneReplica returns the store and the directory of one replica of cfg on
-// the target's backend, with state of its own: on Redis, in a fresh
-// namespace, which remove deletes (the embedded Redis goes with the run).
-func (t *target) oneReplica(ctx context.Context, cfg *config) (_ []*store.Store, _ *directory.Directory, remove func() error, _ error) {
+// oneReplica returns the deployment of one replica of cfg on the target's
+// backend, with state of its own: on Redis, in a fresh namespace, which
+// remove deletes (the embedded Redis goes with the run).
+func (t *target) oneReplica(ctx context.Context, cfg *config) (_ deployment, remove func() error, _ error) {
 	opts := cfg.storeOptions(replicaName(0))
 	remove = func() error { return nil }
 	if t.newClient == nil {
 		s, err := store.NewMemory(opts)
 		if err != nil {
-			return nil, nil, nil, err
+			return deployment{}, nil, err
 		}
 		dir, err := t.directory(cfg, opts.Namespace)
-		return []*store.Store{s}, dir, remove, err
+		return deployment{stores: []*store.Store{s}, state: s, dir: dir}, remove, err
 	}
 	if len(t.clients) == 0 {
-		return nil, nil, nil, fmt.Errorf("%s: the replicas are not connected", t.desc)
+		return deployment{}, nil, fmt.Errorf("%s: the replicas are not connected", t.desc)
 	}
 	opts.Namespace = freshNamespace()
-	s, err := t.openStore(0, opts)
+	admin, err := t.openAdmin(ctx, cfg, opts.Namespace)
 	if err != nil {
-		return nil, nil, nil, err
-	}
-	cctx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	if err := checkEmpty(cctx, s, opts.Namespace); err != nil {
-		return nil, nil, nil, err
-	}
-	dir, err := t.directory(cfg, opts.Namespace)
-	if err != nil {
-		return nil, nil, nil, err
+		return deployment{}, nil, err
 	}
 	if !t.embedded {
 		remove = func() error {
@@ -278,7 +236,18 @@ func (t *target) oneReplica(ctx context.Context, cfg *config) (_ []*store.Store,
 			return rediskeys.DeletePrefix(ctx, t.admin, opts.Namespace+":")
 		}
 	}
-	return []*store.Store{s}, dir, remove, nil
+	s, err := t.openStore(0, opts)
+	if err != nil {
+		return deployment{}, remove, err
+	}
+	if err := t.awaitSchema(ctx, []*store.Store{s}, admin); err != nil {
+		return deployment{}, remove, err
+	}
+	dir, err := t.directory(cfg, opts.Namespace)
+	if err != nil {
+		return deployment{}, remove, err
+	}
+	return deployment{stores: []*store.Store{s}, state: admin, dir: dir}, remove, nil
 }
 
 // disconnect closes the replicas' clients and forgets their stores.
@@ -424,4 +393,15 @@ func (s serverSample) scriptsSince(earlier serverSample) scriptTime {
 		st.UsecPerCall = float64(st.Usec) / float64(st.Calls)
 	}
 	return st
+}
+
+// startEmbedded starts the embedded Redis, its clock the wall clock, and
+// returns it with the function that stops it.
+var startEmbedded = func() (*miniredis.Miniredis, func(), error) {
+	mr, err := miniredis.Run()
+	if err != nil {
+		return nil, nil, err
+	}
+	stopClock := embedded.FollowRealTime(mr)
+	return mr, func() { stopClock(); mr.Close() }, nil
 }
