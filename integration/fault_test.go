@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -127,6 +128,7 @@ func faultToxiproxyCase(t *testing.T, upstream *faultServer, inject func(t *test
 	healed := time.Now()
 	l.Phase("after")
 	l.Await(faultAfter)
+	l.AwaitRecovered(observers, healed)
 	l.Stop()
 	l.Report()
 	l.AssertSound()
@@ -193,6 +195,7 @@ func TestFaultRedisRestart(t *testing.T) {
 	healed := time.Now()
 	l.Phase("restarted")
 	l.Await(2 * time.Second)
+	l.AwaitRecovered(observers, healed)
 	l.Stop()
 	l.Report()
 	l.AssertSound()
@@ -228,6 +231,69 @@ func TestFaultRedisRestart(t *testing.T) {
 	meta, err := c.Exists(ctx, ns+":{"+ns+"}:meta").Result()
 	require.NoError(t, err)
 	t.Logf("namespace schema recorded on the new server: %v", meta == 1)
+}
+
+// The recovery check is no formality: with the fault left in place, the
+// load waits its whole bound for the breakers and every breaker the fault
+// opened is reported as never closed.
+func TestFaultRecoveryCatchesABreakerThatNeverCloses(t *testing.T) {
+	upstream := startFaultServer(t, false)
+	p := startFaultProxy(t, upstream.Addr())
+	c := redis.NewClient(faultClientOptions(p.Addr()))
+	t.Cleanup(func() { _ = c.Close() })
+	stores, observers := faultStores(t, faultOptions(redistest.Namespace(t)), c)
+	l := newFaultLoad(t, stores, 8, nil)
+	l.recoverBound = time.Second
+	l.Phase("before")
+	l.Start(faultWorkers)
+	l.Await(200 * time.Millisecond)
+	p.Add(t,
+		faultToxic{Name: "hole-up", Type: "timeout", Stream: "upstream", Attributes: map[string]any{"timeout": 0}},
+		faultToxic{Name: "hole-down", Type: "timeout", Stream: "downstream", Attributes: map[string]any{"timeout": 0}})
+	l.Phase("faulted")
+	opened := func() bool {
+		st, _ := stores[0].Stats(context.Background())
+		return slices.ContainsFunc(st.Breakers, func(b store.BreakerStatus) bool { return b.State != store.BreakerClosed })
+	}
+	for deadline := time.Now().Add(faultAwaitMax); !opened() && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	healed := time.Now() // as if the fault had ended; it goes on
+	l.AwaitRecovered(observers, healed)
+	l.Stop()
+	l.Report()
+	l.AssertSound()
+
+	var open []int
+	st, _ := stores[0].Stats(context.Background())
+	for _, b := range st.Breakers {
+		if b.State != store.BreakerClosed {
+			open = append(open, b.Partition)
+		}
+	}
+	require.NotEmpty(t, open, "the fault opened no breaker")
+	rec := &faultRecorder{TB: t}
+	faultAssertRecovered(rec, stores, observers, healed)
+	assert.Len(t, rec.errors, len(open), "one error for each breaker left open (partitions %v): %q", open, rec.errors)
+	for _, e := range rec.errors {
+		assert.Contains(t, e, "never closed")
+	}
+}
+
+// faultRecorder is a testing.TB that keeps the errors a checker reports
+// instead of failing the test.
+type faultRecorder struct {
+	testing.TB
+	mu     sync.Mutex
+	errors []string
+}
+
+func (r *faultRecorder) Helper() {}
+
+func (r *faultRecorder) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
 }
 
 // When one master of a cluster without replicas dies, the owners whose
@@ -460,6 +526,7 @@ func faultClusterFailover(t *testing.T, client func(t *testing.T, addrs []string
 	l.Await(faultFailoverBound, "alive")
 	l.Phase("after")
 	l.Await(time.Second, "dead", "alive")
+	l.AwaitRecovered(observers, promoted)
 	l.Stop()
 	l.Report()
 	l.AssertSound()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/names"
 	"github.com/contstore/contstore/internal/oracle"
 	"github.com/contstore/contstore/store"
 )
@@ -113,23 +114,118 @@ func (o *faultObserver) closedAfter(p int, t time.Time) (time.Duration, bool) {
 	return 0, false
 }
 
-// faultAssertRecovered checks that every partition breaker of every store
-// is closed, or closed after healed (a later reopening, under a machine too
-// loaded to answer within OpTimeout, is only logged).
-func faultAssertRecovered(t testing.TB, stores []*store.Store, observers []*faultObserver, healed time.Time) {
-	t.Helper()
+// probesSince returns how many probes partition p's breaker let through
+// since t, and how many of them failed (the breaker opened again).
+func (o *faultObserver) probesSince(p int, t time.Time) (probes, failed int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	last := store.BreakerState("")
+	for _, c := range o.changes {
+		if c.partition != p {
+			continue
+		}
+		if !c.at.Before(t) {
+			switch {
+			case c.state == store.BreakerHalfOpen:
+				probes++
+			case c.state == store.BreakerOpen && last == store.BreakerHalfOpen:
+				failed++
+			}
+		}
+		last = c.state
+	}
+	return probes, failed
+}
+
+// faultRecoverBound is how long after a fault ends every breaker must have
+// closed, beyond what the whole process stalled meanwhile. A breaker lets a
+// probe through a cooldown after it opened, and a probe that the machine held
+// past OpTimeout opens it for another cooldown. On a quiet machine every
+// breaker closed within 400 ms of the end of a fault; with twenty CPU
+// burners beside the test, where even calls to a healthy server missed the
+// 100 ms OpTimeout, within about 2 s. A breaker that never closes fails the
+// test.
+const faultRecoverBound = 10 * time.Second
+
+// faultRecoverMax bounds the wait for the breakers to close whatever the
+// process stalled.
+const faultRecoverMax = 30 * time.Second
+
+// faultRecovery describes one partition breaker of one store after the
+// fault ended at healed.
+type faultRecovery struct {
+	store     int
+	status    store.BreakerStatus
+	closed    bool          // closed after healed
+	after     time.Duration // when closed: how long after healed
+	recovered bool          // closed after healed, or closed now
+}
+
+// faultRecoveries returns the state of every partition breaker of every
+// store after the fault that ended at healed. A breaker has recovered when
+// it closed after healed, or is closed (it never opened, or closed before);
+// one that closed and opened again later, under a machine too loaded to
+// answer within OpTimeout, has recovered.
+func faultRecoveries(stores []*store.Store, observers []*faultObserver, healed time.Time) []faultRecovery {
+	var out []faultRecovery
 	for i, s := range stores {
 		st, _ := s.Stats(context.Background()) // holds the breakers even when it fails
 		for _, b := range st.Breakers {
 			after, closed := observers[i].closedAfter(b.Partition, healed)
-			switch {
-			case closed:
-				t.Logf("store %d partition %d: breaker closed %v after the fault ended; now %s, opened %d times in all",
-					i, b.Partition, after.Round(time.Millisecond), b.State, b.Opens)
-			case b.State == store.BreakerClosed:
-			default:
-				t.Errorf("store %d partition %d: breaker %s since %v and never closed after the fault ended", i, b.Partition, b.State, b.Since)
+			out = append(out, faultRecovery{store: i, status: b, closed: closed, after: after,
+				recovered: closed || b.State == store.BreakerClosed})
+		}
+	}
+	return out
+}
+
+// AwaitRecovered lets the load run until every breaker of its stores has
+// recovered from the fault that ended at healed (see faultRecoveries), for
+// at most its recoverBound (faultRecoverBound) beyond what the process
+// stalled meanwhile, and never over faultRecoverMax. A breaker closes only
+// when a call probes it, so it cannot be judged once the load has stopped;
+// and on a loaded machine a probe may miss OpTimeout and open it again for
+// another cooldown, so a fixed phase may end before any probe succeeded.
+// faultAssertRecovered judges the outcome.
+func (l *faultLoad) AwaitRecovered(observers []*faultObserver, healed time.Time) {
+	for {
+		waiting := 0
+		for _, r := range faultRecoveries(l.stores, observers, healed) {
+			if !r.recovered {
+				waiting++
 			}
+		}
+		now := time.Now()
+		stall := l.lag.Stall(healed, now)
+		if waiting == 0 {
+			return
+		}
+		if now.Sub(healed)-stall > l.recoverBound || now.Sub(healed) > faultRecoverMax {
+			l.t.Logf("%d breakers not closed %v after the fault ended (process stalled %v meanwhile)",
+				waiting, now.Sub(healed).Round(time.Millisecond), stall.Round(time.Millisecond))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// faultAssertRecovered checks that every partition breaker of every store
+// has recovered from the fault that ended at healed (see faultRecoveries);
+// the load should have run on until they did (AwaitRecovered).
+func faultAssertRecovered(t testing.TB, stores []*store.Store, observers []*faultObserver, healed time.Time) {
+	t.Helper()
+	for _, r := range faultRecoveries(stores, observers, healed) {
+		b := r.status
+		switch {
+		case r.closed:
+			t.Logf("store %d partition %d: breaker closed %v after the fault ended; now %s, opened %d times in all",
+				r.store, b.Partition, r.after.Round(time.Millisecond), b.State, b.Opens)
+		case r.recovered:
+		default:
+			probes, failed := observers[r.store].probesSince(b.Partition, healed)
+			t.Errorf("store %d partition %d: breaker %s since %v and never closed in the %v after the fault ended "+
+				"(%d probes, %d failed)", r.store, b.Partition, b.State, b.Since.Format("15:04:05.000"),
+				time.Since(healed).Round(time.Millisecond), probes, failed)
 		}
 	}
 }
@@ -232,8 +328,9 @@ type faultLoad struct {
 	owners []*faultOwner
 	seed   uint64
 
-	lag   *faultLag
-	bound time.Duration // faultBound of the stores' OpTimeout
+	lag          *faultLag
+	bound        time.Duration // faultBound of the stores' OpTimeout
+	recoverBound time.Duration // AwaitRecovered's bound: faultRecoverBound
 
 	mu         sync.Mutex
 	phases     []string
@@ -250,7 +347,8 @@ type faultLoad struct {
 // newFaultLoad makes n owners (main threads and sub-agents); group names
 // each owner's group for the tallies.
 func newFaultLoad(t testing.TB, stores []*store.Store, n int, group func(identity.Owner) string) *faultLoad {
-	l := &faultLoad{t: t, stores: stores, seed: rand.Uint64(), tallies: map[[2]string]*faultTally{}}
+	l := &faultLoad{t: t, stores: stores, seed: rand.Uint64(), tallies: map[[2]string]*faultTally{},
+		recoverBound: faultRecoverBound}
 	for _, s := range stores {
 		l.bound = max(l.bound, faultBound(s.Options().OpTimeout))
 	}
@@ -318,14 +416,19 @@ func (l *faultLoad) Phase(name string) {
 	l.phaseStart = append(l.phaseStart, time.Now())
 }
 
-// faultAwaitMax bounds how much longer than asked Await lets a phase run.
-const faultAwaitMax = 10 * time.Second
+// faultAwaitMax bounds how much longer than asked Await lets a phase run,
+// beyond what the process stalled meanwhile; faultAwaitCap bounds it
+// whatever the stalls.
+const (
+	faultAwaitMax = 10 * time.Second
+	faultAwaitCap = 30 * time.Second
+)
 
 // Await lets the current phase run for d, then on until some turn of each
 // of groups (all owners when none are named) has continued in it, for at
-// most faultAwaitMax more: on a loaded machine a phase may need longer
-// than d to show what it must. The assertions that follow say whether it
-// did.
+// most faultAwaitMax more beyond what the process stalled meanwhile (and
+// faultAwaitCap in all): on a loaded machine a phase may need longer than d
+// to show what it must. The assertions that follow say whether it did.
 func (l *faultLoad) Await(d time.Duration, groups ...string) {
 	time.Sleep(d)
 	l.mu.Lock()
@@ -334,12 +437,17 @@ func (l *faultLoad) Await(d time.Duration, groups ...string) {
 	if len(groups) == 0 {
 		groups = []string{""}
 	}
-	for deadline := time.Now().Add(faultAwaitMax); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
 		if !slices.ContainsFunc(groups, func(g string) bool { return l.Tally(phase, g).Continued == 0 }) {
 			return
 		}
+		now := time.Now()
+		if stall := l.lag.Stall(start, now); now.Sub(start)-stall > faultAwaitMax || now.Sub(start) > faultAwaitCap {
+			l.t.Logf("phase %s: owners of %q have not continued %v after it began (process stalled %v meanwhile)",
+				phase, groups, (d + now.Sub(start)).Round(time.Millisecond), stall.Round(time.Millisecond))
+			return
+		}
 	}
-	l.t.Logf("phase %s: owners of %q have not continued %v after it began", phase, groups, d+faultAwaitMax)
 }
 
 // current returns the index of the current phase.
@@ -503,7 +611,7 @@ func (l *faultLoad) turn(rng *rand.Rand, o *faultOwner) {
 	start := time.Now()
 	res := s.Reserve(context.Background(), o.id, req)
 	end := time.Now()
-	l.check(o, phase, input, res, start, end)
+	l.check(o, phase, s.Options().Replica, input, res, start, end)
 
 	// The upstream answers; the client appends the answer in its own
 	// encoding (keys reordered), which is the same item canonically.
@@ -545,10 +653,11 @@ func (l *faultLoad) turn(rng *rand.Rand, o *faultOwner) {
 	})
 }
 
-// check judges res: a continuation must name a response that was (or may
-// have been) published for this owner, the oracle must continue the input
+// check judges res, reserved by the store of replica: a continuation must
+// name a response that was (or may have been) published for this owner,
+// with the origin it was recorded at, the oracle must continue the input
 // from it, and the delta must be exactly the oracle's, byte for byte.
-func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *store.Reservation, start, end time.Time) {
+func (l *faultLoad) check(o *faultOwner, phase int, replica string, input []faultItem, res *store.Reservation, start, end time.Time) {
 	var continued, ambiguous, failOpen, breakerOpen, missed bool
 	took := end.Sub(start)
 	slow := false
@@ -593,8 +702,9 @@ func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *stor
 		case !faultSameRaw(res.Delta, input[want.Prefix:]) || res.DeltaCount != want.DeltaCount:
 			l.violate(o, "continues from %q with %d delta items (count %d), want the %d items after the first %d",
 				res.PreviousResponseID, len(res.Delta), res.DeltaCount, want.DeltaCount, want.Prefix)
-		case res.Origin != c.origin:
-			l.violate(o, "continues from %q with origin %+v, recorded at %+v", res.PreviousResponseID, res.Origin, c.origin)
+		case res.Origin != faultOrigin(c.origin, replica):
+			l.violate(o, "continues from %q with origin %+v on %s, recorded at %+v", res.PreviousResponseID, res.Origin,
+				replica, c.origin)
 		}
 		o.cands = nil
 	default:
@@ -633,6 +743,16 @@ func (l *faultLoad) check(o *faultOwner, phase int, input []faultItem, res *stor
 			c.Missed++
 		}
 	})
+}
+
+// faultOrigin is the origin that a reservation by the store of replica
+// gives for a response recorded at origin: the store's own replica by its
+// name, any other by its reference (store.Socket).
+func faultOrigin(origin store.Socket, replica string) store.Socket {
+	if !origin.Any && origin.Replica != replica {
+		origin.Replica = names.ReplicaRef(names.ReplicaDigest(origin.Replica))
+	}
+	return origin
 }
 
 // faultDescribe renders res without its request and items.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/names"
 	"github.com/contstore/contstore/internal/oracle"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -360,8 +361,11 @@ func (l *linStore) inspect(ctx context.Context, owner int) (linOutput, error) {
 	return out, nil
 }
 
+// linOrigin names the socket of a replica, known by its name or by its
+// reference (a reservation names other stores' replicas by reference,
+// store.Socket), by the reference in both cases.
 func linOrigin(replica string, socket uint64) string {
-	return replica + "#" + strconv.FormatUint(socket, 10)
+	return names.ReplicaRef(names.ReplicaDigest(replica)) + "/" + strconv.FormatUint(socket, 10)
 }
 
 // linBroken keeps the model's state in Redis without atomicity: each
