@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/embedded"
+	"github.com/contstore/contstore/internal/redistest"
 )
 
 // starvedArgs is a run with tight operation deadlines, as on a busy
@@ -74,7 +75,7 @@ func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func())) be
 		return mr, func() { stop(); mr.Close() }, nil
 	}
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	stop := burn(1)
+	stop := redistest.Burn(1)
 	defer stop()
 	return runBench(t, starvedArgs...)
 }
@@ -97,26 +98,5 @@ func laggingClock(mr *miniredis.Miniredis) (stop func()) {
 			}
 		}
 	})
-	return func() { close(done); wg.Wait() }
-}
-
-// burn keeps n goroutines busy until the returned function is called.
-func burn(n int) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			for x := 0; ; x++ {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				for range 1 << 16 {
-					x ^= x << 1
-				}
-			}
-		})
-	}
 	return func() { close(done); wg.Wait() }
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"runtime"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/internal/embedded"
+	"github.com/contstore/contstore/internal/redistest"
 )
 
 func TestKeysExpireWithTheWallClock(t *testing.T) {
@@ -36,7 +36,7 @@ func TestTimeNeverLagsInAStarvedProcess(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	stop := burn(3)
+	stop := redistest.Burn(3)
 	defer stop()
 
 	ctx := context.Background()
@@ -76,25 +76,4 @@ func serverTime(t *testing.T, reply []any) time.Time {
 		}
 	}
 	return time.Unix(v[0], v[1]*1000)
-}
-
-// burn keeps n goroutines busy until the returned function is called.
-func burn(n int) (stop func()) {
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			for x := 0; ; x++ {
-				select {
-				case <-done:
-					return
-				default:
-				}
-				for range 1 << 16 {
-					x ^= x << 1
-				}
-			}
-		})
-	}
-	return func() { close(done); wg.Wait() }
 }

@@ -376,3 +376,25 @@ func (c *Clock) Set(t time.Time) {
 	defer c.mu.Unlock()
 	c.now = t
 }
+
+// Burn keeps n goroutines busy, starving the rest of the process of CPU,
+// until the returned function is called.
+func Burn(n int) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for x := 0; ; x++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				for range 1 << 16 {
+					x ^= x << 1
+				}
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
+}
