@@ -33,6 +33,18 @@ type Profile struct {
 	// PromptMembers are the body members left out of the prompt
 	// signature. "input" never counts in it and cannot be named.
 	PromptMembers []string
+	// EmptyPartMembers are the members of a content part that count as
+	// absent when their value is an empty array.
+	EmptyPartMembers []string
+	// ShortMessages makes a message item in the short input form equal
+	// its full form: an item with a role and no type is a message, and a
+	// message's string content is one text part.
+	ShortMessages bool
+	// References makes an item without type and role an item_reference,
+	// compared whole, and lets an item_reference to an output item of the
+	// recorded turn count as that item when the upstream keeps responses
+	// ([Request.Transcript], [Transcript.Matches]).
+	References bool
 }
 
 // V2 returns the default profile since protocol version 2. Each rule answers
@@ -57,18 +69,66 @@ func V2() Profile {
 	}
 }
 
+// V3 returns the default profile since protocol version 5: V2, and the
+// forms the Vercel AI SDK and opencode send back (PROTOCOL.md gives the
+// evidence):
+//
+//   - short messages: {"role":"assistant","content":"T"} is the message
+//     the upstream sent with one output_text part "T";
+//   - content part members annotations and logprobs count as absent when
+//     empty: clients that rebuild a message from its text drop them;
+//   - references: {"type":"item_reference","id":"rs_1"} counts as the
+//     output item rs_1 of the recorded turn when the upstream keeps
+//     responses.
+func V3() Profile {
+	p := V2()
+	p.Name = "v3"
+	p.EmptyPartMembers = []string{"annotations", "logprobs"}
+	p.ShortMessages = true
+	p.References = true
+	return p
+}
+
+// Named returns the built-in profile called name: "v2" or "v3".
+func Named(name string) (Profile, error) {
+	switch name {
+	case "v2":
+		return V2(), nil
+	case "v3":
+		return V3(), nil
+	}
+	return Profile{}, fmt.Errorf("%w: no built-in profile %q (v2 or v3)", ErrInvalidProfile, name)
+}
+
 // ID returns the profile's identity, the text a namespace records:
 //
-//	<name>;item=<members>;part=<members>;prompt=<members>
+//	<name>;item=<members>;part=<members>;prompt=<members>[;empty=<members>][;forms=<forms>]
 //
-// with each list sorted, without duplicates and joined by commas.
+// with each list sorted, without duplicates and joined by commas; forms
+// lists "references" and "short-messages" when set. The optional parts are
+// absent when empty, so that V2's identity is the one earlier versions
+// recorded.
 func (p Profile) ID() string {
 	list := func(ms []string) string {
 		s := slices.Clone(ms)
 		slices.Sort(s)
 		return strings.Join(slices.Compact(s), ",")
 	}
-	return p.Name + ";item=" + list(p.ItemMembers) + ";part=" + list(p.PartMembers) + ";prompt=" + list(p.PromptMembers)
+	id := p.Name + ";item=" + list(p.ItemMembers) + ";part=" + list(p.PartMembers) + ";prompt=" + list(p.PromptMembers)
+	if len(p.EmptyPartMembers) > 0 {
+		id += ";empty=" + list(p.EmptyPartMembers)
+	}
+	var forms []string
+	if p.References {
+		forms = append(forms, "references")
+	}
+	if p.ShortMessages {
+		forms = append(forms, "short-messages")
+	}
+	if len(forms) > 0 {
+		id += ";forms=" + strings.Join(forms, ",")
+	}
+	return id
 }
 
 // validate checks the profile and compiles it.
@@ -80,19 +140,22 @@ func (p Profile) validate() (*rules, error) {
 		what  string
 		names []string
 		bad   string // a member that list cannot name
-	}{{"item member", p.ItemMembers, "type"}, {"part member", p.PartMembers, ""}, {"prompt member", p.PromptMembers, "input"}} {
+	}{{"item member", p.ItemMembers, "type"}, {"part member", p.PartMembers, ""}, {"prompt member", p.PromptMembers, "input"},
+		{"empty part member", p.EmptyPartMembers, ""}} {
 		for _, n := range l.names {
 			if n == "" || n == l.bad || strings.ContainsAny(n, ";=,") {
 				return nil, fmt.Errorf("%w: %s %q", ErrInvalidProfile, l.what, n)
 			}
 		}
 	}
-	return &rules{item: slices.Clone(p.ItemMembers), part: slices.Clone(p.PartMembers), prompt: slices.Clone(p.PromptMembers)}, nil
+	return &rules{item: slices.Clone(p.ItemMembers), part: slices.Clone(p.PartMembers), prompt: slices.Clone(p.PromptMembers),
+		emptyPart: slices.Clone(p.EmptyPartMembers), shortMessages: p.ShortMessages, references: p.References}, nil
 }
 
 // rules is a validated profile, as the scanner applies it.
 type rules struct {
-	item, part, prompt names
+	item, part, prompt, emptyPart names
+	shortMessages, references     bool
 }
 
 // names is a short list of member names.

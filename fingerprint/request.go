@@ -84,6 +84,7 @@ type Request struct {
 	items     []json.RawMessage
 	digests   []uint64 // d_1..d_n
 	prefix    []uint64 // h(0)..h(n)
+	refs      []bool   // whether each item is an item_reference; nil when none is
 	signature uint64
 	bytes     int64
 	input     span // the input member's value
@@ -102,6 +103,57 @@ type Transcript struct {
 	Digest uint64
 	// Bytes is the sum of the items' canonical lengths.
 	Bytes int64
+	// References lets an item_reference stand for an output item that
+	// has an id, in increasing order of Item; nil when the profile has no
+	// references. Keep them only when the upstream keeps the response:
+	// only then does a reference name the item.
+	References []Reference
+}
+
+// A Reference says that an item_reference naming the id of the
+// transcript's item Item (counting from 0) counts as that item: its
+// digest XOR Mask is the item's digest.
+type Reference struct {
+	Item int
+	Mask uint64
+}
+
+// PrefixOf reports whether the transcript's items are the first items of
+// r: each the same item, or, where a Reference allows it, an
+// item_reference to it. r must come from the parser whose Transcript made
+// t.
+func (t Transcript) PrefixOf(r *Request) bool {
+	if t.Items > len(r.items) {
+		return false
+	}
+	if r.prefix[t.Items] == t.Digest {
+		return true
+	}
+	if r.refs == nil {
+		return false
+	}
+	first := -1
+	for _, ref := range t.References {
+		if ref.Item < t.Items && r.refs[ref.Item] {
+			first = ref.Item
+			break
+		}
+	}
+	if first < 0 {
+		return false
+	}
+	h, refs := r.prefix[first], t.References
+	for i := first; i < t.Items; i++ {
+		d := r.digests[i]
+		for len(refs) > 0 && refs[0].Item < i {
+			refs = refs[1:]
+		}
+		if len(refs) > 0 && refs[0].Item == i && r.refs[i] {
+			d ^= refs[0].Mask
+		}
+		h = r.parser.next(h, d)
+	}
+	return h == t.Digest
 }
 
 // Parse parses and validates a request body.
@@ -144,6 +196,9 @@ func (p *Parser) Parse(body []byte) (*Request, error) {
 	copy(r.digests, s.itemDigest)
 	r.prefix = hashes[n:]
 	r.prefix[0] = p.seed
+	if slices.Contains(s.itemRef, true) {
+		r.refs = slices.Clone(s.itemRef)
+	}
 	for i, d := range r.digests {
 		r.prefix[i+1] = p.next(r.prefix[i], d)
 	}
@@ -177,9 +232,11 @@ func (r *Request) Signature() uint64 { return r.signature }
 func (r *Request) Prefix(n int) uint64 { return r.prefix[n] }
 
 // Transcript returns the fingerprint of the input followed by the output
-// items, which are canonicalised like input items. An output item that is
-// not valid JSON yields an error wrapping ErrInvalidRequest that names it as
-// output[i], with the offset inside that item.
+// items, which are canonicalised like input items. With a profile that
+// has references, each output item with a string id gets a Reference: an
+// item_reference naming that id counts as the item. An output item that
+// is not valid JSON yields an error wrapping ErrInvalidRequest that names
+// it as output[i], with the offset inside that item.
 func (r *Request) Transcript(output []json.RawMessage) (Transcript, error) {
 	t := Transcript{Items: len(r.items), Digest: r.prefix[len(r.items)], Bytes: r.bytes}
 	if len(output) == 0 {
@@ -192,8 +249,14 @@ func (r *Request) Transcript(output []json.RawMessage) (Transcript, error) {
 		if !s.document(placeItem) {
 			return Transcript{}, s.error("invalid request", "output["+strconv.Itoa(i)+"]")
 		}
+		d := r.parser.sum(s.out)
+		if r.parser.rules.references && s.hasID && !s.reference {
+			ref := append(append(append(s.scratch[:0], `{"id":`...), s.itemID...), `,"type":"item_reference"}`...)
+			s.scratch = ref
+			t.References = append(t.References, Reference{Item: t.Items, Mask: d ^ r.parser.sum(ref)})
+		}
 		t.Items++
-		t.Digest = r.parser.next(t.Digest, r.parser.sum(s.out))
+		t.Digest = r.parser.next(t.Digest, d)
 		t.Bytes += int64(len(s.out))
 	}
 	return t, nil

@@ -93,12 +93,18 @@ type scanner struct {
 	// members, whether it is an item_reference, and whether to keep every
 	// member (the second pass over an item_reference).
 	dropped, reference, keepMembers bool
+	// itemID is the canonical value of the item's own id when it is a
+	// string (hasID), whether or not the profile leaves it out.
+	itemID  []byte
+	hasID   bool
+	formOut []byte // a short message's content in full form
 
 	// Request parsing.
 	parser     *Parser
 	itemOut    []byte
 	itemRaw    []json.RawMessage
 	itemDigest []uint64
+	itemRef    []bool // whether each item is an item_reference
 	itemBytes  int64
 	inputStart int // span of the body's input value; -1 when absent
 	inputEnd   int
@@ -138,7 +144,7 @@ func getScanner(data []byte, r *rules) *scanner {
 }
 
 func putScanner(p *scanner) {
-	size := max(cap(p.out), cap(p.itemOut), cap(p.scratch), cap(p.keys), cap(p.argDecoded), cap(p.argOut))
+	size := max(cap(p.out), cap(p.itemOut), cap(p.scratch), cap(p.keys), cap(p.argDecoded), cap(p.argOut), cap(p.formOut))
 	if size > poolMaxBuffer {
 		return
 	}
@@ -168,6 +174,7 @@ func (p *scanner) reset(data []byte) {
 	p.path = p.path[:0]
 	p.itemRaw = p.itemRaw[:0]
 	p.itemDigest = p.itemDigest[:0]
+	p.itemRef = p.itemRef[:0]
 	p.itemBytes = 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
 	p.errOff, p.errMsg, p.errChar = 0, "", false
@@ -446,7 +453,7 @@ func (p *scanner) input() bool {
 // the profile dropped a member of one, the item is parsed again keeping all.
 func (p *scanner) itemValue() bool {
 	start, out, depth, pathLen := p.pos, len(p.out), p.depth, len(p.path)
-	p.dropped, p.reference, p.keepMembers = false, false, false
+	p.dropped, p.reference, p.keepMembers, p.hasID = false, false, false, false
 	ok := p.value(placeItem)
 	if ok && p.dropped && p.reference {
 		p.pos, p.out, p.depth, p.path = start, p.out[:out], depth, p.path[:pathLen]
@@ -471,6 +478,7 @@ func (p *scanner) item() bool {
 	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
 	if p.parser != nil {
 		p.itemDigest = append(p.itemDigest, p.parser.sum(canon))
+		p.itemRef = append(p.itemRef, p.reference)
 	}
 	p.itemBytes += int64(len(canon))
 	return true
@@ -490,6 +498,7 @@ func (p *scanner) object(pl place) bool {
 	sorted := true
 	written := 0
 	typeIdx, argsIdx, argsTok := -1, -1, 0
+	roleIdx, contentIdx := -1, -1
 	if p.pos < len(p.data) && p.data[p.pos] == '}' {
 		p.pos++
 	} else {
@@ -555,10 +564,21 @@ func (p *scanner) object(pl place) bool {
 				if pl == placeBody && string(key) == "previous_response_id" {
 					p.prevEnd = p.pos
 				}
-				if pl == placeItem && string(key) == "type" {
-					typeIdx = len(p.members)
-					if string(p.out[m.val:m.end]) == `"item_reference"` {
-						p.reference = true
+				if pl == placeItem {
+					switch string(key) {
+					case "type":
+						typeIdx = len(p.members)
+						if string(p.out[m.val:m.end]) == `"item_reference"` {
+							p.reference = true
+						}
+					case "role":
+						roleIdx = len(p.members)
+					case "content":
+						contentIdx = len(p.members)
+					case "id":
+						if p.out[m.val] == '"' {
+							p.itemID, p.hasID = append(p.itemID[:0], p.out[m.val:m.end]...), true
+						}
 					}
 				}
 				if p.drop(pl, key, p.out[m.val:m.end]) {
@@ -590,6 +610,11 @@ func (p *scanner) object(pl place) bool {
 			repl = p.arguments(argsTok)
 			replVal = p.members[argsIdx].val
 		}
+	}
+	if pl == placeItem && repl == nil && p.rules != nil {
+		var added bool
+		repl, replVal, added = p.itemForm(base, typeIdx, roleIdx, contentIdx, written > 0)
+		sorted = sorted && !added
 	}
 	if !sorted || repl != nil {
 		ms := p.members[base:]
@@ -629,11 +654,73 @@ func (p *scanner) drop(pl place, key, val []byte) bool {
 			return true
 		}
 	case placePart:
-		if r.part.has(key) {
+		if r.part.has(key) || (string(val) == "[]" && r.emptyPart.has(key)) {
 			return true
 		}
 	}
 	return pl.inItem() && string(val) == "null"
+}
+
+// typeKey and messageType spell the member a short message lacks.
+var (
+	typeKey     = []byte("type")
+	messageType = []byte(`"message"`)
+)
+
+// itemForm applies the profile's rules on the form of an item whose
+// members, from p.members[base:], are all written: an item without type
+// and role is an item_reference (parsed again keeping every member); with
+// short messages, an item with a role and no type gets "type":"message",
+// and a message's string content becomes one text part. It returns the
+// content's new value and where the old one starts (nil, -1 when
+// unchanged), and whether it added a member.
+func (p *scanner) itemForm(base, typeIdx, roleIdx, contentIdx int, comma bool) (repl []byte, replVal int, added bool) {
+	given := func(i int) bool { return i >= 0 && p.members[i].start >= 0 }
+	value := func(i int) []byte { return p.out[p.members[i].val:p.members[i].end] }
+	r := p.rules
+	switch {
+	case r.references && !given(typeIdx) && !given(roleIdx):
+		p.reference = true
+		return nil, -1, false
+	case !r.shortMessages || !given(roleIdx):
+		return nil, -1, false
+	}
+	if !given(typeIdx) {
+		if comma {
+			p.out = append(p.out, ',')
+		}
+		m := member{key: typeKey, keyOff: -1, start: len(p.out)}
+		p.out = append(p.out, `"type":`...)
+		m.val = len(p.out)
+		p.out = append(p.out, messageType...)
+		m.end = len(p.out)
+		if typeIdx >= 0 { // "type":null, left out: the member stands for it
+			m.keyOff = p.members[typeIdx].keyOff
+			p.members[typeIdx] = m
+		} else {
+			typeIdx = len(p.members)
+			p.members = append(p.members, m)
+		}
+		added = true
+	}
+	if !bytes.Equal(value(typeIdx), messageType) || !given(contentIdx) || p.out[p.members[contentIdx].val] != '"' {
+		return nil, -1, added
+	}
+	var part string
+	switch string(value(roleIdx)) {
+	case `"assistant"`:
+		part = "output_text"
+	case `"user"`, `"system"`, `"developer"`:
+		part = "input_text"
+	default:
+		return nil, -1, added
+	}
+	p.formOut = append(p.formOut[:0], `[{"text":`...)
+	p.formOut = append(p.formOut, value(contentIdx)...)
+	p.formOut = append(p.formOut, `,"type":"`...)
+	p.formOut = append(p.formOut, part...)
+	p.formOut = append(p.formOut, `"}]`...)
+	return p.formOut, p.members[contentIdx].val, added
 }
 
 func sortMembers(ms []member) {

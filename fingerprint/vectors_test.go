@@ -36,7 +36,7 @@ var vecKey = func() (k Key) {
 	return k
 }()
 
-var vecParser = mustParser(V2(), vecKey)
+var vecParser = mustParser(V3(), vecKey)
 
 // vecFile is the layout of testdata/fingerprint-vectors.json.
 type vecFile struct {
@@ -47,7 +47,7 @@ type vecFile struct {
 }
 
 var vecAbout = []string{
-	"Test vectors of contstore's canonical JSON and request fingerprints (profile v2, since protocol version 2); PROTOCOL.md describes every rule they exercise.",
+	"Test vectors of contstore's canonical JSON and request fingerprints (profile v3, since protocol version 5); PROTOCOL.md describes every rule they exercise.",
 	"Regenerate with: go test ./fingerprint -run TestVectors -update-vectors. go test ./fingerprint fails when this file and the code disagree.",
 	"Every digest is HighwayHash-64 keyed with constants.key_hex (the bytes 0..31); a namespace's real key is a random secret kept in its meta hash.",
 	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64, the form stored in Redis}.",
@@ -70,7 +70,7 @@ type vecCanonical struct {
 	Name     string  `json:"name"`
 	Input    *string `json:"input,omitempty"`
 	InputHex string  `json:"input_hex,omitempty"`
-	// Item: canonicalised as a request item (the item rules of the v2
+	// Item: canonicalised as a request item (the item rules of the v3
 	// profile apply), else as a value (the canonical rules alone).
 	Item      bool               `json:"item,omitempty"`
 	Valid     bool               `json:"valid"`
@@ -85,6 +85,15 @@ var vecItemCases = []canonicalCase{
 	{name: "v2: an item_reference keeps its id", input: `{"type":"item_reference","id":"msg_1","status":"completed"}`},
 	{name: "v2: parsed_arguments and parsed are dropped", input: `{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":null}","parsed_arguments":{"a":null},"content":[{"type":"output_text","text":"t","parsed":{"a":1}}]}`},
 	{name: "v2: parsed is kept outside content parts", input: `{"type":"message","parsed":1,"content":"x"}`},
+	{name: "v3: a short assistant message is its full form", input: `{"role":"assistant","content":"T"}`},
+	{name: "v3: the full form the upstream sent", input: `{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"T","annotations":[],"logprobs":[]}]}`},
+	{name: "v3: a short user message", input: `{"role":"user","content":"hi"}`},
+	{name: "v3: a short developer message with type", input: `{"type":"message","role":"developer","content":"be terse"}`},
+	{name: "v3: type null is no type", input: `{"type":null,"role":"system","content":"s"}`},
+	{name: "v3: another role keeps its string", input: `{"role":"tool","content":"T"}`},
+	{name: "v3: another type keeps its string", input: `{"type":"x","role":"user","content":"T"}`},
+	{name: "v3: non-empty annotations stay", input: `{"role":"assistant","content":[{"type":"output_text","text":"T","annotations":[{"type":"url_citation","url":"u"}],"logprobs":[]}]}`},
+	{name: "v3: an item without type and role is a reference", input: `{"id":"msg_1","status":"completed"}`},
 
 	{name: "function_call arguments are canonicalised", input: `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1.0}"}`},
 	{name: "function_call rule does not depend on member order", input: `{"arguments":"{\"b\": 2, \"a\": 1.0}","type":"function_call"}`},
@@ -155,6 +164,16 @@ type vecFingerprint struct {
 	Items  int               `json:"items"`
 	Digest vectorfile.Digest `json:"digest"`
 	Bytes  int64             `json:"bytes"`
+	// References: for each output item with an id, the canonical
+	// item_reference that counts as it, and the mask XOR-ing its digest
+	// into the item's.
+	References []vecReference `json:"references,omitempty"`
+}
+
+type vecReference struct {
+	Item      int               `json:"item"`
+	Canonical string            `json:"canonical"`
+	Mask      vectorfile.Digest `json:"mask"`
 }
 
 type vecRequest struct {
@@ -226,6 +245,12 @@ func vecRequestCases() []vecRequestCase {
 		{name: "v2: prompt members left out of the signature", body: `{"model":"gpt-5.5","client_metadata":{"turn_id":"t1"},"metadata":{"a":"b"},"user":"u","safety_identifier":"s","prompt_cache_key":"k","prompt_cache_retention":"24h","stream":true,"stream_options":{"include_obfuscation":false},"input":["q"]}`},
 		{name: "v2: the same prompt without them", body: `{"model":"gpt-5.5","input":["q"]}`, sameAs: "v2: prompt members left out of the signature"},
 		{name: "v2: null at the top level of the body counts", body: `{"model":"gpt-5.5","instructions":null,"input":["q"]}`},
+		{name: "v3: the AI SDK's first turn", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]}]}`, output: []string{
+			`{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"Run pwd."}]}`,
+			`{"id":"fc_1","type":"function_call","status":"completed","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"}`,
+		}},
+		{name: "v3: the AI SDK's next turn, with a reference", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]},{"type":"item_reference","id":"rs_1"},{"type":"function_call","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"},{"type":"function_call_output","call_id":"call_1","output":"/home"}]}`},
+		{name: "v3: the same turn in full", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]},{"type":"reasoning","summary":[{"type":"summary_text","text":"Run pwd."}]},{"type":"function_call","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"},{"type":"function_call_output","call_id":"call_1","output":"/home"}]}`},
 		{name: "function call rule does not apply to the body", body: `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1}","input":[]}`},
 		{name: "mixed items", body: `{"input":["text", 1.0, null, [true, {"b": 1, "a": 2}]], "instructions": "\u2028 \/ \u007f"}`},
 		{name: "synthetic", body: string(syntheticBody(6, 3000))},
@@ -257,6 +282,15 @@ func vecItems(t *testing.T, raws []json.RawMessage) []vecItem {
 		items = append(items, vecItem{Raw: string(raw), Canonical: string(canon), Digest: vectorfile.NewDigest(vecParser.sum(canon))})
 	}
 	return items
+}
+
+// outputID returns the canonical string of an output item's id.
+func outputID(t *testing.T, item json.RawMessage) string {
+	var m map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(item, &m))
+	c, err := canonicalExact(m["id"])
+	require.NoError(t, err)
+	return string(c)
 }
 
 // vecSignatureText returns the canonical body without its input member and
@@ -308,6 +342,11 @@ func vecRequests(t *testing.T) []vecRequest {
 			}
 			v.OutputItems = vecItems(t, trimmed)
 			v.Transcript = &vecFingerprint{Items: fp.Items, Digest: vectorfile.NewDigest(fp.Digest), Bytes: fp.Bytes}
+			for _, ref := range fp.References {
+				id := outputID(t, out[ref.Item-r.Len()])
+				v.Transcript.References = append(v.Transcript.References, vecReference{
+					Item: ref.Item, Canonical: `{"id":` + id + `,"type":"item_reference"}`, Mask: vectorfile.NewDigest(ref.Mask)})
+			}
 		}
 		vs = append(vs, v)
 	}
@@ -318,7 +357,7 @@ func vecBuild(t *testing.T) vecFile {
 	return vecFile{
 		About: vecAbout,
 		Constants: vecConstants{
-			KeyHex: hex.EncodeToString(vecKey[:]), ProfileID: V2().ID(),
+			KeyHex: hex.EncodeToString(vecKey[:]), ProfileID: V3().ID(),
 			ChainSeedText: ChainSeedText, ChainSeed: vectorfile.NewDigest(vecParser.seed),
 			EmptySignatureText: "{}", EmptySignature: vectorfile.NewDigest(vecParser.sum([]byte("{}"))),
 			MaxDepth: MaxDepth,
@@ -399,6 +438,10 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 				size += int64(len(it.Canonical))
 			}
 			vectorfile.CheckDigest(t, v.Transcript.Digest, h, v.Name+": transcript")
+			for _, ref := range v.Transcript.References {
+				out := v.OutputItems[ref.Item-len(*v.Items)]
+				vectorfile.CheckDigest(t, ref.Mask, hexValue(out.Digest)^sum(ref.Canonical), v.Name+": reference mask")
+			}
 			assert.Equal(t, len(*v.Items)+len(v.OutputItems), v.Transcript.Items, v.Name)
 			assert.Equal(t, size, v.Transcript.Bytes, v.Name)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/internal/names"
 )
 
@@ -36,7 +37,10 @@ const responseIDPrefix = "resp_"
 //	  field, which holds the id (format 3) or the bytes its hex digits
 //	  spell (format 4)
 //	response id field, then, unless the socket id is 0, the 8-byte digest
-//	  of the socket's replica (big-endian, names.ReplicaDigest)
+//	  of the socket's replica (big-endian, names.ReplicaDigest);
+//	  when the socket id is 0, the transcript's references, each as
+//	  uvarint(items - item) and its 8-byte mask (big-endian), in
+//	  increasing order of item, as many as fit in compactValue bytes
 //
 // The replica's digest keeps the state within Redis's compact hash
 // encoding (values of at most 64 bytes) whatever the replica's name.
@@ -58,10 +62,29 @@ func encodeContinuation(c continuation) []byte {
 	b = binary.AppendUvarint(b, sock)
 	b = binary.AppendUvarint(b, uint64(len(id)))
 	b = append(b, id...)
-	if sock == 0 {
-		return b
+	if sock != 0 {
+		return binary.BigEndian.AppendUint64(b, names.ReplicaDigest(c.Origin.Replica))
 	}
-	return binary.BigEndian.AppendUint64(b, names.ReplicaDigest(c.Origin.Replica))
+	for _, r := range c.Transcript.References {
+		back := uint64(c.Transcript.Items - r.Item)
+		if len(b)+uvarintLen(back)+8 > compactValue {
+			break
+		}
+		b = binary.AppendUvarint(b, back)
+		b = binary.BigEndian.AppendUint64(b, r.Mask)
+	}
+	return b
+}
+
+// compactValue is the longest value Redis keeps in a hash's compact
+// encoding by default (hash-max-listpack-value): references are left out
+// of a continuation rather than make it longer.
+const compactValue = 64
+
+// uvarintLen returns the length of x in binary.AppendUvarint's encoding.
+func uvarintLen(x uint64) int {
+	var b [binary.MaxVarintLen64]byte
+	return binary.PutUvarint(b[:], x)
 }
 
 // packResponseID returns the bytes the hex digits of an id "resp_<hex>"
@@ -74,6 +97,25 @@ func packResponseID(id string) ([]byte, bool) {
 	}
 	b, err := hex.DecodeString(digits)
 	return b, err == nil
+}
+
+// decodeReferences reads the references of a transcript of items items:
+// pairs of uvarint(items - item) and an 8-byte mask, items increasing.
+func decodeReferences(b []byte, items int) ([]fingerprint.Reference, bool) {
+	var refs []fingerprint.Reference
+	for len(b) > 0 {
+		back, n := binary.Uvarint(b)
+		if n <= 0 || back == 0 || back > uint64(items) || len(b) < n+8 {
+			return nil, false
+		}
+		item := items - int(back)
+		if len(refs) > 0 && item <= refs[len(refs)-1].Item {
+			return nil, false
+		}
+		refs = append(refs, fingerprint.Reference{Item: item, Mask: binary.BigEndian.Uint64(b[n:])})
+		b = b[n+8:]
+	}
+	return refs, true
 }
 
 // decodeContinuation reads what encodeContinuation wrote.
@@ -119,8 +161,16 @@ func decodeContinuation(b []byte) (continuation, error) {
 	}
 	replica := b[size:]
 	switch {
+	case id == 0 && (format == continuationNamedFormat || format == continuationNamedHexFormat):
+		c.Origin = Socket{Any: true}
 	case id == 0:
 		c.Origin = Socket{Any: true}
+		refs, ok := decodeReferences(replica, c.Transcript.Items)
+		if !ok {
+			return bad("references")
+		}
+		c.Transcript.References = refs
+
 	case format == continuationNamedFormat || format == continuationNamedHexFormat:
 		c.Origin = Socket{Replica: replicaRef(string(replica)), ID: id}
 	case len(replica) != 8:

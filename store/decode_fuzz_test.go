@@ -1,6 +1,7 @@
 package store
 
 import (
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,7 +121,7 @@ func FuzzContinuationRoundTrip(f *testing.F) {
 		if sock == 0 {
 			c.Origin = Socket{Any: true}
 		}
-		if err != nil || back != c {
+		if err != nil || !reflect.DeepEqual(back, c) {
 			t.Fatalf("%+v came back as %+v, %v", c, back, err)
 		}
 	})

@@ -104,7 +104,7 @@ type Options struct {
 	clockGiven bool // Now was set: the Redis scripts take the time from it
 
 	// Profile says which differences between requests do not change a
-	// conversation (package fingerprint). Default fingerprint.V2(). It is
+	// conversation (package fingerprint). Default fingerprint.V3(). It is
 	// fixed for a namespace.
 	Profile fingerprint.Profile
 }
@@ -135,7 +135,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.Replica = randomReplica()
 	}
 	if o.Profile.Name == "" {
-		o.Profile = fingerprint.V2()
+		o.Profile = fingerprint.V3()
 	}
 	if _, err := fingerprint.New(o.Profile, fingerprint.Key{}); err != nil {
 		return o, fmt.Errorf("%w: Profile: %w", ErrInvalidOptions, err)

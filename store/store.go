@@ -326,7 +326,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		res.Reason = ReasonSupersededTurn
 	case prev.Signature != req.Signature():
 		res.Reason = ReasonPromptChanged
-	case prev.Transcript.Items > req.Len() || req.Prefix(prev.Transcript.Items) != prev.Transcript.Digest:
+	case !prev.Transcript.PrefixOf(req):
 		res.Reason = ReasonNotAppendOnly
 	case prev.Transcript.Items == req.Len():
 		res.Reason = ReasonEmptyDelta
@@ -394,6 +394,7 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 	} else {
 		if !out.Socket.Any {
 			out.Socket.Replica = replicaRef(out.Socket.Replica)
+			fp.References = nil // the upstream keeps no response: a reference names nothing
 		}
 		c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
 		got, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {

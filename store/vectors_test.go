@@ -342,6 +342,14 @@ type vecContinuation struct {
 	TranscriptBytes *int64             `json:"transcript_bytes,omitempty"`
 	Digest          *vectorfile.Digest `json:"digest,omitempty"`
 	Signature       *vectorfile.Digest `json:"signature,omitempty"`
+	// References, with any socket only: transcript item and mask.
+	References []vecReference `json:"references,omitempty"`
+}
+
+// vecReference is one reference of a continuation's transcript.
+type vecReference struct {
+	Item int               `json:"item"`
+	Mask vectorfile.Digest `json:"mask"`
 }
 
 func vecContinuations(t *testing.T) []vecContinuation {
@@ -360,6 +368,9 @@ func vecContinuations(t *testing.T) []vecContinuation {
 			Signature: 2, Transcript: fingerprint.Transcript{Items: 4, Digest: 3, Bytes: 900}}},
 		{"any socket (the upstream stores responses)", continuation{ResponseID: "resp_store", Origin: Socket{Any: true},
 			Signature: 1, Transcript: fingerprint.Transcript{Items: 1, Digest: 2, Bytes: 3}}},
+		{"any socket with references to its output items 2 and 3", continuation{ResponseID: "resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", Origin: Socket{Any: true},
+			Signature: 1, Transcript: fingerprint.Transcript{Items: 4, Digest: 2, Bytes: 300,
+				References: []fingerprint.Reference{{Item: 2, Mask: 0x0123456789abcdef}, {Item: 3, Mask: 0xfedcba9876543210}}}}},
 		{"multi-byte varints: 300 items, 2,000,000 bytes, socket id 2^64-1", continuation{ResponseID: "r", Origin: Socket{Replica: "replica-3fa94c1e2b7d", ID: 1<<64 - 1},
 			Signature: 0x8000000000000000, Transcript: fingerprint.Transcript{Items: 300, Digest: 0xffffffffffffffff, Bytes: 2_000_000}}},
 		{"non-ASCII ids, 128-byte response id", continuation{ResponseID: "é" + strings.Repeat("x", 126), Origin: Socket{Replica: "é—日本", ID: 128},
@@ -380,6 +391,9 @@ func vecContinuations(t *testing.T) []vecContinuation {
 		v := vecContinuation{Name: name, Hex: hex.EncodeToString(b), Valid: true, DecodeOnly: decodeOnly, ResponseID: vecStr(c.ResponseID),
 			AnySocket: c.Origin.Any, OriginReplica: vecStr(c.Origin.Replica), OriginSocket: strconv.FormatUint(c.Origin.ID, 10),
 			Items: &c.Transcript.Items, TranscriptBytes: &c.Transcript.Bytes, Digest: &d, Signature: &g}
+		for _, r := range c.Transcript.References {
+			v.References = append(v.References, vecReference{Item: r.Item, Mask: vectorfile.NewDigest(r.Mask)})
+		}
 		if !c.Origin.Any {
 			v.OriginDigest = strings.TrimPrefix(want.Origin.Replica, "#")
 		}
@@ -391,6 +405,14 @@ func vecContinuations(t *testing.T) []vecContinuation {
 	for _, c := range cases[:3] {
 		add("written before replicas were held by their digest: "+c.name, c.c, encodeNamedContinuation(c.c), true)
 	}
+	many := continuation{ResponseID: "resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", Origin: Socket{Any: true},
+		Signature: 1, Transcript: fingerprint.Transcript{Items: 6, Digest: 2, Bytes: 300}}
+	for i := 1; i < 6; i++ {
+		many.Transcript.References = append(many.Transcript.References, fingerprint.Reference{Item: i, Mask: uint64(i)})
+	}
+	kept := many
+	kept.Transcript.References = many.Transcript.References[:2]
+	add("references beyond 64 bytes are left out", kept, encodeContinuation(many), false)
 	digests := strings.Repeat("00", 16)
 	over := hex.EncodeToString(binary.AppendUvarint(nil, 1<<62+1))
 	for _, c := range []struct{ name, hex string }{
@@ -405,6 +427,10 @@ func vecContinuations(t *testing.T) []vecContinuation {
 		{"no socket id", "01" + "0000" + digests},
 		{"empty response id", "01" + "0000" + digests + "01" + "00"},
 		{"response id longer than the rest", "01" + "0000" + digests + "01" + "03" + "7272"},
+		{"a reference to item count minus 0", "03" + "0200" + digests + "00" + "01" + "72" + "00" + strings.Repeat("ab", 8)},
+		{"a reference beyond the transcript", "03" + "0200" + digests + "00" + "01" + "72" + "03" + strings.Repeat("ab", 8)},
+		{"a truncated reference mask", "03" + "0200" + digests + "00" + "01" + "72" + "01" + strings.Repeat("ab", 7)},
+		{"references out of order", "03" + "0200" + digests + "00" + "01" + "72" + "01" + strings.Repeat("ab", 8) + "02" + strings.Repeat("ab", 8)},
 	} {
 		b, err := hex.DecodeString(c.hex)
 		require.NoError(t, err)
@@ -702,7 +728,7 @@ var vecKey = func() (k fingerprint.Key) {
 	return k
 }()
 
-var vecParser, _ = fingerprint.New(fingerprint.V2(), vecKey)
+var vecParser, _ = fingerprint.New(fingerprint.V3(), vecKey)
 
 // vecOpIDs draws the ops of a scenario's stores from a counter they
 // share and the server's clock, so that its calls are reproducible.
@@ -1078,6 +1104,7 @@ type ruleContinuation struct {
 	replica, socket   uint64
 	items, bytes      uint64
 	digest, signature uint64
+	refs              [][2]uint64 // item and mask of each reference, any socket only
 }
 
 func (c ruleContinuation) encode() []byte {
@@ -1101,6 +1128,12 @@ func (c ruleContinuation) encode() []byte {
 	if c.socket != 0 {
 		for shift := 56; shift >= 0; shift -= 8 {
 			b = append(b, byte(c.replica>>shift))
+		}
+	}
+	for _, r := range c.refs {
+		b = ruleUvarint(b, c.items-r[0])
+		for shift := 56; shift >= 0; shift -= 8 {
+			b = append(b, byte(r[1]>>shift))
 		}
 	}
 	return b
@@ -1152,7 +1185,20 @@ func ruleDecode(b []byte) (ruleContinuation, bool) {
 		c.responseID = "resp_" + hex.EncodeToString(b[:n])
 	}
 	switch rest := b[n:]; {
+	case c.socket == 0 && named:
 	case c.socket == 0:
+		for b = rest; len(b) > 0; {
+			back, ok := uvarint()
+			if !ok || back == 0 || back > c.items || len(b) < 8 || (len(c.refs) > 0 && c.items-back <= c.refs[len(c.refs)-1][0]) {
+				return c, false
+			}
+			var mask uint64
+			for _, x := range b[:8] {
+				mask = mask<<8 | uint64(x)
+			}
+			c.refs = append(c.refs, [2]uint64{c.items - back, mask})
+			b = b[8:]
+		}
 	case named:
 		c.replica = xxhash.Sum64String(string(rest))
 	case len(rest) != 8:
@@ -1242,6 +1288,14 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		} else {
 			want.replica = xxhash.Sum64String(*v.OriginReplica)
 			assert.Equal(t, fmt.Sprintf("%016x", want.replica), v.OriginDigest, v.Name)
+		}
+		for _, r := range v.References {
+			mask, err := strconv.ParseUint(r.Mask.Hex, 16, 64)
+			require.NoError(t, err, v.Name)
+			want.refs = append(want.refs, [2]uint64{uint64(r.Item), mask})
+		}
+		if len(v.References) > 0 {
+			assert.LessOrEqual(t, len(b), 64, "%s: references stay within hash-max-listpack-value", v.Name)
 		}
 		if !v.DecodeOnly {
 			assert.Equal(t, hex.EncodeToString(want.encode()), v.Hex, v.Name)

@@ -37,6 +37,10 @@ type Continuation[I Item] struct {
 	ResponseID string
 	Prompt     string
 	Transcript []I
+	// References gives, for some transcript items, the identity of the
+	// item_reference that counts as the item: output items with an id,
+	// when the upstream keeps the response. Nil when none.
+	References map[int]I
 }
 
 // Prior is the owner's state as a reservation finds it.
@@ -75,6 +79,7 @@ func (d Decision) Continues() bool { return d.Reason == store.ReasonNone }
 //	no continuation                                superseded_turn
 //	prompt differs                                 prompt_changed
 //	transcript is not a prefix of the request      not_append_only
+//	  (each item the same, or a reference standing for it)
 //	transcript is the whole request                empty_delta
 //	otherwise                                      continue, with the items after the transcript
 func Reserve[I Item](prior Prior[I], req Request[I]) Decision {
@@ -87,7 +92,7 @@ func Reserve[I Item](prior Prior[I], req Request[I]) Decision {
 		full.Reason = store.ReasonSupersededTurn
 	case c.Prompt != req.Prompt:
 		full.Reason = store.ReasonPromptChanged
-	case !hasPrefix(req.Items, c.Transcript):
+	case !hasPrefix(req.Items, c.Transcript, c.References):
 		full.Reason = store.ReasonNotAppendOnly
 	case len(c.Transcript) == len(req.Items):
 		full.Reason = store.ReasonEmptyDelta
@@ -98,13 +103,17 @@ func Reserve[I Item](prior Prior[I], req Request[I]) Decision {
 	return full
 }
 
-// hasPrefix reports whether prefix is a prefix of items.
-func hasPrefix[I Item](items, prefix []I) bool {
+// hasPrefix reports whether prefix is a prefix of items, where refs[i],
+// when present, counts as prefix[i].
+func hasPrefix[I Item](items, prefix []I, refs map[int]I) bool {
 	if len(prefix) > len(items) {
 		return false
 	}
 	for i := range prefix {
-		if string(items[i]) != string(prefix[i]) {
+		if string(items[i]) == string(prefix[i]) {
+			continue
+		}
+		if r, ok := refs[i]; !ok || string(items[i]) != string(r) {
 			return false
 		}
 	}

@@ -103,3 +103,25 @@ func TestByteItemsCompareByContent(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() { _ = oracle.Reserve(prior, req) })
 	assert.Zero(t, allocs)
 }
+
+// A reference counts as the transcript item it stands for, at that item's
+// place only.
+func TestReferencesStandForTheirItems(t *testing.T) {
+	prior := published("r1", "p", "axy")
+	prior.Continuation.References = map[int]string{1: "X", 2: "Y"}
+	for _, c := range []struct {
+		name, items string
+		want        store.Reason
+	}{
+		{"the items themselves", "axyb", store.ReasonNone},
+		{"both referenced", "aXYb", store.ReasonNone},
+		{"one referenced", "aXyb", store.ReasonNone},
+		{"a reference at another place", "aYXb", store.ReasonNotAppendOnly},
+		{"a reference without one", "Axyb", store.ReasonNotAppendOnly},
+		{"the same items again, referenced", "aXY", store.ReasonEmptyDelta},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			assert.Equal(t, c.want, oracle.Reserve(prior, request("p", c.items)).Reason)
+		})
+	}
+}

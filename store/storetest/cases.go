@@ -595,6 +595,47 @@ func testAnySocket(t *testing.T, open Opener) {
 	assert.Equal(t, store.ReasonNone, onA.Reason, "the original keeps its reason")
 }
 
+// An item_reference to an output item of the recorded turn counts as that
+// item when the upstream keeps the response (any socket), and never on a
+// socket of a replica (store:false); a reference to another id never does.
+func testReferences(t *testing.T, open Opener) {
+	ctx := context.Background()
+	a := open(t, store.Options{Replica: "replica-a"})
+	b := open(t, store.Options{Replica: "replica-b"})
+	output := []json.RawMessage{
+		json.RawMessage(`{"id":"rs_1","type":"reasoning","summary":[]}`),
+		json.RawMessage(`{"id":"fc_1","type":"function_call","status":"completed","call_id":"c1","name":"f","arguments":"{}"}`),
+	}
+	ref := func(id string) string { return `{"type":"item_reference","id":"` + id + `"}` }
+	call := `{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"}`
+	result := `{"type":"function_call_output","call_id":"c1","output":"ok"}`
+	for _, tc := range []struct {
+		name   string
+		origin store.Socket
+		next   []string
+		want   store.Reason
+	}{
+		{"reasoning referenced, the call in full", store.Socket{Any: true}, []string{ref("rs_1"), call, result}, store.ReasonNone},
+		{"both referenced", store.Socket{Any: true}, []string{ref("rs_1"), ref("fc_1"), result}, store.ReasonNone},
+		{"a reference to another id", store.Socket{Any: true}, []string{ref("rs_2"), call, result}, store.ReasonNotAppendOnly},
+		{"a reference under store:false", store.Socket{ID: 3}, []string{ref("rs_1"), call, result}, store.ReasonNotAppendOnly},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			owner := mainOwner(t, "session-ref-"+tc.name)
+			first := a.Reserve(ctx, owner, parse(t, body("", message("hi"))))
+			out, err := a.Record(ctx, first, store.Result{ResponseID: "resp_ref", Socket: tc.origin, Output: output})
+			require.NoError(t, err)
+			require.Equal(t, store.OutcomePublished, out)
+			next := b.Reserve(ctx, owner, parse(t, body("", append([]string{message("hi")}, tc.next...)...)))
+			assert.Equal(t, tc.want, next.Reason)
+			if tc.want == store.ReasonNone {
+				assert.Equal(t, "resp_ref", next.PreviousResponseID)
+				assert.Equal(t, 1, next.DeltaCount, "only the call's output goes upstream")
+			}
+		})
+	}
+}
+
 // UpstreamBody is what goes upstream: the body as received without a
 // continuation, previous_response_id and the delta with one.
 func testUpstreamBody(t *testing.T, open Opener) {

@@ -71,6 +71,7 @@ var cases = []struct {
 	{"ChangedPromptIsNotContinued", testPromptChanged},
 	{"EditedHistoryAndEmptyDelta", testNotAppendOnlyAndEmptyDelta},
 	{"AnySocketContinuesOnEveryReplica", testAnySocket},
+	{"ReferencesStandForStoredOutputItems", testReferences},
 	{"UpstreamBodyCarriesTheDelta", testUpstreamBody},
 	{"TranscriptOverOwnerCapIsDropped", testOwnerCap},
 	{"IdleStateExpires", testTTL},
@@ -107,7 +108,7 @@ func body(extra string, items ...string) string {
 
 // parser parses the suite's requests; each store parses them again under
 // its namespace's key.
-var parser, _ = fingerprint.New(fingerprint.V2(), fingerprint.Key{})
+var parser, _ = fingerprint.New(fingerprint.V3(), fingerprint.Key{})
 
 func parse(t testing.TB, b string) *fingerprint.Request {
 	t.Helper()
