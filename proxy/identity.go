@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 )
 
@@ -36,10 +39,15 @@ func (s Source) String() string {
 }
 
 // Identity lists, in order, where a request's session and agent ids are
-// read. The first source present wins; a request present in no session
-// source has no owner (the store answers missing_identity and the full
-// context goes upstream). An agent id equal to the session id names the
-// session's main thread, as Codex sends its own thread id on every request.
+// read. The first source present wins. An agent id equal to the session id
+// names the session's main thread, as Codex sends its own thread id on
+// every request.
+//
+// [Identity.Owner] turns what a request names into its owner, always
+// scoped by the client's credential: the main thread of a named session
+// also by the request's prompt signature, a sub-agent by its agent id, and
+// a request that names no session by the opening items of its
+// conversation (PROTOCOL.md, section 2.4).
 type Identity struct {
 	// Session are the sources of the session id.
 	Session []Source
@@ -80,9 +88,49 @@ func (id Identity) validate() error {
 	return nil
 }
 
-// owner returns the owner a request names, the zero owner when it names
-// none, or an error wrapping errInvalidIdentity that names the source.
-func (id Identity) owner(h http.Header, body []byte) (identity.Owner, error) {
+// Domain strings of the owner ids Owner derives, one per kind of owner.
+const (
+	domainMain    = "contstore/owner/main/v1"    // a named session's main thread
+	domainSession = "contstore/owner/session/v1" // the session of a named sub-agent
+	domainOpening = "contstore/owner/opening/v1" // a conversation that names no session
+)
+
+// Headers of the credential scope: the credential is the Authorization
+// header, else the api-key header; the organization and project headers
+// narrow it.
+const (
+	headerAuthorization = "Authorization"
+	headerAPIKey        = "Api-Key"
+	headerOrganization  = "Openai-Organization"
+	headerProject       = "Openai-Project"
+)
+
+// Owner returns the owner of a request with headers h and parsed body req,
+// the zero owner when it has none, or an error naming the source of an
+// empty or invalid id, which the proxy answers with 400.
+//
+// Every owner is scoped by the client's credential: a keyed digest of the
+// Authorization header (else the api-key header) and of the
+// OpenAI-Organization and OpenAI-Project headers, so that clients with
+// other credentials never share a conversation, whatever ids they send.
+// Within that scope:
+//
+//   - a named session's main thread is identity.Main of a digest of the
+//     session id and the request's prompt signature, so that a side call
+//     under the same session with another prompt (a title, a summary) is a
+//     thread of its own;
+//   - a named sub-agent is identity.Agent of a digest of the session id,
+//     and its agent id;
+//   - a request that names no session is identity.Main of a digest of its
+//     prompt signature and of its opening items, up to and including the
+//     first user message; without a user message it has no owner.
+//
+// The digests are keyed with the key req was parsed under, the
+// namespace's secret: an owner id reveals neither the credential nor the
+// session, and no client can compute another's. The derivation is
+// specified in PROTOCOL.md, section 2.4.
+func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owner, error) {
+	body := req.Body()
 	session, from, err := lookup(id.Session, h, body)
 	if err != nil {
 		return identity.Owner{}, err
@@ -95,20 +143,94 @@ func (id Identity) owner(h http.Header, body []byte) (identity.Owner, error) {
 	case session == "" && agent != "":
 		return identity.Owner{}, fmt.Errorf("%w: %s names an agent but no source names a session", errInvalidIdentity, agentFrom)
 	case session == "":
-		return identity.Owner{}, nil
+		k := firstUserMessage(req.Items())
+		if k < 0 {
+			return identity.Owner{}, nil
+		}
+		b := scoped(domainOpening, h)
+		b = binary.LittleEndian.AppendUint64(b, req.Signature())
+		b = binary.LittleEndian.AppendUint64(b, req.Prefix(k+1))
+		return identity.Main(derivedID(req, b))
 	case agent == "" || agent == session:
-		o, err := identity.Main(session)
-		if err != nil {
+		if _, err := identity.Main(session); err != nil {
 			return identity.Owner{}, fmt.Errorf("%w: %s: %v", errInvalidIdentity, from, err)
 		}
-		return o, nil
+		b := appendString(scoped(domainMain, h), session)
+		b = binary.LittleEndian.AppendUint64(b, req.Signature())
+		return identity.Main(derivedID(req, b))
 	default:
-		o, err := identity.Agent(session, agent)
-		if err != nil {
+		if _, err := identity.Agent(session, agent); err != nil {
 			return identity.Owner{}, fmt.Errorf("%w: %s or %s: %v", errInvalidIdentity, from, agentFrom, err)
 		}
-		return o, nil
+		b := appendString(scoped(domainSession, h), session)
+		return identity.Agent(derivedID(req, b), agent)
 	}
+}
+
+// scoped starts the message of a derived id: the domain, then the
+// credential scope of headers h. The credential is the values of the
+// Authorization header, else of the api-key header, under the header's
+// lowercase name; a request with neither has the empty name and no
+// values. Each header's values are sent as the HTTP parser gives them, in
+// order.
+func scoped(domain string, h http.Header) []byte {
+	b := make([]byte, 0, 128)
+	b = appendString(b, domain)
+	name := ""
+	switch {
+	case len(h.Values(headerAuthorization)) > 0:
+		name = headerAuthorization
+	case len(h.Values(headerAPIKey)) > 0:
+		name = headerAPIKey
+	}
+	b = appendString(b, strings.ToLower(name))
+	for _, k := range []string{name, headerOrganization, headerProject} {
+		var vs []string
+		if k != "" {
+			vs = h.Values(k)
+		}
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendString(b, v)
+		}
+	}
+	return b
+}
+
+// appendString appends s with its length first: uvarint(len) then the
+// bytes.
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
+}
+
+// derivedID returns the session id derived from msg: the first 96 bits of
+// its keyed HighwayHash-128, in unpadded base64url.
+func derivedID(req *fingerprint.Request, msg []byte) string {
+	sum := req.KeyedSum128(msg)
+	return base64.RawURLEncoding.EncodeToString(sum[:12])
+}
+
+// firstUserMessage returns the index of the first user message among
+// items, or -1: a string item, or an object whose "role" is "user" and
+// whose "type" is absent or "message".
+func firstUserMessage(items []json.RawMessage) int {
+	for k, raw := range items {
+		if len(raw) == 0 {
+			continue
+		}
+		if raw[0] == '"' {
+			return k
+		}
+		if raw[0] != '{' {
+			continue
+		}
+		role, typ := gjson.GetBytes(raw, "role"), gjson.GetBytes(raw, "type")
+		if role.Type == gjson.String && role.Str == "user" &&
+			(!typ.Exists() || typ.Type == gjson.String && typ.Str == "message") {
+			return k
+		}
+	}
+	return -1
 }
 
 // lookup returns the value of the first source present, and that source.

@@ -1,41 +1,313 @@
 package proxy
 
 import (
+	"encoding/base64"
+	"encoding/binary"
 	"net/http"
+	"strings"
 	"testing"
 
+	"github.com/minio/highwayhash"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 )
 
+// testParser parses under profile v2 and the key 000102…1f of the
+// protocol's vectors.
+func testParser(t testing.TB) *fingerprint.Parser {
+	t.Helper()
+	var key fingerprint.Key
+	for i := range key {
+		key[i] = byte(i)
+	}
+	p, err := fingerprint.New(fingerprint.V3(), key)
+	require.NoError(t, err)
+	return p
+}
+
+// ownerOf returns DefaultIdentity's owner of a request, failing on an
+// error.
+func ownerOf(t testing.TB, p *fingerprint.Parser, h http.Header, body string) identity.Owner {
+	t.Helper()
+	req, err := p.Parse([]byte(body))
+	require.NoError(t, err, body)
+	o, err := DefaultIdentity.Owner(h, req)
+	require.NoError(t, err, body)
+	return o
+}
+
 func TestOwnersOfRealClients(t *testing.T) {
-	main, err := identity.Main("019a-root")
-	require.NoError(t, err)
-	child, err := identity.Agent("019a-root", "019a-child")
-	require.NoError(t, err)
+	p := testParser(t)
+	owner := func(h http.Header, body string) identity.Owner { return ownerOf(t, p, h, body) }
+	codexMain := owner(http.Header{"Session-Id": {"019a-root"}, "Thread-Id": {"019a-root"}},
+		`{"client_metadata":{"session_id":"019a-root","thread_id":"019a-root"}}`)
+	codexChild := owner(http.Header{"Session-Id": {"019a-root"}, "Thread-Id": {"019a-child"}, "X-Openai-Subagent": {"collab_spawn"}},
+		`{"client_metadata":{"session_id":"019a-root","thread_id":"019a-child"}}`)
+	require.False(t, codexMain.IsZero())
+	assert.False(t, codexMain.IsAgent())
+	assert.Len(t, codexMain.Session(), 16)
+	assert.True(t, codexChild.IsAgent())
+	assert.Equal(t, "019a-child", codexChild.AgentID())
+	assert.NotEqual(t, codexMain, codexChild)
+
 	for _, tc := range []struct {
 		name   string
 		header http.Header
 		body   string
 		want   identity.Owner
 	}{
-		{"Codex main thread: thread-id is the session's", http.Header{"Session-Id": {"019a-root"}, "Thread-Id": {"019a-root"}},
-			`{"client_metadata":{"session_id":"019a-root","thread_id":"019a-root"}}`, main},
-		{"Codex sub-agent: its own thread under the parent's session",
-			http.Header{"Session-Id": {"019a-root"}, "Thread-Id": {"019a-child"}, "X-Openai-Subagent": {"collab_spawn"}},
-			`{"client_metadata":{"session_id":"019a-root","thread_id":"019a-child"}}`, child},
-		{"Codex body only", nil, `{"client_metadata":{"session_id":"019a-root","thread_id":"019a-child"}}`, child},
-		{"gateway headers win", http.Header{"X-Session-Id": {"019a-root"}, "Session-Id": {"other"}}, `{}`, main},
-		{"metadata", nil, `{"metadata":{"session_id":"019a-root","agent_id":"019a-child"}}`, child},
-		{"prompt_cache_key", nil, `{"prompt_cache_key":"019a-root"}`, main},
-		{"nothing", nil, `{"model":"m"}`, identity.Owner{}},
+		{"Codex body only", nil, `{"client_metadata":{"session_id":"019a-root","thread_id":"019a-child"}}`, codexChild},
+		{"gateway headers win", http.Header{"X-Session-Id": {"019a-root"}, "Session-Id": {"other"}}, `{}`, codexMain},
+		{"metadata", nil, `{"metadata":{"session_id":"019a-root","agent_id":"019a-child"}}`, codexChild},
+		{"prompt_cache_key", nil, `{"prompt_cache_key":"019a-root"}`, codexMain},
+		{"nothing, no user message", nil, `{"model":"m"}`, identity.Owner{}},
+		{"nothing, developer message only", nil, `{"input":[{"role":"developer","content":"x"}]}`, identity.Owner{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := DefaultIdentity.owner(tc.header, []byte(tc.body))
-			require.NoError(t, err)
-			assert.Equal(t, tc.want, got)
+			assert.Equal(t, tc.want, owner(tc.header, tc.body))
 		})
+	}
+}
+
+func TestOwnersAreScopedByCredential(t *testing.T) {
+	p := testParser(t)
+	const body = `{"model":"m","input":[{"role":"user","content":"hi"}]}`
+	owner := func(h http.Header) identity.Owner {
+		h = h.Clone()
+		if h == nil {
+			h = http.Header{}
+		}
+		h.Set("X-Session-Id", "s1")
+		return ownerOf(t, p, h, body)
+	}
+	none := owner(nil)
+	a := owner(http.Header{"Authorization": {"Bearer sk-a"}})
+	b := owner(http.Header{"Authorization": {"Bearer sk-b"}})
+	azure := owner(http.Header{"Api-Key": {"sk-a"}})
+	assert.NotEqual(t, a, b, "two credentials, one session id")
+	assert.NotEqual(t, a, none)
+	assert.NotEqual(t, a, azure)
+	assert.NotEqual(t, azure, none)
+	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}}), "the same credential, the same owner")
+	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Api-Key": {"sk-other"}}),
+		"the api-key header counts only without Authorization")
+	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Chatgpt-Account-Id": {"acct-1"}}),
+		"a header the client asserts does not scope")
+	org := owner(http.Header{"Authorization": {"Bearer sk-a"}, "Openai-Organization": {"org-1"}})
+	proj := owner(http.Header{"Authorization": {"Bearer sk-a"}, "Openai-Project": {"org-1"}})
+	assert.NotEqual(t, a, org)
+	assert.NotEqual(t, org, proj, "the organization and the project are told apart")
+	assert.NotEqual(t, org, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Openai-Organization": {"org-2"}}))
+
+	for _, o := range []identity.Owner{a, b, azure, org} {
+		assert.NotContains(t, o.Key(), "sk-", "no credential in an owner key")
+		assert.NotContains(t, o.Key(), "s1", "no session id in an owner key")
+	}
+
+	// Sub-agents and owners without a session id are scoped too.
+	agent := func(auth string) identity.Owner {
+		return ownerOf(t, p, http.Header{"Authorization": {auth}, "X-Session-Id": {"s1"}, "X-Agent-Id": {"helper"}}, body)
+	}
+	assert.NotEqual(t, agent("Bearer sk-a"), agent("Bearer sk-b"))
+	derived := func(auth string) identity.Owner {
+		return ownerOf(t, p, http.Header{"Authorization": {auth}}, body)
+	}
+	assert.NotEqual(t, derived("Bearer sk-a"), derived("Bearer sk-b"))
+	assert.Equal(t, derived("Bearer sk-a"), derived("Bearer sk-a"))
+}
+
+func TestMainThreadOwnerFollowsThePrompt(t *testing.T) {
+	p := testParser(t)
+	h := http.Header{"Authorization": {"Bearer sk-a"}, "X-Session-Id": {"s1"}}
+	owner := func(h http.Header, body string) identity.Owner { return ownerOf(t, p, h, body) }
+	main := owner(h, `{"model":"m","instructions":"code","input":[{"role":"user","content":"hi"}]}`)
+	assert.Equal(t, main, owner(h, `{"model":"m","instructions":"code","stream":true,"metadata":{"x":"y"},"prompt_cache_key":"k",`+
+		`"input":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}`),
+		"the items and the members the signature leaves out do not move the main thread")
+	title := owner(h, `{"model":"m","instructions":"write a title","input":[{"role":"user","content":"hi"}]}`)
+	assert.NotEqual(t, main, title, "a side call with other instructions is a thread of its own")
+	assert.NotEqual(t, main, owner(h, `{"model":"m2","instructions":"code","input":[]}`))
+
+	// A sub-agent keeps one owner whatever its prompt.
+	ah := h.Clone()
+	ah.Set("X-Agent-Id", "helper")
+	agent := owner(ah, `{"model":"m","instructions":"code","input":[]}`)
+	assert.Equal(t, agent, owner(ah, `{"model":"mini","instructions":"help","input":[]}`))
+	assert.NotEqual(t, main.Session(), agent.Session())
+	assert.Equal(t, "helper", agent.AgentID())
+	assert.Len(t, agent.Session(), 16)
+	other := h.Clone()
+	other.Set("X-Session-Id", "s2")
+	other.Set("X-Agent-Id", "helper")
+	assert.NotEqual(t, agent, owner(other, `{"model":"m","instructions":"code","input":[]}`), "agent ids are per session")
+}
+
+func TestOwnersWithoutSessionFollowTheOpening(t *testing.T) {
+	p := testParser(t)
+	h := http.Header{"Authorization": {"Bearer sk-a"}}
+	owner := func(body string) identity.Owner { return ownerOf(t, p, h, body) }
+	const head = `{"model":"m","instructions":"code","input":[`
+	first := owner(head + `{"role":"developer","content":"rules"},{"role":"user","content":"hi"}]}`)
+	require.False(t, first.IsZero())
+	assert.False(t, first.IsAgent())
+	assert.Len(t, first.Session(), 16)
+	for _, later := range []string{
+		head + `{"role":"developer","content":"rules"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"},{"role":"user","content":"more"}]}`,
+		head + `{"role":"developer","content":"rules"},{"\u0072ole":"user","content":"hi","id":"msg_1"}]}`,
+		`{"instructions":"code","stream":true,"user":"u","model":"m","input":[{"role":"developer","content":"rules"},{"role":"user","content":"hi"}]}`,
+	} {
+		assert.Equal(t, first, owner(later), later)
+	}
+	for _, other := range []string{
+		head + `{"role":"developer","content":"rules"},{"role":"user","content":"bye"}]}`,
+		head + `{"role":"user","content":"hi"}]}`,
+		`{"model":"m","instructions":"title","input":[{"role":"developer","content":"rules"},{"role":"user","content":"hi"}]}`,
+	} {
+		assert.NotEqual(t, first, owner(other), other)
+	}
+	str := owner(`{"model":"m","input":"hi"}`)
+	require.False(t, str.IsZero(), "a string input is a user message")
+	assert.Equal(t, str, owner(`{"model":"m","input":["hi",{"role":"assistant","content":"hello"}]}`))
+	for _, none := range []string{
+		`{"model":"m"}`,
+		`{"model":"m","input":[]}`,
+		`{"model":"m","input":[{"role":"system","content":"x"},{"type":"function_call_output","call_id":"c","output":"x"}]}`,
+		`{"model":"m","input":[{"type":"input_text","role":"user","text":"x"},{"type":null,"role":"user","content":"x"}]}`,
+	} {
+		assert.Equal(t, identity.Owner{}, owner(none), "no user message, no owner: %s", none)
+	}
+	// A session id, when present, names the owner instead.
+	named := ownerOf(t, p, http.Header{"Authorization": {"Bearer sk-a"}, "X-Session-Id": {"s"}}, `{"model":"m","input":"hi"}`)
+	assert.NotEqual(t, str, named)
+}
+
+func TestOwnerErrors(t *testing.T) {
+	p := testParser(t)
+	for _, tc := range []struct {
+		header http.Header
+		body   string
+		want   string
+	}{
+		{http.Header{"X-Session-Id": {""}}, `{"input":"hi"}`, "header X-Session-Id is empty"},
+		{http.Header{"X-Agent-Id": {"a"}}, `{"input":"hi"}`, "no source names a session"},
+		{http.Header{"Session-Id": {strings.Repeat("x", 300)}}, `{"input":"hi"}`, "header session-id"},
+		{http.Header{"Session-Id": {"s"}, "X-Agent-Id": {"a\x01"}}, `{"input":"hi"}`, "header session-id or header X-Agent-Id"},
+		{http.Header{"Session-Id": {"a", "b"}}, `{"input":"hi"}`, "sent 2 times"},
+		{nil, `{"input":"hi","metadata":{"session_id":3}}`, "body metadata.session_id is a number"},
+	} {
+		req, err := p.Parse([]byte(tc.body))
+		require.NoError(t, err)
+		_, err = DefaultIdentity.Owner(tc.header, req)
+		require.ErrorIs(t, err, errInvalidIdentity, tc.want)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
+
+// ownerVector is one derivation of PROTOCOL.md 2.4, spelled out here
+// apart from the code under test.
+type ownerVector struct {
+	name string
+	// credName is "authorization", "api-key" or ""; cred, org and proj
+	// are the values of the credential, OpenAI-Organization and
+	// OpenAI-Project headers.
+	credName        string
+	cred, org, proj []string
+	// kind is "main", "session" (a sub-agent's session) or "opening".
+	kind           string
+	session, agent string
+	sig, opening   uint64 // the prompt signature; h(k+1) of the opening items
+	key            string // the owner key
+}
+
+// header returns the vector's request headers.
+func (v ownerVector) header() http.Header {
+	h := http.Header{}
+	for _, c := range []struct {
+		name string
+		vs   []string
+	}{{v.credName, v.cred}, {"OpenAI-Organization", v.org}, {"OpenAI-Project", v.proj}} {
+		for _, x := range c.vs {
+			h.Add(c.name, x)
+		}
+	}
+	if v.session != "" {
+		h.Set("X-Session-Id", v.session)
+	}
+	if v.agent != "" {
+		h.Set("X-Agent-Id", v.agent)
+	}
+	return h
+}
+
+// ownerKey derives the vector's owner key under key.
+func (v ownerVector) ownerKey(key []byte) string {
+	str := func(b []byte, s string) []byte { return append(binary.AppendUvarint(b, uint64(len(s))), s...) }
+	values := func(b []byte, vs []string) []byte {
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, x := range vs {
+			b = str(b, x)
+		}
+		return b
+	}
+	msg := str(nil, "contstore/owner/"+v.kind+"/v1")
+	msg = values(str(msg, v.credName), v.cred)
+	msg = values(values(msg, v.org), v.proj)
+	switch v.kind {
+	case "main":
+		msg = binary.LittleEndian.AppendUint64(str(msg, v.session), v.sig)
+	case "session":
+		msg = str(msg, v.session)
+	case "opening":
+		msg = binary.LittleEndian.AppendUint64(msg, v.sig)
+		msg = binary.LittleEndian.AppendUint64(msg, v.opening)
+	}
+	sum := highwayhash.Sum128(msg, key)
+	id := base64.RawURLEncoding.EncodeToString(sum[:12])
+	if v.kind == "session" {
+		return "a:" + id + ":" + v.agent
+	}
+	return "m:" + id
+}
+
+// ownerVectors are the vectors of PROTOCOL.md 2.4, under the key
+// 000102…1f.
+var ownerVectors = []ownerVector{
+	{name: "opening, no credential", kind: "opening", sig: 0x0123456789abcdef, opening: 0xfedcba9876543210,
+		key: "m:HNgMV9Xg9tDuSptV"},
+	{name: "opening, Authorization", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:NWMydKtr6lqyDZDk"},
+	{name: "opening, api-key", credName: "api-key", cred: []string{"sk-a"}, kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wIfMhSEdC5joSwGt"},
+	{name: "opening, organization and project", credName: "authorization", cred: []string{"Bearer sk-a"},
+		org: []string{"org-1"}, proj: []string{"proj-1"}, kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wQnoHTJpsdDEWGBQ"},
+	{name: "main thread", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
+		sig: 0x0123456789abcdef, key: "m:PO8pqa1A7BC7LYQu"},
+	{name: "main thread, other prompt", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
+		sig: 0x0123456789abcdee, key: "m:-AvvdoVtQyFXEqR3"},
+	{name: "sub-agent", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "session", session: "s1", agent: "helper",
+		key: "a:Fc1O4kqty37B6RGC:helper"},
+}
+
+// TestOwnerVectors pins the derivation of PROTOCOL.md 2.4 (key 000102…1f),
+// and checks that Identity.Owner derives it from real requests.
+func TestOwnerVectors(t *testing.T) {
+	p := testParser(t)
+	key := p.Key()
+	for _, v := range ownerVectors {
+		assert.Equal(t, v.key, v.ownerKey(key[:]), v.name)
+	}
+
+	const body = `{"model":"m","input":[{"role":"developer","content":"rules"},{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]}`
+	req, err := p.Parse([]byte(body))
+	require.NoError(t, err)
+	for _, v := range ownerVectors {
+		v.sig, v.opening = req.Signature(), req.Prefix(2)
+		got, err := DefaultIdentity.Owner(v.header(), req)
+		require.NoError(t, err, v.name)
+		assert.Equal(t, v.ownerKey(key[:]), got.Key(), v.name)
 	}
 }

@@ -247,7 +247,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "input", "invalid_request", err.Error())
 		return
 	}
-	who, err := p.cfg.Identity.owner(r.Header, body)
+	who, err := p.cfg.Identity.Owner(r.Header, req)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_identity", err.Error())
 		return

@@ -55,9 +55,9 @@ func (r *report) finish(cfg *config) {
 	h.Definitions = r.definitions(cfg)
 	r.Headline = h
 
-	if owners := int64(r.Owners); cfg.turns > 0 && cfg.turns < 2*owners {
-		r.note("-turns %d over %d owners: each plays at most %d, and only an owner's second turn on can continue; "+
-			"give more -turns or fewer -conversations", cfg.turns, owners, (cfg.turns+owners-1)/owners)
+	if threads := int64(r.Threads); cfg.turns > 0 && cfg.turns < 2*threads {
+		r.note("-turns %d over %d threads: each plays at most %d, and only a thread's second turn on can continue; "+
+			"give more -turns or fewer -conversations", cfg.turns, threads, (cfg.turns+threads-1)/threads)
 	}
 	if !cfg.forward && a.Misses[missOriginElsewhere] > a.Turns/4 {
 		r.note("%d turns of (a) could have continued on another replica's socket: forwarding (the default, -forward) or sticky routing lets them",

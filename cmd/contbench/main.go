@@ -18,7 +18,10 @@
 // workload with one in-process store per replica, as single-process
 // gateways do today, whose wrong continuations are counted. The workload
 // (every prompt change, edit, failure and idle gap) depends only on -seed
-// and the workload flags, not on -concurrency or timing.
+// and the workload flags, not on -concurrency or timing. -alike N makes
+// groups of N conversations open alike and name no session, so that their
+// main threads share the one owner a gateway derives from that opening:
+// the report then shows what such clients cost each other.
 //
 // With no target, contbench runs against an embedded Redis (miniredis), whose
 // figures say nothing about a real server. Point it at a deployment with
@@ -184,6 +187,7 @@ type config struct {
 	replicas      int
 	conversations int
 	agents        int
+	alike         int // conversations a group that opens alike holds; its main threads share one owner
 	concurrency   int
 	sockets       int
 	duration      time.Duration
@@ -268,6 +272,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&cfg.replicas, "replicas", 4, "gateway replicas, each with its own Redis client and store")
 	fs.IntVar(&cfg.conversations, "conversations", 200, "conversations (sessions)")
 	fs.IntVar(&cfg.agents, "agents", 1, "sub-agent owners per conversation besides the main thread")
+	fs.IntVar(&cfg.alike, "alike", 1, "conversations that open alike (one credential, prompt and first message, no session id) in groups of `N`, played concurrently: each group's main threads share the one owner a gateway derives for them (1: every conversation its own)")
 	fs.IntVar(&cfg.concurrency, "concurrency", 16, "concurrent turns (workers)")
 	fs.IntVar(&cfg.sockets, "sockets", 64, "upstream sockets per replica")
 	fs.DurationVar(&cfg.duration, "duration", 0, "stop after this long (0: no time limit)")
@@ -350,6 +355,8 @@ func (c *config) validate() error {
 		return bad("conversations", "is %d, want 1..10000000", c.conversations)
 	case c.agents < 0 || c.agents > 1000:
 		return bad("agents", "is %d, want 0..1000", c.agents)
+	case c.alike < 1 || c.alike > c.conversations:
+		return bad("alike", "is %d, want 1..-conversations (%d)", c.alike, c.conversations)
 	case c.concurrency < 1 || c.concurrency > 10000:
 		return bad("concurrency", "is %d, want 1..10000", c.concurrency)
 	case c.sockets < 1 || c.sockets > maxSockets:

@@ -189,6 +189,25 @@ func TestMemoryBackend(t *testing.T) {
 	assert.Nil(t, b.report.Redis)
 }
 
+// -alike plays conversations that open alike, with one main-thread owner
+// per group, as a gateway derives it for clients that name no session:
+// they cost each other continuations, never a wrong one.
+func TestAlikeConversationsShareAnOwner(t *testing.T) {
+	args := []string{"-backend", "memory", "-turns", "3000", "-conversations", "40", "-agents", "1", "-baselines=false"}
+	apart := runBench(t, args...)
+	requireSound(t, apart, 3000)
+	alike := runBench(t, append(args, "-alike", "4")...)
+	requireSound(t, alike, 3000)
+	assert.Equal(t, 4, alike.report.Alike)
+	assert.Equal(t, 80, alike.report.Threads)
+	assert.Equal(t, 10+40, alike.report.Owners, "10 groups' main threads, 40 sub-agents")
+	assert.LessOrEqual(t, alike.report.Run.State.Owners, int64(50))
+	assert.Contains(t, alike.stdout, "opening alike in groups of 4")
+	assert.Equal(t, 80, apart.report.Owners)
+	assert.Less(t, alike.report.Run.HitRate, apart.report.Run.HitRate, "a shared owner costs continuations")
+	assert.Positive(t, alike.report.Run.Misses[string(store.ReasonNotAppendOnly)])
+}
+
 // -duration stops the workers from starting turns: a run lasts the
 // duration, and after it at most the slowest turn a worker had in flight,
 // longer only by what the process stalled meanwhile.
@@ -521,6 +540,8 @@ func TestBadFlagsExitWithUsageStatus(t *testing.T) {
 		{[]string{"-replicas", "0"}, "-replicas"},
 		{[]string{"-conversations", "0"}, "-conversations"},
 		{[]string{"-agents", "-1"}, "-agents"},
+		{[]string{"-alike", "0"}, "-alike"},
+		{[]string{"-conversations", "3", "-alike", "4"}, "-alike"},
 		{[]string{"-concurrency", "0"}, "-concurrency"},
 		{[]string{"-sockets", "0"}, "-sockets"},
 		{[]string{"-duration", "-1s"}, "-duration"},

@@ -83,7 +83,7 @@ func (c *oracle) violation(o *owner, rep *replica, kind string) violation {
 // Not continuing when the truth would allow it is no violation (the state
 // may have been evicted); a continuation must be the one the rule makes,
 // with the delta exactly the rest of input; after an idle gap the state
-// must be gone.
+// must be gone, unless other conversations share the owner (-alike).
 func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, res *store.Reservation) bool {
 	off, idle := o.offer, o.idle
 	o.idle = false
@@ -99,7 +99,7 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 	}
 	want := rule.Reserve(prior, rule.Request[json.RawMessage]{Prompt: promptID(o.promptGen), Items: input})
 	if !res.Continues() {
-		if want.Reason == store.ReasonMissingState && res.Reason != want.Reason {
+		if want.Reason == store.ReasonMissingState && res.Reason != want.Reason && !o.shared {
 			v := c.violation(o, rep, "state outlived its TTL")
 			v.Expected, v.Got = string(want.Reason)+" after an idle gap longer than the TTL", string(res.Reason)
 			c.report(v)
@@ -150,6 +150,9 @@ func promptID(gen int) string { return strconv.Itoa(gen) }
 // decision for a live owner with nothing published (or no state, if the
 // owner was evicted meanwhile).
 func (c *oracle) checkSuperseded(o *owner, rep *replica, res *store.Reservation) {
+	if o.shared {
+		return // another conversation's turn may have come between the two
+	}
 	want := rule.Reserve(rule.Prior[json.RawMessage]{Live: true}, rule.Request[json.RawMessage]{})
 	switch res.Reason {
 	case want.Reason, store.ReasonMissingState, store.ReasonStoreUnavailable,

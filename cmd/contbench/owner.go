@@ -15,6 +15,12 @@ import (
 type owner struct {
 	index int
 	id    identity.Owner
+	// shared tells whether other conversations' turns go to the same
+	// store owner (-alike): their turns supersede this one's, and keep
+	// the owner's state alive while this one is idle. opening is the
+	// first user message the group's conversations send, until sent.
+	shared  bool
+	opening json.RawMessage
 	// rng draws every decision of the owner's client and upstream (prompt
 	// changes, edits, texts, failures, losses, idle gaps), so that the
 	// workload depends only on the seed, never on which worker plays it.
@@ -49,6 +55,15 @@ type owner struct {
 // still be there, and its offer with it.
 func (o *owner) wakeEarly() {
 	o.offer, o.asleep, o.idle = o.asleep, nil, false
+}
+
+// orStale returns want, and stale too when o's store owner is shared: a
+// turn of another conversation may have superseded o's.
+func (o *owner) orStale(want ...store.Outcome) []store.Outcome {
+	if o.shared {
+		return append(want, store.OutcomeStale)
+	}
+	return want
 }
 
 // settle updates o's offer after the record of its current turn a, whose

@@ -19,6 +19,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/proxy"
 	"github.com/contstore/contstore/store"
 )
 
@@ -53,7 +54,7 @@ func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 		partitions: 16, ttl: 30 * time.Minute, maxOwners: 10_000, maxTotalBytes: 20_000_000,
 		namespace: freshNamespace(),
 		// One replica, one worker: the fields the simulation would use.
-		replicas: 1, conversations: 1, concurrency: 1, sockets: 1, turns: 1,
+		replicas: 1, conversations: 1, alike: 1, concurrency: 1, sockets: 1, turns: 1,
 		upstream: anySocket, routing: roundRobin,
 	}}
 	var cluster string
@@ -62,16 +63,21 @@ func parseReplayConfig(args []string, stderr io.Writer) (*replayConfig, error) {
 		fmt.Fprintf(w, "Usage: contbench replay [flags] TRACE.jsonl...\n\n"+
 			"Replays recorded upstream calls through the store, in order, one line per call:\n"+
 			"  {\"owner\":{\"session\":\"s1\",\"agent\":\"\"},\"request\":{...},\"response_id\":\"resp_1\",\"output\":[...]}\n"+
-			"(\"headers\" and other members are ignored). Each call is reserved and its response\n"+
-			"recorded (socket any); every turn prints its decision, items and bytes sent, and\n"+
-			"every miss after an owner's first turn prints where the request departs from the\n"+
+			"(other members are ignored). Each call is reserved and its response recorded\n"+
+			"(socket any); every turn prints its decision, items and bytes sent, and every\n"+
+			"miss after an owner's first turn prints where the request departs from the\n"+
 			"previous turn's transcript. Each trace file is replayed on its own: an owner's\n"+
 			"first line in a file starts from no state.\n\n"+
-			"A line that is not a trace line (bad JSON, no owner, no request) is skipped;\n"+
-			"the first %d of a file are reported with their numbers, the others counted.\n"+
-			"The replay goes on and exits with status %d, as it does when a file holds no\n"+
-			"turn. A request the store refuses is an invalid_request turn, sent upstream\n"+
-			"in full.\n\n"+
+			"Every line gets the owner contproxy derives from its \"headers\" (names to\n"+
+			"values) and its request, its \"owner\" standing for the session and agent\n"+
+			"headers: scoped by the credential, the main thread by the prompt, and a\n"+
+			"line naming no session by its opening items (without a user message it has\n"+
+			"none: missing_identity).\n\n"+
+			"A line that is not a trace line (bad JSON, no request, an invalid owner) is\n"+
+			"skipped; the first %d of a file are reported with their numbers, the others\n"+
+			"counted. The replay goes on and exits with status %d, as it does when a file\n"+
+			"holds no turn. A request the store refuses is an invalid_request turn, sent\n"+
+			"upstream in full.\n\n"+
 			"Without -redis or -cluster the store is in process. On Redis every key lives in\n"+
 			"a fresh namespace, removed at the end.\n\n"+
 			"Exit status: %d, or %d when malformed lines were skipped or a file held no\n"+
@@ -346,7 +352,11 @@ func (r *replayer) endFile(ft *fileTotals) {
 	}
 }
 
-// line replays line n of file ft.
+// line replays line n of file ft under the owner contproxy would derive
+// (proxy.DefaultIdentity) from the line's headers and request, the line's
+// owner standing for the session and agent headers; a request that has
+// none (no session and no user message) is a missing_identity turn, never
+// an owner's later turn.
 func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.Owner]*lastTurn, n int, raw []byte) {
 	var tl traceLine
 	owner, err := parseTraceLine(raw, &tl)
@@ -354,8 +364,30 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 		r.malformed(ft, n, err)
 		return
 	}
+	body := []byte(tl.Request)
+	req, parseErr := r.s.ParseRequest(body)
+	shown := owner // the owner as the trace names it, when it does
+	if parseErr == nil {
+		h, err := tl.header()
+		if err == nil && !owner.IsZero() {
+			// The trace names the session and agent the client sent:
+			// contproxy derives the owner from them as from its headers.
+			h.Set("X-Session-Id", owner.Session())
+			h.Del("X-Agent-Id")
+			if owner.IsAgent() {
+				h.Set("X-Agent-Id", owner.AgentID())
+			}
+		}
+		if err == nil {
+			owner, err = proxy.DefaultIdentity.Owner(h, req)
+		}
+		if err != nil {
+			r.malformed(ft, n, fmt.Errorf("no owner derived from the line's owner, headers and request: %w", err))
+			return
+		}
+	}
 	prev, later := seen[owner]
-	if !later {
+	if !later && !owner.IsZero() {
 		// A file is a capture of its own: the owner starts from no state.
 		if err := r.s.Clear(ctx, owner); err != nil {
 			fmt.Fprintf(r.out, "%s:%d: clearing %v: %v\n", ft.File, n, owner, err)
@@ -363,14 +395,15 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 		prev = &lastTurn{}
 		seen[owner] = prev
 	}
-	t := &replayTurn{File: ft.File, Line: n, Owner: identityOwner{tl.Owner.Session, tl.Owner.Agent}, Later: later}
-	body := []byte(tl.Request)
+	if shown.IsZero() {
+		shown = owner
+	}
+	t := &replayTurn{File: ft.File, Line: n, Owner: identityOwner{shown.Session(), shown.AgentID()}, Later: later}
 	t.BytesSent, t.BytesFull = len(body), len(body)
 
-	req, err := r.s.ParseRequest(body)
-	if err != nil {
+	if parseErr != nil {
 		// A gateway sends what it cannot parse as it came.
-		t.Reason, t.Error = reasonInvalidRequest, err.Error()
+		t.Reason, t.Error = reasonInvalidRequest, parseErr.Error()
 	} else {
 		res := r.s.Reserve(ctx, owner, req)
 		t.Reason = string(res.Reason)
@@ -388,12 +421,14 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 		if err != nil {
 			t.Error = "record: " + err.Error()
 		}
-		prev.req, prev.output = req, tl.Output
+		if prev != nil {
+			prev.req, prev.output = req, tl.Output
+		}
 	}
 	ft.add(t)
 	r.report.add(t)
 	r.report.Turn = append(r.report.Turn, t)
-	r.printTurn(owner, t)
+	r.printTurn(shown, t)
 }
 
 // malformed counts line n of file ft as malformed because of err, and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,8 +14,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/proxy"
 	"github.com/contstore/contstore/store"
 )
 
@@ -72,18 +76,19 @@ func handTrace(t *testing.T) string {
 		traceLineOf(t, "s1", "", traceBody("be brief", u1, a1, u2), "resp_2", a2) + // 2: continued
 		traceLineOf(t, "s1", "helper", traceBody("be brief", u1), "resp_h", a1) + // 3: an agent's first turn
 		"\n" + // 4: blank, skipped
-		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, u2, a2, u3), "resp_3", a3) + // 5: prompt_changed
+		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, u2, a2, u3), "resp_3", a3) + // 5: another prompt, a thread of its own
 		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, edited, a2, u3, a3, u4), "resp_4", a4) + // 6: not_append_only
 		traceLineOf(t, "s1", "", json.RawMessage(`{"model":"m","input":null}`), "resp_x") + // 7: invalid request
 		`{"owner":{"session":"s1"},"request":` + "\n" + // 8: malformed JSON
-		`{"request":{"input":[]}}` + "\n" + // 9: no owner
-		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, edited, a2, u3, a3, u4, a4, u5), "resp_5", traceAnswer("done")) // 10: continued
+		`{"owner":{"session":"s1","agent":"a\u0007"},"request":{"input":[]}}` + "\n" + // 9: an invalid agent id
+		traceLineOf(t, "s1", "", traceBody("be verbose", u1, a1, edited, a2, u3, a3, u4, a4, u5), "resp_5", traceAnswer("done")) + // 10: continued
+		traceLineOf(t, "s1", "helper", traceBody("be verbose", u1, a1, u2), "resp_h2", a2) // 11: the agent's prompt_changed
 }
 
 func TestReplayHandTrace(t *testing.T) {
 	rep, out := replayTrace(t, "hand.jsonl", handTrace(t))
 	t.Log(out)
-	require.Len(t, rep.Turn, 7)
+	require.Len(t, rep.Turn, 8)
 	byLine := map[int]*replayTurn{}
 	for _, turn := range rep.Turn {
 		byLine[turn.Line] = turn
@@ -110,8 +115,12 @@ func TestReplayHandTrace(t *testing.T) {
 	assert.False(t, agent.Later, "siblings do not share turns")
 	assert.Equal(t, identityOwner{"s1", "helper"}, agent.Owner)
 
-	prompt := byLine[5]
-	assert.Equal(t, string(store.ReasonPromptChanged), prompt.Reason)
+	thread := byLine[5]
+	assert.Equal(t, string(store.ReasonMissingState), thread.Reason, "a main thread's prompt names its owner")
+	assert.False(t, thread.Later)
+
+	prompt := byLine[11]
+	assert.Equal(t, string(store.ReasonPromptChanged), prompt.Reason, "a sub-agent keeps its owner")
 	require.NotNil(t, prompt.Mismatch)
 	assert.Equal(t, []string{"instructions"}, prompt.Mismatch.Prompt)
 	assert.Equal(t, -1, prompt.Mismatch.Item)
@@ -137,7 +146,7 @@ func TestReplayHandTrace(t *testing.T) {
 	require.Len(t, rep.MalformedLines, 2)
 	assert.Equal(t, 8, rep.MalformedLines[0].Line)
 	assert.Equal(t, 9, rep.MalformedLines[1].Line)
-	assert.Contains(t, rep.MalformedLines[1].Error, `no "owner"`)
+	assert.Contains(t, rep.MalformedLines[1].Error, "agent id")
 	assert.Contains(t, out, "hand.jsonl:8: malformed trace line, skipped")
 	assert.Equal(t, 2, rep.Malformed)
 
@@ -147,10 +156,10 @@ func TestReplayHandTrace(t *testing.T) {
 	assert.Equal(t, reasonContinued, last.Reason)
 	assert.Equal(t, "resp_4", last.PreviousResponseID)
 
-	assert.Equal(t, 7, rep.Turns)
-	assert.Equal(t, 5, rep.LaterTurns)
+	assert.Equal(t, 8, rep.Turns)
+	assert.Equal(t, 4, rep.LaterTurns)
 	assert.Equal(t, 2, rep.Continued)
-	assert.Equal(t, map[string]int{"continued": 2, "missing_state": 2, "prompt_changed": 1,
+	assert.Equal(t, map[string]int{"continued": 2, "missing_state": 3, "prompt_changed": 1,
 		"not_append_only": 1, "invalid_request": 1}, rep.Reasons)
 	require.Len(t, rep.Files, 1)
 	assert.Equal(t, rep.replayTotals, rep.Files[0].replayTotals)
@@ -204,9 +213,9 @@ func TestReplayJSONKeys(t *testing.T) {
 		Turn                         []map[string]json.RawMessage
 	}
 	require.NoError(t, json.Unmarshal(data, &totals))
-	assert.Equal(t, 7, totals.Turns)
+	assert.Equal(t, 8, totals.Turns)
 	assert.Equal(t, 1, totals.Reasons["not_append_only"])
-	require.Len(t, totals.Turn, 7)
+	require.Len(t, totals.Turn, 8)
 
 	edit := totals.Turn[4] // line 6
 	keys := make([]string, 0, len(edit))
@@ -445,4 +454,165 @@ func TestReplayCapsMalformedLineMessages(t *testing.T) {
 	rep, _ := replayTrace(t, trace, noise.String())
 	assert.Equal(t, lines, rep.Malformed, "every malformed line is counted")
 	assert.Len(t, rep.MalformedLines, maxMalformedShown)
+}
+
+// traceLineWithout returns a trace line without an owner, with headers.
+func traceLineWithout(t *testing.T, headers map[string]any, request any, responseID string, output ...any) string {
+	t.Helper()
+	line := map[string]any{"request": request, "response_id": responseID, "output": output}
+	if headers != nil {
+		line["headers"] = headers
+	}
+	b, err := json.Marshal(line)
+	require.NoError(t, err)
+	return string(b) + "\n"
+}
+
+// A line that names no owner gets the one contproxy derives: from the
+// credential, the prompt and the opening of the conversation.
+func TestReplayDerivesTheOwnersOfLinesWithoutOne(t *testing.T) {
+	u1, a1, u2, a2 := traceUser("hi"), traceAnswer("hello"), traceUser("more"), traceAnswer("ok")
+	other := traceUser("another conversation")
+	keyA := map[string]any{"authorization": "Bearer sk-a"}
+	keyB := map[string]any{"authorization": []string{"Bearer sk-b"}}
+	trace := traceLineWithout(t, keyA, traceBody("x", u1), "resp_1", a1) + // 1
+		traceLineWithout(t, keyB, traceBody("x", u1), "resp_b", a1) + // 2: another credential, another owner
+		traceLineWithout(t, keyA, traceBody("x", other), "resp_o", a1) + // 3: another opening, another owner
+		traceLineWithout(t, keyA, traceBody("x", u1, a1, u2), "resp_2", a2) + // 4: continues line 1
+		`{"owner":{"session":"","agent":""},"headers":{"authorization":"Bearer sk-a"},"request":` + // 5: an empty session: derived
+		string(must(json.Marshal(traceBody("x", u1, a1, u2, a2, traceUser("last"))))) + `,"response_id":"resp_3"}` + "\n" +
+		traceLineWithout(t, keyA, traceBody("x", traceAnswer("no user message")), "resp_n", a1) + // 6: no owner
+		traceLineWithout(t, map[string]any{"session-id": ""}, traceBody("x", u1), "resp_e", a1) + // 7: an empty session id
+		traceLineWithout(t, map[string]any{"x": 3}, traceBody("x", u1), "resp_e", a1) // 8: a header that is no string
+	s, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	var out bytes.Buffer
+	r := newReplayer(s, "in-process store", &out)
+	require.NoError(t, r.replay(context.Background(), "derived.jsonl", strings.NewReader(trace)))
+	t.Log(out.String())
+	rep := &r.report
+	byLine := map[int]*replayTurn{}
+	for _, turn := range rep.Turn {
+		byLine[turn.Line] = turn
+	}
+	require.Len(t, rep.Turn, 6)
+	for _, n := range []int{1, 2, 3} {
+		assert.Equal(t, "missing_state", byLine[n].Reason, "line %d", n)
+		assert.False(t, byLine[n].Later, "line %d", n)
+		assert.Len(t, byLine[n].Owner.Session, 16, "line %d", n)
+	}
+	assert.NotEqual(t, byLine[1].Owner, byLine[2].Owner)
+	assert.NotEqual(t, byLine[1].Owner, byLine[3].Owner)
+	for _, n := range []int{4, 5} {
+		assert.Equal(t, reasonContinued, byLine[n].Reason, "line %d", n)
+		assert.Equal(t, byLine[1].Owner, byLine[n].Owner, "line %d", n)
+	}
+	assert.Equal(t, "resp_2", byLine[5].PreviousResponseID)
+	assert.Equal(t, string(store.ReasonMissingIdentity), byLine[6].Reason)
+	assert.False(t, byLine[6].Later, "a request without owner is nobody's later turn")
+	assert.Equal(t, identityOwner{}, byLine[6].Owner)
+	assert.Equal(t, 2, rep.LaterTurns)
+	require.Len(t, rep.MalformedLines, 2)
+	assert.Contains(t, rep.MalformedLines[0].Error, "header session-id is empty")
+	assert.Contains(t, rep.MalformedLines[1].Error, `header "x" is neither a string nor an array of strings`)
+
+	// The owner is the one contproxy derives.
+	req, err := s.ParseRequest(must(json.Marshal(traceBody("x", u1))))
+	require.NoError(t, err)
+	want, err := proxy.DefaultIdentity.Owner(http.Header{"Authorization": {"Bearer sk-a"}}, req)
+	require.NoError(t, err)
+	assert.Equal(t, identityOwner{want.Session(), ""}, byLine[1].Owner)
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// stripIdentity returns a trace line without anything that names a
+// session or an agent: no owner, none of proxy.DefaultIdentity's header
+// or body sources (a request naming an agent but no session is refused).
+// Everything else is kept byte for byte.
+func stripIdentity(t *testing.T, raw []byte) []byte {
+	t.Helper()
+	var line map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(raw, &line))
+	delete(line, "owner")
+	if h, ok := line["headers"]; ok {
+		var headers map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(h, &headers))
+		for name := range headers {
+			for _, src := range slices.Concat(proxy.DefaultIdentity.Session, proxy.DefaultIdentity.Agent) {
+				if src.Header != "" && strings.EqualFold(name, src.Header) {
+					delete(headers, name)
+				}
+			}
+		}
+		line["headers"] = must(json.Marshal(headers))
+	}
+	req := []byte(line["request"])
+	for _, src := range slices.Concat(proxy.DefaultIdentity.Session, proxy.DefaultIdentity.Agent) {
+		if src.Field != "" {
+			var err error
+			req, err = sjson.DeleteBytes(req, src.Field)
+			require.NoError(t, err)
+		}
+	}
+	line["request"] = req
+	return must(json.Marshal(line))
+}
+
+// TestRealClientTracesContinueWithoutSessionIDs replays every captured
+// client trace with its session and agent ids removed, as clients that
+// name no session send it: the owners contproxy derives from the opening
+// items must continue the later turns as the named sessions do.
+func TestRealClientTracesContinueWithoutSessionIDs(t *testing.T) {
+	paths, err := filepath.Glob(filepath.Join("..", "..", "testdata", "clients", "*.jsonl"))
+	require.NoError(t, err)
+	require.NotEmpty(t, paths, "no traces in testdata/clients")
+	for _, path := range paths {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			var trace bytes.Buffer
+			for _, raw := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+				stripped := stripIdentity(t, raw)
+				var tl traceLine
+				_, err := parseTraceLine(stripped, &tl)
+				require.NoError(t, err)
+				require.Nil(t, tl.Owner)
+				h, err := tl.header()
+				require.NoError(t, err)
+				for _, src := range slices.Concat(proxy.DefaultIdentity.Session, proxy.DefaultIdentity.Agent) {
+					require.Empty(t, h.Values(src.Header), "%s: %s is left", path, src)
+					if src.Field != "" {
+						require.False(t, gjson.GetBytes(tl.Request, src.Field).Exists(), "%s: %s is left", path, src)
+					}
+				}
+				trace.Write(stripped)
+				trace.WriteByte('\n')
+			}
+			s, err := store.NewMemory(store.Options{})
+			require.NoError(t, err)
+			r := newReplayer(s, "in-process store", &bytes.Buffer{})
+			require.NoError(t, r.replay(context.Background(), path, &trace))
+			f := r.report.Files[0]
+			require.Zero(t, f.Malformed, "%s: malformed lines: %+v", path, r.report.MalformedLines)
+			require.Positive(t, f.LaterTurns, "%s has no later turns", path)
+			t.Logf("%d of %d later turns continued; reasons: %s", f.Continued, f.LaterTurns, reasonsString(f.Reasons))
+			if float64(f.Continued) >= minContinued*float64(f.LaterTurns) {
+				return
+			}
+			var misses []string
+			for _, turn := range r.report.Turn {
+				if turn.Later && turn.Reason != reasonContinued {
+					misses = append(misses, fmt.Sprintf("  line %d: %s: %s%s", turn.Line, turn.Reason, turn.Difference, turn.Error))
+				}
+			}
+			t.Errorf("%s: %d of %d later turns continued, want at least %.0f%%\nreasons: %s\nmisses:\n%s",
+				path, f.Continued, f.LaterTurns, 100*minContinued, reasonsString(f.Reasons), strings.Join(misses, "\n"))
+		})
+	}
 }

@@ -20,7 +20,9 @@ type report struct {
 	Replicas      int          `json:"replicas"`
 	Concurrency   int          `json:"concurrency"`
 	Conversations int          `json:"conversations"`
-	Owners        int          `json:"owners"`
+	Alike         int          `json:"alike,omitempty"` // the size of groups that open alike, sharing a main-thread owner
+	Threads       int          `json:"threads"`         // main threads and sub-agents
+	Owners        int          `json:"owners"`          // store owners the threads use (fewer with Alike)
 	Sockets       int          `json:"sockets_per_replica"`
 	Upstream      upstreamMode `json:"upstream"`
 	Routing       routing      `json:"routing"`
@@ -80,13 +82,14 @@ type calibration struct {
 
 // newReport starts the report of a run of cfg on tgt.
 func newReport(cfg *config, tgt *target) *report {
-	return &report{
+	rep := &report{
 		Target:        tgt.desc,
 		Namespace:     tgt.ns,
 		Seed:          cfg.seed,
 		Replicas:      cfg.replicas,
 		Concurrency:   cfg.concurrency,
 		Conversations: cfg.conversations,
+		Threads:       cfg.conversations * (1 + cfg.agents),
 		Owners:        cfg.conversations * (1 + cfg.agents),
 		Sockets:       cfg.sockets,
 		Upstream:      cfg.upstream,
@@ -95,6 +98,11 @@ func newReport(cfg *config, tgt *target) *report {
 		TTLSeconds:    cfg.ttl.Seconds(),
 		Partitions:    cfg.partitions,
 	}
+	if cfg.alike > 1 {
+		rep.Alike = cfg.alike
+		rep.Owners = (cfg.conversations+cfg.alike-1)/cfg.alike + cfg.conversations*cfg.agents
+	}
+	return rep
 }
 
 // note adds a remark printed with the report.

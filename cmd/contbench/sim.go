@@ -44,8 +44,10 @@ const minIdleMargin = time.Second
 
 // Streams of the seed: each owner's is (seed, owner index); the
 // scheduler's and the workers' (which pick owners and random routes, and
-// so never change the workload) are set apart by the top bits.
+// so never change the workload) and the openings of -alike groups are set
+// apart by the top bits.
 const (
+	openingStreams  = 1 << 61
 	schedulerStream = 1 << 62
 	workerStreams   = 1 << 63
 )
@@ -108,7 +110,11 @@ func newSim(cfg *config, stores []gatewayStore, dir *directory.Directory) *sim {
 	}
 	for c := range cfg.conversations {
 		session := fmt.Sprintf("conv-%d", c)
-		s.addOwner(identity.Main(session))
+		if cfg.alike > 1 {
+			s.addAlike(c)
+		} else {
+			s.addOwner(identity.Main(session))
+		}
 		for k := range cfg.agents {
 			s.addOwner(identity.Agent(session, fmt.Sprintf("agent-%d", k+1)))
 		}
@@ -137,8 +143,14 @@ func (s *sim) addOwner(id identity.Owner, err error) {
 	if err != nil {
 		panic(err)
 	}
+	s.addThread(id, id.Key())
+}
+
+// addThread adds a conversation thread whose turns go to the store
+// owner id, on the upstream socket client hashes to.
+func (s *sim) addThread(id identity.Owner, client string) *owner {
 	h := fnv.New64a()
-	h.Write([]byte(id.Key()))
+	h.Write([]byte(client))
 	i := len(s.owners)
 	o := &owner{
 		index:  i,
@@ -149,6 +161,23 @@ func (s *sim) addOwner(id identity.Owner, err error) {
 	}
 	o.initPrompt(s.cfg.upstream == anySocket)
 	s.owners = append(s.owners, o)
+	return o
+}
+
+// addAlike adds the main thread of conversation c, one of a group of
+// -alike that name no session and open alike: the same prompt and first
+// user message, under one credential. A gateway derives one owner from
+// that opening (proxy.Identity.Owner), so the group's main threads share
+// it; each keeps its own client, socket and transcript.
+func (s *sim) addAlike(c int) {
+	group := c / s.cfg.alike
+	id, err := identity.Main(fmt.Sprintf("alike-%d", group))
+	if err != nil {
+		panic(err)
+	}
+	o := s.addThread(id, fmt.Sprintf("conv-%d", c))
+	o.shared = true
+	o.opening = userMessage(rand.New(rand.NewPCG(s.cfg.seed, openingStreams|uint64(group))), "")
 }
 
 // run runs the workers until every owner has played its turns, the

@@ -16,6 +16,9 @@ func (r *report) write(w io.Writer, notes bool) {
 	r.writeHeadline(w)
 	fmt.Fprintf(w, "\ncontbench: %s, %d replicas, %d workers, %d conversations (%d owners), upstream %s, routing %s",
 		r.Target, r.Replicas, r.Concurrency, r.Conversations, r.Owners, r.Upstream, r.Routing)
+	if r.Alike > 1 {
+		fmt.Fprintf(w, ", opening alike in groups of %d", r.Alike)
+	}
 	if r.Forward {
 		fmt.Fprint(w, ", forwarding")
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"reflect"
 
@@ -21,26 +22,52 @@ type traceLine struct {
 		Session string `json:"session"`
 		Agent   string `json:"agent"`
 	} `json:"owner"`
-	Request    json.RawMessage   `json:"request"`
-	ResponseID string            `json:"response_id"`
-	Output     []json.RawMessage `json:"output"`
+	// Headers are the request headers the trace kept, by name; a value
+	// is a string or an array of strings.
+	Headers    map[string]json.RawMessage `json:"headers"`
+	Request    json.RawMessage            `json:"request"`
+	ResponseID string                     `json:"response_id"`
+	Output     []json.RawMessage          `json:"output"`
 }
 
-// parseTraceLine decodes raw into tl and returns its owner.
+// parseTraceLine decodes raw into tl and returns the owner it names: the
+// zero owner when it names none (no owner, or an empty session), for the
+// replay to derive as a gateway does.
 func parseTraceLine(raw []byte, tl *traceLine) (identity.Owner, error) {
 	if err := json.Unmarshal(raw, tl); err != nil {
 		return identity.Owner{}, traceLineError(err)
 	}
-	if tl.Owner == nil {
-		return identity.Owner{}, errors.New(`no "owner"`)
-	}
 	if len(tl.Request) == 0 || string(tl.Request) == "null" {
 		return identity.Owner{}, errors.New(`no "request"`)
 	}
-	if tl.Owner.Agent == "" {
+	switch {
+	case tl.Owner == nil || tl.Owner.Session == "":
+		return identity.Owner{}, nil
+	case tl.Owner.Agent == "":
 		return identity.Main(tl.Owner.Session)
+	default:
+		return identity.Agent(tl.Owner.Session, tl.Owner.Agent)
 	}
-	return identity.Agent(tl.Owner.Session, tl.Owner.Agent)
+}
+
+// header returns the line's headers as a request would carry them.
+func (tl *traceLine) header() (http.Header, error) {
+	h := make(http.Header, len(tl.Headers))
+	for name, raw := range tl.Headers {
+		var v string
+		if err := json.Unmarshal(raw, &v); err == nil {
+			h.Add(name, v)
+			continue
+		}
+		var vs []string
+		if err := json.Unmarshal(raw, &vs); err != nil {
+			return nil, fmt.Errorf("header %q is neither a string nor an array of strings", name)
+		}
+		for _, v := range vs {
+			h.Add(name, v)
+		}
+	}
+	return h, nil
 }
 
 // traceLineError says why a line that did not decode is not a trace

@@ -111,12 +111,13 @@ func (w *worker) single(ctx context.Context, o *owner, input []json.RawMessage) 
 		ev[eventNoID]++
 		a.id = ""
 		if got, ok := w.recorded(recordAnswer(ctx, a)); ok {
-			s.oracle.checkOutcome(o, a.via, "record without response id", got, wantOutcome(a.res, store.OutcomeDropped)...)
+			s.oracle.checkOutcome(o, a.via, "record without response id", got, wantOutcome(a.res, o.orStale(store.OutcomeDropped)...)...)
 		}
 	} else {
 		got, ok := w.recorded(recordAnswer(ctx, a))
 		if ok {
-			s.oracle.checkOutcome(o, a.via, "current turn not published", got, wantOutcome(a.res, store.OutcomePublished, store.OutcomeGone)...)
+			s.oracle.checkOutcome(o, a.via, "current turn not published", got,
+				wantOutcome(a.res, o.orStale(store.OutcomePublished, store.OutcomeGone)...)...)
 		}
 		o.settle(a, full, got, ok)
 	}
@@ -158,7 +159,7 @@ func (w *worker) concurrentPair(ctx context.Context, o *owner, inputA []json.Raw
 			s.oracle.checkOutcome(o, a.via, "superseded turn published", gotA, wantOutcome(a.res, store.OutcomeStale, store.OutcomeGone)...)
 		}
 		if okB {
-			s.oracle.checkOutcome(o, b.via, "current turn not published", gotB, store.OutcomePublished, store.OutcomeGone)
+			s.oracle.checkOutcome(o, b.via, "current turn not published", gotB, o.orStale(store.OutcomePublished, store.OutcomeGone)...)
 		}
 		o.settle(b, fullB, gotB, okB)
 	case a.res.Turn != 0:

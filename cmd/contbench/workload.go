@@ -186,6 +186,11 @@ func (o *owner) newItems(rng *rand.Rand) []json.RawMessage {
 		o.pendingCall = ""
 	}
 	for len(items) < n {
+		if o.opening != nil {
+			items = append(items, o.opening)
+			o.opening = nil
+			continue
+		}
 		items = append(items, userMessage(rng, ""))
 	}
 	return items
