@@ -212,7 +212,7 @@ func derivedID(req *fingerprint.Request, msg []byte) string {
 
 // firstUserMessage returns the index of the first user message among
 // items, or -1: a string item, or an object whose "role" is "user" and
-// whose "type" is absent or "message".
+// whose "type" is absent, null or "message".
 func firstUserMessage(items []json.RawMessage) int {
 	for k, raw := range items {
 		if len(raw) == 0 {
@@ -226,7 +226,7 @@ func firstUserMessage(items []json.RawMessage) int {
 		}
 		role, typ := gjson.GetBytes(raw, "role"), gjson.GetBytes(raw, "type")
 		if role.Type == gjson.String && role.Str == "user" &&
-			(!typ.Exists() || typ.Type == gjson.String && typ.Str == "message") {
+			(!typ.Exists() || typ.Type == gjson.Null || typ.Type == gjson.String && typ.Str == "message") {
 			return k
 		}
 	}

@@ -175,7 +175,7 @@ func TestOwnersWithoutSessionFollowTheOpening(t *testing.T) {
 		`{"model":"m"}`,
 		`{"model":"m","input":[]}`,
 		`{"model":"m","input":[{"role":"system","content":"x"},{"type":"function_call_output","call_id":"c","output":"x"}]}`,
-		`{"model":"m","input":[{"type":"input_text","role":"user","text":"x"},{"type":null,"role":"user","content":"x"}]}`,
+		`{"model":"m","input":[{"type":"input_text","role":"user","text":"x"},{"type":"x","role":"user","content":"x"}]}`,
 	} {
 		assert.Equal(t, identity.Owner{}, owner(none), "no user message, no owner: %s", none)
 	}

@@ -13,7 +13,10 @@
 // response.completed, or aborts the turn (store.Store.Abort) on anything
 // else. An upstream that refuses a continuation before anything reached
 // the client gets the same turn again with the full context, unseen by the
-// client. The client sees what it would see without the proxy: when a turn
+// client; after a few refusals in a row for one model, that model's turns
+// go with the full context for a while (Learning), and
+// Config.NoContinuation never continues. The client sees what it would see
+// without the proxy: when a turn
 // was continued, the previous_response_id the proxy added is shown as null.
 //
 // A request that carries its own previous_response_id or conversation is
@@ -84,6 +87,15 @@ type Config struct {
 	// follow it (header affinity). Default "Contproxy-Replica"; "-" for
 	// none.
 	RoutingHeader string
+	// Learning says when continuing stops for a model whose
+	// continuations the upstream refuses, and for how long. Zero:
+	// defaults (see Learning).
+	Learning Learning
+	// NoContinuation never continues: for an upstream that keeps no
+	// responses. Every request goes upstream as the client sent it,
+	// outside the store (nothing is reserved or recorded) and without
+	// reading its owner.
+	NoContinuation bool
 }
 
 // Proxy is the gateway handler. It is safe for concurrent use.
@@ -91,6 +103,7 @@ type Proxy struct {
 	cfg     Config
 	replica string // the store's replica id
 	stats   counters
+	learn   *learner
 }
 
 // New returns a proxy for cfg.
@@ -130,7 +143,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.RoutingHeader == "" {
 		cfg.RoutingHeader = defaultRoutingHeader
 	}
-	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica}, nil
+	if err := cfg.Learning.check(); err != nil {
+		return nil, err
+	}
+	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning)}, nil
 }
 
 // Close closes the upstream connections the proxy keeps. Call it after the
@@ -146,6 +162,10 @@ type Stats struct {
 	// FullContextRetries counts continuations the upstream refused,
 	// resent with the full context.
 	FullContextRetries int64
+	// ContinuationsPaused counts turns that could have continued, sent
+	// with the full context because the upstream refuses continuations
+	// of their model (see Learning).
+	ContinuationsPaused int64
 	// Passthrough counts requests that carried their own
 	// previous_response_id or conversation.
 	Passthrough int64
@@ -167,6 +187,7 @@ type Stats struct {
 
 type counters struct {
 	turns, continued, retries, passthrough, upstreamErrors atomic.Int64
+	paused                                                 atomic.Int64
 	forwarded, forwardFailures, forwardedIn                atomic.Int64
 	itemsReceived, itemsSent, bytesReceived, bytesSent     atomic.Int64
 }
@@ -176,7 +197,7 @@ func (p *Proxy) Stats() Stats {
 	c := &p.stats
 	return Stats{
 		Turns: c.turns.Load(), Continued: c.continued.Load(), FullContextRetries: c.retries.Load(),
-		Passthrough: c.passthrough.Load(), UpstreamErrors: c.upstreamErrors.Load(),
+		Passthrough: c.passthrough.Load(), UpstreamErrors: c.upstreamErrors.Load(), ContinuationsPaused: c.paused.Load(),
 		Forwarded: c.forwarded.Load(), ForwardFailures: c.forwardFailures.Load(), ForwardedIn: c.forwardedIn.Load(),
 		ItemsReceived: c.itemsReceived.Load(), ItemsSent: c.itemsSent.Load(),
 		BytesReceived: c.bytesReceived.Load(), BytesSent: c.bytesSent.Load(),
@@ -242,6 +263,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.forward(w, r, t, body)
 		return
 	}
+	if p.cfg.NoContinuation {
+		p.serveWhole(w, r, t, body)
+		return
+	}
 	req, err := p.cfg.Store.ParseRequest(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "input", "invalid_request", err.Error())
@@ -288,7 +313,13 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	sctx := context.WithoutCancel(r.Context())
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
 	defer cancel()
+	g := p.gate(t)
+	defer g.done()
 	res := t.res
+	if g.paused {
+		res = res.FullContextRetry() // the upstream refuses this model's continuations
+		p.stats.paused.Add(1)
+	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	if res.Reason == store.ReasonStoreUnavailable {
 		lg.Warn("store unavailable, sending full context", "err", res.Err)
@@ -333,6 +364,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		lg.Warn("upstream refused the continuation, resending full context",
 			"previous_response_id", res.PreviousResponseID)
 		p.stats.retries.Add(1)
+		g.refused()
 		fullContext()
 	}
 	if err != nil {
@@ -348,7 +380,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		hide = res.PreviousResponseID
 	}
 	out := relay(w, t, rep, hide)
-	lg = lg.With("reason", res.Reason, "continued", continued, "items", res.Request().Len(),
+	lg = lg.With("reason", g.reason(res.Reason), "continued", continued, "items", res.Request().Len(),
 		"sent", res.DeltaCount, "status", out.status)
 	switch {
 	case out.err != nil:
@@ -363,6 +395,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	default:
 		if continued {
 			p.stats.continued.Add(1)
+			g.accepted()
 		}
 		if _, forwarded := c.(*forwardConn); forwarded {
 			p.stats.forwarded.Add(1)

@@ -47,6 +47,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/contstore/contstore/directory"
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/proxy"
 	"github.com/contstore/contstore/store"
@@ -87,7 +88,8 @@ type config struct {
 	listen, upstream, transport, redisURL, redisCluster string
 	redisClient, namespace, replica, logLevel           string
 	advertise, forwardSecret, routingHeader             string
-	fakeUpstream                                        bool
+	profile                                             fingerprint.Profile
+	fakeUpstream, noContinuation                        bool
 	sockets                                             int
 	maxBody                                             int64
 	upstreamTimeout, shutdownTimeout, opTimeout         time.Duration
@@ -145,11 +147,17 @@ Flags:
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve clients on")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
 	fs.BoolVar(&c.fakeUpstream, "fake-upstream", false, "serve the built-in fake Responses upstream on a loopback port and use it (over -transport)")
+	fs.BoolVar(&c.noContinuation, "no-continuation", false, "never continue: send every turn upstream as the client sent it, outside the store, for an upstream that keeps no responses (without it, continuing pauses by itself for a model after 3 refused continuations in a row)")
 	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream); only websocket continues store:false turns, which Codex sends")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis `URL` (redis://[user:password@]host:port/db, rediss:// for TLS) shared by the replicas")
 	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
 	fs.StringVar(&c.redisClient, "redis-client", "go-redis", "client library of the store on Redis: go-redis, or rueidis, faster at many turns in flight but connecting at start, so contproxy does not start while Redis is unreachable (the forwarding directory uses go-redis either way)")
 	fs.StringVar(&c.namespace, "namespace", "cont", "key namespace in Redis; replicas sharing it share continuations")
+	c.profile = fingerprint.V3()
+	fs.Func("profile", "fingerprint `profile`, fixed per namespace: v3 (the default), or v2 to keep a namespace earlier versions made", func(v string) (err error) {
+		c.profile, err = fingerprint.Named(v)
+		return err
+	})
 	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
 	fs.IntVar(&c.sockets, "sockets", 16, "WebSocket transport: upstream sockets kept per client credential")
 	fs.Int64Var(&c.maxBody, "max-body", 64<<20, "largest request body in `bytes` (413 above)")
@@ -378,7 +386,8 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody,
-		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader}
+		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader,
+		NoContinuation: c.noContinuation}
 	announced := make(chan struct{})
 	if c.forwardSecret != "" {
 		dir, err := directory.NewRedis(rdb, c.namespace, directory.Options{OpTimeout: c.opTimeout})
@@ -461,7 +470,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 // Redis (nil for the in-process store), which the forwarding directory
 // uses; closeStore closes what it opened.
 func openStore(c config, metrics *prommetrics.Metrics) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
-	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: metrics}
+	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: metrics, Profile: c.profile}
 	// The client settings the README recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.
 	timeout := c.opTimeout + 300*time.Millisecond
@@ -539,7 +548,8 @@ func sweep(ctx context.Context, st *store.Store, logger *slog.Logger) {
 	}
 }
 
-// statsCollector exports a proxy's Stats as counters.
+// statsCollector exports a proxy's Stats as counters, and its paused
+// models as a gauge.
 type statsCollector struct{ p *proxy.Proxy }
 
 // statsCounter is one counter of Stats.
@@ -558,6 +568,8 @@ var statsCounters = func() []statsCounter {
 		c("turns_continued_total", "Turns sent as a continuation and answered.", func(s proxy.Stats) int64 { return s.Continued }),
 		c("full_context_retries_total", "Continuations the upstream refused, resent with the full context.",
 			func(s proxy.Stats) int64 { return s.FullContextRetries }),
+		c("continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.",
+			func(s proxy.Stats) int64 { return s.ContinuationsPaused }),
 		c("passthrough_total", "Requests carrying their own previous_response_id or conversation.",
 			func(s proxy.Stats) int64 { return s.Passthrough }),
 		c("upstream_errors_total", "Turns the upstream could not be reached for, or dropped.",
@@ -574,11 +586,17 @@ var statsCounters = func() []statsCounter {
 	}
 }()
 
+// pausedDesc is 1 for each model whose continuations are paused because
+// the upstream refuses them; a model that continues has no series.
+var pausedDesc = prometheus.NewDesc("contproxy_continuation_paused",
+	"1 while continuing is paused for the model because the upstream refuses its continuations.", []string{"model"}, nil)
+
 // Describe implements prometheus.Collector.
 func (statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, c := range statsCounters {
 		ch <- c.desc
 	}
+	ch <- pausedDesc
 }
 
 // Collect implements prometheus.Collector.
@@ -586,5 +604,8 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	st := s.p.Stats()
 	for _, c := range statsCounters {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.value(st)))
+	}
+	for _, model := range s.p.PausedModels() {
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, 1, model)
 	}
 }

@@ -31,6 +31,11 @@
 // on that connection: anything else fails with 400 and code
 // previous_response_not_found.
 //
+// Options.KeepsNoResponses makes it an upstream that keeps no responses, as
+// many OpenAI-compatible servers are: every previous_response_id fails with
+// previous_response_not_found, over both transports. Upstream.Calls counts
+// the create-response calls received.
+//
 // Options.Fault scripts failures, over both transports: an error status
 // before any event, a response.failed or response.incomplete response, an
 // error event, or a connection dropped after some events (see FaultKind).
@@ -51,6 +56,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -98,6 +104,10 @@ type Options struct {
 	// validation (its previous_response_id resolved); it may be called
 	// concurrently.
 	Fault func(Request) Fault
+	// KeepsNoResponses refuses every previous_response_id, whatever
+	// "store" says and over both transports, with 400 and code
+	// previous_response_not_found (an error event over WebSocket).
+	KeepsNoResponses bool
 }
 
 // Upstream is the fake Responses upstream. It is safe for concurrent use.
@@ -109,7 +119,9 @@ type Upstream struct {
 	eventDelay time.Duration
 	lifetime   time.Duration
 	fault      func(Request) Fault
+	keepsNone  bool
 
+	calls  atomic.Int64
 	mu     sync.Mutex
 	seq    uint64
 	stored map[string][]json.RawMessage // response id → transcript, for store=true
@@ -126,9 +138,13 @@ func New(opts Options) *Upstream {
 		lifetime = DefaultConnectionLifetime
 	}
 	return &Upstream{script: opts.Script, recorder: opts.Recorder, now: now, seed: opts.IDSeed,
-		eventDelay: opts.EventDelay, lifetime: lifetime, fault: opts.Fault,
+		eventDelay: opts.EventDelay, lifetime: lifetime, fault: opts.Fault, keepsNone: opts.KeepsNoResponses,
 		stored: make(map[string][]json.RawMessage)}
 }
+
+// Calls returns how many create-response calls the upstream received, over
+// both transports, answered or refused.
+func (u *Upstream) Calls() int64 { return u.calls.Load() }
 
 // Request is one create-response call, whatever its transport.
 type Request struct {
@@ -266,6 +282,7 @@ func (r *createRequest) functionTools() []FunctionTool {
 
 // Create answers one call. It never writes anything: the transport does.
 func (u *Upstream) Create(r Request) (*Result, *Error) {
+	u.calls.Add(1)
 	var req createRequest
 	if err := json.Unmarshal(r.Body, &req); err != nil {
 		return nil, invalid("", "", "We could not parse the JSON body of your request: %v", err)
@@ -317,7 +334,7 @@ func (u *Upstream) Create(r Request) (*Result, *Error) {
 	}
 	res.Events = b.events
 	res.Transcript = append(slices.Clip(conversation), res.Output...)
-	if req.stores() && res.continuable() {
+	if req.stores() && res.continuable() && !u.keepsNone {
 		u.mu.Lock()
 		u.stored[id] = res.Transcript
 		u.mu.Unlock()
@@ -352,10 +369,10 @@ func (u *Upstream) resolve(r Request, req *createRequest, input []json.RawMessag
 	}
 	var transcript []json.RawMessage
 	ok := false
-	if r.Local != nil {
+	if r.Local != nil && !u.keepsNone {
 		transcript, ok = r.Local(prev)
 	}
-	if !ok && req.stores() {
+	if !ok && req.stores() && !u.keepsNone {
 		u.mu.Lock()
 		transcript, ok = u.stored[prev]
 		u.mu.Unlock()

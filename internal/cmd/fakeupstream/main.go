@@ -6,7 +6,9 @@
 //	fakeupstream -listen 127.0.0.1:0 -trace calls.jsonl -tool-calls 3
 //
 // -connection-lifetime bounds each WebSocket connection (60 minutes, as
-// the real API's), -event-delay slows every streamed event down.
+// the real API's), -event-delay slows every streamed event down, and
+// -keeps-no-responses refuses every previous_response_id, as an upstream
+// that keeps no responses does.
 //
 // It prints the address it listens on as the first line of its standard
 // output, then serves until SIGINT or SIGTERM. Shutting down waits for the
@@ -42,6 +44,7 @@ func main() {
 	seed := flag.String("seed", "", "seed of the response and item ids (default: the trace file's name)")
 	lifetime := flag.Duration("connection-lifetime", fakeupstream.DefaultConnectionLifetime, "how long a WebSocket connection lasts before websocket_connection_limit_reached")
 	eventDelay := flag.Duration("event-delay", 0, "wait before each event sent, over HTTP and WebSocket")
+	keepsNone := flag.Bool("keeps-no-responses", false, "keep no responses: refuse every previous_response_id with previous_response_not_found, over HTTP and WebSocket")
 	flag.Parse()
 	log.SetPrefix("fakeupstream: ")
 	log.SetFlags(0)
@@ -59,6 +62,7 @@ func main() {
 		*seed = filepath.Base(*tracePath)
 	}
 	opts := fakeupstream.Options{IDSeed: *seed, ConnectionLifetime: *lifetime, EventDelay: *eventDelay,
+		KeepsNoResponses: *keepsNone,
 		Script: fakeupstream.Script{
 			ToolCalls: *toolCalls,
 			Commands:  strings.Split(*commands, ","),

@@ -1,0 +1,359 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/store"
+)
+
+// clock is a settable clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Unix(1760000000, 0)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func testLearner(t *testing.T, cfg Learning) (*learner, *clock) {
+	t.Helper()
+	c := newClock()
+	cfg.Now = c.Now
+	require.NoError(t, cfg.check())
+	return newLearner(cfg), c
+}
+
+// allowed returns allow's answer as "continue", "probe" or "full".
+func allowed(l *learner, model string) string {
+	switch ok, probe := l.allow(model); {
+	case probe:
+		return "probe"
+	case ok:
+		return "continue"
+	}
+	return "full"
+}
+
+func TestLearnerPausesAfterRefusalsInARowAndProbes(t *testing.T) {
+	l, c := testLearner(t, Learning{})
+	// Two refusals, then an accepted continuation: the count starts over.
+	for range 2 {
+		what, _ := l.refused("m", false)
+		assert.Equal(t, unchanged, what)
+	}
+	assert.Equal(t, unchanged, l.accepted("m"))
+	for range 2 {
+		l.refused("m", false)
+	}
+	assert.Equal(t, "continue", allowed(l, "m"))
+	what, pause := l.refused("m", false)
+	assert.Equal(t, paused, what)
+	assert.Equal(t, time.Minute, pause)
+	assert.Equal(t, "full", allowed(l, "m"))
+	assert.Equal(t, "continue", allowed(l, "other"), "models are learned apart")
+	assert.Equal(t, []string{"m"}, l.pausedModels())
+
+	// A turn sent continued before the pause and refused now does not
+	// lengthen it.
+	what, _ = l.refused("m", false)
+	assert.Equal(t, unchanged, what)
+
+	// Each refused probe doubles the pause, up to an hour.
+	want := time.Minute
+	for range 8 {
+		c.advance(want - time.Second)
+		require.Equal(t, "full", allowed(l, "m"), "paused for %v", want)
+		c.advance(time.Second)
+		require.Equal(t, "probe", allowed(l, "m"))
+		require.Equal(t, "full", allowed(l, "m"), "one probe at a time")
+		what, pause := l.refused("m", true)
+		want = min(2*want, time.Hour)
+		require.Equal(t, extended, what)
+		require.Equal(t, want, pause)
+	}
+	assert.Equal(t, time.Hour, want)
+
+	// A probe that gets no verdict lets the next turn probe.
+	c.advance(time.Hour)
+	assert.Equal(t, "probe", allowed(l, "m"))
+	l.undecided("m")
+	assert.Equal(t, "probe", allowed(l, "m"))
+	// An accepted probe ends the pause and the learner forgets the model.
+	assert.Equal(t, resumed, l.accepted("m"))
+	assert.Equal(t, "continue", allowed(l, "m"))
+	assert.Empty(t, l.pausedModels())
+	what, _ = l.refused("m", false)
+	assert.Equal(t, unchanged, what, "three refusals in a row again")
+}
+
+func TestLearnerSettings(t *testing.T) {
+	l, _ := testLearner(t, Learning{Refusals: -1})
+	for range 10 {
+		l.refused("m", false)
+	}
+	assert.Equal(t, "continue", allowed(l, "m"), "negative Refusals never pauses")
+
+	l, c := testLearner(t, Learning{Refusals: 1, Cooldown: time.Second, MaxCooldown: 3 * time.Second})
+	what, pause := l.refused("m", false)
+	assert.Equal(t, paused, what)
+	assert.Equal(t, time.Second, pause)
+	for _, want := range []time.Duration{2 * time.Second, 3 * time.Second, 3 * time.Second} {
+		c.advance(time.Hour)
+		require.Equal(t, "probe", allowed(l, "m"))
+		_, pause = l.refused("m", true)
+		assert.Equal(t, want, pause)
+	}
+
+	cfg := Learning{Cooldown: 2 * time.Hour}
+	require.NoError(t, cfg.check())
+	assert.Equal(t, 3, cfg.Refusals)
+	assert.Equal(t, 2*time.Hour, cfg.MaxCooldown, "never below Cooldown")
+	assert.NotNil(t, cfg.Now)
+	for _, bad := range []Learning{{Cooldown: -1}, {MaxCooldown: -1}, {Cooldown: time.Hour, MaxCooldown: time.Minute}} {
+		assert.ErrorIs(t, bad.check(), ErrInvalidConfig, "%+v", bad)
+	}
+}
+
+func TestLearnerKeepsABoundedNumberOfModels(t *testing.T) {
+	l, _ := testLearner(t, Learning{Refusals: 1})
+	for i := range maxLearnedModels + 10 {
+		l.refused(fmt.Sprint("m", i), false)
+	}
+	assert.Len(t, l.pausedModels(), maxLearnedModels)
+	assert.Equal(t, "continue", allowed(l, fmt.Sprint("m", maxLearnedModels)), "past the bound, a model is not learned")
+
+	// Models refused once, never paused, make room for new ones.
+	l, _ = testLearner(t, Learning{Refusals: 2})
+	for i := range maxLearnedModels {
+		l.refused(fmt.Sprint("m", i), false)
+	}
+	for range 2 {
+		l.refused("new", false)
+	}
+	assert.Equal(t, []string{"new"}, l.pausedModels())
+	assert.Len(t, l.models, maxLearnedModels)
+}
+
+// logBuffer collects a logger's lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// count returns how many lines hold s.
+func (l *logBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// learnRig is a proxy with a clock and a log in front of an upstream.
+type learnRig struct {
+	proxy *Proxy
+	url   string
+	clock *clock
+	log   *logBuffer
+	store *store.Store
+}
+
+// newLearnRig starts a proxy over tr in front of upstream, configured by
+// cfg (Store, Upstream, Logger and the learner's clock are filled in).
+func newLearnRig(t *testing.T, tr transport, upstream http.Handler, cfg Config) *learnRig {
+	t.Helper()
+	up := httptest.NewServer(upstream)
+	t.Cleanup(up.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	r := &learnRig{clock: newClock(), log: &logBuffer{}, store: st}
+	base := up.URL + "/v1"
+	switch tr {
+	case overHTTP:
+		cfg.Upstream, err = NewHTTPUpstream(base, nil)
+	case overWebSocket:
+		cfg.Upstream, err = NewWebSocketUpstream("ws"+strings.TrimPrefix(base, "http"),
+			WebSocketOptions{Replica: "r1", Sockets: 2})
+	}
+	require.NoError(t, err)
+	cfg.Store = st
+	cfg.Logger = slog.New(slog.NewTextHandler(r.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Learning.Now = r.clock.Now
+	r.proxy, err = New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.proxy.Close() })
+	srv := httptest.NewServer(r.proxy)
+	t.Cleanup(srv.Close)
+	r.url = srv.URL + "/v1/responses"
+	return r
+}
+
+const pauseLine = `level=WARN msg="upstream refuses continuations; sending full context for 1m0s" model=gpt-test`
+
+// In front of an upstream that keeps no responses, the proxy stops
+// continuing after three refusals, says so once, and probes once per
+// cooldown: about one upstream request per client turn.
+func TestAnUpstreamThatKeepsNoResponsesIsLearned(t *testing.T) {
+	for _, tc := range []struct {
+		tr            transport
+		stream, store bool
+	}{
+		{overHTTP, false, true},
+		{overWebSocket, true, false},
+	} {
+		t.Run(fmt.Sprintf("%s/stream=%v/store=%v", tc.tr, tc.stream, tc.store), func(t *testing.T) {
+			fake := fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}, KeepsNoResponses: true})
+			r := newLearnRig(t, tc.tr, fake, Config{})
+			c := newConversation(t, r.url, "s1", tc.stream, tc.store)
+			c.say("turn 0") // 3 turns: the 2nd and 3rd refused, resent
+			c.say("turn 1") // the 4th refused, resent: paused; the 5th and 6th sent in full
+			st := r.proxy.Stats()
+			require.Equal(t, int64(6), st.Turns)
+			require.Equal(t, int64(3), st.FullContextRetries)
+			require.Equal(t, int64(2), st.ContinuationsPaused)
+			require.Equal(t, int64(9), fake.Calls())
+			require.Equal(t, []string{"gpt-test"}, r.proxy.PausedModels())
+			turns0, calls0 := st.Turns, fake.Calls()
+
+			for i := range 11 {
+				c.say(fmt.Sprint("more ", i))
+			}
+			st = r.proxy.Stats()
+			assert.Equal(t, st.Turns-turns0, fake.Calls()-calls0, "one upstream request per turn while paused")
+			assert.Equal(t, int64(3), st.FullContextRetries)
+			assert.Zero(t, st.Continued)
+
+			// After the cooldown, one probe, refused: the pause doubles.
+			r.clock.advance(time.Minute)
+			retries, calls, turns := st.FullContextRetries, fake.Calls(), st.Turns
+			c.say("after a minute")
+			st = r.proxy.Stats()
+			assert.Equal(t, retries+1, st.FullContextRetries, "exactly one probe, refused")
+			assert.Equal(t, st.Turns-turns+1, fake.Calls()-calls)
+			r.clock.advance(time.Minute)
+			c.say("a minute later")
+			assert.Equal(t, retries+1, r.proxy.Stats().FullContextRetries, "the pause is two minutes now")
+			r.clock.advance(time.Minute)
+			c.say("two minutes later")
+			st = r.proxy.Stats()
+			assert.Equal(t, retries+2, st.FullContextRetries, "the second probe")
+
+			turns, calls = st.Turns-turns0, fake.Calls()-calls0
+			require.GreaterOrEqual(t, turns, int64(40))
+			assert.LessOrEqual(t, float64(calls)/float64(turns), 1.05, "%d upstream requests for %d turns", calls, turns)
+			assert.Equal(t, st.Turns-4-2, st.ContinuationsPaused, "every turn after the 4th but the probes")
+			assert.Equal(t, 1, r.log.count(pauseLine), "the pause is said once")
+			assert.Equal(t, 1, r.log.count("upstream refuses continuations"))
+			assert.Zero(t, r.log.count("accepts continuations again"))
+			assert.Equal(t, 2, r.log.count("upstream still refuses continuations; pause extended"))
+			assert.Equal(t, st.ContinuationsPaused, int64(r.log.count("reason=continuation_paused")))
+		})
+	}
+}
+
+// refusing answers every continuation with the not-found error while on,
+// and hands everything else to next.
+type refusing struct {
+	on   atomic.Bool
+	next http.Handler
+}
+
+func (h *refusing) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if prev := gjson.GetBytes(body, "previous_response_id").String(); prev != "" && h.on.Load() {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `{"error":{"message":"Previous response with id '%s' not found.","type":"invalid_request_error",`+
+			`"param":"previous_response_id","code":"previous_response_not_found"}}`, prev)
+		return
+	}
+	r.Body = io.NopCloser(strings.NewReader(string(body)))
+	h.next.ServeHTTP(w, r)
+}
+
+// An upstream that continues again is found by the next probe, and said so
+// once.
+func TestAProbeAcceptedResumesContinuing(t *testing.T) {
+	up := &refusing{next: fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}})}
+	up.on.Store(true)
+	r := newLearnRig(t, overHTTP, up, Config{})
+	c := newConversation(t, r.url, "s1", true, true)
+	c.say("hello")
+	c.say("again")
+	require.Equal(t, int64(2), r.proxy.Stats().ContinuationsPaused)
+	up.on.Store(false)
+	c.say("still paused")
+	st := r.proxy.Stats()
+	assert.Zero(t, st.Continued, "no probe before the cooldown")
+	r.clock.advance(time.Minute)
+	c.say("probe")
+	c.say("continuing")
+	after := r.proxy.Stats()
+	assert.Equal(t, int64(6), after.Continued, "the probe and every turn after it continue")
+	assert.Equal(t, st.ContinuationsPaused, after.ContinuationsPaused)
+	assert.Empty(t, r.proxy.PausedModels())
+	assert.Equal(t, 1, r.log.count(pauseLine))
+	assert.Equal(t, 1, r.log.count(`level=INFO msg="upstream accepts continuations again; continuing" model=gpt-test`))
+}
+
+// With NoContinuation nothing continues, even in front of an upstream
+// that could, and the store is not used.
+func TestNoContinuationNeverContinues(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			fake := fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}})
+			r := newLearnRig(t, tr, fake, Config{NoContinuation: true})
+			c := newConversation(t, r.url, "s1", true, tr == overHTTP)
+			for i := range 14 {
+				c.say(fmt.Sprint("turn ", i))
+			}
+			st := r.proxy.Stats()
+			assert.Equal(t, int64(42), st.Turns)
+			assert.Equal(t, st.Turns, fake.Calls(), "each turn once, never refused")
+			assert.Zero(t, st.Continued)
+			assert.Zero(t, st.FullContextRetries)
+			assert.Zero(t, st.ContinuationsPaused)
+			assert.Positive(t, st.ItemsReceived)
+			assert.Equal(t, st.ItemsReceived, st.ItemsSent)
+			assert.Equal(t, st.BytesReceived, st.BytesSent)
+			ss, err := r.store.Stats(t.Context())
+			require.NoError(t, err)
+			assert.Zero(t, ss.Total.Owners, "nothing reserved")
+		})
+	}
+}
