@@ -92,7 +92,10 @@ type client struct {
 	name string
 	// isCodex marks the Codex CLI.
 	isCodex bool
-	run     func(ctx context.Context, e clientEnvironment) error
+	// store, when set, is the store of the client's upstream requests
+	// ("true", "false" or "absent") whatever the scenario's.
+	store string
+	run   func(ctx context.Context, e clientEnvironment) error
 }
 
 // clients are the clients of TestClients.
@@ -214,6 +217,9 @@ func check(t *testing.T, sc scenario, cl client, r runResult) {
 		t.Errorf("the client sent no request")
 	}
 	wantStore := strconv.FormatBool(sc.store && !cl.isCodex)
+	if cl.store != "" {
+		wantStore = cl.store
+	}
 	if len(r.stores) != 1 || r.stores[0] != wantStore {
 		t.Errorf("the upstream requests have store %v, want %s", r.stores, wantStore)
 	}

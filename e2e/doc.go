@@ -1,10 +1,11 @@
 //go:build e2e
 
 // Package e2e tests the continuation proxy (cmd/contproxy) end to end with
-// real clients: the Codex CLI, the OpenAI JS SDK, the Agents SDK and the
-// official Go SDK hold their conversations through a round-robin reverse
-// proxy in front of contproxy replicas sharing one Redis, which forward to
-// the scripted fake upstream (internal/cmd/fakeupstream). Every server
+// real clients: the Codex CLI, the OpenAI JS SDK, the Agents SDK, the
+// Vercel AI SDK, opencode and the official Go SDK hold their conversations
+// through a round-robin reverse proxy in front of contproxy replicas
+// sharing one Redis, which forward to the scripted fake upstream
+// (internal/cmd/fakeupstream). Every server
 // listens on 127.0.0.1 and every client run is bounded in time. Like a
 // load balancer with passive health checks, the round-robin proxy sends a
 // request that cannot reach its replica to the next one and skips the
@@ -16,7 +17,8 @@
 //	scripts/redis-env.sh go test -tags e2e -count=1 -timeout 20m -v ./e2e
 //
 // They need node with the clients pinned in testdata/clients installed
-// ("npm ci" there, which make e2e runs) and a Redis server at
+// ("npm ci" there, which make e2e runs; opencode's binary packages are for
+// Linux x64) and a Redis server at
 // CONTSTORE_REDIS_ADDR (scripts/redis-env.sh starts one). When something is
 // missing the tests are skipped, or fail with CI=true. E2E_REPORT names a
 // file to write the measured tables to, as markdown.
@@ -37,4 +39,18 @@
 // TestForgedForward checks that a replica refuses forged forwarded turns
 // without sending anything upstream. TestAddedLatency measures the latency
 // a contproxy adds to a turn, with in-process and with Redis state.
+//
+// TestNextClients runs the Vercel AI SDK (generateText and streamText, store
+// as shipped and store:false) and opencode (run, then run --continue)
+// through two replicas, with an HTTP upstream that keeps responses and with
+// a WebSocket upstream, store:false and forwarding, and requires at least
+// 95% of the later turns continued where the upstream can continue them. A
+// later turn is every request after its conversation's first, a
+// conversation being an owner and a prompt, so that opencode's title
+// generation under its session id is a conversation of its own.
+// TestTwoCredentialsOneSession checks that requests of another credential
+// under the same session id neither continue nor disturb a conversation's
+// continuations. TestUpstreamKeepsNoResponses checks that, in front of an
+// upstream that keeps no responses, the replicas stop trying
+// continuations after the first refusals.
 package e2e

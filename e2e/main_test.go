@@ -158,6 +158,48 @@ type nodeTools struct {
 	dir   string // the absolute path of testdata/clients, with the drivers
 }
 
+// opencodePackages are the packages of the opencode binary pinned in
+// testdata/clients/package.json's optionalDependencies, for Linux x64 CPUs
+// with and without AVX2; opencode.mjs runs the first that runs here.
+var opencodePackages = []string{"opencode-linux-x64", "opencode-linux-x64-baseline"}
+
+// needOpencode checks that one of opencodePackages is installed in
+// tools.dir/node_modules at its pinned version, with its binary.
+func needOpencode(t *testing.T, tools nodeTools) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(tools.dir, "package.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pkg struct {
+		Optional map[string]string `json:"optionalDependencies"`
+	}
+	if err := json.Unmarshal(raw, &pkg); err != nil {
+		t.Fatalf("%s/package.json: %v", clientsDir, err)
+	}
+	var found []string
+	for _, name := range opencodePackages {
+		want := pkg.Optional[name]
+		if want == "" {
+			t.Fatalf("%s/package.json pins no %s in optionalDependencies", clientsDir, name)
+		}
+		var installed struct {
+			Version string `json:"version"`
+		}
+		raw, err := os.ReadFile(filepath.Join(tools.dir, "node_modules", name, "package.json"))
+		if err != nil || json.Unmarshal(raw, &installed) != nil || installed.Version != want {
+			continue
+		}
+		if fi, err := os.Stat(filepath.Join(tools.dir, "node_modules", name, "bin", "opencode")); err == nil && fi.Mode().Perm()&0o111 != 0 {
+			found = append(found, name)
+		}
+	}
+	if len(found) == 0 {
+		need(t, "opencode is not installed in %s/node_modules: none of %s at its pinned version (make e2e installs them with npm ci, on Linux x64)",
+			clientsDir, strings.Join(opencodePackages, ", "))
+	}
+}
+
 // nodeClients checks that node and the clients pinned in
 // testdata/clients/package.json are installed, and returns their commands.
 func nodeClients(t *testing.T) nodeTools {

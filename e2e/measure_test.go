@@ -33,6 +33,13 @@ type upstreamCall struct {
 	// conversation the upstream resolved (its transcript of previous plus
 	// the input), as the fake model says it; -1 otherwise.
 	seen int
+	// responseID is the id of the response the upstream answered with.
+	responseID string
+	// userAgent is the request's User-Agent header.
+	userAgent string
+	// prompt is the request's prompt: its instructions, else the text of
+	// the system and developer messages its input opens with.
+	prompt string
 }
 
 // seenPattern finds the item count in the fake model's message, "Done with
@@ -62,16 +69,93 @@ func readTrace(path string) ([]upstreamCall, error) {
 			return nil, fmt.Errorf("%s:%d: request: %v", path, len(calls)+1, err)
 		}
 		calls = append(calls, upstreamCall{
-			owner:     line.Owner,
-			transport: line.Transport,
-			previous:  req.PreviousResponseID,
-			store:     req.Store,
-			items:     inputItems(line.Request),
-			bytes:     len(line.Request),
-			seen:      itemsSeen(line.Output),
+			owner:      line.Owner,
+			transport:  line.Transport,
+			previous:   req.PreviousResponseID,
+			store:      req.Store,
+			items:      inputItems(line.Request),
+			bytes:      len(line.Request),
+			seen:       itemsSeen(line.Output),
+			responseID: line.ResponseID,
+			userAgent:  line.Headers["user-agent"],
+			prompt:     promptOf(line.Request),
 		})
 	}
 	return calls, sc.Err()
+}
+
+// promptOf returns the prompt of a create-response body: its instructions,
+// else the text of the system and developer messages its input opens with
+// (the Vercel AI SDK and opencode send the prompt as a developer message).
+func promptOf(body []byte) string {
+	var req struct {
+		Instructions string            `json:"instructions"`
+		Input        []json.RawMessage `json:"input"`
+	}
+	if json.Unmarshal(body, &req) != nil || req.Instructions != "" {
+		return req.Instructions
+	}
+	var b strings.Builder
+	for _, raw := range req.Input {
+		var item struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if json.Unmarshal(raw, &item) != nil || (item.Role != "system" && item.Role != "developer") {
+			break
+		}
+		b.WriteString(item.Role)
+		b.WriteString(": ")
+		b.Write(item.Content)
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// conversation names the conversation of an upstream call.
+type conversation struct {
+	owner  fakeupstream.Owner
+	prompt string
+}
+
+// conversationsOf returns the conversation of each call: a call with a
+// previous_response_id belongs to the conversation of the call that made
+// that response, one without to that of its owner and prompt (a call
+// under a session with another prompt, like opencode's title generation,
+// holds a conversation of its own).
+func conversationsOf(calls []upstreamCall) []conversation {
+	of := map[string]conversation{} // response id → conversation
+	convs := make([]conversation, len(calls))
+	for i, c := range calls {
+		k, ok := of[c.previous]
+		if c.previous == "" || !ok {
+			k = conversation{c.owner, c.prompt}
+		}
+		convs[i] = k
+		of[c.responseID] = k
+	}
+	return convs
+}
+
+// pair returns, for each client request, the index of the upstream call
+// that answered it: the calls of each prompt in order, so that requests of
+// two conversations in flight at once (opencode's title generation beside
+// its first turn) pair with their own answers whatever the order the
+// upstream answered them in; -1 for a request left without one.
+func pair(calls []clientCall, up []upstreamCall) []int {
+	convs := conversationsOf(up)
+	used := make([]bool, len(up))
+	pairs := make([]int, len(calls))
+	for i, c := range calls {
+		pairs[i] = -1
+		for j := range up {
+			if !used[j] && convs[j].prompt == c.prompt {
+				used[j], pairs[i] = true, j
+				break
+			}
+		}
+	}
+	return pairs
 }
 
 // itemsSeen returns the number of items the fake model's message in output
@@ -108,8 +192,8 @@ type runResult struct {
 	// failures are the errors the client was sent.
 	failures []string
 	// turns is the number of calls the upstream answered; conversations
-	// the number of owners they belong to; continued how many had a
-	// previous_response_id.
+	// the number of conversations they belong to (see conversationsOf);
+	// continued how many had a previous_response_id.
 	turns, conversations, continued int
 	// itemsUp and bytesUp are the input items and the body bytes sent
 	// upstream; itemsFull and bytesFull what the clients sent, the full
@@ -165,10 +249,8 @@ func measure(scenario, client string, calls []clientCall, up []upstreamCall) run
 			r.failures = append(r.failures, fmt.Sprintf("request %d: %s", i+1, c.failure))
 		}
 	}
-	owners := map[fakeupstream.Owner]bool{}
 	stores, transports := map[string]bool{}, map[string]bool{}
 	for _, u := range up {
-		owners[u.owner] = true
 		if u.previous != "" {
 			r.continued++
 		}
@@ -181,15 +263,24 @@ func measure(scenario, client string, calls []clientCall, up []upstreamCall) run
 		stores[store] = true
 		transports[u.transport] = true
 	}
-	r.conversations = len(owners)
+	distinct := map[conversation]bool{}
+	for _, c := range conversationsOf(up) {
+		distinct[c] = true
+	}
+	r.conversations = len(distinct)
 	r.stores, r.transports = slices.Sorted(maps.Keys(stores)), slices.Sorted(maps.Keys(transports))
 	if len(up) != len(calls) {
 		r.mismatches = append(r.mismatches,
 			fmt.Sprintf("the upstream answered %d calls for %d client requests", len(up), len(calls)))
 		return r
 	}
-	for i, u := range up {
+	for i, j := range pair(calls, up) {
 		c := calls[i]
+		if j < 0 {
+			r.mismatches = append(r.mismatches, fmt.Sprintf("request %d: no upstream call of its prompt answered it", i+1))
+			continue
+		}
+		u := up[j]
 		if u.previous == "" && u.items != c.items {
 			r.mismatches = append(r.mismatches, fmt.Sprintf(
 				"request %d: sent upstream without previous_response_id but with %d of the client's %d items",

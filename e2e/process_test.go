@@ -207,11 +207,17 @@ func clientEnv(extra ...string) []string {
 // output going to files in logDir, and returns its standard output; the
 // error includes the end of its standard error.
 func runClient(name, logDir, dir string, env []string, bin string, args ...string) (string, error) {
+	return runClientFor(clientTimeout, name, logDir, dir, env, bin, args...)
+}
+
+// runClientFor is runClient with a timeout of its own, for a client
+// command that runs several client sessions.
+func runClientFor(timeout time.Duration, name, logDir, dir string, env []string, bin string, args ...string) (string, error) {
 	p, err := startProcess(name, logDir, dir, env, bin, args...)
 	if err != nil {
 		return "", err
 	}
-	err = p.wait(clientTimeout)
+	err = p.wait(timeout)
 	out, readErr := os.ReadFile(p.stdout)
 	if err == nil && readErr != nil {
 		err = readErr

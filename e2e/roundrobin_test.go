@@ -27,6 +27,11 @@ type clientCall struct {
 	// items and bytes measure the full context the client sent: the input
 	// items and the body.
 	items, bytes int
+	// prompt is the request's prompt (see promptOf).
+	prompt string
+	// body is the request's body, kept only while a hook is set (see
+	// begin), which may want to read it.
+	body []byte
 	// failure describes an error the client was sent, in the status line,
 	// the body or a streamed error event; "" when there was none.
 	failure string
@@ -201,7 +206,10 @@ func (rr *roundRobin) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rr.mu.Lock()
-	c := &clientCall{client: rr.client, items: inputItems(body), bytes: len(body)}
+	c := &clientCall{client: rr.client, items: inputItems(body), bytes: len(body), prompt: promptOf(body)}
+	if rr.before != nil {
+		c.body = body
+	}
 	rr.calls = append(rr.calls, c)
 	n := 0
 	for _, o := range rr.calls {

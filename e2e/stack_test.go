@@ -35,13 +35,14 @@ type upstream struct {
 
 // startUpstream starts a fake upstream named name on 127.0.0.1 whose model
 // makes toolCalls function calls after each user message, tracing to
-// dir/name.jsonl, and waits until it prints its address.
-func startUpstream(t *testing.T, dir, name string, toolCalls int) *upstream {
+// dir/name.jsonl, with the extra flags, and waits until it prints its
+// address.
+func startUpstream(t *testing.T, dir, name string, toolCalls int, extra ...string) *upstream {
 	t.Helper()
 	bin := fakeupstreamBin.build(t)
 	up := &upstream{trace: dir + "/" + name + ".jsonl"}
-	up.proc = startServer(t, name, dir, bin,
-		"-listen", "127.0.0.1:0", "-trace", up.trace, "-tool-calls", strconv.Itoa(toolCalls))
+	args := []string{"-listen", "127.0.0.1:0", "-trace", up.trace, "-tool-calls", strconv.Itoa(toolCalls)}
+	up.proc = startServer(t, name, dir, bin, append(args, extra...)...)
 	deadline := time.Now().Add(startTimeout)
 	for {
 		if line, err := firstLine(up.proc.stdout); err == nil {
@@ -263,6 +264,9 @@ type stackConfig struct {
 	// forward turns forwarding on, with one secret for all the replicas
 	// (it needs redis and the ws transport).
 	forward bool
+	// upstreamFlags are extra flags of the fake upstream, such as
+	// -keeps-no-responses.
+	upstreamFlags []string
 }
 
 // startStack starts a stack in a fresh directory; everything stops when
@@ -270,7 +274,7 @@ type stackConfig struct {
 func startStack(t *testing.T, name string, cfg stackConfig) *stack {
 	t.Helper()
 	st := &stack{dir: t.TempDir()}
-	st.up = startUpstream(t, st.dir, "fakeupstream", cfg.toolCalls)
+	st.up = startUpstream(t, st.dir, "fakeupstream", cfg.toolCalls, cfg.upstreamFlags...)
 	if cfg.replicas == 0 {
 		st.rr = newRoundRobin(t, "http://"+st.up.addr)
 		return st

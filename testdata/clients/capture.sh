@@ -3,13 +3,14 @@
 # upstream (internal/cmd/fakeupstream) as JSONL traces in testdata/clients:
 # one line per upstream call, see internal/fakeupstream.Recorder.
 #
-#   testdata/clients/capture.sh        (or: make traces)
+#   testdata/clients/capture.sh [CLIENT...]    (or: make traces)
 #
-# It installs the pinned clients into testdata/clients/node_modules with
-# npm ci, builds the fake upstream, and for each client run starts a fresh
-# upstream on 127.0.0.1 with its own trace file, runs the client with a
-# timeout, then stops that upstream. The traces replace the committed ones
-# only when every run succeeded.
+# CLIENT is one of jssdk, agents, codex, aisdk, opencode; all of them
+# without one. It installs the pinned clients into
+# testdata/clients/node_modules with npm ci, builds the fake upstream, and
+# for each client run starts a fresh upstream on 127.0.0.1 with its own
+# trace file, runs the client with a timeout, then stops that upstream.
+# The traces replace the committed ones only when every run succeeded.
 #
 # Environment: GO (default go), NPM (default npm), CLIENT_TIMEOUT (seconds
 # per client run, default 300).
@@ -39,13 +40,28 @@ die() {
 	exit 1
 }
 
+all_clients=(jssdk agents codex aisdk opencode)
+selected=("$@")
+[ ${#selected[@]} -gt 0 ] || selected=("${all_clients[@]}")
+for c in "${selected[@]}"; do
+	case " ${all_clients[*]} " in
+	*" $c "*) ;;
+	*) die "unknown client $c: want some of ${all_clients[*]}" ;;
+	esac
+done
+# wanted CLIENT: tells whether CLIENT's traces are to be captured.
+wanted() { case " ${selected[*]} " in *" $1 "*) return 0 ;; *) return 1 ;; esac }
+
 # --- clients and upstream --------------------------------------------------
 
 log "installing the clients (npm ci)"
 (cd "$here" && timeout 900 "$NPM" ci --no-audit --no-fund --loglevel=error) ||
 	die "npm ci failed"
 codex=$here/node_modules/.bin/codex
-[ -x "$codex" ] || die "codex is not installed in $here/node_modules"
+! wanted codex || [ -x "$codex" ] || die "codex is not installed in $here/node_modules"
+! wanted opencode || [ -x "$here/node_modules/opencode-linux-x64/bin/opencode" ] ||
+	[ -x "$here/node_modules/opencode-linux-x64-baseline/bin/opencode" ] ||
+	die "opencode is not installed in $here/node_modules (its binary packages are for Linux x64)"
 
 log "building the fake upstream"
 (cd "$root" && timeout 600 "$GO" build -o "$work/fakeupstream" ./internal/cmd/fakeupstream) ||
@@ -84,20 +100,63 @@ client() {
 		-u OPENAI_PROJECT_ID FAKE_API_KEY=fake-key OPENAI_AGENTS_DISABLE_TRACING=1 "$@" </dev/null
 }
 
+# traces are the traces captured, each as DIR/NAME (DIR relative to
+# testdata/clients, NAME.jsonl the file), written to $work/NAME.jsonl.
+traces=()
+
 # --- JS SDK and Agents SDK -------------------------------------------------
 
-for pattern in create-stream create stream-helper; do
-	log "OpenAI JS SDK: $pattern"
-	start_upstream "$work/jssdk-$pattern.jsonl" -tool-calls 2
-	(cd "$here" && client FAKE_BASE_URL="$base_url" node jssdk.mjs "$pattern") ||
-		die "jssdk.mjs $pattern failed"
-	stop_upstream
-done
+if wanted jssdk; then
+	for pattern in create-stream create stream-helper; do
+		log "OpenAI JS SDK: $pattern"
+		start_upstream "$work/jssdk-$pattern.jsonl" -tool-calls 2
+		(cd "$here" && client FAKE_BASE_URL="$base_url" node jssdk.mjs "$pattern") ||
+			die "jssdk.mjs $pattern failed"
+		stop_upstream
+		traces+=("./jssdk-$pattern")
+	done
+fi
 
-log "OpenAI Agents SDK"
-start_upstream "$work/agents.jsonl" -tool-calls 2
-(cd "$here" && client FAKE_BASE_URL="$base_url" node agents.mjs) || die "agents.mjs failed"
-stop_upstream
+if wanted agents; then
+	log "OpenAI Agents SDK"
+	start_upstream "$work/agents.jsonl" -tool-calls 2
+	(cd "$here" && client FAKE_BASE_URL="$base_url" node agents.mjs) || die "agents.mjs failed"
+	stop_upstream
+	traces+=(./agents)
+fi
+
+# --- Vercel AI SDK and opencode ------------------------------------------
+
+if wanted aisdk; then
+	for mode in generate stream; do
+		for store in shipped nostore; do
+			name=aisdk-$mode
+			[ "$store" = shipped ] || name=$name-$store
+			log "Vercel AI SDK: $mode, store $store"
+			start_upstream "$work/$name.jsonl" -tool-calls 2
+			(cd "$here" && client FAKE_BASE_URL="$base_url" node aisdk.mjs "$mode" "$store") ||
+				die "aisdk.mjs $mode $store failed"
+			stop_upstream
+			traces+=("./$name")
+		done
+	done
+	log "Vercel AI SDK: generate with a session-id header"
+	start_upstream "$work/aisdk-generate-session.jsonl" -tool-calls 2
+	(cd "$here" && client FAKE_BASE_URL="$base_url" FAKE_SESSION_ID=aisdk-generate-session node aisdk.mjs generate) ||
+		die "aisdk.mjs generate with a session id failed"
+	stop_upstream
+	traces+=(./aisdk-generate-session)
+fi
+
+if wanted opencode; then
+	# opencode run, then run --continue twice, in $work/opencode.
+	log "opencode"
+	start_upstream "$work/opencode.jsonl" -tool-calls 2
+	(cd "$here" && client FAKE_BASE_URL="$base_url" node opencode.mjs "$work/opencode") ||
+		die "opencode.mjs failed"
+	stop_upstream
+	traces+=(./opencode)
+fi
 
 # --- Codex CLI -------------------------------------------------------------
 
@@ -152,22 +211,28 @@ codex_run() {
 	stop_upstream
 }
 
-codex_run codex-summary detailed
-codex_run codex-nosummary none
+if wanted codex; then
+	codex_run codex-summary detailed
+	codex_run codex-nosummary none
+	traces+=(./codex-summary ./codex-nosummary)
+fi
 
 # --- checks, then the traces replace the committed ones --------------------
 
-traces=(codex-summary codex-nosummary jssdk-create-stream jssdk-create jssdk-stream-helper agents)
-for name in "${traces[@]}"; do
+for trace in "${traces[@]}"; do
+	name=${trace#*/}
 	lines=$(wc -l <"$work/$name.jsonl")
 	[ "$lines" -gt 0 ] || die "$name: empty trace"
 	case $name in
-	codex-*) min=9 ;; # at least 8 turns after the first
+	codex-*) min=9 ;;    # at least 8 turns after the first
+	opencode) min=10 ;;  # a title, then 3 user turns of 3 calls
+	aisdk-*) min=9 ;;    # 3 user turns of 3 calls
 	*) min=6 ;;
 	esac
 	[ "$lines" -ge "$min" ] || die "$name: $lines calls, want at least $min"
 done
-for name in "${traces[@]}"; do
-	mv "$work/$name.jsonl" "$here/$name.jsonl"
-	log "$(printf '%-26s %3d lines %8d bytes' "$name.jsonl" "$(wc -l <"$here/$name.jsonl")" "$(wc -c <"$here/$name.jsonl")")"
+for trace in "${traces[@]}"; do
+	dir=${trace%%/*} name=${trace#*/}
+	mv "$work/$name.jsonl" "$here/$dir/$name.jsonl"
+	log "$(printf '%-34s %3d lines %8d bytes' "$trace.jsonl" "$(wc -l <"$here/$dir/$name.jsonl")" "$(wc -c <"$here/$dir/$name.jsonl")")"
 done

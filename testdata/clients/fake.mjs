@@ -1,5 +1,5 @@
 // Settings and fixtures shared by the drivers of the fake upstream
-// (jssdk.mjs, agents.mjs). The environment:
+// (jssdk.mjs, agents.mjs, aisdk.mjs, opencode.mjs). The environment:
 //
 //   FAKE_BASE_URL  the upstream, http://127.0.0.1:PORT/v1 (required)
 //   FAKE_API_KEY   the API key to send (default fake-key)
