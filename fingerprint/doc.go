@@ -6,7 +6,7 @@
 // Two requests continue the same conversation when the upstream holds the
 // same conversation for both, not when their bytes match. A [Profile] says
 // which differences real clients introduce without changing the
-// conversation ([V2] is the default); a [Parser] applies it under a secret
+// conversation ([V3] is the default); a [Parser] applies it under a secret
 // [Key], and [Request] is what it returns. [Explain] says where a request
 // departs from the transcript it was meant to continue.
 //
@@ -62,6 +62,15 @@
 //     "arguments" is the canonical form of the string as for any other
 //     string. The rule looks only at the top level of an item and does not
 //     depend on member order.
+//   - With the profile's EmptyPartMembers, such a member of a content part
+//     whose value is [] is left out.
+//   - With ShortMessages, an item with a role and no type is a message, and
+//     a message's string content is one text part (output_text for the
+//     assistant, input_text for user, system and developer).
+//   - With References, an item without type and role is an item reference
+//     and keeps every member, and [Request.Transcript] gives each output
+//     item with an id a [Reference]: an item_reference naming that id
+//     counts as the item ([Transcript.PrefixOf]).
 //
 // The prompt signature covers the canonical body without its input member
 // and without the profile's PromptMembers, by the canonical rules alone.

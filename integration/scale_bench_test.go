@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -63,7 +64,8 @@ func infoField(b *testing.B, c *redis.Client, section, field string) float64 {
 // with namespaces and owner ids from short to the longest the store takes;
 // and at 100,000 owners with response ids as OpenAI gives them ("resp_" and
 // 48 hex digits) on a socket of a replica named by default ("replica-" and
-// 12 hex digits), "gw-1", or 64 bytes. Each reports the store's stored-bytes estimate too
+// 12 hex digits), "gw-1", or 64 bytes, and on any socket (an upstream that
+// keeps responses) with a reference to each of two output items. Each reports the store's stored-bytes estimate too
 // (estimated-bytes/owner): MaxTotalBytes bounds that estimate, so it must
 // follow the real figure. The answers of the fill's calls stay in the
 // owners' states (lua/oplog.lua): the benchmark checks that Redis holds
@@ -72,6 +74,14 @@ func BenchmarkMemoryPerOwner(b *testing.B) {
 	short := store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}}
 	openAI := func(replica string) store.Result {
 		return store.Result{ResponseID: "resp_67cb71b351908190a308f3859487620d06981a8637e6bc44", Socket: store.Socket{Replica: replica, ID: 17}}
+	}
+	// An upstream that keeps responses: any socket, and a reference for
+	// each of the two output items.
+	stored := openAI("")
+	stored.Socket = store.Socket{Any: true}
+	stored.Output = []json.RawMessage{
+		json.RawMessage(`{"id":"rs_67cb71b351908190a308f3859487620d06981a8637e6bc44","type":"reasoning","summary":[]}`),
+		json.RawMessage(`{"id":"msg_67cb71b351908190a308f3859487620d06981a8637e6bc45","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"Done.","annotations":[]}]}`),
 	}
 	cases := []struct {
 		name      string
@@ -88,6 +98,7 @@ func BenchmarkMemoryPerOwner(b *testing.B) {
 		{"owners=100000/resp=openai/replica=default", 100_000, "", 0, openAI("")},
 		{"owners=100000/resp=openai/replica=gw-1", 100_000, "", 0, openAI("gw-1")},
 		{"owners=100000/resp=openai/replica=64B", 100_000, "", 0, openAI(strings.Repeat("r", 64))},
+		{"owners=100000/resp=openai/stored/references=2", 100_000, "", 0, stored},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

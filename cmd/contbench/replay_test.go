@@ -238,24 +238,7 @@ func TestRealClientTracesContinue(t *testing.T) {
 	require.NotEmpty(t, paths, "no traces in testdata/clients")
 	for _, path := range paths {
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			s, err := store.NewMemory(store.Options{})
-			require.NoError(t, err)
-			r := newReplayer(s, "in-process store", &bytes.Buffer{})
-			require.NoError(t, r.replayPath(context.Background(), path))
-			f := r.report.Files[0]
-			require.Zero(t, f.Malformed, "%s: malformed lines: %+v", path, r.report.MalformedLines)
-			require.Positive(t, f.LaterTurns, "%s has no later turns", path)
-			if float64(f.Continued) >= minContinued*float64(f.LaterTurns) {
-				return
-			}
-			var misses []string
-			for _, turn := range r.report.Turn {
-				if turn.Later && turn.Reason != reasonContinued {
-					misses = append(misses, fmt.Sprintf("  line %d: %s: %s%s", turn.Line, turn.Reason, turn.Difference, turn.Error))
-				}
-			}
-			t.Errorf("%s: %d of %d later turns continued, want at least %.0f%%\nreasons: %s\nmisses:\n%s",
-				path, f.Continued, f.LaterTurns, 100*minContinued, reasonsString(f.Reasons), strings.Join(misses, "\n"))
+			requireMostContinue(t, path, func(r *replayer) error { return r.replayPath(context.Background(), path) })
 		})
 	}
 }
@@ -594,25 +577,33 @@ func TestRealClientTracesContinueWithoutSessionIDs(t *testing.T) {
 				trace.Write(stripped)
 				trace.WriteByte('\n')
 			}
-			s, err := store.NewMemory(store.Options{})
-			require.NoError(t, err)
-			r := newReplayer(s, "in-process store", &bytes.Buffer{})
-			require.NoError(t, r.replay(context.Background(), path, &trace))
-			f := r.report.Files[0]
-			require.Zero(t, f.Malformed, "%s: malformed lines: %+v", path, r.report.MalformedLines)
-			require.Positive(t, f.LaterTurns, "%s has no later turns", path)
-			t.Logf("%d of %d later turns continued; reasons: %s", f.Continued, f.LaterTurns, reasonsString(f.Reasons))
-			if float64(f.Continued) >= minContinued*float64(f.LaterTurns) {
-				return
-			}
-			var misses []string
-			for _, turn := range r.report.Turn {
-				if turn.Later && turn.Reason != reasonContinued {
-					misses = append(misses, fmt.Sprintf("  line %d: %s: %s%s", turn.Line, turn.Reason, turn.Difference, turn.Error))
-				}
-			}
-			t.Errorf("%s: %d of %d later turns continued, want at least %.0f%%\nreasons: %s\nmisses:\n%s",
-				path, f.Continued, f.LaterTurns, 100*minContinued, reasonsString(f.Reasons), strings.Join(misses, "\n"))
+			requireMostContinue(t, path, func(r *replayer) error { return r.replay(context.Background(), path, &trace) })
 		})
 	}
+}
+
+// requireMostContinue replays one trace file with replay, on a fresh
+// in-process store, and requires at least minContinued of its later turns
+// continued, listing the misses otherwise.
+func requireMostContinue(t *testing.T, path string, replay func(*replayer) error) {
+	t.Helper()
+	s, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	r := newReplayer(s, "in-process store", &bytes.Buffer{})
+	require.NoError(t, replay(r))
+	f := r.report.Files[0]
+	require.Zero(t, f.Malformed, "%s: malformed lines: %+v", path, r.report.MalformedLines)
+	require.Positive(t, f.LaterTurns, "%s has no later turns", path)
+	t.Logf("%d of %d later turns continued; reasons: %s", f.Continued, f.LaterTurns, reasonsString(f.Reasons))
+	if float64(f.Continued) >= minContinued*float64(f.LaterTurns) {
+		return
+	}
+	var misses []string
+	for _, turn := range r.report.Turn {
+		if turn.Later && turn.Reason != reasonContinued {
+			misses = append(misses, fmt.Sprintf("  line %d: %s: %s%s", turn.Line, turn.Reason, turn.Difference, turn.Error))
+		}
+	}
+	t.Errorf("%s: %d of %d later turns continued, want at least %.0f%%\nreasons: %s\nmisses:\n%s",
+		path, f.Continued, f.LaterTurns, 100*minContinued, reasonsString(f.Reasons), strings.Join(misses, "\n"))
 }
