@@ -70,9 +70,12 @@ func V2() Profile {
 }
 
 // V3 returns the default profile since protocol version 5: V2, and the
-// forms the Vercel AI SDK and opencode send back (PROTOCOL.md gives the
-// evidence):
+// forms the Vercel AI SDK, opencode and Codex's built-in provider send
+// back (PROTOCOL.md gives the evidence):
 //
+//   - item member internal_chat_message_metadata_passthrough: Codex's own
+//     turn metadata (turn id, creation time), which its OpenAI provider
+//     adds to every item it sends back and the model never sees;
 //   - short messages: {"role":"assistant","content":"T"} is the message
 //     the upstream sent with one output_text part "T";
 //   - content part members annotations and logprobs count as absent when
@@ -83,6 +86,7 @@ func V2() Profile {
 func V3() Profile {
 	p := V2()
 	p.Name = "v3"
+	p.ItemMembers = append(p.ItemMembers, "internal_chat_message_metadata_passthrough")
 	p.EmptyPartMembers = []string{"annotations", "logprobs"}
 	p.ShortMessages = true
 	p.References = true

@@ -21,6 +21,9 @@ func TestV3MakesEqualWhatClientsSendBack(t *testing.T) {
 		{"a system message with type and string content", `{"type":"message","role":"system","content":"s"}`, `{"role":"system","content":[{"type":"input_text","text":"s"}]}`},
 		{"type null is no type", `{"type":null,"role":"user","content":"hi"}`, `{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}`},
 		{"empty annotations count as absent", `{"role":"assistant","content":[{"type":"output_text","text":"T","annotations":[]}]}`, `{"role":"assistant","content":"T"}`},
+		{"Codex's turn metadata",
+			`{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}`,
+			`{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}],"internal_chat_message_metadata_passthrough":{"turn_id":"t1","create_time":1788214171.12}}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.True(t, sameItemUnder(t, v3Parser, tc.a, tc.b))
@@ -53,7 +56,7 @@ func TestV3KeepsApartWhatChangesTheConversation(t *testing.T) {
 }
 
 func TestV3ProfileID(t *testing.T) {
-	assert.Equal(t, "v3;item=id,parsed_arguments,status;part=parsed;prompt=client_metadata,metadata,prompt_cache_key,prompt_cache_retention,safety_identifier,stream,stream_options,user;empty=annotations,logprobs;forms=references,short-messages", V3().ID())
+	assert.Equal(t, "v3;item=id,internal_chat_message_metadata_passthrough,parsed_arguments,status;part=parsed;prompt=client_metadata,metadata,prompt_cache_key,prompt_cache_retention,safety_identifier,stream,stream_options,user;empty=annotations,logprobs;forms=references,short-messages", V3().ID())
 }
 
 // transcriptOf returns the transcript of body's input and output under p.
