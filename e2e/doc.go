@@ -52,5 +52,9 @@
 // under the same session id neither continue nor disturb a conversation's
 // continuations. TestUpstreamKeepsNoResponses checks that, in front of an
 // upstream that keeps no responses, the replicas stop trying
-// continuations after the first refusals.
+// continuations after the first refusals. TestCodexWebSocket runs Codex
+// with its built-in OpenAI provider pointed at contproxy, over the
+// WebSocket mode that contproxy serves its clients, through two replicas
+// with forwarding: no fallback to HTTP, and at least 95% of the later turns
+// of each connection continued.
 package e2e

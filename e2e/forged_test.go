@@ -26,8 +26,9 @@ const forwardHeader = "Contproxy-Forward"
 func forwardValue(secret string, at time.Time, socket uint64, prev string, body []byte) string {
 	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, []byte(secret))
-	fmt.Fprintf(m, "contproxy-forward-v1\n%d\n%d\n%s\n%x", at.Unix(), socket, prev, sum)
-	return fmt.Sprintf("t=%d, socket=%d, prev=%s, sig=%s", at.Unix(), socket, prev, hex.EncodeToString(m.Sum(nil)))
+	by := time.Now().Add(2 * time.Second).UnixMilli() // the acceptance deadline
+	fmt.Fprintf(m, "contproxy-forward-v2\n%d\n%d\n%d\n%s\n%x", at.Unix(), by, socket, prev, sum)
+	return fmt.Sprintf("t=%d, by=%d, socket=%d, prev=%s, sig=%s", at.Unix(), by, socket, prev, hex.EncodeToString(m.Sum(nil)))
 }
 
 // TestForgedForward sends turns with forged Contproxy-Forward headers

@@ -89,6 +89,7 @@ type Request struct {
 	bytes     int64
 	input     span // the input member's value
 	previous  span // the previous_response_id member's value
+	top       []topMember
 }
 
 // span is a range of a body's bytes; start -1 when absent.
@@ -190,6 +191,7 @@ func (p *Parser) Parse(body []byte) (*Request, error) {
 		bytes:     s.itemBytes,
 		input:     span{s.inputStart, s.inputEnd},
 		previous:  span{s.prevStart, s.prevEnd},
+		top:       slices.Clone(s.top),
 	}
 	hashes := make([]uint64, 2*n+1)
 	r.digests = hashes[:n:n]
@@ -203,6 +205,19 @@ func (p *Parser) Parse(body []byte) (*Request, error) {
 		r.prefix[i+1] = p.next(r.prefix[i], d)
 	}
 	return r, nil
+}
+
+// Member returns the value of the body's top-level member name (compared
+// after decoding), exactly as received, and whether the body has it. A
+// gateway reads stream, store, previous_response_id and its identity
+// sources with it, without parsing the body again.
+func (r *Request) Member(name string) (json.RawMessage, bool) {
+	for _, m := range r.top {
+		if string(m.key) == name {
+			return json.RawMessage(r.body[m.start:m.end:m.end]), true
+		}
+	}
+	return nil, false
 }
 
 // ParsedBy reports whether p parsed r.

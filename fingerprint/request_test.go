@@ -513,3 +513,41 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestMemberGivesTopLevelValuesAsReceived(t *testing.T) {
+	r := mustParse(t, `{"model":"m", "stream" : true,"st\u006fre":false,"metadata":{"session_id":"s1"},"input":["a"],"previous_response_id":null}`)
+	for name, want := range map[string]string{
+		"model": `"m"`, "stream": `true`, "store": `false`, "metadata": `{"session_id":"s1"}`,
+		"input": `["a"]`, "previous_response_id": `null`,
+	} {
+		got, ok := r.Member(name)
+		assert.True(t, ok, name)
+		assert.Equal(t, want, string(got), name)
+	}
+	_, ok := r.Member("conversation")
+	assert.False(t, ok)
+	_, ok = r.Member("session_id")
+	assert.False(t, ok, "only top-level members")
+}
+
+func TestMembersAreBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"input":[]`)
+	for i := range MaxBodyMembers {
+		fmt.Fprintf(&b, `,"m%d":1`, i)
+	}
+	b.WriteString("}")
+	_, err := testParser.Parse([]byte(b.String()))
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.ErrorContains(t, err, "more than 1024 members")
+
+	b.Reset()
+	b.WriteString(`{"input":[{"type":"x"`)
+	for i := range MaxObjectMembers {
+		fmt.Fprintf(&b, `,"m%d":1`, i)
+	}
+	b.WriteString("}]}")
+	_, err = testParser.Parse([]byte(b.String()))
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.ErrorContains(t, err, "members in one object")
+}

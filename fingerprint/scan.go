@@ -16,6 +16,17 @@ import (
 // MaxDepth is the maximum number of arrays and objects open at once.
 const MaxDepth = 512
 
+// Bounds on the members of one object: a body that names more top-level
+// members than any request has, or an object with more members than any
+// JSON schema or item needs, is refused before it costs more than its
+// bytes.
+const (
+	// MaxBodyMembers bounds the members of a request body.
+	MaxBodyMembers = 1024
+	// MaxObjectMembers bounds the members of any other object.
+	MaxObjectMembers = 1 << 17
+)
+
 // place says where a value stands, which decides the rules that apply to it.
 type place uint8
 
@@ -61,6 +72,13 @@ type member struct {
 	start  int    // offset of the key in the output, -1 if the member is not written
 	val    int    // offset of the value in the output
 	end    int    // end of the value in the output
+}
+
+// topMember is a member of a request body: its decoded key and the span
+// of its value.
+type topMember struct {
+	key        []byte
+	start, end int
 }
 
 // frame is one level of the path to the value being parsed, used in error
@@ -110,6 +128,7 @@ type scanner struct {
 	inputEnd   int
 	prevStart  int // span of the body's previous_response_id value; -1 when absent
 	prevEnd    int
+	top        []topMember // the body's members
 
 	errOff  int
 	errMsg  string
@@ -177,6 +196,7 @@ func (p *scanner) reset(data []byte) {
 	p.itemRef = p.itemRef[:0]
 	p.itemBytes = 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
+	p.top = p.top[:0]
 	p.errOff, p.errMsg, p.errChar = 0, "", false
 }
 
@@ -506,6 +526,12 @@ func (p *scanner) object(pl place) bool {
 			if p.pos >= len(p.data) || p.data[p.pos] != '"' {
 				return p.failChar("looking for beginning of object key string")
 			}
+			if limit := MaxObjectMembers; n >= limit || (pl == placeBody && n >= MaxBodyMembers) {
+				if pl == placeBody {
+					limit = MaxBodyMembers
+				}
+				return p.fail(p.pos, "more than "+strconv.Itoa(limit)+" members in one object")
+			}
 			p.path[f].index = -1
 			keyOff := p.pos
 			commaAt := len(p.out)
@@ -535,6 +561,13 @@ func (p *scanner) object(pl place) bool {
 			p.pos++
 			p.skipWS()
 			m := member{key: key, keyOff: keyOff, start: start}
+			if pl == placeBody {
+				k := key // in the body, which the request keeps, unless decoded
+				if p.escaped {
+					k = bytes.Clone(key)
+				}
+				p.top = append(p.top, topMember{key: k, start: p.pos})
+			}
 			if pl == placeBody && string(key) == "input" {
 				p.out = p.out[:commaAt]
 				if !p.input() {
@@ -589,6 +622,9 @@ func (p *scanner) object(pl place) bool {
 				}
 			}
 			p.members = append(p.members, m)
+			if pl == placeBody {
+				p.top[len(p.top)-1].end = p.pos
+			}
 			p.skipWS()
 			if p.pos < len(p.data) {
 				if c := p.data[p.pos]; c == ',' {

@@ -1,10 +1,17 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/store"
 )
 
 // BenchmarkForwardHop measures a streamed WebSocket turn (store=false)
@@ -48,4 +55,75 @@ func BenchmarkForwardHop(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 		})
 	}
+}
+
+// BenchmarkReadRequest measures what the proxy does with a 1 MB request
+// body before anything goes upstream, its owner included: "one pass" is
+// the proxy's code (the fingerprint scanner, every member read from its
+// pass); "three parsers" is the same work as the proxy did it before, a
+// map decode of the body, the scanner, and gjson over the body for the
+// identity sources, kept here as the baseline of the ratio.
+func BenchmarkReadRequest(b *testing.B) {
+	st, err := store.NewMemory(store.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	body := megabyteBody()
+	h := http.Header{"Authorization": {"Bearer sk-test"}}
+	id := DefaultIdentity
+	b.Run("one pass", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			req, err := st.ParseRequest(body)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = rawMember(req, "stream") == "true" && rawMember(req, "store") != "false" && passthrough(req)
+			if _, err := id.Owner(h, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("three parsers", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var top map[string]json.RawMessage
+			if err := json.Unmarshal(body, &top); err != nil {
+				b.Fatal(err)
+			}
+			req, err := st.ParseRequest(body)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, s := range id.Session {
+				if s.Field != "" {
+					_ = gjson.GetBytes(body, escapePath(s.Field))
+				}
+			}
+			if _, err := id.Owner(h, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// megabyteBody is a request of about 1 MB: a prompt with tools and 400
+// messages and function calls of about 2.5 kB each.
+func megabyteBody() []byte {
+	items := []any{map[string]any{"role": "user", "content": "start"}}
+	text := strings.Repeat("the quick brown fox jumps over the lazy dog. ", 55)
+	for i := range 200 {
+		items = append(items,
+			map[string]any{"type": "function_call", "call_id": fmt.Sprint("call_", i), "name": "run", "arguments": `{"command":"ls -la"}`},
+			map[string]any{"type": "function_call_output", "call_id": fmt.Sprint("call_", i), "output": text + text})
+	}
+	b, err := json.Marshal(map[string]any{"model": "gpt-5.1", "stream": true, "store": false,
+		"instructions": "Be terse.", "input": items,
+		"tools": []any{map[string]any{"type": "function", "name": "run", "parameters": map[string]any{"type": "object"}}}})
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

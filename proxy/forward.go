@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/contstore/contstore/directory"
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/store"
 )
 
@@ -23,13 +24,23 @@ import (
 // which sends it on that socket and streams the upstream's events back.
 // The turn is reserved, recorded or aborted once, by the replica the
 // client reached; the origin only carries it. One hop at most: a forwarded
-// turn is never forwarded again. When the origin is unknown to the
-// directory, does not answer within Timeout, or refuses (its socket moved
-// on), the turn is served here with the full context.
+// turn is never forwarded again.
+//
+// A forwarded turn runs on one replica only. The origin accepts it by
+// answering 200 with its event stream's headers once it holds the socket,
+// before anything goes upstream, and only while at least acceptMargin (or
+// half the time left when the forward arrived) is left of the acceptance
+// deadline the forward carries (Timeout after it was sent); past that it
+// refuses. Refused, unknown to the directory or
+// silent until the deadline, the origin runs nothing, and the turn is
+// served here with the full context; accepted, the turn is the origin's,
+// and this replica relays its events for as long as the upstream timeout
+// allows. An origin that loses the upstream after accepting cuts its
+// stream, which reaches the client as a cut stream.
 //
 // Replicas authenticate forwarded turns with Secret: the Contproxy-Forward
-// header carries a timestamp, the socket, the previous response id and an
-// HMAC-SHA256 over them and the body. A request whose header is missing a
+// header carries a timestamp, the acceptance deadline, the socket, the
+// previous response id and an HMAC-SHA256 over them and the body. A request whose header is missing a
 // part, is older than MaxSkew, or whose HMAC is wrong is refused (403) and
 // runs nothing; a client cannot make a replica send anything on a socket
 // without the secret.
@@ -39,7 +50,8 @@ type Forwarding struct {
 	Directory *directory.Directory
 	// Secret is shared by the replicas: at least 32 bytes. Required.
 	Secret []byte
-	// Timeout bounds the origin's answer headers. Default 2s.
+	// Timeout bounds the origin's acceptance: its answer headers. Default
+	// 2s.
 	Timeout time.Duration
 	// MaxSkew is how old a forwarded request may be. Default 30s.
 	MaxSkew time.Duration
@@ -50,6 +62,12 @@ type Forwarding struct {
 
 // forwardHeader carries a forwarded turn's authentication.
 const forwardHeader = "Contproxy-Forward"
+
+// acceptMargin is how much of a forward's acceptance deadline the origin
+// must have left to accept it (at most half of what was left when the
+// forward arrived): the time its answer headers may take to reach the
+// replica that waits for them.
+const acceptMargin = 250 * time.Millisecond
 
 // defaultRoutingHeader names the replica holding a turn's socket in
 // answers.
@@ -80,43 +98,51 @@ func (f *Forwarding) check() error {
 }
 
 // sign returns the HMAC of a forwarded turn.
-func (f *Forwarding) sign(ts int64, socket uint64, prev string, body []byte) string {
+func (f *Forwarding) sign(ts, by int64, socket uint64, prev string, body []byte) string {
 	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, f.Secret)
-	fmt.Fprintf(m, "contproxy-forward-v1\n%d\n%d\n%s\n%x", ts, socket, prev, sum)
+	fmt.Fprintf(m, "contproxy-forward-v2\n%d\n%d\n%d\n%s\n%x", ts, by, socket, prev, sum)
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// header returns the Contproxy-Forward value of a turn sent now.
-func (f *Forwarding) header(now time.Time, socket uint64, prev string, body []byte) string {
-	ts := now.Unix()
-	return fmt.Sprintf("t=%d, socket=%d, prev=%s, sig=%s", ts, socket, prev, f.sign(ts, socket, prev, body))
+// header returns the Contproxy-Forward value of a turn sent now, to be
+// accepted before by.
+func (f *Forwarding) header(now, by time.Time, socket uint64, prev string, body []byte) string {
+	ts, ms := now.Unix(), by.UnixMilli()
+	return fmt.Sprintf("t=%d, by=%d, socket=%d, prev=%s, sig=%s", ts, ms, socket, prev, f.sign(ts, ms, socket, prev, body))
 }
 
-// verify checks a Contproxy-Forward value and returns the socket and the
-// previous response it names.
-func (f *Forwarding) verify(now time.Time, value string, body []byte) (uint64, string, error) {
+// forward is what a verified Contproxy-Forward value names.
+type forward struct {
+	socket uint64
+	prev   string
+	by     time.Time // the acceptance deadline
+}
+
+// verify checks a Contproxy-Forward value and returns what it names.
+func (f *Forwarding) verify(now time.Time, value string, body []byte) (forward, error) {
 	parts := map[string]string{}
 	for _, kv := range strings.Split(value, ", ") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
-			return 0, "", fmt.Errorf("malformed %s header", forwardHeader)
+			return forward{}, fmt.Errorf("malformed %s header", forwardHeader)
 		}
 		parts[k] = v
 	}
 	ts, err1 := strconv.ParseInt(parts["t"], 10, 64)
-	socket, err2 := strconv.ParseUint(parts["socket"], 10, 64)
+	by, err2 := strconv.ParseInt(parts["by"], 10, 64)
+	socket, err3 := strconv.ParseUint(parts["socket"], 10, 64)
 	prev, sig := parts["prev"], parts["sig"]
-	if err1 != nil || err2 != nil || socket == 0 || prev == "" || sig == "" || len(parts) != 4 {
-		return 0, "", fmt.Errorf("malformed %s header", forwardHeader)
+	if err1 != nil || err2 != nil || err3 != nil || socket == 0 || prev == "" || sig == "" || len(parts) != 5 {
+		return forward{}, fmt.Errorf("malformed %s header", forwardHeader)
 	}
 	if age := now.Sub(time.Unix(ts, 0)); age > f.MaxSkew || age < -f.MaxSkew {
-		return 0, "", fmt.Errorf("stale %s header (%v old)", forwardHeader, age.Round(time.Second))
+		return forward{}, fmt.Errorf("stale %s header (%v old)", forwardHeader, age.Round(time.Second))
 	}
-	if !hmac.Equal([]byte(sig), []byte(f.sign(ts, socket, prev, body))) {
-		return 0, "", fmt.Errorf("wrong %s signature", forwardHeader)
+	if !hmac.Equal([]byte(sig), []byte(f.sign(ts, by, socket, prev, body))) {
+		return forward{}, fmt.Errorf("wrong %s signature", forwardHeader)
 	}
-	return socket, prev, nil
+	return forward{socket: socket, prev: prev, by: time.UnixMilli(by)}, nil
 }
 
 // forwardConn carries a turn to the replica holding its socket.
@@ -137,7 +163,7 @@ func (p *Proxy) forwardTarget(ctx context.Context, t *turn) *forwardConn {
 	}
 	addr, err := f.Directory.Lookup(ctx, t.want.Replica)
 	if err != nil {
-		p.cfg.Logger.Warn("directory lookup failed; serving here", "replica", t.want.Replica, "err", err)
+		p.warns.warn(p.cfg.Logger, "directory lookup failed; serving here", "replica", t.want.Replica, "err", err)
 		return nil
 	}
 	if addr == "" {
@@ -157,7 +183,8 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set(forwardHeader, c.f.header(time.Now(), c.origin.ID, c.prev, body))
+	now := time.Now()
+	req.Header.Set(forwardHeader, c.f.header(now, now.Add(c.f.Timeout), c.origin.ID, c.prev, body))
 	resp, err := c.f.Client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("forwarding to %s at %s: %w", c.origin.Replica, c.addr, err)
@@ -175,36 +202,55 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 // serveForwarded runs a turn another replica handed over: on the socket it
 // names, only while that socket holds the response it continues, its
 // events streamed back as they come.
-func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, body []byte) {
+func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fingerprint.Request) {
+	body := req.Body()
 	f := p.cfg.Forwarding
 	if f == nil {
 		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused",
 			"This replica does not take forwarded turns.")
 		return
 	}
-	socket, prev, err := f.verify(time.Now(), r.Header.Get(forwardHeader), body)
+	fw, err := f.verify(time.Now(), r.Header.Get(forwardHeader), body)
 	if err != nil {
 		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused", err.Error())
 		return
 	}
-	p.stats.forwardedIn.Add(1)
-	t := &turn{header: r.Header, stream: true, stores: gjson.GetBytes(body, "store").Raw != "false",
-		want: store.Socket{Replica: p.replica, ID: socket}, prev: prev, forwarded: true}
-	actx, cancel := context.WithTimeout(r.Context(), f.Timeout)
+	t := &turn{header: r.Header, stream: true, stores: rawMember(req, "store") != "false",
+		want: store.Socket{Replica: p.replica, ID: fw.socket}, prev: fw.prev, forwarded: true}
+	arrived := time.Now()
+	accept := fw.by.Add(-min(acceptMargin, fw.by.Sub(arrived)/2))
+	actx, cancel := context.WithDeadline(r.Context(), accept)
 	c, err := p.cfg.Upstream.acquire(actx, t)
 	cancel()
+	if err == nil && !time.Now().Before(accept) {
+		c.release()
+		err = fmt.Errorf("too late to accept: the deadline is %v", fw.by.Format(time.RFC3339Nano))
+	}
 	if err != nil {
 		writeError(w, http.StatusConflict, "invalid_request_error", "", "forward_refused", err.Error())
 		return
 	}
 	defer c.release()
+	// Accepted: from here on the turn is this replica's, and its outcome
+	// travels in the stream.
+	p.stats.forwardedIn.Add(1)
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	if fl, ok := w.(http.Flusher); ok {
+		fl.Flush()
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
 	defer cancel()
 	rep, err := c.send(ctx, body, true)
 	if err != nil {
-		p.upstreamError(w, err)
+		p.warns.warn(p.cfg.Logger, "forwarded turn: upstream request failed; cutting the stream", "err", err)
+		cutStream(w)
 		return
 	}
 	defer rep.close()
-	relayStream(w, rep, "")
+	ev, err := rep.next()
+	if out := writeEvents(w, rep, "", ev, err); out.err != nil {
+		cutStream(w)
+	}
 }

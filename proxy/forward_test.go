@@ -1,13 +1,16 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +37,14 @@ type replicaSet struct {
 
 func newReplicaSet(t testing.TB, n int) *replicaSet {
 	t.Helper()
-	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}))
+	return newReplicaSetWith(t, n, fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}, 0)
+}
+
+// newReplicaSetWith is newReplicaSet in front of a fake upstream with opts,
+// forwarding with timeout (0: the default).
+func newReplicaSetWith(t testing.TB, n int, opts fakeupstream.Options, timeout time.Duration) *replicaSet {
+	t.Helper()
+	up := httptest.NewServer(fakeupstream.New(opts))
 	t.Cleanup(up.Close)
 	base, err := store.NewMemory(store.Options{Replica: "r0"})
 	require.NoError(t, err)
@@ -46,7 +56,7 @@ func newReplicaSet(t testing.TB, n int) *replicaSet {
 		ws, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(up.URL, "http")+"/v1",
 			WebSocketOptions{Replica: st.Options().Replica, Sockets: 2})
 		require.NoError(t, err)
-		p, err := New(Config{Store: st, Upstream: ws, Forwarding: &Forwarding{Directory: dir, Secret: testSecret}})
+		p, err := New(Config{Store: st, Upstream: ws, Forwarding: &Forwarding{Directory: dir, Secret: testSecret, Timeout: timeout}})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
 		srv := httptest.NewServer(p)
@@ -111,12 +121,13 @@ func TestForgedForwardsAreRefused(t *testing.T) {
 	f := rs.proxies[0].cfg.Forwarding
 	body := []byte(`{"model":"m","store":false,"input":"hi"}`)
 	for name, value := range map[string]string{
-		"no signature":  "t=1, socket=1, prev=resp_1",
-		"wrong secret":  (&Forwarding{Secret: []byte(strings.Repeat("x", 32))}).header(time.Now(), 1, "resp_1", body),
-		"stale":         f.header(time.Now().Add(-time.Hour), 1, "resp_1", body),
-		"other body":    f.header(time.Now(), 1, "resp_1", []byte(`{}`)),
+		"no signature":  "t=1, by=1, socket=1, prev=resp_1",
+		"wrong secret":  (&Forwarding{Secret: []byte(strings.Repeat("x", 32))}).header(time.Now(), soon(), 1, "resp_1", body),
+		"stale":         f.header(time.Now().Add(-time.Hour), soon(), 1, "resp_1", body),
+		"other body":    f.header(time.Now(), soon(), 1, "resp_1", []byte(`{}`)),
 		"garbage":       "hello",
-		"extra members": f.header(time.Now(), 1, "resp_1", body) + ", x=1",
+		"extra members": f.header(time.Now(), soon(), 1, "resp_1", body) + ", x=1",
+		"no deadline":   "t=1, socket=1, prev=resp_1, sig=00",
 	} {
 		req, _ := http.NewRequest(http.MethodPost, rs.servers[0].URL+"/v1/responses", strings.NewReader(string(body)))
 		req.Header.Set(forwardHeader, value)
@@ -167,15 +178,14 @@ func TestForwardSignatureIsThePublishedOne(t *testing.T) {
 	body := []byte(`{"model":"m","input":[]}`)
 	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, testSecret)
-	m.Write([]byte("contproxy-forward-v1\n1800000000\n7\nresp_abc\n" + hex.EncodeToString(sum[:])))
-	want := "t=1800000000, socket=7, prev=resp_abc, sig=" + hex.EncodeToString(m.Sum(nil))
+	m.Write([]byte("contproxy-forward-v2\n1800000000\n1800000002000\n7\nresp_abc\n" + hex.EncodeToString(sum[:])))
+	want := "t=1800000000, by=1800000002000, socket=7, prev=resp_abc, sig=" + hex.EncodeToString(m.Sum(nil))
 	f := &Forwarding{Secret: testSecret, MaxSkew: 30 * time.Second}
-	assert.Equal(t, want, f.header(time.Unix(1_800_000_000, 0), 7, "resp_abc", body))
-	socket, prev, err := f.verify(time.Unix(1_800_000_029, 0), want, body)
+	assert.Equal(t, want, f.header(time.Unix(1_800_000_000, 0), time.Unix(1_800_000_002, 0), 7, "resp_abc", body))
+	fw, err := f.verify(time.Unix(1_800_000_029, 0), want, body)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(7), socket)
-	assert.Equal(t, "resp_abc", prev)
-	_, _, err = f.verify(time.Unix(1_800_000_031, 0), want, body)
+	assert.Equal(t, forward{socket: 7, prev: "resp_abc", by: time.Unix(1_800_000_002, 0)}, fw)
+	_, err = f.verify(time.Unix(1_800_000_031, 0), want, body)
 	assert.ErrorContains(t, err, "stale")
 }
 
@@ -206,5 +216,104 @@ func TestAnUnreachableDirectoryServesTurnsHere(t *testing.T) {
 	for _, p := range proxies {
 		assert.Zero(t, p.Stats().Forwarded)
 		assert.Zero(t, p.Stats().Continued, "each turn lands on the replica without the socket")
+	}
+}
+
+// soon is an acceptance deadline a forward meets.
+func soon() time.Time { return time.Now().Add(2 * time.Second) }
+
+// executions counts the calls the upstream answered (ran), from its own
+// log: a refused continuation is not one.
+type executions struct {
+	mu    sync.Mutex
+	lines int
+}
+
+func (e *executions) Write(b []byte) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.lines += bytes.Count(b, []byte("\n"))
+	return len(b), nil
+}
+
+func (e *executions) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lines
+}
+
+// A forwarded turn whose origin is slow to produce its first event (longer
+// than the forwarding timeout) runs once, on the origin, which accepted
+// it before going upstream: the replica the client reached waits and
+// relays, and never runs the turn itself as well.
+func TestASlowOriginRunsAForwardedTurnOnce(t *testing.T) {
+	var ran executions
+	rs := newReplicaSetWith(t, 2, fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 1},
+		EventDelay: 150 * time.Millisecond, Recorder: fakeupstream.NewRecorder(&ran)}, 100*time.Millisecond)
+	c := newConversation(t, rs.url, "s-slow", true, false)
+	c.say("hello")
+	s := rs.total()
+	assert.Equal(t, int(s.Turns), ran.count(), "one upstream execution per client turn")
+	assert.Equal(t, s.Turns-1, s.Continued, "the later turn continues on the origin")
+	assert.Positive(t, s.Forwarded)
+	assert.Zero(t, s.ForwardFailures)
+}
+
+// A continuation the upstream refuses on the origin's socket reaches the
+// client as the same turn sent again with the full context, from the
+// replica the client reached: 200, and the upstream ran it once.
+func TestARefusedForwardedContinuationIsSentAgainHere(t *testing.T) {
+	var ran executions
+	rs := newReplicaSetWith(t, 2, fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 1},
+		KeepsNoResponses: true, Recorder: fakeupstream.NewRecorder(&ran)}, 0)
+	c := newConversation(t, rs.url, "s-refused", true, false)
+	c.say("hello") // say requires 200 for every turn
+	s := rs.total()
+	assert.Equal(t, int(s.Turns), ran.count(), "one upstream execution per client turn")
+	assert.Positive(t, s.FullContextRetries, "the origin's upstream refused the continuation")
+	assert.Zero(t, s.Continued)
+}
+
+// An upstream stream that breaks off reaches the client as a cut stream,
+// as it would without the proxy, never as a stream that ended.
+func TestACutStreamReachesTheClientCut(t *testing.T) {
+	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 1},
+		Fault: func(fakeupstream.Request) fakeupstream.Fault {
+			return fakeupstream.Fault{Kind: fakeupstream.FaultDrop, Events: 2}
+		}}))
+	t.Cleanup(up.Close)
+	body := `{"model":"gpt-test","stream":true,"store":false,"input":"hi"}`
+	read := func(url string) error {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("X-Session-Id", "s-cut")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, err = io.ReadAll(resp.Body)
+		return err
+	}
+	require.Error(t, read(up.URL+"/v1/responses"), "the upstream itself cuts the stream")
+	st, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	for name, url := range map[string]string{"http": up.URL + "/v1", "websocket": "ws" + strings.TrimPrefix(up.URL, "http") + "/v1"} {
+		t.Run(name, func(t *testing.T) {
+			var u Upstream
+			if name == "http" {
+				u, err = NewHTTPUpstream(url, nil)
+			} else {
+				u, err = NewWebSocketUpstream(url, WebSocketOptions{Replica: "r1"})
+			}
+			require.NoError(t, err)
+			p, err := New(Config{Store: st, Upstream: u})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = p.Close() })
+			srv := httptest.NewServer(p)
+			t.Cleanup(srv.Close)
+			err = read(srv.URL + "/v1/responses")
+			require.Error(t, err, "the client must not take a cut stream for a finished one")
+			assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+		})
 	}
 }

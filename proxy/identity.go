@@ -130,12 +130,11 @@ const (
 // session, and no client can compute another's. The derivation is
 // specified in PROTOCOL.md, section 2.4.
 func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owner, error) {
-	body := req.Body()
-	session, from, err := lookup(id.Session, h, body)
+	session, from, err := lookup(id.Session, h, req)
 	if err != nil {
 		return identity.Owner{}, err
 	}
-	agent, agentFrom, err := lookup(id.Agent, h, body)
+	agent, agentFrom, err := lookup(id.Agent, h, req)
 	if err != nil {
 		return identity.Owner{}, err
 	}
@@ -235,7 +234,7 @@ func firstUserMessage(items []json.RawMessage) int {
 
 // lookup returns the value of the first source present, and that source.
 // A present source must hold a non-empty string.
-func lookup(sources []Source, h http.Header, body []byte) (string, Source, error) {
+func lookup(sources []Source, h http.Header, req *fingerprint.Request) (string, Source, error) {
 	for _, s := range sources {
 		if s.Header != "" {
 			vs := h.Values(s.Header)
@@ -250,7 +249,7 @@ func lookup(sources []Source, h http.Header, body []byte) (string, Source, error
 			}
 			return "", s, fmt.Errorf("%w: %s is empty", errInvalidIdentity, s)
 		}
-		v := gjson.GetBytes(body, escapePath(s.Field))
+		v := member(req, s.Field)
 		switch {
 		case !v.Exists() || v.Type == gjson.Null:
 			continue
@@ -295,11 +294,34 @@ func jsonKind(v gjson.Result) string {
 // passthrough tells whether the client keeps its conversation upstream
 // itself (previous_response_id or conversation set): the request then goes
 // upstream as sent, outside the store.
-func passthrough(top map[string]json.RawMessage) bool {
+func passthrough(req *fingerprint.Request) bool {
 	for _, k := range []string{"previous_response_id", "conversation"} {
-		if v, ok := top[k]; ok && string(v) != "null" {
+		if v := rawMember(req, k); v != "" && v != "null" {
 			return true
 		}
 	}
 	return false
+}
+
+// rawMember returns the body's top-level member name as received, "" when
+// absent.
+func rawMember(req *fingerprint.Request, name string) string {
+	v, _ := req.Member(name)
+	return string(v)
+}
+
+// member returns the value at the dotted path field of the body: its
+// first part is a top-level member, read from the single parse, and the
+// rest a path inside that member's value.
+func member(req *fingerprint.Request, field string) gjson.Result {
+	first, rest, nested := strings.Cut(field, ".")
+	raw, ok := req.Member(first)
+	if !ok {
+		return gjson.Result{}
+	}
+	v := gjson.ParseBytes(raw)
+	if nested {
+		v = v.Get(escapePath(rest))
+	}
+	return v
 }

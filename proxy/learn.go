@@ -7,8 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tidwall/gjson"
-
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/store"
 )
 
@@ -233,7 +232,7 @@ func (p *Proxy) gate(t *turn) *gate {
 	if !t.res.Continues() {
 		return g
 	}
-	g.model = gjson.GetBytes(t.res.Request().Body(), "model").String()
+	g.model = member(t.res.Request(), "model").String()
 	ok, probe := p.learn.allow(g.model)
 	g.probe = probe
 	if !ok {
@@ -274,14 +273,8 @@ func (g *gate) done() {
 
 // serveWhole sends a request as the client sent it, outside the store, for
 // a proxy that never continues (Config.NoContinuation).
-func (p *Proxy) serveWhole(w http.ResponseWriter, r *http.Request, t *turn, body []byte) {
-	n := int64(0)
-	switch in := gjson.GetBytes(body, "input"); {
-	case in.IsArray():
-		in.ForEach(func(_, _ gjson.Result) bool { n++; return true })
-	case in.Type == gjson.String:
-		n = 1
-	}
+func (p *Proxy) serveWhole(w http.ResponseWriter, r *http.Request, t *turn, req *fingerprint.Request) {
+	body, n := req.Body(), int64(req.Len())
 	p.stats.itemsReceived.Add(n)
 	p.stats.itemsSent.Add(n)
 	p.stats.bytesSent.Add(int64(len(body)))

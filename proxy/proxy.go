@@ -23,13 +23,26 @@
 // forwarded as sent, outside the store. Store failures never fail a
 // request: the store fails open and the full context goes upstream.
 //
+// Every other request under /v1 (GET /v1/models, POST
+// /v1/responses/compact, GET /v1/responses/{id}, POST
+// /v1/chat/completions, …) goes to the upstream's HTTP base as the client
+// sent it, with a turn's headers, both bodies streamed through; a path
+// outside /v1 is answered 404.
+//
+// A WebSocket upgrade on /v1/responses opens the Responses API's WebSocket
+// mode (clientws.go): each response.create message is a turn served as the
+// POST it stands for, its events sent back on the connection, and a
+// response.create that continues the connection's latest response with
+// only new input is served with the full context the connection kept.
+// Proxy.Shutdown closes those connections when the server stops.
+//
 // Embedding it:
 //
 //	st, _ := store.NewRedis(client, store.Options{Replica: "gw-1"})
 //	up, _ := proxy.NewHTTPUpstream("https://api.openai.com/v1", nil)
 //	p, _ := proxy.New(proxy.Config{Store: st, Upstream: up})
 //	defer p.Close()
-//	http.Handle("/v1/responses", p)
+//	http.Handle("/v1/", p)
 //	log.Fatal(http.ListenAndServe("127.0.0.1:8080", nil))
 package proxy
 
@@ -76,8 +89,10 @@ type Config struct {
 	// UpstreamTimeout bounds one turn upstream, streaming included.
 	// Default 10 minutes.
 	UpstreamTimeout time.Duration
-	// Logger gets a debug record per turn and a warning per fallback.
-	// Default: discard.
+	// Logger gets a debug record per turn, and warnings (upstream,
+	// directory, store writes) at most a line a second per cause, with
+	// how many were left out. A store that fails open is the store's
+	// Observer's to log (store/storelog). Default: discard.
 	Logger *slog.Logger
 	// Forwarding, when set, hands turns whose socket is another
 	// replica's to that replica.
@@ -96,6 +111,11 @@ type Config struct {
 	// outside the store (nothing is reserved or recorded) and without
 	// reading its owner.
 	NoContinuation bool
+	// ClientSocketLifetime bounds a client's WebSocket connection (the
+	// WebSocket mode on GET /v1/responses, clientws.go): at its end the
+	// client gets websocket_connection_limit_reached, as from the
+	// upstream. Default 60 minutes, the upstream's.
+	ClientSocketLifetime time.Duration
 }
 
 // Proxy is the gateway handler. It is safe for concurrent use.
@@ -104,6 +124,8 @@ type Proxy struct {
 	replica string // the store's replica id
 	stats   counters
 	learn   *learner
+	warns   warnings // at most a line a second per cause
+	sockets socketSet
 }
 
 // New returns a proxy for cfg.
@@ -117,6 +139,8 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, cfg.MaxBodyBytes)
 	case cfg.UpstreamTimeout < 0:
 		return nil, fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
+	case cfg.ClientSocketLifetime < 0:
+		return nil, fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
 	}
 	if cfg.Identity.Session == nil && cfg.Identity.Agent == nil {
 		cfg.Identity = DefaultIdentity
@@ -225,9 +249,17 @@ type turn struct {
 	forwarded bool
 }
 
-// ServeHTTP serves POST requests creating a response; mount it on
-// /v1/responses.
+// ServeHTTP serves the turns, POST /v1/responses, and passes every other
+// request under /v1 through to the upstream (passthrough.go); mount it on
+// /v1/.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if asksWebSocketUpgrade(r) {
+		p.serveSocket(w, r) // the WebSocket mode (clientws.go)
+		return
+	}
+	if p.serveEndpoint(w, r) {
+		return // not a turn
+	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "",
@@ -244,32 +276,28 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
 		return
 	}
-	var top map[string]json.RawMessage
-	if err := json.Unmarshal(body, &top); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_json",
-			"The request body is not a JSON object: "+err.Error())
+	// The body is parsed once, by the fingerprint scanner: every member the
+	// proxy reads comes from that pass (Request.Member).
+	req, err := p.cfg.Store.ParseRequest(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
 		return
 	}
 	if r.Header.Get(forwardHeader) != "" {
-		p.serveForwarded(w, r, body)
+		p.serveForwarded(w, r, req)
 		return
 	}
-	t := &turn{header: r.Header, stream: string(top["stream"]) == "true", stores: string(top["store"]) != "false"}
+	t := &turn{header: r.Header, stream: rawMember(req, "stream") == "true", stores: rawMember(req, "store") != "false"}
 	p.stats.turns.Add(1)
 	p.stats.bytesReceived.Add(int64(len(body)))
-	if passthrough(top) {
+	if passthrough(req) {
 		p.stats.passthrough.Add(1)
 		p.stats.bytesSent.Add(int64(len(body)))
 		p.forward(w, r, t, body)
 		return
 	}
 	if p.cfg.NoContinuation {
-		p.serveWhole(w, r, t, body)
-		return
-	}
-	req, err := p.cfg.Store.ParseRequest(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "input", "invalid_request", err.Error())
+		p.serveWhole(w, r, t, req)
 		return
 	}
 	who, err := p.cfg.Identity.Owner(r.Header, req)
@@ -321,9 +349,6 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		p.stats.paused.Add(1)
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
-	if res.Reason == store.ReasonStoreUnavailable {
-		lg.Warn("store unavailable, sending full context", "err", res.Err)
-	}
 	fail := func(err error) {
 		p.abort(sctx, lg, res)
 		p.upstreamError(w, err)
@@ -349,22 +374,27 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		rep, err = p.send(ctx, c, res, t.stream)
 	}
 	if _, forwarded := c.(*forwardConn); forwarded && err != nil {
+		// The origin ran nothing: it refused, or did not accept in time.
 		lg.Info("forwarding failed; serving the turn here with full context", "origin", res.Origin.Replica, "err", err)
 		p.stats.forwardFailures.Add(1)
-		local, aerr := p.cfg.Upstream.acquire(ctx, t)
-		if aerr != nil {
-			fail(aerr)
+		if c, err = p.localConn(ctx, t, c); err != nil {
+			fail(err)
 			return
 		}
-		c = local // the forward holds nothing to release
 		fullContext()
 	}
 	if err == nil && continued && refused(rep) {
 		rep.close()
-		lg.Warn("upstream refused the continuation, resending full context",
+		p.warns.warn(lg, "upstream refused the continuation, resending full context",
 			"previous_response_id", res.PreviousResponseID)
 		p.stats.retries.Add(1)
 		g.refused()
+		// A refused forward ran nothing else on the origin's socket, which
+		// no longer holds the response: the full context goes from here.
+		if c, err = p.localConn(ctx, t, c); err != nil {
+			fail(err)
+			return
+		}
 		fullContext()
 	}
 	if err != nil {
@@ -386,7 +416,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	case out.err != nil:
 		p.stats.upstreamErrors.Add(1)
 		p.abort(sctx, lg, res)
-		lg.Warn("upstream answer cut short; turn aborted", "err", out.err)
+		p.warns.warn(lg, "upstream answer cut short; turn aborted", "err", out.err)
 	case !out.completed:
 		p.abort(sctx, lg, res)
 	case out.clientGone:
@@ -410,11 +440,34 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 			ResponseID: out.id, Socket: c.socket(), Output: out.output,
 		})
 		if err != nil {
-			lg.Warn("record failed; the next turn sends full context", "err", err)
+			p.warns.warn(lg, "record failed; the next turn sends full context", "err", err)
 		}
 		lg = lg.With("response_id", out.id, "outcome", outcome)
 	}
 	lg.Debug("turn", "latency", time.Since(start))
+	if out.cut {
+		cutStream(w)
+	}
+}
+
+// localConn returns c, or, when c forwards the turn, a connection of this
+// replica's upstream for it: the forward holds nothing to release.
+func (p *Proxy) localConn(ctx context.Context, t *turn, c conn) (conn, error) {
+	if _, forwarded := c.(*forwardConn); !forwarded {
+		return c, nil
+	}
+	return p.cfg.Upstream.acquire(ctx, t)
+}
+
+// cutStream ends a response whose event stream broke off upstream by
+// aborting the connection, so that the client sees the stream cut, as it
+// would from the upstream, and never a stream that ended as if complete.
+func cutStream(w http.ResponseWriter) {
+	if c, ok := w.(interface{ cutStream() }); ok {
+		c.cutStream()
+		return
+	}
+	panic(http.ErrAbortHandler)
 }
 
 // send sends res's upstream body on c, counting what goes upstream: a
@@ -432,14 +485,14 @@ func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, stream
 // abort ends a turn that published nothing.
 func (p *Proxy) abort(ctx context.Context, lg *slog.Logger, res *store.Reservation) {
 	if _, err := p.cfg.Store.Abort(ctx, res); err != nil {
-		lg.Warn("abort failed", "err", err)
+		p.warns.warn(lg, "abort failed", "err", err)
 	}
 }
 
 // upstreamError answers a turn the upstream could not be reached for.
 func (p *Proxy) upstreamError(w http.ResponseWriter, err error) {
 	p.stats.upstreamErrors.Add(1)
-	p.cfg.Logger.Warn("upstream request failed", "err", err)
+	p.warns.warn(p.cfg.Logger, "upstream request failed", "err", err)
 	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable",
 		"The upstream could not be reached: "+err.Error())
 }
@@ -491,8 +544,10 @@ type outcome struct {
 	output    []json.RawMessage
 	// clientGone tells whether writing to the client failed.
 	clientGone bool
-	// err is set when the upstream's answer broke off.
+	// err is set when the upstream's answer broke off; cut, when it did
+	// after the client's stream began.
 	err error
+	cut bool
 }
 
 // relay writes the upstream's answer to the client: the events as SSE when
@@ -579,7 +634,6 @@ func (c *collector) outcome(status int) outcome {
 
 // relayStream relays events as Server-Sent Events, flushed one by one.
 func relayStream(w http.ResponseWriter, rep *reply, hide string) outcome {
-	var col collector
 	ev, err := rep.next()
 	if err == nil && ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists() {
 		// A WebSocket upstream refusing the request: over HTTP it would
@@ -591,6 +645,13 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string) outcome {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
+	return writeEvents(w, rep, hide, ev, err)
+}
+
+// writeEvents writes the events of rep, from ev (read with err) on, as
+// Server-Sent Events flushed one by one, after the response's headers.
+func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err error) outcome {
+	var col collector
 	flusher, _ := w.(http.Flusher)
 	gone := false
 	var buf bytes.Buffer
@@ -620,6 +681,7 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string) outcome {
 	} else if col.terminal == "" {
 		out.err = io.ErrUnexpectedEOF // the upstream ended the stream without a terminal event
 	}
+	out.cut = out.err != nil
 	return out
 }
 

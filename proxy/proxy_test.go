@@ -368,8 +368,10 @@ func TestBadRequests(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"method", http.MethodGet, nil, "", http.StatusMethodNotAllowed, "use POST"},
-		{"not JSON", http.MethodPost, nil, `{"model":`, http.StatusBadRequest, "not a JSON object"},
+		{"method", http.MethodGet, nil, "", http.StatusMethodNotAllowed, "POST"}, // passed through: the upstream's answer
+		{"not JSON", http.MethodPost, nil, `{"model":`, http.StatusBadRequest, "unexpected end of input"},
+		{"not an object", http.MethodPost, nil, `["model"]`, http.StatusBadRequest, "not a JSON object"},
+		{"too many members", http.MethodPost, nil, manyMembers(2000), http.StatusBadRequest, "more than 1024 members"},
 		{"invalid input", http.MethodPost, nil, `{"model":"m","input":[{"a":1,"a":2}]}`, http.StatusBadRequest, "offset"},
 		{"empty session header", http.MethodPost, http.Header{"X-Session-Id": {""}}, valid, http.StatusBadRequest, "header X-Session-Id is empty"},
 		{"empty agent header", http.MethodPost, http.Header{"X-Session-Id": {"s"}, "X-Agent-Id": {""}}, valid, http.StatusBadRequest, "header X-Agent-Id is empty"},
@@ -486,4 +488,14 @@ func TestAFailingStoreFailsOpen(t *testing.T) {
 	s := r.proxy.Stats()
 	assert.Zero(t, s.Continued)
 	assert.Equal(t, s.ItemsReceived, s.ItemsSent)
+}
+
+// manyMembers is a body with n top-level members besides its input.
+func manyMembers(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"input":[]`)
+	for i := range n {
+		fmt.Fprintf(&b, `,"m%d":1`, i)
+	}
+	return b.String() + "}"
 }

@@ -23,6 +23,9 @@ type Upstream interface {
 	acquire(ctx context.Context, t *turn) (conn, error)
 	// close closes every connection the upstream keeps.
 	close() error
+	// passthroughTarget is where requests other than turns go
+	// (passthrough.go).
+	passthroughTarget() passTarget
 }
 
 // conn is an upstream connection held by one turn.

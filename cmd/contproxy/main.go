@@ -14,11 +14,13 @@
 // Every flag can also be set in the environment as CONTPROXY_<FLAG>, upper
 // case with dashes as underscores (CONTPROXY_REDIS, CONTPROXY_UPSTREAM);
 // a flag on the command line wins, and any other CONTPROXY_ variable is
-// named in a warning at start. Besides /v1/responses it serves
-// GET /healthz (200 "ok"; 503 once shutting down) and GET /metrics
-// (Prometheus). SIGINT or SIGTERM stop it gracefully: it stops accepting
-// requests and lets the turns in flight finish, streams included, for up
-// to -shutdown-timeout.
+// named in a warning at start. Every other request under /v1 (GET
+// /v1/models, POST /v1/responses/compact, POST /v1/chat/completions, …)
+// passes through to the upstream's HTTP base as the client sent it,
+// streamed. Besides /v1 it serves GET /healthz (200 "ok"; 503 once
+// shutting down) and GET /metrics (Prometheus). SIGINT or SIGTERM stop it
+// gracefully: it stops accepting requests and lets the turns in flight
+// finish, streams included, for up to -shutdown-timeout.
 package main
 
 import (
@@ -52,6 +54,7 @@ import (
 	"github.com/contstore/contstore/proxy"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/prommetrics"
+	"github.com/contstore/contstore/store/storelog"
 )
 
 func main() {
@@ -129,7 +132,8 @@ func parseFlags(args, environ []string, stderr io.Writer) (config, error) {
 
 A Responses gateway that continues conversations with previous_response_id
 and only the new input items when the shared continuation store allows it.
-Serves POST /v1/responses, GET /healthz and GET /metrics.
+Serves POST /v1/responses, passes every other /v1 request through to the
+upstream, and serves GET /healthz and GET /metrics.
 
   contproxy -fake-upstream
   contproxy -upstream https://api.openai.com/v1 -redis redis://127.0.0.1:6379/0 -replica gw-1
@@ -351,7 +355,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	if err := metrics.Register(reg); err != nil {
 		return err
 	}
-	st, rdb, closeStore, err := openStore(c, metrics)
+	st, rdb, closeStore, err := openStore(c, store.MultiObserver(metrics, storelog.New(logger, storelog.Options{})))
 	if err != nil {
 		return err
 	}
@@ -418,7 +422,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 
 	var stopping atomic.Bool
 	mux := http.NewServeMux()
-	mux.Handle("/v1/responses", p)
+	mux.Handle("/v1/", p) // the turns; every other /v1 request passes through
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if stopping.Load() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
@@ -431,7 +435,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
 		fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
-			fmt.Sprintf("Invalid URL (%s %s): this gateway serves POST /v1/responses.", r.Method, r.URL.Path))
+			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
 	})
 
 	ln, err := net.Listen("tcp", c.listen)
@@ -455,7 +459,9 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	logger.Info("shutting down; letting turns in flight finish", "timeout", c.shutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
 	defer cancel()
-	err = srv.Shutdown(sctx)
+	sockets := make(chan error, 1) // the clients' WebSocket connections, which srv no longer manages
+	go func() { sockets <- p.Shutdown(sctx) }()
+	err = errors.Join(srv.Shutdown(sctx), <-sockets)
 	if fake != nil {
 		_ = fake.Shutdown(sctx)
 	}
@@ -469,8 +475,8 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 // openStore opens the store the flags name and a go-redis client of its
 // Redis (nil for the in-process store), which the forwarding directory
 // uses; closeStore closes what it opened.
-func openStore(c config, metrics *prommetrics.Metrics) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
-	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: metrics, Profile: c.profile}
+func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
+	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile}
 	// The client settings the README recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.
 	timeout := c.opTimeout + 300*time.Millisecond

@@ -275,10 +275,28 @@ func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
 				resp.Body.Close()
 				assert.Contains(t, string(b), want, path)
 			}
+			// Every other request under /v1 passes through, over either
+			// transport to the upstream's HTTP base.
+			resp, err = http.Get("http://" + addr + "/v1/models")
+			require.NoError(t, err)
+			b, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, "list", gjson.GetBytes(b, "object").String(), "%s", b)
+			resp, err = http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+			require.NoError(t, err)
+			b, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.True(t, strings.HasSuffix(string(b), "data: [DONE]\n\n"), "%s", b)
+
 			resp, err = http.Get("http://" + addr + "/v2/other")
 			require.NoError(t, err)
+			b, _ = io.ReadAll(resp.Body)
 			resp.Body.Close()
 			assert.Equal(t, http.StatusNotFound, resp.StatusCode)
+			assert.Equal(t, "invalid_request_error", gjson.GetBytes(b, "error.type").String(), "%s", b)
 		})
 	}
 }

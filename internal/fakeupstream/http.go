@@ -17,9 +17,10 @@ var Models = []string{"gpt-5.1-codex", "gpt-5", "gpt-4.1"}
 // ServeHTTP serves both transports. HTTP: POST …/responses (any base path,
 // such as /v1/responses) creates a response, answered as JSON or, for
 // "stream": true, as Server-Sent Events flushed one by one; GET …/models
-// lists Models. Over HTTP nothing is kept for store=false requests. A GET
-// …/responses with a WebSocket upgrade opens a WebSocket mode connection
-// (see the package documentation).
+// lists Models, and the other endpoints the package documentation lists
+// are served by serveEndpoint. Over HTTP nothing is kept for store=false
+// requests. A GET …/responses with a WebSocket upgrade opens a WebSocket
+// mode connection (see the package documentation).
 func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := strings.TrimSuffix(r.URL.Path, "/")
 	switch {
@@ -33,11 +34,8 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		u.serveCreate(w, r)
-	case strings.HasSuffix(path, "/models") && r.Method == http.MethodGet:
-		serveModels(w)
 	default:
-		writeError(w, &Error{Status: http.StatusNotFound, Type: "invalid_request_error",
-			Message: fmt.Sprintf("Invalid URL (%s %s)", r.Method, r.URL.Path)})
+		u.serveEndpoint(w, r)
 	}
 }
 

@@ -36,6 +36,14 @@
 // previous_response_not_found, over both transports. Upstream.Calls counts
 // the create-response calls received.
 //
+// Over HTTP it also serves a few other endpoints, in the API's shapes: GET
+// …/models; GET and DELETE …/responses/{id} and POST
+// …/responses/{id}/cancel for the responses it stores; POST
+// …/responses/input_tokens; POST …/chat/completions, streamed (data:
+// chunks, then data: [DONE]) when the request says "stream": true. Any
+// other path is 404. Upstream.Requests lists every request to those
+// endpoints, served or not, as received.
+//
 // Options.Fault scripts failures, over both transports: an error status
 // before any event, a response.failed or response.incomplete response, an
 // error event, or a connection dropped after some events (see FaultKind).
@@ -121,10 +129,12 @@ type Upstream struct {
 	fault      func(Request) Fault
 	keepsNone  bool
 
-	calls  atomic.Int64
-	mu     sync.Mutex
-	seq    uint64
-	stored map[string][]json.RawMessage // response id → transcript, for store=true
+	calls    atomic.Int64
+	mu       sync.Mutex
+	seq      uint64
+	stored   map[string][]json.RawMessage // response id → transcript, for store=true
+	objects  map[string]json.RawMessage   // response id → response object, for store=true
+	requests []HTTPRequest                // see Requests
 }
 
 // New returns an upstream with nothing stored.
@@ -139,7 +149,7 @@ func New(opts Options) *Upstream {
 	}
 	return &Upstream{script: opts.Script, recorder: opts.Recorder, now: now, seed: opts.IDSeed,
 		eventDelay: opts.EventDelay, lifetime: lifetime, fault: opts.Fault, keepsNone: opts.KeepsNoResponses,
-		stored: make(map[string][]json.RawMessage)}
+		stored: make(map[string][]json.RawMessage), objects: make(map[string]json.RawMessage)}
 }
 
 // Calls returns how many create-response calls the upstream received, over
@@ -334,9 +344,14 @@ func (u *Upstream) Create(r Request) (*Result, *Error) {
 	}
 	res.Events = b.events
 	res.Transcript = append(slices.Clip(conversation), res.Output...)
-	if req.stores() && res.continuable() && !u.keepsNone {
+	if req.stores() && !u.keepsNone {
 		u.mu.Lock()
-		u.stored[id] = res.Transcript
+		if res.continuable() {
+			u.stored[id] = res.Transcript
+		}
+		if res.Response != nil {
+			u.objects[id] = res.Response
+		}
 		u.mu.Unlock()
 	}
 	if u.recorder != nil && res.Response != nil && fault.Kind != FaultDrop {

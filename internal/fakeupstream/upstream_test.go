@@ -423,7 +423,7 @@ func TestRoutes(t *testing.T) {
 	_, srv := newTestUpstream(t, Script{}, nil)
 	resp := post(t, srv.URL+"/api/openai/responses", `{"model":"m","input":"x"}`)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	resp = post(t, srv.URL+"/v1/chat/completions", `{"model":"m"}`)
+	resp = post(t, srv.URL+"/v1/completions", `{"model":"m"}`)
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	for _, path := range []string{"/v1/models", "/models"} {
 		got, err := http.Get(srv.URL + path)

@@ -1,0 +1,681 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+)
+
+// The Responses API's WebSocket mode, served to clients on GET
+// /v1/responses (the Codex CLI's default transport for OpenAI):
+//
+//   - each text message {"type":"response.create", …the create-response
+//     body…} is a turn, answered with the events the same turn streams over
+//     HTTP, each as a text message holding the event's data, in order;
+//   - turns run one at a time, in the order received: a response.create
+//     sent while one runs waits for it;
+//   - a turn is the request body it stands for ("type" dropped, "stream"
+//     true, a string input as the user message it stands for) served by
+//     ServeHTTP, so it is reserved, continued, recorded or aborted exactly
+//     as a POST;
+//   - the connection keeps its latest response: the full input of its
+//     request, its output items and its id. A response.create whose
+//     previous_response_id is that id, with the new input items only, is
+//     served as the full context it stands for (that input, that output,
+//     then the new items, without previous_response_id), and the store
+//     decides how it goes upstream, as for any request. Any
+//     other previous_response_id with "store": false gets the upstream's
+//     error event, previous_response_not_found, and nothing goes upstream,
+//     so that the client sends its full history again; with "store" true
+//     or absent it goes upstream as sent, as the upstream may keep that
+//     response. A failed turn drops what the connection keeps;
+//   - a response.create with "generate": false (the client warming the
+//     connection up) that holds the full context is answered here: a
+//     completed response without output, which the connection keeps like
+//     any other, so that the client's next request continues it (any other
+//     goes upstream as sent);
+//   - a response.processed message (the client's acknowledgement) gets no
+//     answer;
+//   - errors are error events, {"type":"error","status":400,"error":{…}},
+//     after which the connection stays usable, but for a response whose
+//     stream broke off upstream: the connection is then closed without a
+//     close frame, as the upstream's was;
+//   - a connection lasts Config.ClientSocketLifetime (60 minutes, as the
+//     upstream's), then gets websocket_connection_limit_reached and is
+//     closed; Proxy.Shutdown closes the connections (1001, going away)
+//     once their turn in flight is over.
+
+// defaultClientSocketLifetime is how long a client's connection lasts: the
+// upstream's lifetime.
+const defaultClientSocketLifetime = 60 * time.Minute
+
+// socketQueue bounds the response.create messages read ahead of the turn
+// running on a connection.
+const socketQueue = 16
+
+// connectionLimitCode is the error code that ends a connection at the end
+// of its lifetime.
+const connectionLimitCode = "websocket_connection_limit_reached"
+
+// clientSocketLifetime returns how long a client's connection lasts.
+func (p *Proxy) clientSocketLifetime() time.Duration {
+	if p.cfg.ClientSocketLifetime > 0 {
+		return p.cfg.ClientSocketLifetime
+	}
+	return defaultClientSocketLifetime
+}
+
+// serveSocket serves a WebSocket upgrade: the WebSocket mode on
+// /v1/responses, 404 anywhere else.
+func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != turnPath {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",
+			fmt.Sprintf("Invalid URL (%s %s): this gateway serves WebSocket connections on %s.", r.Method, r.URL.Path, turnPath))
+		return
+	}
+	if p.sockets.isClosing() {
+		writeError(w, http.StatusServiceUnavailable, "server_error", "", "",
+			"The gateway is shutting down: open the connection again.")
+		return
+	}
+	// Accept refuses a browser page of another origin: the upstream
+	// credential may be the gateway's own.
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return // Accept answered
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(p.cfg.MaxBodyBytes)
+	s := &clientSocket{p: p, ws: ws, header: turnHeader(r.Header), target: r.URL.RequestURI(), remote: r.RemoteAddr,
+		lg: p.cfg.Logger.With("socket", r.RemoteAddr)}
+	if !p.sockets.add(s) {
+		_ = ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
+		return
+	}
+	defer p.sockets.remove(s)
+	s.lg.Debug("client socket opened")
+	s.serve(r.Context())
+	s.lg.Debug("client socket closed")
+}
+
+// turnHeader returns the headers a socket's turns carry: the handshake's,
+// without those of the handshake itself and without the WebSocket mode's
+// beta flag, so that the turns go upstream as the same client's POSTs do.
+func turnHeader(h http.Header) http.Header {
+	out := h.Clone()
+	for k := range out {
+		if strings.HasPrefix(http.CanonicalHeaderKey(k), "Sec-Websocket-") {
+			delete(out, k)
+		}
+	}
+	for _, k := range []string{"Upgrade", "Connection", "Origin", forwardHeader} {
+		out.Del(k)
+	}
+	var beta []string
+	for _, v := range out.Values("OpenAI-Beta") {
+		for _, flag := range strings.Split(v, ",") {
+			if flag = strings.TrimSpace(flag); flag != "" && !strings.HasPrefix(flag, "responses_websockets=") {
+				beta = append(beta, flag)
+			}
+		}
+	}
+	out.Del("OpenAI-Beta")
+	if len(beta) > 0 {
+		out.Set("OpenAI-Beta", strings.Join(beta, ","))
+	}
+	return out
+}
+
+// clientSocket is one client connection in the WebSocket mode.
+type clientSocket struct {
+	p      *Proxy
+	ws     *websocket.Conn
+	header http.Header // the turns' headers
+	target string      // the turns' request URI: the handshake's
+	remote string
+	lg     *slog.Logger
+	// latest is the connection's latest response, nil when it keeps none.
+	latest *keptResponse
+}
+
+// keptResponse is a response a connection keeps for the client to continue
+// it: the full input of its request, its output items and its id.
+type keptResponse struct {
+	id            string
+	input, output []json.RawMessage
+}
+
+// serve answers the client's messages in turn until the client goes away,
+// the connection's lifetime ends or the proxy shuts down.
+func (s *clientSocket) serve(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	messages := make(chan []byte, socketQueue)
+	go func() {
+		defer cancel() // the client went away: a turn in flight sees it
+		for {
+			_, data, err := s.ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case messages <- data:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	expiry := time.NewTimer(s.p.clientSocketLifetime())
+	defer expiry.Stop()
+	closing := s.p.sockets.closingCh()
+	for {
+		// The lifetime may have ended, or the shutdown begun, during a
+		// turn: that goes before any message queued meanwhile.
+		select {
+		case <-expiry.C:
+			s.expire(ctx)
+			return
+		case <-closing:
+			_ = s.ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
+			return
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-expiry.C:
+			s.expire(ctx)
+			return
+		case <-closing:
+			_ = s.ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
+			return
+		case data := <-messages:
+			if !s.handle(ctx, data) {
+				return
+			}
+		}
+	}
+}
+
+// expire ends the connection at the end of its lifetime, as the upstream
+// ends its own: the error event, then a normal closure.
+func (s *clientSocket) expire(ctx context.Context) {
+	d := s.p.clientSocketLifetime()
+	limit := d.String()
+	if d%time.Minute == 0 {
+		limit = fmt.Sprintf("%d minutes", d/time.Minute)
+		if d == time.Minute {
+			limit = "1 minute"
+		}
+	}
+	msg := fmt.Sprintf("Responses websocket connection limit reached (%s). Create a new websocket connection to continue.", limit)
+	if s.send(ctx, errorEvent(http.StatusBadRequest, "invalid_request_error", "", connectionLimitCode, msg)) {
+		_ = s.ws.Close(websocket.StatusNormalClosure, connectionLimitCode)
+	}
+}
+
+// send writes one text message; false when the client is gone.
+func (s *clientSocket) send(ctx context.Context, data []byte) bool {
+	return s.ws.Write(ctx, websocket.MessageText, data) == nil
+}
+
+// fail answers a message with an error event and drops the connection's
+// latest response, as a failed request does upstream.
+func (s *clientSocket) fail(ctx context.Context, status int, param, code, msg string) bool {
+	s.latest = nil
+	return s.send(ctx, errorEvent(status, "invalid_request_error", param, code, msg))
+}
+
+// handle answers one message; false when the connection is over.
+func (s *clientSocket) handle(ctx context.Context, data []byte) bool {
+	if !gjson.ValidBytes(data) || !gjson.ParseBytes(data).IsObject() {
+		return s.fail(ctx, http.StatusBadRequest, "", "",
+			"We could not parse the JSON of your message: it is not a JSON object.")
+	}
+	msg := gjson.ParseBytes(data)
+	switch typ := msg.Get("type").String(); typ {
+	case "response.create":
+	case "response.processed":
+		return true // the client's acknowledgement of a response: nothing to answer
+	default:
+		return s.fail(ctx, http.StatusBadRequest, "type", "invalid_value",
+			fmt.Sprintf("Invalid value: '%s'. Supported values are: 'response.create'.", typ))
+	}
+	if msg.Get("background").Bool() {
+		return s.fail(ctx, http.StatusBadRequest, "background", "unsupported_parameter",
+			"Unsupported parameter: 'background' is not supported in WebSocket mode.")
+	}
+	c, err := s.prepare(data, msg)
+	if err != nil {
+		return s.fail(ctx, http.StatusBadRequest, "", "", "Invalid message: "+err.Error())
+	}
+	s.lg.Debug("response.create", "previous_response_id", c.prev, "expanded", c.full && c.prev != "",
+		"items", len(c.input), "generate", msg.Get("generate").Raw)
+	if c.prev != "" && !c.full && msg.Get("store").Raw == "false" {
+		return s.fail(ctx, http.StatusBadRequest, "previous_response_id", notFoundCode,
+			fmt.Sprintf("Previous response with id '%s' not found.", c.prev))
+	}
+	if c.full && msg.Get("generate").Type == gjson.False {
+		return s.warmUp(ctx, c, msg)
+	}
+	return s.run(ctx, c)
+}
+
+// socketCreate is a response.create as the pipeline takes it.
+type socketCreate struct {
+	// body is the create-response body: "type" dropped, "stream" true.
+	body []byte
+	// prev is the client's previous_response_id, "" for none.
+	prev string
+	// full tells whether body holds the whole conversation (neither a
+	// previous response nor a conversation of the upstream's), then
+	// input.
+	full  bool
+	input []json.RawMessage
+}
+
+// prepare turns a response.create into the body it stands for: the full
+// context when it continues the connection's latest response.
+func (s *clientSocket) prepare(data []byte, msg gjson.Result) (socketCreate, error) {
+	c := socketCreate{prev: msg.Get("previous_response_id").String()}
+	body, err := sjson.DeleteBytes(data, "type")
+	if err == nil && msg.Get("generate").Type == gjson.True {
+		body, err = sjson.DeleteBytes(body, "generate") // the default
+	}
+	if err == nil {
+		body, err = sjson.SetBytes(body, "stream", true)
+	}
+	if err != nil {
+		return c, err
+	}
+	items := inputItems(msg.Get("input"))
+	switch {
+	case c.prev != "" && s.latest != nil && c.prev == s.latest.id:
+		full := make([]json.RawMessage, 0, len(s.latest.input)+len(s.latest.output)+len(items))
+		full = append(append(append(full, s.latest.input...), s.latest.output...), items...)
+		body, err = sjson.SetRawBytes(body, "input", jsonArray(full))
+		if err == nil {
+			body, err = sjson.DeleteBytes(body, "previous_response_id")
+		}
+		if err != nil {
+			return c, err
+		}
+		c.full, c.input = true, full
+	case c.prev == "" && !msg.Get("conversation").Exists():
+		c.full, c.input = true, items
+		if msg.Get("input").Type == gjson.String {
+			// As the user message it stands for, so that the next request
+			// continues it item for item.
+			if body, err = sjson.SetRawBytes(body, "input", jsonArray(items)); err != nil {
+				return c, err
+			}
+		}
+	}
+	c.body = body
+	return c, nil
+}
+
+// inputItems returns the items of an input member: an array's elements, a
+// string as the user message it stands for.
+func inputItems(input gjson.Result) []json.RawMessage {
+	switch {
+	case input.IsArray():
+		return rawArray(input)
+	case input.Type == gjson.String:
+		// The string stays as the client wrote it.
+		msg := `{"role":"user","content":` + input.Raw + `}`
+		return []json.RawMessage{json.RawMessage(msg)}
+	}
+	return nil
+}
+
+// jsonArray returns the JSON array of items, each as it was written.
+func jsonArray(items []json.RawMessage) []byte {
+	b := []byte{'['}
+	for i, it := range items {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, it...)
+	}
+	return append(b, ']')
+}
+
+// run serves one turn through ServeHTTP and keeps its response when the
+// client may continue it; false when the connection is over.
+func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.target, bytes.NewReader(c.body))
+	if err != nil {
+		return s.fail(ctx, http.StatusBadRequest, "", "", "Invalid message: "+err.Error())
+	}
+	req.Header = s.header.Clone()
+	req.Header.Set("Content-Type", "application/json")
+	req.RemoteAddr = s.remote
+	sw := &socketWriter{ctx: ctx, ws: s.ws, header: http.Header{}, prev: c.prev}
+	sw.serve(s.p, req)
+	s.latest = nil
+	switch {
+	case sw.gone:
+		return false
+	case sw.cut:
+		_ = s.ws.CloseNow() // as the upstream's connection was
+		return false
+	}
+	col := &sw.col
+	if c.full && col.id != "" && (col.terminal == "response.completed" || col.terminal == "response.incomplete") {
+		k := &keptResponse{id: col.id, input: c.input, output: col.outcome(http.StatusOK).output}
+		if k.size() <= s.p.cfg.MaxBodyBytes {
+			s.latest = k
+		}
+	}
+	return true
+}
+
+// size is the bytes of the items a response keeps.
+func (k *keptResponse) size() int64 {
+	var n int64
+	for _, list := range [][]json.RawMessage{k.input, k.output} {
+		for _, it := range list {
+			n += int64(len(it)) + 1
+		}
+	}
+	return n
+}
+
+// warmUp answers a response.create with "generate": false that holds the
+// full context: a completed response without output, kept for the
+// client's next request to continue.
+func (s *clientSocket) warmUp(ctx context.Context, c socketCreate, msg gjson.Result) bool {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	id := "resp_" + hex.EncodeToString(b[:])
+	now := time.Now().Unix()
+	prev := any(nil)
+	if c.prev != "" {
+		prev = c.prev
+	}
+	resp := map[string]any{
+		"id": id, "object": "response", "created_at": now, "status": "in_progress",
+		"model": msg.Get("model").String(), "output": []any{}, "previous_response_id": prev,
+		"store": msg.Get("store").Raw != "false", "usage": nil,
+	}
+	created, _ := json.Marshal(map[string]any{"type": "response.created", "sequence_number": 0, "response": resp})
+	resp["status"], resp["completed_at"] = "completed", now
+	completed, _ := json.Marshal(map[string]any{"type": "response.completed", "sequence_number": 1, "response": resp})
+	if !s.send(ctx, created) || !s.send(ctx, completed) {
+		return false
+	}
+	s.latest = &keptResponse{id: id, input: c.input}
+	if s.latest.size() > s.p.cfg.MaxBodyBytes {
+		s.latest = nil
+	}
+	return true
+}
+
+// errorEvent is the WebSocket mode's error event:
+// {"type":"error","status":…,"error":{"type":…,"code":…,"message":…,"param":…}}.
+func errorEvent(status int, typ, param, code, msg string) []byte {
+	nullable := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	if typ == "" {
+		typ = "server_error"
+	}
+	b, _ := json.Marshal(struct {
+		Type   string         `json:"type"`
+		Status int            `json:"status"`
+		Error  map[string]any `json:"error"`
+	}{"error", status, map[string]any{"type": typ, "code": nullable(code), "message": msg, "param": nullable(param)}})
+	return b
+}
+
+// socketWriter is the http.ResponseWriter a socket's turn is served with:
+// it sends the Server-Sent Events the relay writes as text messages, each
+// the event's data, and an error answer as the error event the upstream
+// would have sent.
+type socketWriter struct {
+	ctx    context.Context
+	ws     *websocket.Conn
+	header http.Header
+	// prev is the client's previous_response_id, which the response
+	// objects show.
+	prev   string
+	status int
+	events bool   // the answer is an event stream
+	buf    []byte // an event stream's incomplete event, or a whole answer
+	col    collector
+	// gone tells that a message could not be written: the client is gone.
+	gone bool
+	// cut tells that the stream broke off upstream.
+	cut bool
+}
+
+// errClientGone is returned by writes after the client went away.
+var errClientGone = errors.New("proxy: the client's socket is gone")
+
+// serve runs the turn req through p, then sends what it answered.
+func (w *socketWriter) serve(p *Proxy, req *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			w.cut = true
+		}
+	}()
+	p.ServeHTTP(w, req)
+	w.finish()
+}
+
+func (w *socketWriter) Header() http.Header { return w.header }
+
+func (w *socketWriter) WriteHeader(status int) {
+	if w.status != 0 {
+		return
+	}
+	w.status = status
+	w.events = status == http.StatusOK && strings.HasPrefix(w.header.Get("Content-Type"), "text/event-stream")
+}
+
+func (w *socketWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.gone {
+		return 0, errClientGone
+	}
+	w.buf = append(w.buf, b...)
+	if !w.events {
+		return len(b), nil
+	}
+	for {
+		i := bytes.Index(w.buf, []byte("\n\n"))
+		if i < 0 {
+			return len(b), nil
+		}
+		if ev, ok := parseEvent(w.buf[:i]); ok && !w.sendEvent(ev) {
+			return 0, errClientGone
+		}
+		w.buf = append(w.buf[:0], w.buf[i+2:]...)
+	}
+}
+
+// Flush is a no-op: every event is sent as it is written.
+func (w *socketWriter) Flush() {}
+
+// cutStream notes a stream that broke off upstream (see run).
+func (w *socketWriter) cutStream() { w.cut = true }
+
+// parseEvent parses one Server-Sent Event: its type and data.
+func parseEvent(block []byte) (event, bool) {
+	var ev event
+	var data [][]byte
+	for _, line := range bytes.Split(block, []byte("\n")) {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		switch {
+		case bytes.HasPrefix(line, []byte("event:")):
+			ev.typ = string(bytes.TrimSpace(line[len("event:"):]))
+		case bytes.HasPrefix(line, []byte("data:")):
+			data = append(data, bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
+		}
+	}
+	if data == nil {
+		return ev, false // a comment
+	}
+	ev.data = bytes.Join(data, []byte("\n"))
+	if ev.typ == "" {
+		ev.typ = eventType(ev.data)
+	}
+	return ev, true
+}
+
+// sendEvent sends one event, its response object showing the client's own
+// previous_response_id; false when the client is gone.
+func (w *socketWriter) sendEvent(ev event) bool {
+	w.col.see(ev)
+	data := ev.data
+	if w.prev != "" && gjson.GetBytes(data, "response").IsObject() {
+		if d, err := sjson.SetBytes(data, "response.previous_response_id", w.prev); err == nil {
+			data = d
+		}
+	}
+	if w.ws.Write(w.ctx, websocket.MessageText, data) != nil {
+		w.gone = true
+	}
+	return !w.gone
+}
+
+// finish sends an answer that was not an event stream as events: a
+// response object as its terminal event, an error as an error event. An
+// event stream that ended without a terminal event broke off.
+func (w *socketWriter) finish() {
+	if w.gone || w.cut {
+		return
+	}
+	if w.events {
+		if w.col.terminal == "" {
+			w.cut = true
+		}
+		return
+	}
+	body := gjson.ParseBytes(w.buf)
+	if w.status/100 == 2 && body.Get("object").String() == "response" {
+		switch st := body.Get("status").String(); st {
+		case "completed", "failed", "incomplete":
+			data, _ := sjson.SetRawBytes([]byte(`{"type":"response.`+st+`"}`), "response", []byte(body.Raw))
+			w.sendEvent(event{typ: "response." + st, data: data})
+			return
+		}
+	}
+	status := w.status
+	if status < 400 || status > 599 {
+		status = http.StatusBadGateway
+	}
+	e := body.Get("error")
+	msg := e.Get("message").String()
+	if !e.IsObject() {
+		msg = "The upstream answered " + http.StatusText(w.status) + "."
+	}
+	data := errorEvent(status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(), msg)
+	w.sendEvent(event{typ: "error", data: data})
+}
+
+// socketSet is the client connections a proxy serves, for Shutdown.
+type socketSet struct {
+	mu      sync.Mutex
+	open    map[*clientSocket]struct{}
+	closing chan struct{} // closed by Shutdown
+	closed  bool
+	empty   chan struct{} // closed when the last connection ends after Shutdown began
+}
+
+// closingCh returns the channel Shutdown closes.
+func (ss *socketSet) closingCh() <-chan struct{} {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closing == nil {
+		ss.closing = make(chan struct{})
+	}
+	return ss.closing
+}
+
+func (ss *socketSet) isClosing() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.closed
+}
+
+// add registers a connection; false once Shutdown has begun.
+func (ss *socketSet) add(s *clientSocket) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	if ss.open == nil {
+		ss.open = map[*clientSocket]struct{}{}
+	}
+	ss.open[s] = struct{}{}
+	return true
+}
+
+func (ss *socketSet) remove(s *clientSocket) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.open, s)
+	if len(ss.open) == 0 && ss.empty != nil {
+		close(ss.empty)
+		ss.empty = nil
+	}
+}
+
+// Shutdown closes the clients' WebSocket connections (going away, 1001),
+// each once its turn in flight is over, refuses new ones, and waits until
+// they are closed or ctx ends; then it closes those left and returns ctx's
+// error. Call it when the HTTP server shuts down (http.Server.Shutdown
+// does not wait for connections it no longer manages), before Close.
+func (p *Proxy) Shutdown(ctx context.Context) error {
+	ss := &p.sockets
+	ss.closingCh()
+	ss.mu.Lock()
+	if !ss.closed {
+		ss.closed = true
+		close(ss.closing)
+	}
+	if len(ss.open) == 0 {
+		ss.mu.Unlock()
+		return nil
+	}
+	if ss.empty == nil {
+		ss.empty = make(chan struct{})
+	}
+	empty := ss.empty
+	ss.mu.Unlock()
+	select {
+	case <-empty:
+		return nil
+	case <-ctx.Done():
+		ss.mu.Lock()
+		for s := range ss.open {
+			_ = s.ws.CloseNow()
+		}
+		ss.mu.Unlock()
+		return ctx.Err()
+	}
+}

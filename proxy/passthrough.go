@@ -1,0 +1,180 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// The API's other endpoints: every request under /v1 but the turns (POST
+// /v1/responses) and WebSocket upgrades goes to the upstream's HTTP base as
+// the client sent it, its path under /v1 appended to the base's path:
+// GET /v1/models, POST /v1/responses/compact, GET or DELETE
+// /v1/responses/{id}, POST /v1/chat/completions and any other. Both bodies
+// stream through unbuffered, the answer flushed as it arrives. The headers
+// that go upstream are those of a turn over HTTP (copyHeader), without the
+// proxy's own; over the WebSocket mode the HTTP base has the socket's host
+// and path, and WebSocketOptions.Header's credential, when it has an
+// Authorization, replaces the client's as it does on the handshakes.
+// Nothing is reserved or recorded, and no counter of Stats moves.
+
+// turnPath is the path of the turns.
+const turnPath = "/v1/responses"
+
+// passTarget is where the requests other than turns go.
+type passTarget struct {
+	// base is the upstream's HTTP base URL, such as
+	// https://api.openai.com/v1.
+	base *url.URL
+	// transport carries the requests.
+	transport http.RoundTripper
+	// credential, when not nil, replaces the client's credential headers.
+	credential http.Header
+}
+
+// accountHeaders are the request headers that name the client's account:
+// a configured credential replaces them all.
+var accountHeaders = []string{"Authorization", "Api-Key", "OpenAI-Organization", "OpenAI-Project"}
+
+// httpBase returns the HTTP base of an upstream's turn URL (base +
+// "/responses"): ws becomes http and wss https.
+func httpBase(turnURL string) *url.URL {
+	u, err := url.Parse(strings.TrimSuffix(turnURL, "/responses"))
+	if err != nil {
+		panic(err) // responsesURL checked it
+	}
+	switch u.Scheme {
+	case "ws":
+		u.Scheme = "http"
+	case "wss":
+		u.Scheme = "https"
+	}
+	return u
+}
+
+// transportOf returns the round tripper of client, or the default one.
+func transportOf(client *http.Client) http.RoundTripper {
+	if client != nil && client.Transport != nil {
+		return client.Transport
+	}
+	return http.DefaultTransport
+}
+
+func (u *httpUpstream) passthroughTarget() passTarget {
+	return passTarget{base: httpBase(u.url), transport: transportOf(u.client)}
+}
+
+func (u *wsUpstream) passthroughTarget() passTarget {
+	t := passTarget{base: httpBase(u.url), transport: transportOf(u.opts.Client)}
+	if u.opts.Header.Get("Authorization") != "" {
+		t.credential = u.opts.Header
+	}
+	return t
+}
+
+// rewrite points a request at the target, with a turn's headers.
+func (t passTarget) rewrite(pr *httputil.ProxyRequest) {
+	in, out := pr.In, pr.Out
+	out.URL.Scheme, out.URL.Host, out.Host = t.base.Scheme, t.base.Host, ""
+	out.URL.Path = strings.TrimSuffix(t.base.Path, "/") + strings.TrimPrefix(in.URL.Path, "/v1")
+	out.URL.RawPath = ""
+	if in.URL.RawPath != "" {
+		out.URL.RawPath = strings.TrimSuffix(t.base.EscapedPath(), "/") + strings.TrimPrefix(in.URL.RawPath, "/v1")
+	}
+	h := make(http.Header, len(in.Header))
+	copyHeader(h, in.Header) // as a turn: hop-by-hop headers stay here
+	h.Del(forwardHeader)
+	if t.credential != nil {
+		for _, k := range accountHeaders {
+			h.Del(k)
+			if vs := t.credential.Values(k); len(vs) > 0 {
+				h[k] = append([]string(nil), vs...)
+			}
+		}
+	}
+	out.Header = h
+}
+
+// asksWebSocketUpgrade tells whether a request asks for a WebSocket
+// upgrade.
+func asksWebSocketUpgrade(r *http.Request) bool {
+	for _, v := range r.Header.Values("Upgrade") {
+		for _, token := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(token), "websocket") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// serveEndpoint serves a request that is not a turn and returns true;
+// false for a turn or a WebSocket upgrade, left to ServeHTTP. A path
+// outside /v1 is answered 404.
+func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
+	switch path := r.URL.Path; {
+	case r.Method == http.MethodPost && path == turnPath, asksWebSocketUpgrade(r):
+		return false
+	case path != "/v1" && !strings.HasPrefix(path, "/v1/"):
+		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",
+			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, path))
+		return true
+	}
+	p.relayEndpoint(w, r)
+	return true
+}
+
+// relayEndpoint sends a request upstream as the client sent it and streams
+// the answer back, within MaxBodyBytes and UpstreamTimeout.
+func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		p.tooLarge(w)
+		return
+	}
+	start := time.Now()
+	client := r.Context()
+	ctx, cancel := context.WithTimeout(client, p.cfg.UpstreamTimeout)
+	defer cancel()
+	out := r.WithContext(ctx)
+	if r.Body != nil {
+		out.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	}
+	lg := p.cfg.Logger.With("method", r.Method, "path", r.URL.Path)
+	t := p.cfg.Upstream.passthroughTarget()
+	rp := &httputil.ReverseProxy{
+		Rewrite:       t.rewrite,
+		Transport:     t.transport,
+		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(lg.Handler(), slog.LevelWarn),
+		ModifyResponse: func(resp *http.Response) error {
+			lg.Debug("passthrough", "status", resp.StatusCode, "latency", time.Since(start))
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+				p.tooLarge(w)
+				return
+			}
+			if client.Err() != nil {
+				lg.Debug("passthrough: the client went away", "err", err)
+				return
+			}
+			p.warns.warn(lg, "passthrough: upstream request failed", "err", err)
+			writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable",
+				"The upstream could not be reached: "+err.Error())
+		},
+	}
+	rp.ServeHTTP(w, out)
+}
+
+// tooLarge answers a request whose body is larger than MaxBodyBytes.
+func (p *Proxy) tooLarge(w http.ResponseWriter) {
+	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
+		fmt.Sprintf("The request body is larger than %d bytes.", p.cfg.MaxBodyBytes))
+}

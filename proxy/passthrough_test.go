@@ -1,0 +1,291 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/store"
+)
+
+// endpointRig is a proxy in front of the fake upstream, whose base has a
+// path prefix (/api/v1).
+type endpointRig struct {
+	fake *fakeupstream.Upstream
+	// url is the proxy's address.
+	url string
+}
+
+// newEndpointRig starts the fake upstream and a proxy over tr; opts, when
+// not nil, are the WebSocket transport's.
+func newEndpointRig(t *testing.T, tr transport, opts *WebSocketOptions) *endpointRig {
+	t.Helper()
+	fake := fakeupstream.New(fakeupstream.Options{})
+	up := httptest.NewServer(fake)
+	t.Cleanup(up.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	var p *Proxy
+	if opts != nil {
+		u, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(up.URL, "http")+"/api/v1", *opts)
+		require.NoError(t, err)
+		p, err = New(Config{Store: st, Upstream: u})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+	} else {
+		p = newProxy(t, tr, st, up.URL+"/api/v1")
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return &endpointRig{fake: fake, url: srv.URL}
+}
+
+// do sends a request to the proxy and returns the answer, its body read.
+func do(t *testing.T, method, url, body string, header http.Header) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
+// last returns the last request that reached the fake upstream's other
+// endpoints.
+func (r *endpointRig) last(t *testing.T) fakeupstream.HTTPRequest {
+	t.Helper()
+	reqs := r.fake.Requests()
+	require.NotEmpty(t, reqs, "nothing reached the upstream")
+	return reqs[len(reqs)-1]
+}
+
+func TestEndpointsPassThroughUnchanged(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			r := newEndpointRig(t, tr, nil)
+			auth := http.Header{"Authorization": {"Bearer sk-client"}, "Content-Type": {"application/json"}}
+			// A turn, stored upstream, for the endpoints that name a response.
+			resp, b := do(t, http.MethodPost, r.url+"/v1/responses", `{"model":"m","input":"hi"}`, auth)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+			id := gjson.GetBytes(b, "id").String()
+			require.Empty(t, r.fake.Requests(), "a turn is not passed through")
+
+			for _, tc := range []struct {
+				method, path, query, body string
+				status                    int
+				want                      string // in the answer
+			}{
+				{http.MethodGet, "/models", "", "", http.StatusOK, `"object":"list"`},
+				{http.MethodGet, "/responses/" + id, "include%5B%5D=x&stream=false", "", http.StatusOK, `"id":"` + id + `"`},
+				{http.MethodPost, "/responses/" + id + "/cancel", "", "", http.StatusOK, `"status":"completed"`},
+				{http.MethodPost, "/responses/input_tokens", "", `{"model":"m","input":"count me"}`, http.StatusOK, `"object":"response.input_tokens"`},
+				{http.MethodDelete, "/responses/" + id, "", "", http.StatusOK, `"deleted":true`},
+				{http.MethodGet, "/responses/" + id, "", "", http.StatusNotFound, "not found"},
+				// Not served by the fake: its 404 comes back as it is.
+				{http.MethodPost, "/responses/compact", "", `{"model":"m","input":[{"role":"user","content":"x"}]}`, http.StatusNotFound, "Invalid URL"},
+				{http.MethodPost, "/embeddings", "", `{"model":"e","input":"x"}`, http.StatusNotFound, "Invalid URL"},
+				{http.MethodPost, "/chat/completions", "", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, http.StatusOK, "data: [DONE]"},
+			} {
+				url := r.url + "/v1" + tc.path
+				if tc.query != "" {
+					url += "?" + tc.query
+				}
+				resp, b := do(t, tc.method, url, tc.body, auth)
+				assert.Equal(t, tc.status, resp.StatusCode, "%s %s: %s", tc.method, tc.path, b)
+				assert.Contains(t, string(b), tc.want, "%s %s", tc.method, tc.path)
+				got := r.last(t)
+				assert.Equal(t, tc.method, got.Method)
+				assert.Equal(t, "/api/v1"+tc.path, got.Path, "the path under the upstream's HTTP base")
+				assert.Equal(t, tc.query, got.RawQuery)
+				assert.Equal(t, tc.body, string(got.Body))
+				assert.Equal(t, "Bearer sk-client", got.Header.Get("Authorization"))
+			}
+			assert.Len(t, r.fake.Requests(), 9)
+		})
+	}
+}
+
+func TestEndpointHeadersAreATurnsHeaders(t *testing.T) {
+	r := newEndpointRig(t, overHTTP, nil)
+	resp, b := do(t, http.MethodGet, r.url+"/v1/models", "", http.Header{
+		"Authorization":       {"Bearer sk-client"},
+		"Api-Key":             {"azure-key"},
+		"Openai-Organization": {"org-1"},
+		"Openai-Beta":         {"responses=v1"},
+		"X-Session-Id":        {"s1"},
+		"Connection":          {"X-Hop"},
+		"X-Hop":               {"1"},
+		"Proxy-Authorization": {"Basic cHJveHk="},
+		"Contproxy-Forward":   {"t=1, socket=1, prev=resp_x, sig=00"},
+	})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	h := r.last(t).Header
+	for k, v := range map[string]string{"Authorization": "Bearer sk-client", "Api-Key": "azure-key",
+		"Openai-Organization": "org-1", "Openai-Beta": "responses=v1", "X-Session-Id": "s1"} {
+		assert.Equal(t, v, h.Get(k), k)
+	}
+	for _, k := range []string{"X-Hop", "Proxy-Authorization", "Contproxy-Forward"} {
+		assert.Empty(t, h.Values(k), k)
+	}
+}
+
+func TestEndpointsOverWebSocketTakeTheConfiguredCredential(t *testing.T) {
+	r := newEndpointRig(t, overWebSocket, &WebSocketOptions{Replica: "r1",
+		Header: http.Header{"Authorization": {"Bearer sk-gateway"}, "Openai-Project": {"proj-gw"}}})
+	resp, b := do(t, http.MethodGet, r.url+"/v1/models", "", http.Header{
+		"Authorization": {"Bearer sk-client"}, "Api-Key": {"k"}, "Openai-Organization": {"org-client"},
+		"X-Session-Id": {"s1"},
+	})
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	h := r.last(t).Header
+	assert.Equal(t, "Bearer sk-gateway", h.Get("Authorization"))
+	assert.Equal(t, "proj-gw", h.Get("Openai-Project"))
+	assert.Empty(t, h.Values("Api-Key"))
+	assert.Empty(t, h.Values("Openai-Organization"))
+	assert.Equal(t, "s1", h.Get("X-Session-Id"), "the other headers go as sent")
+}
+
+func TestEndpointsStreamBothWays(t *testing.T) {
+	gotFirst, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	let := func() { releaseOnce.Do(func() { close(release) }) }
+	seen := make(chan string, 1) // the body as the upstream read it
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		assert.Equal(t, "/v1/chat/completions", r.URL.Path)
+		body := bufio.NewReader(r.Body)
+		line, err := body.ReadString('\n')
+		assert.NoError(t, err)
+		close(gotFirst) // the client has not sent the rest yet
+		rest, err := io.ReadAll(body)
+		assert.NoError(t, err)
+		seen <- line + string(rest)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		<-release // the client reads the first chunk before the upstream goes on
+		_, _ = io.WriteString(w, "data: {\"n\":2}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(let) // before the upstream closes, on failure
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, overHTTP, st, up.URL+"/v1"))
+	t.Cleanup(srv.Close)
+
+	pr, pw := io.Pipe()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", pr)
+	require.NoError(t, err)
+	answered := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		assert.NoError(t, err)
+		answered <- resp
+	}()
+	_, err = io.WriteString(pw, `{"model":"m","stream":true,`+"\n")
+	require.NoError(t, err)
+	select {
+	case <-gotFirst:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream did not get the body's first part before the client sent the rest")
+	}
+	_, err = io.WriteString(pw, `"messages":[]}`)
+	require.NoError(t, err)
+	require.NoError(t, pw.Close())
+	resp := <-answered
+	require.NotNil(t, resp)
+	defer resp.Body.Close()
+	assert.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	rd := bufio.NewReader(resp.Body)
+	firstLine := make(chan string, 1)
+	go func() {
+		l, _ := rd.ReadString('\n')
+		firstLine <- l
+	}()
+	select {
+	case first := <-firstLine:
+		assert.Equal(t, "data: {\"n\":1}\n", first)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first chunk did not arrive while the upstream held the rest")
+	}
+	let()
+	rest, err := io.ReadAll(rd)
+	require.NoError(t, err)
+	assert.Equal(t, "\ndata: {\"n\":2}\n\ndata: [DONE]\n\n", string(rest))
+	assert.Equal(t, "{\"model\":\"m\",\"stream\":true,\n\"messages\":[]}", <-seen)
+}
+
+func TestEndpointUnreachableUpstreamIs502(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			dead := httptest.NewServer(http.NotFoundHandler())
+			base := dead.URL + "/v1"
+			dead.Close()
+			st, err := store.NewMemory(store.Options{Replica: "r1"})
+			require.NoError(t, err)
+			srv := httptest.NewServer(newProxy(t, tr, st, base))
+			t.Cleanup(srv.Close)
+			resp, b := do(t, http.MethodGet, srv.URL+"/v1/models", "", nil)
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+			assert.Equal(t, "upstream_unreachable", gjson.GetBytes(b, "error.code").String())
+			assert.Equal(t, "upstream_error", gjson.GetBytes(b, "error.type").String())
+		})
+	}
+}
+
+func TestEndpointBodiesAreBounded(t *testing.T) {
+	fake := fakeupstream.New(fakeupstream.Options{})
+	up := httptest.NewServer(fake)
+	t.Cleanup(up.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	u, err := NewHTTPUpstream(up.URL+"/v1", nil)
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: u, MaxBodyBytes: 16})
+	require.NoError(t, err)
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	big := `{"model":"e","input":"` + strings.Repeat("x", 64) + `"}`
+
+	resp, b := do(t, http.MethodPost, srv.URL+"/v1/embeddings", big, nil)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "%s", b)
+	assert.Empty(t, fake.Requests(), "refused from its Content-Length")
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/embeddings", io.MultiReader(strings.NewReader(big)))
+	require.NoError(t, err)
+	req.ContentLength = -1 // chunked: the bound is met while the body streams
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "%s", b)
+	assert.Equal(t, "request_too_large", gjson.GetBytes(b, "error.code").String())
+
+	resp, b = do(t, http.MethodPost, srv.URL+"/v1/embeddings", `{"model":"e"}`, nil)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "within the bound, it goes: %s", b)
+}
+
+func TestPathsOutsideV1Are404(t *testing.T) {
+	r := newEndpointRig(t, overHTTP, nil)
+	for _, path := range []string{"/v2/models", "/", "/v10/models", "/healthz"} {
+		resp, b := do(t, http.MethodGet, r.url+path, "", nil)
+		assert.Equal(t, http.StatusNotFound, resp.StatusCode, path)
+		assert.Equal(t, "invalid_request_error", gjson.GetBytes(b, "error.type").String(), path)
+	}
+	assert.Empty(t, r.fake.Requests())
+}
