@@ -250,7 +250,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	}
 	defer rep.close()
 	ev, err := rep.next()
-	if out := writeEvents(w, rep, "", ev, err); out.err != nil {
+	if out := writeEvents(w, rep, "", ev, err, nil); out.err != nil {
 		cutStream(w)
 	}
 }

@@ -9,15 +9,16 @@
 // reservation offers a continuation that the turn's upstream connection
 // can continue (Upstream), else it sends the full context. It streams the
 // upstream's events to the client as they arrive (stream true) or relays
-// its JSON answer, then records the response (store.Store.Record) after
-// response.completed, or aborts the turn (store.Store.Abort) on anything
-// else. An upstream that refuses a continuation before anything reached
-// the client gets the same turn again with the full context, unseen by the
-// client; after a few refusals in a row for one model, that model's turns
-// go with the full context for a while (Learning), and
-// Config.NoContinuation never continues. The client sees what it would see
-// without the proxy: when a turn
-// was continued, the previous_response_id the proxy added is shown as null.
+// its JSON answer. It records a completed response (store.Store.Record)
+// before the client gets its end (response.completed, or the JSON body),
+// so that a client sending its next turn at once finds it, and aborts the
+// turn (store.Store.Abort) on anything else. An upstream that refuses a
+// continuation before anything reached the client gets the same turn
+// again with the full context, unseen by the client; after a few refusals
+// in a row for one model, that model's turns go with the full context for
+// a while (Learning), and Config.NoContinuation never continues. The
+// client sees what it would see without the proxy: when a turn was
+// continued, the previous_response_id the proxy added is shown as null.
 //
 // A request that carries its own previous_response_id or conversation is
 // forwarded as sent, outside the store. Store failures never fail a
@@ -130,23 +131,31 @@ type Proxy struct {
 
 // New returns a proxy for cfg.
 func New(cfg Config) (*Proxy, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning)}, nil
+}
+
+// fill checks cfg and fills its defaults.
+func (cfg *Config) fill() error {
 	switch {
 	case cfg.Store == nil:
-		return nil, fmt.Errorf("%w: no Store", ErrInvalidConfig)
+		return fmt.Errorf("%w: no Store", ErrInvalidConfig)
 	case cfg.Upstream == nil:
-		return nil, fmt.Errorf("%w: no Upstream", ErrInvalidConfig)
+		return fmt.Errorf("%w: no Upstream", ErrInvalidConfig)
 	case cfg.MaxBodyBytes < 0:
-		return nil, fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, cfg.MaxBodyBytes)
+		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, cfg.MaxBodyBytes)
 	case cfg.UpstreamTimeout < 0:
-		return nil, fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
+		return fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
 	case cfg.ClientSocketLifetime < 0:
-		return nil, fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
+		return fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
 	}
 	if cfg.Identity.Session == nil && cfg.Identity.Agent == nil {
 		cfg.Identity = DefaultIdentity
 	}
 	if err := cfg.Identity.validate(); err != nil {
-		return nil, err
+		return err
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = defaultMaxBodyBytes
@@ -160,17 +169,14 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Forwarding != nil {
 		f := *cfg.Forwarding
 		if err := f.check(); err != nil {
-			return nil, err
+			return err
 		}
 		cfg.Forwarding = &f
 	}
 	if cfg.RoutingHeader == "" {
 		cfg.RoutingHeader = defaultRoutingHeader
 	}
-	if err := cfg.Learning.check(); err != nil {
-		return nil, err
-	}
-	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning)}, nil
+	return cfg.Learning.check()
 }
 
 // Close closes the upstream connections the proxy keeps. Call it after the
@@ -260,20 +266,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.serveEndpoint(w, r) {
 		return // not a turn
 	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "", "",
-			fmt.Sprintf("Invalid method %s for %s: use POST.", r.Method, r.URL.Path))
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
-				fmt.Sprintf("The request body is larger than %d bytes.", p.cfg.MaxBodyBytes))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
+	body, ok := p.readBody(w, r)
+	if !ok {
 		return
 	}
 	// The body is parsed once, by the fingerprint scanner: every member the
@@ -316,6 +310,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.run(w, r, t, who)
 }
 
+// readBody reads a turn's body, bounded by MaxBodyBytes, or answers the
+// error and reports false.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	if err == nil {
+		return body, true
+	}
+	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
+			fmt.Sprintf("The request body is larger than %d bytes.", p.cfg.MaxBodyBytes))
+	} else {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
+	}
+	return nil, false
+}
+
 // forward sends a passthrough request upstream and relays the answer.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t *turn, body []byte) {
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
@@ -332,7 +342,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t *turn, body []
 		return
 	}
 	defer rep.close()
-	relay(w, t, rep, "")
+	relay(w, t, rep, "", nil)
 }
 
 // run sends a reserved turn upstream, relays the answer and ends the turn.
@@ -349,105 +359,155 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		p.stats.paused.Add(1)
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
-	fail := func(err error) {
+	a, err := p.attempt(ctx, t, res, lg, g)
+	if err != nil {
 		p.abort(sctx, lg, res)
 		p.upstreamError(w, err)
-	}
-	var c conn
-	var err error
-	if fc := p.forwardTarget(ctx, t); fc != nil {
-		c = fc
-	} else if c, err = p.cfg.Upstream.acquire(ctx, t); err != nil {
-		fail(err)
 		return
 	}
-	defer func() { c.release() }()
-
-	continued := c.continues(res)
-	if res.Continues() && !continued {
-		res = res.FullContextRetry() // offered, but not on this connection
-	}
-	rep, err := p.send(ctx, c, res, t.stream)
-	// fullContext sends the turn again on c, with the full context.
-	fullContext := func() {
-		res, continued = res.FullContextRetry(), false
-		rep, err = p.send(ctx, c, res, t.stream)
-	}
-	if _, forwarded := c.(*forwardConn); forwarded && err != nil {
-		// The origin ran nothing: it refused, or did not accept in time.
-		lg.Info("forwarding failed; serving the turn here with full context", "origin", res.Origin.Replica, "err", err)
-		p.stats.forwardFailures.Add(1)
-		if c, err = p.localConn(ctx, t, c); err != nil {
-			fail(err)
-			return
-		}
-		fullContext()
-	}
-	if err == nil && continued && refused(rep) {
-		rep.close()
-		p.warns.warn(lg, "upstream refused the continuation, resending full context",
-			"previous_response_id", res.PreviousResponseID)
-		p.stats.retries.Add(1)
-		g.refused()
-		// A refused forward ran nothing else on the origin's socket, which
-		// no longer holds the response: the full context goes from here.
-		if c, err = p.localConn(ctx, t, c); err != nil {
-			fail(err)
-			return
-		}
-		fullContext()
-	}
-	if err != nil {
-		fail(err)
-		return
-	}
-	if at := c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
+	defer a.c.release()
+	defer a.rep.close()
+	if at := a.c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
 		w.Header().Set(p.cfg.RoutingHeader, at.Replica)
 	}
-	defer rep.close()
 	hide := ""
-	if continued {
-		hide = res.PreviousResponseID
+	if a.continued {
+		hide = a.res.PreviousResponseID
 	}
-	out := relay(w, t, rep, hide)
-	lg = lg.With("reason", g.reason(res.Reason), "continued", continued, "items", res.Request().Len(),
-		"sent", res.DeltaCount, "status", out.status)
+	lg = lg.With("reason", g.reason(a.res.Reason), "continued", a.continued, "items", a.res.Request().Len(),
+		"sent", a.res.DeltaCount)
+	// A completed response is recorded before its end reaches the client,
+	// so that the client's next turn finds it.
+	sealed := false
+	out := relay(w, t, a.rep, hide, func(o outcome) { sealed, lg = true, p.settle(sctx, lg, a, o, g) })
 	switch {
-	case out.err != nil:
-		p.stats.upstreamErrors.Add(1)
-		p.abort(sctx, lg, res)
-		p.warns.warn(lg, "upstream answer cut short; turn aborted", "err", out.err)
-	case !out.completed:
-		p.abort(sctx, lg, res)
+	case !sealed:
+		lg = p.settle(sctx, lg, a, out, g)
 	case out.clientGone:
-		// The response exists upstream, but the client never saw it.
-		p.abort(sctx, lg, res)
-	default:
-		if continued {
-			p.stats.continued.Add(1)
-			g.accepted()
-		}
-		if _, forwarded := c.(*forwardConn); forwarded {
-			p.stats.forwarded.Add(1)
-		}
-		if c.socket() == (store.Socket{}) {
-			// store:false over HTTP: nothing upstream to continue from
-			p.abort(sctx, lg, res)
-			lg = lg.With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
-			break
-		}
-		outcome, err := p.cfg.Store.Record(sctx, res, store.Result{
-			ResponseID: out.id, Socket: c.socket(), Output: out.output,
-		})
-		if err != nil {
-			p.warns.warn(lg, "record failed; the next turn sends full context", "err", err)
-		}
-		lg = lg.With("response_id", out.id, "outcome", outcome)
+		p.abort(sctx, lg, a.res) // recorded, but the client never got the end
 	}
+	lg = lg.With("status", out.status)
 	lg.Debug("turn", "latency", time.Since(start))
 	if out.cut {
 		cutStream(w)
 	}
+}
+
+// sent is a turn's answer from upstream: the connection it went on, the
+// reservation as sent (continuing or with the full context), and the reply.
+type sent struct {
+	c         conn
+	res       *store.Reservation
+	continued bool
+	rep       *reply
+}
+
+// A try is how one send of a turn went.
+type try int
+
+const (
+	answered        try = iota // the reply is the turn's answer
+	unreachable                // the upstream could not be reached: the turn fails
+	notCarried                 // the origin replica refused the forward, or did not accept it in time: it ran nothing
+	refusedUpstream            // the upstream refused the continuation before anything reached the client
+)
+
+// attempt sends the turn where it goes (route) and, while a try leaves it
+// unanswered, again with the full context from this replica: after a
+// forward the origin did not carry, and after a continuation the upstream
+// refused, wherever it was refused. Each resend continues nothing, so the
+// loop ends by the second try.
+func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
+	c, err := p.route(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	a := &sent{c: c, res: res, continued: c.continues(res)}
+	if res.Continues() && !a.continued {
+		a.res = res.FullContextRetry() // offered, but not on this connection
+	}
+	for {
+		a.rep, err = p.send(ctx, a.c, a.res, t.stream)
+		switch p.judge(a, err) {
+		case answered:
+			return a, nil
+		case unreachable:
+			a.c.release()
+			return nil, err
+		case notCarried:
+			lg.Info("forwarding failed; serving the turn here with full context", "origin", a.res.Origin.Replica, "err", err)
+			p.stats.forwardFailures.Add(1)
+		case refusedUpstream:
+			a.rep.close()
+			p.warns.warn(lg, "upstream refused the continuation, resending full context",
+				"previous_response_id", a.res.PreviousResponseID)
+			p.stats.retries.Add(1)
+			g.refused()
+		}
+		// A forward holds nothing to release; the origin's socket no
+		// longer holds the response: the full context goes from here.
+		if a.c, err = p.localConn(ctx, t, a.c); err != nil {
+			return nil, err
+		}
+		a.res, a.continued = a.res.FullContextRetry(), false
+	}
+}
+
+// route returns the connection a turn goes on: a forward to the replica
+// holding its socket (forwardTarget), or one of this replica's upstream.
+func (p *Proxy) route(ctx context.Context, t *turn) (conn, error) {
+	if fc := p.forwardTarget(ctx, t); fc != nil {
+		return fc, nil
+	}
+	return p.cfg.Upstream.acquire(ctx, t)
+}
+
+// judge says how a send went.
+func (p *Proxy) judge(a *sent, err error) try {
+	_, forwarded := a.c.(*forwardConn)
+	switch {
+	case err != nil && forwarded:
+		return notCarried
+	case err != nil:
+		return unreachable
+	case a.continued && refused(a.rep):
+		return refusedUpstream
+	}
+	return answered
+}
+
+// settle ends a relayed turn: it records a completed response the client
+// received as the owner's continuation, and aborts the turn otherwise. It
+// returns lg with what it did.
+func (p *Proxy) settle(ctx context.Context, lg *slog.Logger, a *sent, out outcome, g *gate) *slog.Logger {
+	switch {
+	case out.err != nil:
+		p.stats.upstreamErrors.Add(1)
+		p.abort(ctx, lg, a.res)
+		p.warns.warn(lg, "upstream answer cut short; turn aborted", "err", out.err)
+		return lg
+	case !out.completed || out.clientGone:
+		// Nothing completed, or the client never saw what did.
+		p.abort(ctx, lg, a.res)
+		return lg
+	}
+	if a.continued {
+		p.stats.continued.Add(1)
+		g.accepted()
+	}
+	if _, forwarded := a.c.(*forwardConn); forwarded {
+		p.stats.forwarded.Add(1)
+	}
+	if a.c.socket() == (store.Socket{}) {
+		// store:false over HTTP: nothing upstream to continue from
+		p.abort(ctx, lg, a.res)
+		return lg.With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
+	}
+	outcome, err := p.cfg.Store.Record(ctx, a.res, store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output})
+	if err != nil {
+		p.warns.warn(lg, "record failed; the next turn sends full context", "err", err)
+	}
+	return lg.With("response_id", out.id, "outcome", outcome)
 }
 
 // localConn returns c, or, when c forwards the turn, a connection of this
@@ -553,18 +613,21 @@ type outcome struct {
 // relay writes the upstream's answer to the client: the events as SSE when
 // the client asked for a stream, else JSON. hide is the previous response
 // id the proxy added, shown to the client as null; "" when none was added.
-func relay(w http.ResponseWriter, t *turn, rep *reply, hide string) outcome {
+// seal, when not nil, is called with a completed response's outcome just
+// before the client gets its end (the terminal event, or the JSON body),
+// while the client is still there.
+func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(outcome)) outcome {
 	if rep.next == nil {
-		return relayBody(w, rep, hide)
+		return relayBody(w, rep, hide, seal)
 	}
 	if !t.stream {
-		return relayAssembled(w, rep, hide)
+		return relayAssembled(w, rep, hide, seal)
 	}
-	return relayStream(w, rep, hide)
+	return relayStream(w, rep, hide, seal)
 }
 
 // relayBody relays a whole JSON answer.
-func relayBody(w http.ResponseWriter, rep *reply, hide string) outcome {
+func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	out := outcome{status: rep.status}
 	body := rep.body
 	if rep.status/100 == 2 {
@@ -573,6 +636,9 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string) outcome {
 		out.completed = r.Get("status").String() == "completed" && out.id != ""
 		out.output = rawArray(r.Get("output"))
 		body = hideID(body, "previous_response_id", hide)
+	}
+	if out.completed && seal != nil {
+		seal(out)
 	}
 	copyHeader(w.Header(), rep.header)
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
@@ -633,7 +699,7 @@ func (c *collector) outcome(status int) outcome {
 }
 
 // relayStream relays events as Server-Sent Events, flushed one by one.
-func relayStream(w http.ResponseWriter, rep *reply, hide string) outcome {
+func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	ev, err := rep.next()
 	if err == nil && ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists() {
 		// A WebSocket upstream refusing the request: over HTTP it would
@@ -645,18 +711,22 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string) outcome {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
-	return writeEvents(w, rep, hide, ev, err)
+	return writeEvents(w, rep, hide, ev, err, seal)
 }
 
 // writeEvents writes the events of rep, from ev (read with err) on, as
-// Server-Sent Events flushed one by one, after the response's headers.
-func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err error) outcome {
+// Server-Sent Events flushed one by one, after the response's headers;
+// seal is relay's.
+func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err error, seal func(outcome)) outcome {
 	var col collector
 	flusher, _ := w.(http.Flusher)
 	gone := false
 	var buf bytes.Buffer
 	for ; err == nil; ev, err = rep.next() {
 		done := col.see(ev)
+		if done && !gone && seal != nil && col.terminal == "response.completed" {
+			seal(col.outcome(http.StatusOK))
+		}
 		if !gone {
 			buf.Reset()
 			buf.WriteString("event: ")
@@ -688,7 +758,7 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 // relayAssembled answers a client that asked for JSON from an upstream
 // that streams (WebSocket mode): the terminal event's response object, or
 // the error an error event carries.
-func relayAssembled(w http.ResponseWriter, rep *reply, hide string) outcome {
+func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	var col collector
 	var err error
 	for {
@@ -709,6 +779,9 @@ func relayAssembled(w http.ResponseWriter, rep *reply, hide string) outcome {
 		return writeErrorEvent(w, col.errEvent)
 	}
 	out := col.outcome(http.StatusOK)
+	if out.completed && seal != nil {
+		seal(out)
+	}
 	body := hideID(col.finalResp, "previous_response_id", hide)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusOK)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/internal/redistest"
@@ -498,4 +499,40 @@ func manyMembers(n int) string {
 		fmt.Fprintf(&b, `,"m%d":1`, i)
 	}
 	return b.String() + "}"
+}
+
+// A client that sends its next turn the moment it reads the end of the
+// previous one (before the stream's own end) still continues: the proxy
+// records a completed response before the client gets its terminal event.
+func TestTheNextTurnSentAtTheTerminalEventContinues(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			r := newRig(t, tr, nil)
+			input := []any{map[string]any{"role": "user", "content": "hi"}}
+			for turn := range 20 {
+				body, _ := json.Marshal(map[string]any{"model": "gpt-test", "stream": true, "store": tr == overHTTP, "input": input})
+				req, _ := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(body))
+				req.Header.Set("X-Session-Id", "s-eager")
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				sc := bufio.NewScanner(resp.Body)
+				sc.Buffer(nil, 1<<20)
+				var completed gjson.Result
+				for sc.Scan() {
+					if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok && gjson.Get(line, "type").String() == "response.completed" {
+						completed = gjson.Get(line, "response")
+						break // the next turn goes now, the stream not yet read to its end
+					}
+				}
+				require.True(t, completed.Exists(), "turn %d completed", turn)
+				for _, it := range completed.Get("output").Array() {
+					input = append(input, json.RawMessage(it.Raw))
+				}
+				input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", turn)})
+				defer resp.Body.Close()
+			}
+			st := r.proxy.Stats()
+			assert.Equal(t, st.Turns-1, st.Continued, "every turn after the first continues")
+		})
+	}
 }
