@@ -166,8 +166,7 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			p.warns.warn(lg, "passthrough: upstream request failed", "err", err)
-			writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable",
-				"The upstream could not be reached: "+err.Error())
+			writeUnreachable(w, err)
 		},
 	}
 	rp.ServeHTTP(w, out)

@@ -553,8 +553,20 @@ func (p *Proxy) abort(ctx context.Context, lg *slog.Logger, res *store.Reservati
 func (p *Proxy) upstreamError(w http.ResponseWriter, err error) {
 	p.stats.upstreamErrors.Add(1)
 	p.warns.warn(p.cfg.Logger, "upstream request failed", "err", err)
-	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable",
-		"The upstream could not be reached: "+err.Error())
+	writeUnreachable(w, err)
+}
+
+// writeUnreachable answers a request the upstream could not be reached
+// for: 504 when it timed out, else 502. The client learns what went
+// wrong, not where: the upstream's address, the dial error and the
+// replicas' names stay in the log.
+func writeUnreachable(w http.ResponseWriter, err error) {
+	if errors.Is(err, context.DeadlineExceeded) {
+		writeError(w, http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout",
+			"The upstream did not answer in time.")
+		return
+	}
+	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable", "The upstream is unavailable.")
 }
 
 // refused tells whether an upstream answer, before anything reached the
@@ -772,7 +784,7 @@ func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(ou
 			err = io.ErrUnexpectedEOF
 		}
 		writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
-			"The upstream ended the response early: "+err.Error())
+			"The upstream ended the response early.")
 		return outcome{status: http.StatusBadGateway, err: err}
 	}
 	if col.terminal == "error" {
