@@ -56,5 +56,11 @@
 // with its built-in OpenAI provider pointed at contproxy, over the
 // WebSocket mode that contproxy serves its clients, through two replicas
 // with forwarding: no fallback to HTTP, and at least 95% of the later turns
-// of each connection continued.
+// of each connection continued. TestJSSDKOtherEndpoints runs the OpenAI JS
+// SDK's models.list(), responses.inputTokens.count() and, after creating a
+// stored response, responses.retrieve() through two replicas, over each
+// upstream transport: from the fake upstream's request log (its -requests
+// flag), each reached the upstream once with the method, path, headers
+// (the API key among them) and body the SDK sent, the SDK returned the
+// upstream's answer, and no counter of contproxy's moved for them.
 package e2e

@@ -8,7 +8,10 @@
 // -connection-lifetime bounds each WebSocket connection (60 minutes, as
 // the real API's), -event-delay slows every streamed event down, and
 // -keeps-no-responses refuses every previous_response_id, as an upstream
-// that keeps no responses does.
+// that keeps no responses does. -requests appends one JSON line per request
+// to the other endpoints (GET /v1/models, GET /v1/responses/{id}, …: every
+// request but POST …/responses and the WebSocket mode), with every header
+// as received, credentials included, and its answer (see requestLog).
 //
 // It prints the address it listens on as the first line of its standard
 // output, then serves until SIGINT or SIGTERM. Shutting down waits for the
@@ -16,7 +19,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +33,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,6 +51,7 @@ func main() {
 	lifetime := flag.Duration("connection-lifetime", fakeupstream.DefaultConnectionLifetime, "how long a WebSocket connection lasts before websocket_connection_limit_reached")
 	eventDelay := flag.Duration("event-delay", 0, "wait before each event sent, over HTTP and WebSocket")
 	keepsNone := flag.Bool("keeps-no-responses", false, "keep no responses: refuse every previous_response_id with previous_response_not_found, over HTTP and WebSocket")
+	requestsPath := flag.String("requests", "", "append one JSON line per request to an endpoint other than creating a response, headers and credentials included, with its answer, to this file")
 	flag.Parse()
 	log.SetPrefix("fakeupstream: ")
 	log.SetFlags(0)
@@ -73,13 +80,24 @@ func main() {
 		opts.Recorder.AllHeaders = *allHeaders
 	}
 	up := fakeupstream.New(opts)
+	var handler http.Handler = up
+	var requests *requestLog
+	if *requestsPath != "" {
+		f, err := os.OpenFile(*requestsPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer f.Close()
+		requests = &requestLog{next: up, w: f}
+		handler = requests
+	}
 
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println(ln.Addr().String())
-	srv := &http.Server{Handler: logRequests(up), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: logRequests(handler), ReadHeaderTimeout: 10 * time.Second}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -100,6 +118,11 @@ func main() {
 			log.Fatalf("writing the trace: %v", err)
 		}
 	}
+	if requests != nil {
+		if err := requests.Err(); err != nil {
+			log.Fatalf("writing the request log: %v", err)
+		}
+	}
 }
 
 // logRequests logs each request's method and path to standard error.
@@ -109,3 +132,95 @@ func logRequests(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// requestLog appends one JSON line per request to an endpoint other than
+// creating a response (those Upstream.Requests lists) to w, once its
+// handler has returned:
+//
+//	{"method":"GET","path":"/v1/models","query":"","header":{…},"body":"","status":200,"answer":"{…}"}
+//
+// header holds every request header as received, credentials included;
+// body is the request body as the handler read it, answer the answer's
+// body as written, both as text; status is the answer's status.
+type requestLog struct {
+	next http.Handler
+
+	mu  sync.Mutex
+	w   io.Writer
+	err error
+}
+
+// loggedRequest is one line of a requestLog.
+type loggedRequest struct {
+	Method string      `json:"method"`
+	Path   string      `json:"path"`
+	Query  string      `json:"query"`
+	Header http.Header `json:"header"`
+	Body   string      `json:"body"`
+	Status int         `json:"status"`
+	Answer string      `json:"answer"`
+}
+
+func (l *requestLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/responses") {
+		l.next.ServeHTTP(w, r) // a create-response request or the WebSocket mode
+		return
+	}
+	line := loggedRequest{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()}
+	var body bytes.Buffer
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.TeeReader(r.Body, &body), r.Body}
+	rec := &answerRecorder{ResponseWriter: w}
+	l.next.ServeHTTP(rec, r)
+	line.Body, line.Status, line.Answer = body.String(), rec.status, rec.body.String()
+	raw, err := json.Marshal(line)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil {
+		if err == nil {
+			_, err = l.w.Write(append(raw, '\n'))
+		}
+		l.err = err
+	}
+}
+
+// Err returns the first error writing the log, if any.
+func (l *requestLog) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// answerRecorder passes an answer on and keeps its status and body.
+type answerRecorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (a *answerRecorder) WriteHeader(code int) {
+	if a.status == 0 {
+		a.status = code
+	}
+	a.ResponseWriter.WriteHeader(code)
+}
+
+func (a *answerRecorder) Write(p []byte) (int, error) {
+	if a.status == 0 {
+		a.status = http.StatusOK
+	}
+	a.body.Write(p)
+	return a.ResponseWriter.Write(p)
+}
+
+// Flush flushes the answer, for streamed answers.
+func (a *answerRecorder) Flush() {
+	if f, ok := a.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap returns the writer passed on to, for http.ResponseController.
+func (a *answerRecorder) Unwrap() http.ResponseWriter { return a.ResponseWriter }
