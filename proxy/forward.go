@@ -16,6 +16,7 @@ import (
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/fingerprint"
+	"github.com/contstore/contstore/internal/route"
 	"github.com/contstore/contstore/store"
 )
 
@@ -155,10 +156,11 @@ type forwardConn struct {
 }
 
 // forwardTarget returns the connection that hands t to its origin
-// replica, or nil when the turn is served here.
+// replica, when the route policy forwards it, or nil when the turn is
+// served here.
 func (p *Proxy) forwardTarget(ctx context.Context, t *turn) *forwardConn {
 	f := p.cfg.Forwarding
-	if f == nil || t.prev == "" || t.want.Any || t.want.ID == 0 || t.want.Replica == p.replica {
+	if f == nil || route.Decide(t.offer(p.replica, true, false)) != route.Forward {
 		return nil
 	}
 	addr, err := f.Directory.Lookup(ctx, t.want.Replica)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/contstore/contstore/internal/route"
 	"github.com/contstore/contstore/store"
 )
 
@@ -40,6 +41,14 @@ type conn interface {
 	socket() store.Socket
 	// release returns the connection once the reply is read or dropped.
 	release()
+}
+
+// offer is what t continues from, for the route policy, as replica self
+// sees it: forwarding tells whether self forwards turns, holds whether
+// self's socket t.want still holds t.prev.
+func (t *turn) offer(self string, forwarding, holds bool) route.Offer {
+	return route.Offer{Continues: t.prev != "", Origin: t.want, Stores: t.stores, Self: self,
+		Forwarding: forwarding, Holds: holds}
 }
 
 // reply is an upstream's answer: a whole body, or a stream of events.
@@ -121,8 +130,11 @@ type httpConn struct {
 	t  *turn
 }
 
+// continues: an HTTP connection holds no socket of its own, so it
+// continues only a response the upstream keeps.
 func (c *httpConn) continues(res *store.Reservation) bool {
-	return c.t.stores && res.Continues() && res.Origin.Any
+	o := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: c.t.stores}
+	return route.Decide(o) == route.Stored
 }
 
 func (c *httpConn) socket() store.Socket {

@@ -14,6 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"github.com/contstore/contstore/internal/route"
 	"github.com/contstore/contstore/store"
 )
 
@@ -185,7 +186,7 @@ func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
 // turn takes an idle socket holding no response, else a new one while the
 // pool has room, else the idle socket whose response has waited longest.
 func (u *wsUpstream) pick(pool *wsPool, t *turn) (s *wsSocket, gone bool) {
-	if t.prev != "" && t.want.Replica == u.opts.Replica {
+	if route.Decide(t.offer(u.opts.Replica, false, true)) == route.Local { // continues on a socket of this pool, if one holds it
 		for _, s := range pool.sockets {
 			if s.id == t.want.ID && s.holds(t.prev, u.now(), u.opts.Lifetime) {
 				if s.busy {
@@ -329,14 +330,9 @@ func (c *wsConn) continues(res *store.Reservation) bool {
 	if c.t.forwarded {
 		return true // the origin checked the socket when it took it
 	}
-	if !res.Continues() {
-		return false
-	}
-	if res.Origin.Any {
-		return c.t.stores // stored upstream: any socket can continue it
-	}
-	return res.Origin.Replica == c.up.opts.Replica && res.Origin.ID == c.s.id &&
-		c.s.holds(res.PreviousResponseID, c.up.now(), c.up.opts.Lifetime)
+	o := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: c.t.stores, Self: c.up.opts.Replica,
+		Holds: res.Origin.ID == c.s.id && c.s.holds(res.PreviousResponseID, c.up.now(), c.up.opts.Lifetime)}
+	return route.Decide(o).Here() // Local: this connection is the origin socket, and holds the response
 }
 
 func (c *wsConn) socket() store.Socket {

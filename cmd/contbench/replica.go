@@ -11,6 +11,7 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/route"
 	"github.com/contstore/contstore/store"
 )
 
@@ -85,19 +86,30 @@ type answer struct {
 	call   string
 }
 
-// send sends o's turn upstream as replica rep does: a continuation whose
-// origin socket lives on another replica is forwarded there (see
-// forwardTarget) or sent with the full context, and a continuation the
-// upstream does not know is sent again with the full context on the same
-// turn. fail makes the upstream fail the turn.
+// send sends o's turn upstream as replica rep does, where the gateway's
+// route policy (internal/route) says: a continuation whose origin socket
+// lives on another replica is forwarded there (see forwardTarget) or sent
+// with the full context, and a continuation the upstream does not know is
+// sent again with the full context on the same turn. fail makes the
+// upstream fail the turn.
 func (w *worker) send(ctx context.Context, o *owner, rep *replica, input []json.RawMessage, res *store.Reservation, fail bool) answer {
 	s, t := w.sim, &w.tally
 	a := answer{via: rep, sender: rep}
-	if res.Continues() && s.cfg.upstream == sameSocket && res.Origin.Replica != rep.name {
+	// A replica does not track what its sockets hold: it takes them to
+	// hold the response, and the upstream refuses one they do not.
+	offer := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: s.cfg.upstream == anySocket,
+		Self: rep.name, Forwarding: s.cfg.forward, Holds: true}
+	switch route.Decide(offer) {
+	case route.Forward:
 		if origin := w.forwardTarget(ctx, res.Origin.Replica); origin != nil {
 			a.sender = origin
 			t.forwarded++
 		} else {
+			res = res.FullContextRetry()
+		}
+	case route.Full:
+		if res.Continues() {
+			t.misses[missOriginElsewhere]++
 			res = res.FullContextRetry()
 		}
 	}
@@ -128,6 +140,9 @@ func (w *worker) send(ctx context.Context, o *owner, rep *replica, input []json.
 		}
 		a.res, a.id = res, id
 		a.socket = store.Socket{Replica: a.sender.name, ID: o.socket}
+		if offer.Stores {
+			a.socket = store.Socket{Any: true} // kept upstream, as a gateway records it
+		}
 		if outcome == answered {
 			a.output, a.call = reply(o.rng, id)
 		}

@@ -35,7 +35,8 @@ var storeReasons = []store.Reason{
 
 // Reasons, besides the store's, why a turn did not continue: the gateway
 // had to send the full context after all. origin_elsewhere: the
-// continuation lives on another replica's socket and forwarding is off;
+// continuation lives on another replica's socket and the route policy does
+// not forward it (forwarding is off);
 // forward_fallback: forwarding is on but the directory lookup failed or
 // did not know the origin replica.
 const (
