@@ -424,7 +424,7 @@ func TestSocketLifetime(t *testing.T) {
 		start := time.Now()
 		ev, err := c.next()
 		require.NoError(t, err)
-		assert.GreaterOrEqual(t, time.Since(start), lifetime-50*time.Millisecond)
+		assert.GreaterOrEqual(t, time.Since(start), lifetime/2, "not before its lifetime (the timer starts at the upgrade, before the dial returns here)")
 		assert.Equal(t, connectionLimitCode, ev.Get("error.code").String())
 	})
 }
