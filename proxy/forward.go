@@ -235,7 +235,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	defer c.release()
 	// Accepted: from here on the turn is this replica's, and its outcome
 	// travels in the stream.
-	p.stats.forwardedIn.Add(1)
+	p.stats.add(cForwardedIn, 1)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)

@@ -275,9 +275,9 @@ func (g *gate) done() {
 // a proxy that never continues (Config.NoContinuation).
 func (p *Proxy) serveWhole(w http.ResponseWriter, r *http.Request, t *turn, req *fingerprint.Request) {
 	body, n := req.Body(), int64(req.Len())
-	p.stats.itemsReceived.Add(n)
-	p.stats.itemsSent.Add(n)
-	p.stats.bytesSent.Add(int64(len(body)))
+	p.stats.add(cItemsReceived, n)
+	p.stats.add(cItemsSent, n)
+	p.stats.add(cBytesSent, int64(len(body)))
 	p.forward(w, r, t, body)
 }
 

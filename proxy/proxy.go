@@ -58,7 +58,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -183,57 +182,6 @@ func (cfg *Config) fill() error {
 // HTTP server has shut down, so that no turn is in flight.
 func (p *Proxy) Close() error { return p.cfg.Upstream.close() }
 
-// Stats counts what the proxy did since it started.
-type Stats struct {
-	// Turns counts requests sent upstream, passthrough ones included.
-	Turns int64
-	// Continued counts turns sent as a continuation and answered.
-	Continued int64
-	// FullContextRetries counts continuations the upstream refused,
-	// resent with the full context.
-	FullContextRetries int64
-	// ContinuationsPaused counts turns that could have continued, sent
-	// with the full context because the upstream refuses continuations
-	// of their model (see Learning).
-	ContinuationsPaused int64
-	// Passthrough counts requests that carried their own
-	// previous_response_id or conversation.
-	Passthrough int64
-	// UpstreamErrors counts turns the upstream could not be reached for,
-	// or that it dropped.
-	UpstreamErrors int64
-	// Forwarded counts turns handed to the replica holding their socket
-	// and answered there; ForwardFailures those it could not take, served
-	// here with the full context; ForwardedIn the turns this replica
-	// carried for others.
-	Forwarded, ForwardFailures, ForwardedIn int64
-	// ItemsReceived and ItemsSent count input items in client requests
-	// and in upstream requests (retries included).
-	ItemsReceived, ItemsSent int64
-	// BytesReceived and BytesSent count request body bytes from clients
-	// and to the upstream (retries included).
-	BytesReceived, BytesSent int64
-}
-
-type counters struct {
-	turns, continued, retries, passthrough, upstreamErrors atomic.Int64
-	paused                                                 atomic.Int64
-	forwarded, forwardFailures, forwardedIn                atomic.Int64
-	itemsReceived, itemsSent, bytesReceived, bytesSent     atomic.Int64
-}
-
-// Stats returns the proxy's counters.
-func (p *Proxy) Stats() Stats {
-	c := &p.stats
-	return Stats{
-		Turns: c.turns.Load(), Continued: c.continued.Load(), FullContextRetries: c.retries.Load(),
-		Passthrough: c.passthrough.Load(), UpstreamErrors: c.upstreamErrors.Load(), ContinuationsPaused: c.paused.Load(),
-		Forwarded: c.forwarded.Load(), ForwardFailures: c.forwardFailures.Load(), ForwardedIn: c.forwardedIn.Load(),
-		ItemsReceived: c.itemsReceived.Load(), ItemsSent: c.itemsSent.Load(),
-		BytesReceived: c.bytesReceived.Load(), BytesSent: c.bytesSent.Load(),
-	}
-}
-
 // turn is one client request on its way upstream.
 type turn struct {
 	// header holds the client's request headers.
@@ -282,11 +230,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := &turn{header: r.Header, stream: rawMember(req, "stream") == "true", stores: rawMember(req, "store") != "false"}
-	p.stats.turns.Add(1)
-	p.stats.bytesReceived.Add(int64(len(body)))
+	p.stats.add(cTurns, 1)
+	p.stats.add(cBytesReceived, int64(len(body)))
 	if passthrough(req) {
-		p.stats.passthrough.Add(1)
-		p.stats.bytesSent.Add(int64(len(body)))
+		p.stats.add(cPassthrough, 1)
+		p.stats.add(cBytesSent, int64(len(body)))
 		p.forward(w, r, t, body)
 		return
 	}
@@ -299,7 +247,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_identity", err.Error())
 		return
 	}
-	p.stats.itemsReceived.Add(int64(req.Len()))
+	p.stats.add(cItemsReceived, int64(req.Len()))
 	// Store operations outlive a client that hangs up: the turn must be
 	// recorded or aborted whatever the client does.
 	sctx := context.WithoutCancel(r.Context())
@@ -356,7 +304,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	res := t.res
 	if g.paused {
 		res = res.FullContextRetry() // the upstream refuses this model's continuations
-		p.stats.paused.Add(1)
+		p.stats.add(cPaused, 1)
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	a, err := p.attempt(ctx, t, res, lg, g)
@@ -436,12 +384,12 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 			return nil, err
 		case notCarried:
 			lg.Info("forwarding failed; serving the turn here with full context", "origin", a.res.Origin.Replica, "err", err)
-			p.stats.forwardFailures.Add(1)
+			p.stats.add(cForwardFailures, 1)
 		case refusedUpstream:
 			a.rep.close()
 			p.warns.warn(lg, "upstream refused the continuation, resending full context",
 				"previous_response_id", a.res.PreviousResponseID)
-			p.stats.retries.Add(1)
+			p.stats.add(cRetries, 1)
 			g.refused()
 		}
 		// A forward holds nothing to release; the origin's socket no
@@ -482,7 +430,7 @@ func (p *Proxy) judge(a *sent, err error) try {
 func (p *Proxy) settle(ctx context.Context, lg *slog.Logger, a *sent, out outcome, g *gate) *slog.Logger {
 	switch {
 	case out.err != nil:
-		p.stats.upstreamErrors.Add(1)
+		p.stats.add(cUpstreamErrors, 1)
 		p.abort(ctx, lg, a.res)
 		p.warns.warn(lg, "upstream answer cut short; turn aborted", "err", out.err)
 		return lg
@@ -492,11 +440,11 @@ func (p *Proxy) settle(ctx context.Context, lg *slog.Logger, a *sent, out outcom
 		return lg
 	}
 	if a.continued {
-		p.stats.continued.Add(1)
+		p.stats.add(cContinued, 1)
 		g.accepted()
 	}
 	if _, forwarded := a.c.(*forwardConn); forwarded {
-		p.stats.forwarded.Add(1)
+		p.stats.add(cForwarded, 1)
 	}
 	if a.c.socket() == (store.Socket{}) {
 		// store:false over HTTP: nothing upstream to continue from
@@ -536,8 +484,8 @@ func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, stream
 	body := res.UpstreamBody()
 	rep, err := c.send(ctx, body, stream)
 	if _, forwarded := c.(*forwardConn); err == nil || !forwarded {
-		p.stats.itemsSent.Add(int64(res.DeltaCount))
-		p.stats.bytesSent.Add(int64(len(body)))
+		p.stats.add(cItemsSent, int64(res.DeltaCount))
+		p.stats.add(cBytesSent, int64(len(body)))
 	}
 	return rep, err
 }
@@ -551,7 +499,7 @@ func (p *Proxy) abort(ctx context.Context, lg *slog.Logger, res *store.Reservati
 
 // upstreamError answers a turn the upstream could not be reached for.
 func (p *Proxy) upstreamError(w http.ResponseWriter, err error) {
-	p.stats.upstreamErrors.Add(1)
+	p.stats.add(cUpstreamErrors, 1)
 	p.warns.warn(p.cfg.Logger, "upstream request failed", "err", err)
 	writeUnreachable(w, err)
 }

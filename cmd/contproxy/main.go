@@ -416,7 +416,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	defer p.Close()
-	reg.MustRegister(statsCollector{p})
+	reg.MustRegister(newStatsCollector(p))
 
 	go sweep(ctx, st, logger)
 
@@ -554,43 +554,20 @@ func sweep(ctx context.Context, st *store.Store, logger *slog.Logger) {
 	}
 }
 
-// statsCollector exports a proxy's Stats as counters, and its paused
-// models as a gauge.
-type statsCollector struct{ p *proxy.Proxy }
-
-// statsCounter is one counter of Stats.
-type statsCounter struct {
-	desc  *prometheus.Desc
-	value func(proxy.Stats) int64
+// statsCollector exports a proxy's counters (proxy.Proxy.Counters) under
+// contproxy_<name>, and its paused models as a gauge.
+type statsCollector struct {
+	p     *proxy.Proxy
+	descs []*prometheus.Desc // one per counter, in Counters' order
 }
 
-// statsCounters are the exported counters, one per Stats field.
-var statsCounters = func() []statsCounter {
-	c := func(name, help string, value func(proxy.Stats) int64) statsCounter {
-		return statsCounter{prometheus.NewDesc("contproxy_"+name, help, nil, nil), value}
+func newStatsCollector(p *proxy.Proxy) statsCollector {
+	s := statsCollector{p: p}
+	for _, c := range p.Counters() {
+		s.descs = append(s.descs, prometheus.NewDesc("contproxy_"+c.Name, c.Help, nil, nil))
 	}
-	return []statsCounter{
-		c("turns_total", "Requests sent upstream, passthrough ones included.", func(s proxy.Stats) int64 { return s.Turns }),
-		c("turns_continued_total", "Turns sent as a continuation and answered.", func(s proxy.Stats) int64 { return s.Continued }),
-		c("full_context_retries_total", "Continuations the upstream refused, resent with the full context.",
-			func(s proxy.Stats) int64 { return s.FullContextRetries }),
-		c("continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.",
-			func(s proxy.Stats) int64 { return s.ContinuationsPaused }),
-		c("passthrough_total", "Requests carrying their own previous_response_id or conversation.",
-			func(s proxy.Stats) int64 { return s.Passthrough }),
-		c("upstream_errors_total", "Turns the upstream could not be reached for, or dropped.",
-			func(s proxy.Stats) int64 { return s.UpstreamErrors }),
-		c("forwarded_total", "Turns handed to the replica holding their socket and answered there.",
-			func(s proxy.Stats) int64 { return s.Forwarded }),
-		c("forward_failures_total", "Turns the origin replica could not take, served here with full context.",
-			func(s proxy.Stats) int64 { return s.ForwardFailures }),
-		c("forwarded_in_total", "Turns this replica carried for others.", func(s proxy.Stats) int64 { return s.ForwardedIn }),
-		c("input_items_received_total", "Input items in client requests.", func(s proxy.Stats) int64 { return s.ItemsReceived }),
-		c("input_items_sent_total", "Input items sent upstream.", func(s proxy.Stats) int64 { return s.ItemsSent }),
-		c("request_bytes_received_total", "Request body bytes from clients.", func(s proxy.Stats) int64 { return s.BytesReceived }),
-		c("request_bytes_sent_total", "Request body bytes sent upstream.", func(s proxy.Stats) int64 { return s.BytesSent }),
-	}
-}()
+	return s
+}
 
 // pausedDesc is 1 for each model whose continuations are paused because
 // the upstream refuses them; a model that continues has no series.
@@ -598,18 +575,17 @@ var pausedDesc = prometheus.NewDesc("contproxy_continuation_paused",
 	"1 while continuing is paused for the model because the upstream refuses its continuations.", []string{"model"}, nil)
 
 // Describe implements prometheus.Collector.
-func (statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, c := range statsCounters {
-		ch <- c.desc
+func (s statsCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range s.descs {
+		ch <- d
 	}
 	ch <- pausedDesc
 }
 
 // Collect implements prometheus.Collector.
 func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
-	st := s.p.Stats()
-	for _, c := range statsCounters {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.value(st)))
+	for i, c := range s.p.Counters() {
+		ch <- prometheus.MustNewConstMetric(s.descs[i], prometheus.CounterValue, float64(c.Value))
 	}
 	for _, model := range s.p.PausedModels() {
 		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, 1, model)

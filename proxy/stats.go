@@ -1,0 +1,112 @@
+package proxy
+
+import "sync/atomic"
+
+// Stats counts what the proxy did since it started.
+type Stats struct {
+	// Turns counts requests sent upstream, passthrough ones included.
+	Turns int64
+	// Continued counts turns sent as a continuation and answered.
+	Continued int64
+	// FullContextRetries counts continuations the upstream refused,
+	// resent with the full context.
+	FullContextRetries int64
+	// ContinuationsPaused counts turns that could have continued, sent
+	// with the full context because the upstream refuses continuations
+	// of their model (see Learning).
+	ContinuationsPaused int64
+	// Passthrough counts requests that carried their own
+	// previous_response_id or conversation.
+	Passthrough int64
+	// UpstreamErrors counts turns the upstream could not be reached for,
+	// or that it dropped.
+	UpstreamErrors int64
+	// Forwarded counts turns handed to the replica holding their socket
+	// and answered there; ForwardFailures those it could not take, served
+	// here with the full context; ForwardedIn the turns this replica
+	// carried for others.
+	Forwarded, ForwardFailures, ForwardedIn int64
+	// ItemsReceived and ItemsSent count input items in client requests
+	// and in upstream requests (retries included).
+	ItemsReceived, ItemsSent int64
+	// BytesReceived and BytesSent count request body bytes from clients
+	// and to the upstream (retries included).
+	BytesReceived, BytesSent int64
+}
+
+// counter names one of the proxy's counters.
+type counter int
+
+const (
+	cTurns counter = iota
+	cContinued
+	cRetries
+	cPaused
+	cPassthrough
+	cUpstreamErrors
+	cForwarded
+	cForwardFailures
+	cForwardedIn
+	cItemsReceived
+	cItemsSent
+	cBytesReceived
+	cBytesSent
+	nCounters
+)
+
+// counterTable is the one list of the counters: the Stats field each
+// fills, and the name and help an exporter gives it.
+var counterTable = [nCounters]struct {
+	name, help string
+	field      func(*Stats) *int64
+}{
+	cTurns:           {"turns_total", "Requests sent upstream, passthrough ones included.", func(s *Stats) *int64 { return &s.Turns }},
+	cContinued:       {"turns_continued_total", "Turns sent as a continuation and answered.", func(s *Stats) *int64 { return &s.Continued }},
+	cRetries:         {"full_context_retries_total", "Continuations the upstream refused, resent with the full context.", func(s *Stats) *int64 { return &s.FullContextRetries }},
+	cPaused:          {"continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.", func(s *Stats) *int64 { return &s.ContinuationsPaused }},
+	cPassthrough:     {"passthrough_total", "Requests carrying their own previous_response_id or conversation.", func(s *Stats) *int64 { return &s.Passthrough }},
+	cUpstreamErrors:  {"upstream_errors_total", "Turns the upstream could not be reached for, or dropped.", func(s *Stats) *int64 { return &s.UpstreamErrors }},
+	cForwarded:       {"forwarded_total", "Turns handed to the replica holding their socket and answered there.", func(s *Stats) *int64 { return &s.Forwarded }},
+	cForwardFailures: {"forward_failures_total", "Turns the origin replica could not take, served here with full context.", func(s *Stats) *int64 { return &s.ForwardFailures }},
+	cForwardedIn:     {"forwarded_in_total", "Turns this replica carried for others.", func(s *Stats) *int64 { return &s.ForwardedIn }},
+	cItemsReceived:   {"input_items_received_total", "Input items in client requests.", func(s *Stats) *int64 { return &s.ItemsReceived }},
+	cItemsSent:       {"input_items_sent_total", "Input items sent upstream.", func(s *Stats) *int64 { return &s.ItemsSent }},
+	cBytesReceived:   {"request_bytes_received_total", "Request body bytes from clients.", func(s *Stats) *int64 { return &s.BytesReceived }},
+	cBytesSent:       {"request_bytes_sent_total", "Request body bytes sent upstream.", func(s *Stats) *int64 { return &s.BytesSent }},
+}
+
+// counters holds the counters' values.
+type counters [nCounters]atomic.Int64
+
+// add adds n to counter c.
+func (cs *counters) add(c counter, n int64) { cs[c].Add(n) }
+
+// Stats returns the proxy's counters.
+func (p *Proxy) Stats() Stats {
+	var s Stats
+	for c, d := range counterTable {
+		*d.field(&s) = p.stats[c].Load()
+	}
+	return s
+}
+
+// A Counter is one of the proxy's counters as an exporter shows it.
+type Counter struct {
+	// Name is the counter's name in snake case, ending in _total, such
+	// as "turns_continued_total".
+	Name string
+	// Help says what it counts.
+	Help string
+	// Value is its value.
+	Value int64
+}
+
+// Counters returns the proxy's counters, always in the same order, with
+// the names and help an exporter gives them: the values of Stats.
+func (p *Proxy) Counters() []Counter {
+	out := make([]Counter, nCounters)
+	for c, d := range counterTable {
+		out[c] = Counter{Name: d.name, Help: d.help, Value: p.stats[c].Load()}
+	}
+	return out
+}
