@@ -323,3 +323,44 @@ func TestACutStreamReachesTheClientCut(t *testing.T) {
 		})
 	}
 }
+
+// stepLog records the steps an Observer sees.
+type stepLog struct {
+	mu    sync.Mutex
+	steps []string
+}
+
+func (l *stepLog) Observe(ev Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	what := ev.Result
+	if ev.Step == StepFallback {
+		what = ev.Cause
+	}
+	l.steps = append(l.steps, string(ev.Step)+":"+what)
+}
+
+func (l *stepLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.steps
+	l.steps = nil
+	return s
+}
+
+// The Observer sees each turn's route, attempts, fallbacks and end: a
+// forwarded turn the origin's upstream refused goes forward, is refused,
+// falls back and is answered here.
+func TestTheObserverSeesEachStep(t *testing.T) {
+	rs := newReplicaSetWith(t, 2, fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 1}, KeepsNoResponses: true}, 0)
+	var steps stepLog
+	for _, p := range rs.proxies {
+		p.cfg.Observer = &steps
+	}
+	c := newConversation(t, rs.url, "s-steps", true, false)
+	c.say("hello")
+	assert.Equal(t, []string{
+		"route:full", "attempt:answered", "end:recorded",
+		"route:forward", "attempt:refused", "fallback:refused", "attempt:answered", "end:recorded",
+	}, steps.take())
+}

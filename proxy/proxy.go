@@ -64,6 +64,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/route"
 	"github.com/contstore/contstore/store"
 )
 
@@ -89,6 +90,8 @@ type Config struct {
 	// UpstreamTimeout bounds one turn upstream, streaming included.
 	// Default 10 minutes.
 	UpstreamTimeout time.Duration
+	// Observer, when set, sees each turn's steps (Event).
+	Observer Observer
 	// Logger gets a debug record per turn, and warnings (upstream,
 	// directory, store writes) at most a line a second per cause, with
 	// how many were left out. A store that fails open is the store's
@@ -305,12 +308,14 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if g.paused {
 		res = res.FullContextRetry() // the upstream refuses this model's continuations
 		p.stats.add(cPaused, 1)
+		p.observe(Event{Step: StepFallback, Owner: who, Turn: res.Turn, Cause: "paused"})
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	a, err := p.attempt(ctx, t, res, lg, g)
 	if err != nil {
 		p.abort(sctx, lg, res)
 		p.upstreamError(w, err)
+		p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: "failed", Err: err, Latency: time.Since(start)})
 		return
 	}
 	defer a.c.release()
@@ -326,16 +331,18 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		"sent", a.res.DeltaCount)
 	// A completed response is recorded before its end reaches the client,
 	// so that the client's next turn finds it.
-	sealed := false
-	out := relay(w, t, a.rep, hide, func(o outcome) { sealed, lg = true, p.settle(sctx, lg, a, o, g) })
+	sealed, end := false, ""
+	out := relay(w, t, a.rep, hide, func(o outcome) { sealed, end = true, p.settle(sctx, &lg, a, o, g) })
 	switch {
 	case !sealed:
-		lg = p.settle(sctx, lg, a, out, g)
+		end = p.settle(sctx, &lg, a, out, g)
 	case out.clientGone:
 		p.abort(sctx, lg, a.res) // recorded, but the client never got the end
+		end = "aborted"
 	}
 	lg = lg.With("status", out.status)
 	lg.Debug("turn", "latency", time.Since(start))
+	p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: end, Err: out.err, Latency: time.Since(start)})
 	if out.cut {
 		cutStream(w)
 	}
@@ -374,9 +381,12 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 	if res.Continues() && !a.continued {
 		a.res = res.FullContextRetry() // offered, but not on this connection
 	}
+	p.observe(Event{Step: StepRoute, Owner: res.Owner, Turn: res.Turn, Result: a.where()})
 	for {
 		a.rep, err = p.send(ctx, a.c, a.res, t.stream)
-		switch p.judge(a, err) {
+		tr := p.judge(a, err)
+		p.observe(Event{Step: StepAttempt, Owner: res.Owner, Turn: res.Turn, Result: tryNames[tr], Err: err})
+		switch tr {
 		case answered:
 			return a, nil
 		case unreachable:
@@ -392,6 +402,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 			p.stats.add(cRetries, 1)
 			g.refused()
 		}
+		p.observe(Event{Step: StepFallback, Owner: res.Owner, Turn: res.Turn, Cause: tryNames[tr]})
 		// A forward holds nothing to release; the origin's socket no
 		// longer holds the response: the full context goes from here.
 		if a.c, err = p.localConn(ctx, t, a.c); err != nil {
@@ -399,6 +410,19 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 		}
 		a.res, a.continued = a.res.FullContextRetry(), false
 	}
+}
+
+// where names where a turn went (StepRoute).
+func (a *sent) where() string {
+	switch _, forwarded := a.c.(*forwardConn); {
+	case forwarded:
+		return route.Forward.String()
+	case !a.continued:
+		return route.Full.String()
+	case a.res.Origin.Any:
+		return route.Stored.String()
+	}
+	return route.Local.String()
 }
 
 // route returns the connection a turn goes on: a forward to the replica
@@ -426,18 +450,18 @@ func (p *Proxy) judge(a *sent, err error) try {
 
 // settle ends a relayed turn: it records a completed response the client
 // received as the owner's continuation, and aborts the turn otherwise. It
-// returns lg with what it did.
-func (p *Proxy) settle(ctx context.Context, lg *slog.Logger, a *sent, out outcome, g *gate) *slog.Logger {
+// adds what it did to *lg and returns how the turn ended (StepEnd).
+func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outcome, g *gate) string {
 	switch {
 	case out.err != nil:
 		p.stats.add(cUpstreamErrors, 1)
-		p.abort(ctx, lg, a.res)
-		p.warns.warn(lg, "upstream answer cut short; turn aborted", "err", out.err)
-		return lg
+		p.abort(ctx, *lg, a.res)
+		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
+		return "aborted"
 	case !out.completed || out.clientGone:
 		// Nothing completed, or the client never saw what did.
-		p.abort(ctx, lg, a.res)
-		return lg
+		p.abort(ctx, *lg, a.res)
+		return "aborted"
 	}
 	if a.continued {
 		p.stats.add(cContinued, 1)
@@ -448,14 +472,16 @@ func (p *Proxy) settle(ctx context.Context, lg *slog.Logger, a *sent, out outcom
 	}
 	if a.c.socket() == (store.Socket{}) {
 		// store:false over HTTP: nothing upstream to continue from
-		p.abort(ctx, lg, a.res)
-		return lg.With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
+		p.abort(ctx, *lg, a.res)
+		*lg = (*lg).With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
+		return "not_recorded"
 	}
 	outcome, err := p.cfg.Store.Record(ctx, a.res, store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output})
 	if err != nil {
-		p.warns.warn(lg, "record failed; the next turn sends full context", "err", err)
+		p.warns.warn(*lg, "record failed; the next turn sends full context", "err", err)
 	}
-	return lg.With("response_id", out.id, "outcome", outcome)
+	*lg = (*lg).With("response_id", out.id, "outcome", outcome)
+	return "recorded"
 }
 
 // localConn returns c, or, when c forwards the turn, a connection of this

@@ -391,7 +391,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody,
 		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader,
-		NoContinuation: c.noContinuation}
+		NoContinuation: c.noContinuation, Observer: newStepCounter(reg)}
 	announced := make(chan struct{})
 	if c.forwardSecret != "" {
 		dir, err := directory.NewRedis(rdb, c.namespace, directory.Options{OpTimeout: c.opTimeout})
@@ -567,6 +567,29 @@ func newStatsCollector(p *proxy.Proxy) statsCollector {
 		s.descs = append(s.descs, prometheus.NewDesc("contproxy_"+c.Name, c.Help, nil, nil))
 	}
 	return s
+}
+
+// stepCounter counts the steps of the proxy's turns (proxy.Event) as
+// contproxy_turn_steps_total{step, result}: where turns went, how each
+// attempt went, why the full context went instead (a fallback's result is
+// its cause), and how turns ended.
+type stepCounter struct{ vec *prometheus.CounterVec }
+
+func newStepCounter(reg prometheus.Registerer) stepCounter {
+	vec := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "contproxy_turn_steps_total",
+		Help: "Steps of the turns: route (where it went), attempt (how a send went), fallback (why the full context went), end (how it ended)."},
+		[]string{"step", "result"})
+	reg.MustRegister(vec)
+	return stepCounter{vec}
+}
+
+// Observe implements proxy.Observer.
+func (s stepCounter) Observe(ev proxy.Event) {
+	result := ev.Result
+	if ev.Step == proxy.StepFallback {
+		result = ev.Cause
+	}
+	s.vec.WithLabelValues(string(ev.Step), result).Inc()
 }
 
 // pausedDesc is 1 for each model whose continuations are paused because

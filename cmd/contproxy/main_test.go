@@ -268,12 +268,17 @@ func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.Contains(t, string(b), "event: response.completed")
 
-			for path, want := range map[string]string{"/healthz": "ok", "/metrics": "contproxy_turns_total 1"} {
-				resp, err := http.Get("http://" + addr + path)
+			for _, c := range []struct{ path, want string }{
+				{"/healthz", "ok"},
+				{"/metrics", "contproxy_turns_total 1"},
+				{"/metrics", `contproxy_turn_steps_total{result="full",step="route"} 1`},
+				{"/metrics", `contproxy_turn_steps_total{result="answered",step="attempt"} 1`},
+			} {
+				resp, err := http.Get("http://" + addr + c.path)
 				require.NoError(t, err)
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				assert.Contains(t, string(b), want, path)
+				assert.Contains(t, string(b), c.want, c.path)
 			}
 			// Every other request under /v1 passes through, over either
 			// transport to the upstream's HTTP base.

@@ -1,0 +1,64 @@
+package proxy
+
+import (
+	"time"
+
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// An Observer sees the steps of each turn as the proxy takes them, to
+// count them (contproxy exports them to Prometheus) or log them. Observe
+// is called on the turn's goroutine: it must return quickly and not
+// block.
+type Observer interface {
+	Observe(Event)
+}
+
+// Step names a step of a turn.
+type Step string
+
+// The steps of a turn, in the order they come.
+const (
+	// StepRoute is where the turn goes (Event.Result): "full", "stored",
+	// "local" or "forward" (internal/route).
+	StepRoute Step = "route"
+	// StepAttempt is one send upstream, or to the origin replica, and how
+	// it went: "answered", "unreachable", "not_carried" (the origin ran
+	// nothing) or "refused" (the upstream refused the continuation).
+	StepAttempt Step = "attempt"
+	// StepFallback is the full context sent instead of a continuation the
+	// turn was offered; Cause says why: "paused" (the upstream refuses the
+	// model's continuations), "not_carried" or "refused".
+	StepFallback Step = "fallback"
+	// StepEnd is how the turn ended: "recorded" (a completed response
+	// stored as the owner's continuation), "not_recorded" (completed, but
+	// the upstream keeps nothing to continue), "aborted" (no completed
+	// response the client received) or "failed" (the upstream could not
+	// be reached). Latency is the turn's.
+	StepEnd Step = "end"
+)
+
+// Event is one step of a turn.
+type Event struct {
+	Step Step
+	// Owner and Turn name the turn.
+	Owner identity.Owner
+	Turn  store.Turn
+	// Result is what the step came to; Cause why a fallback happened.
+	Result, Cause string
+	// Err is the error of an attempt that failed, or of a turn's end.
+	Err error
+	// Latency is the turn's time, at its end.
+	Latency time.Duration
+}
+
+// observe passes ev to the configured Observer, if any.
+func (p *Proxy) observe(ev Event) {
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.Observe(ev)
+	}
+}
+
+// tryNames are the attempt results as events name them.
+var tryNames = [...]string{answered: "answered", unreachable: "unreachable", notCarried: "not_carried", refusedUpstream: "refused"}
