@@ -152,26 +152,26 @@ type forwardConn struct {
 	addr   string
 	origin store.Socket
 	prev   string
-	t      *turn
+	tg     *target
 }
 
-// forwardTarget returns the connection that hands t to its origin
+// forwardTarget returns the connection that hands tg to its origin
 // replica, when the route policy forwards it, or nil when the turn is
 // served here.
-func (p *Proxy) forwardTarget(ctx context.Context, t *turn) *forwardConn {
+func (p *Proxy) forwardTarget(ctx context.Context, tg *target) *forwardConn {
 	f := p.cfg.Forwarding
-	if f == nil || route.Decide(t.offer(p.replica, true, false)) != route.Forward {
+	if f == nil || route.Decide(tg.offer(p.replica, true, false)) != route.Forward {
 		return nil
 	}
-	addr, err := f.Directory.Lookup(ctx, t.want.Replica)
+	addr, err := f.Directory.Lookup(ctx, tg.want.Replica)
 	if err != nil {
-		p.warns.warn(p.cfg.Logger, "directory lookup failed; serving here", "replica", t.want.Replica, "err", err)
+		p.warns.warn(p.cfg.Logger, "directory lookup failed; serving here", "replica", tg.want.Replica, "err", err)
 		return nil
 	}
 	if addr == "" {
 		return nil // the origin is gone: its sockets with it
 	}
-	return &forwardConn{f: f, addr: addr, origin: t.want, prev: t.prev, t: t}
+	return &forwardConn{f: f, addr: addr, origin: tg.want, prev: tg.prev, tg: tg}
 }
 
 func (c *forwardConn) continues(res *store.Reservation) bool { return res.Continues() }
@@ -181,7 +181,7 @@ func (c *forwardConn) socket() store.Socket { return c.origin }
 func (c *forwardConn) release() {}
 
 func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
-	req, err := newPost(ctx, "http://"+c.addr+"/v1/responses", c.t.header, body)
+	req, err := newPost(ctx, "http://"+c.addr+"/v1/responses", c.tg.header, body)
 	if err != nil {
 		return nil, err
 	}
@@ -217,12 +217,12 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused", err.Error())
 		return
 	}
-	t := &turn{header: r.Header, stream: true, stores: rawMember(req, "store") != "false",
+	tg := &target{header: r.Header, stores: rawMember(req, "store") != "false",
 		want: store.Socket{Replica: p.replica, ID: fw.socket}, prev: fw.prev, forwarded: true}
 	arrived := time.Now()
 	accept := fw.by.Add(-min(acceptMargin, fw.by.Sub(arrived)/2))
 	actx, cancel := context.WithDeadline(r.Context(), accept)
-	c, err := p.cfg.Upstream.acquire(actx, t)
+	c, err := p.cfg.Upstream.acquire(actx, tg)
 	cancel()
 	if err == nil && !time.Now().Before(accept) {
 		c.release()

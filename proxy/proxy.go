@@ -185,18 +185,16 @@ func (cfg *Config) fill() error {
 // HTTP server has shut down, so that no turn is in flight.
 func (p *Proxy) Close() error { return p.cfg.Upstream.close() }
 
-// turn is one client request on its way upstream.
-type turn struct {
+// target is what an upstream connection is acquired for: whose request,
+// whether the upstream keeps its response, and the socket and response
+// it continues, if any. A turn another replica handed over is a target
+// alone (serveForwarded).
+type target struct {
 	// header holds the client's request headers.
 	header http.Header
-	// stream tells whether the client asked for events.
-	stream bool
 	// stores tells whether the upstream keeps the response ("store" true
 	// or absent).
 	stores bool
-	// res is the turn's reservation; nil for a passthrough or forwarded
-	// request.
-	res *store.Reservation
 	// want and prev are the socket and the response the turn continues
 	// from, when it does.
 	want store.Socket
@@ -204,6 +202,15 @@ type turn struct {
 	// forwarded tells whether another replica handed the turn over: it
 	// runs on want only, and only while want holds prev.
 	forwarded bool
+}
+
+// turn is one client request on its way upstream.
+type turn struct {
+	target
+	// stream tells whether the client asked for events.
+	stream bool
+	// res is the turn's reservation; nil for a passthrough request.
+	res *store.Reservation
 }
 
 // ServeHTTP serves the turns, POST /v1/responses, and passes every other
@@ -232,7 +239,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveForwarded(w, r, req)
 		return
 	}
-	t := &turn{header: r.Header, stream: rawMember(req, "stream") == "true", stores: rawMember(req, "store") != "false"}
+	t := &turn{target: target{header: r.Header, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true"}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))
 	if passthrough(req) {
@@ -281,7 +288,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t *turn, body []byte) {
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
 	defer cancel()
-	c, err := p.cfg.Upstream.acquire(ctx, t)
+	c, err := p.cfg.Upstream.acquire(ctx, &t.target)
 	if err != nil {
 		p.upstreamError(w, err)
 		return
@@ -428,10 +435,10 @@ func (a *sent) where() string {
 // route returns the connection a turn goes on: a forward to the replica
 // holding its socket (forwardTarget), or one of this replica's upstream.
 func (p *Proxy) route(ctx context.Context, t *turn) (conn, error) {
-	if fc := p.forwardTarget(ctx, t); fc != nil {
+	if fc := p.forwardTarget(ctx, &t.target); fc != nil {
 		return fc, nil
 	}
-	return p.cfg.Upstream.acquire(ctx, t)
+	return p.cfg.Upstream.acquire(ctx, &t.target)
 }
 
 // judge says how a send went.
@@ -490,7 +497,7 @@ func (p *Proxy) localConn(ctx context.Context, t *turn, c conn) (conn, error) {
 	if _, forwarded := c.(*forwardConn); !forwarded {
 		return c, nil
 	}
-	return p.cfg.Upstream.acquire(ctx, t)
+	return p.cfg.Upstream.acquire(ctx, &t.target)
 }
 
 // cutStream ends a response whose event stream broke off upstream by

@@ -21,7 +21,7 @@ import (
 // NewWebSocketUpstream.
 type Upstream interface {
 	// acquire returns the connection one turn uses.
-	acquire(ctx context.Context, t *turn) (conn, error)
+	acquire(ctx context.Context, tg *target) (conn, error)
 	// close closes every connection the upstream keeps.
 	close() error
 	// passthroughTarget is where requests other than turns go
@@ -43,11 +43,11 @@ type conn interface {
 	release()
 }
 
-// offer is what t continues from, for the route policy, as replica self
+// offer is what tg continues from, for the route policy, as replica self
 // sees it: forwarding tells whether self forwards turns, holds whether
-// self's socket t.want still holds t.prev.
-func (t *turn) offer(self string, forwarding, holds bool) route.Offer {
-	return route.Offer{Continues: t.prev != "", Origin: t.want, Stores: t.stores, Self: self,
+// self's socket tg.want still holds tg.prev.
+func (tg *target) offer(self string, forwarding, holds bool) route.Offer {
+	return route.Offer{Continues: tg.prev != "", Origin: tg.want, Stores: tg.stores, Self: self,
 		Forwarding: forwarding, Holds: holds}
 }
 
@@ -115,8 +115,8 @@ func NewHTTPUpstream(baseURL string, client *http.Client) (Upstream, error) {
 	return &httpUpstream{url: u, client: client}, nil
 }
 
-func (u *httpUpstream) acquire(_ context.Context, t *turn) (conn, error) {
-	return &httpConn{up: u, t: t}, nil
+func (u *httpUpstream) acquire(_ context.Context, tg *target) (conn, error) {
+	return &httpConn{up: u, tg: tg}, nil
 }
 
 func (u *httpUpstream) close() error {
@@ -127,18 +127,18 @@ func (u *httpUpstream) close() error {
 // httpConn is one HTTP request.
 type httpConn struct {
 	up *httpUpstream
-	t  *turn
+	tg *target
 }
 
 // continues: an HTTP connection holds no socket of its own, so it
 // continues only a response the upstream keeps.
 func (c *httpConn) continues(res *store.Reservation) bool {
-	o := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: c.t.stores}
+	o := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: c.tg.stores}
 	return route.Decide(o) == route.Stored
 }
 
 func (c *httpConn) socket() store.Socket {
-	if c.t.stores {
+	if c.tg.stores {
 		return store.Socket{Any: true}
 	}
 	return store.Socket{} // not kept upstream: nothing to continue
@@ -147,7 +147,7 @@ func (c *httpConn) socket() store.Socket {
 func (c *httpConn) release() {}
 
 func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
-	req, err := newPost(ctx, c.up.url, c.t.header, body)
+	req, err := newPost(ctx, c.up.url, c.tg.header, body)
 	if err != nil {
 		return nil, err
 	}

@@ -141,8 +141,8 @@ func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
 	return out, sum
 }
 
-func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
-	header, key := u.credential(t.header)
+func (u *wsUpstream) acquire(ctx context.Context, tg *target) (conn, error) {
+	header, key := u.credential(tg.header)
 	for {
 		u.mu.Lock()
 		if u.closed {
@@ -154,7 +154,7 @@ func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
 			pool = &wsPool{header: header}
 			u.pools[key] = pool
 		}
-		s, gone := u.pick(pool, t)
+		s, gone := u.pick(pool, tg)
 		if gone {
 			u.mu.Unlock()
 			return nil, errMovedOn
@@ -162,7 +162,7 @@ func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
 		if s != nil {
 			s.busy = true
 			u.mu.Unlock()
-			c := &wsConn{up: u, pool: pool, s: s, t: t}
+			c := &wsConn{up: u, pool: pool, s: s, tg: tg}
 			if err := c.ready(ctx); err != nil {
 				c.release()
 				return nil, err
@@ -185,10 +185,10 @@ func (u *wsUpstream) acquire(ctx context.Context, t *turn) (conn, error) {
 // socket, and gets gone when it holds the response no more. Any other
 // turn takes an idle socket holding no response, else a new one while the
 // pool has room, else the idle socket whose response has waited longest.
-func (u *wsUpstream) pick(pool *wsPool, t *turn) (s *wsSocket, gone bool) {
-	if route.Decide(t.offer(u.opts.Replica, false, true)) == route.Local { // continues on a socket of this pool, if one holds it
+func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
+	if route.Decide(tg.offer(u.opts.Replica, false, true)) == route.Local { // continues on a socket of this pool, if one holds it
 		for _, s := range pool.sockets {
-			if s.id == t.want.ID && s.holds(t.prev, u.now(), u.opts.Lifetime) {
+			if s.id == tg.want.ID && s.holds(tg.prev, u.now(), u.opts.Lifetime) {
 				if s.busy {
 					return nil, false
 				}
@@ -196,7 +196,7 @@ func (u *wsUpstream) pick(pool *wsPool, t *turn) (s *wsSocket, gone bool) {
 			}
 		}
 	}
-	if t.forwarded {
+	if tg.forwarded {
 		return nil, true
 	}
 	var idle *wsSocket
@@ -242,7 +242,7 @@ type wsConn struct {
 	up   *wsUpstream
 	pool *wsPool
 	s    *wsSocket
-	t    *turn
+	tg   *target
 	// clean tells whether the last response on the socket was read to its
 	// end, so that the socket can carry the next one.
 	clean bool
@@ -327,16 +327,16 @@ func (c *wsConn) drop() {
 }
 
 func (c *wsConn) continues(res *store.Reservation) bool {
-	if c.t.forwarded {
+	if c.tg.forwarded {
 		return true // the origin checked the socket when it took it
 	}
-	o := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: c.t.stores, Self: c.up.opts.Replica,
+	o := route.Offer{Continues: res.Continues(), Origin: res.Origin, Stores: c.tg.stores, Self: c.up.opts.Replica,
 		Holds: res.Origin.ID == c.s.id && c.s.holds(res.PreviousResponseID, c.up.now(), c.up.opts.Lifetime)}
 	return route.Decide(o).Here() // Local: this connection is the origin socket, and holds the response
 }
 
 func (c *wsConn) socket() store.Socket {
-	if c.t.stores {
+	if c.tg.stores {
 		return store.Socket{Any: true}
 	}
 	return store.Socket{Replica: c.up.opts.Replica, ID: c.s.id}
