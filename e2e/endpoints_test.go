@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -453,10 +454,8 @@ func (e *endpointsRun) counters(ctx context.Context) map[string]float64 {
 	return all
 }
 
-// counterSeries reads the counter series of the contproxy at base whose
-// names start with contproxy_ or contstore_, but those of reading /metrics
-// (scrapeSeries).
-func counterSeries(ctx context.Context, base string) (map[string]float64, error) {
+// scrape returns the /metrics page of the contproxy at base.
+func scrape(ctx context.Context, base string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
@@ -471,9 +470,20 @@ func counterSeries(ctx context.Context, base string) (map[string]float64, error)
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("GET %s/metrics: %s", base, resp.Status)
 	}
+	return io.ReadAll(resp.Body)
+}
+
+// counterSeries reads the counter series of the contproxy at base whose
+// names start with contproxy_ or contstore_, but those of reading /metrics
+// (scrapeSeries).
+func counterSeries(ctx context.Context, base string) (map[string]float64, error) {
+	body, err := scrape(ctx, base)
+	if err != nil {
+		return nil, err
+	}
 	isCounter := map[string]bool{}
 	series := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()

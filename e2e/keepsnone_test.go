@@ -4,9 +4,9 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,23 +174,13 @@ func goSDKConversation(session string, stream bool) func(ctx context.Context, e 
 // continuing paused for: those of its contproxy_continuation_paused
 // series at 1.
 func pausedModels(ctx context.Context, base string) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	body, err := scrape(ctx, base)
 	if err != nil {
 		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s/metrics: %s", base, resp.Status)
 	}
 	const prefix = `contproxy_continuation_paused{model="`
 	var models []string
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		rest, ok := strings.CutPrefix(sc.Text(), prefix)

@@ -428,20 +428,11 @@ func (s *clientSocket) warmUp(ctx context.Context, c socketCreate, msg gjson.Res
 // errorEvent is the WebSocket mode's error event:
 // {"type":"error","status":…,"error":{"type":…,"code":…,"message":…,"param":…}}.
 func errorEvent(status int, typ, param, code, msg string) []byte {
-	nullable := func(s string) any {
-		if s == "" {
-			return nil
-		}
-		return s
-	}
-	if typ == "" {
-		typ = "server_error"
-	}
 	b, _ := json.Marshal(struct {
 		Type   string         `json:"type"`
 		Status int            `json:"status"`
 		Error  map[string]any `json:"error"`
-	}{"error", status, map[string]any{"type": typ, "code": nullable(code), "message": msg, "param": nullable(param)}})
+	}{"error", status, apiError(typ, param, code, msg)})
 	return b
 }
 

@@ -826,10 +826,9 @@ func rawArray(r gjson.Result) []json.RawMessage {
 	return items
 }
 
-// writeError answers an error in the Responses API's shape:
-// {"error":{"message":…,"type":…,"param":…,"code":…}}, with null for an
-// empty param or code.
-func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
+// apiError is the error object of the Responses API: message, type
+// (server_error when empty), param and code (null when empty).
+func apiError(typ, param, code, msg string) map[string]any {
 	nullable := func(s string) any {
 		if s == "" {
 			return nil
@@ -839,9 +838,14 @@ func writeError(w http.ResponseWriter, status int, typ, param, code, msg string)
 	if typ == "" {
 		typ = "server_error"
 	}
-	body, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"message": msg, "type": typ, "param": nullable(param), "code": nullable(code),
-	}})
+	return map[string]any{"message": msg, "type": typ, "param": nullable(param), "code": nullable(code)}
+}
+
+// writeError answers an error in the Responses API's shape:
+// {"error":{"message":…,"type":…,"param":…,"code":…}}, with null for an
+// empty param or code.
+func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
+	body, _ := json.Marshal(map[string]any{"error": apiError(typ, param, code, msg)})
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
 	w.WriteHeader(status)
