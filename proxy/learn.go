@@ -2,12 +2,10 @@ package proxy
 
 import (
 	"fmt"
-	"net/http"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/store"
 )
 
@@ -269,16 +267,6 @@ func (g *gate) done() {
 	if g.probe && !g.settled {
 		g.p.learn.undecided(g.model)
 	}
-}
-
-// serveWhole sends a request as the client sent it, outside the store, for
-// a proxy that never continues (Config.NoContinuation).
-func (p *Proxy) serveWhole(w http.ResponseWriter, r *http.Request, t *turn, req *fingerprint.Request) {
-	body, n := req.Body(), int64(req.Len())
-	p.stats.add(cItemsReceived, n)
-	p.stats.add(cItemsSent, n)
-	p.stats.add(cBytesSent, int64(len(body)))
-	p.forward(w, r, t, body)
 }
 
 // reason returns the reason a turn's log line gives: the reservation's,

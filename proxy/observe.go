@@ -33,9 +33,11 @@ const (
 	StepFallback Step = "fallback"
 	// StepEnd is how the turn ended: "recorded" (a completed response
 	// stored as the owner's continuation), "not_recorded" (completed, but
-	// the upstream keeps nothing to continue), "aborted" (no completed
-	// response the client received) or "failed" (the upstream could not
-	// be reached). Latency is the turn's.
+	// the upstream keeps nothing to continue), "not_reserved" (completed,
+	// with no turn to record it for: a request without owner, such as one
+	// carrying its own previous_response_id, or a store that failed
+	// open), "aborted" (no completed response the client received) or
+	// "failed" (the upstream could not be reached). Latency is the turn's.
 	StepEnd Step = "end"
 )
 

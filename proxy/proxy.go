@@ -242,20 +242,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := &turn{target: target{header: r.Header, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true"}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))
-	if passthrough(req) {
+	// A request that keeps its conversation upstream itself, or any with
+	// NoContinuation, has no owner: the store reserves nothing, and the
+	// body goes upstream as received, by the same path as every turn.
+	var who identity.Owner
+	switch {
+	case passthrough(req):
 		p.stats.add(cPassthrough, 1)
-		p.stats.add(cBytesSent, int64(len(body)))
-		p.forward(w, r, t, body)
-		return
-	}
-	if p.cfg.NoContinuation {
-		p.serveWhole(w, r, t, req)
-		return
-	}
-	who, err := p.cfg.Identity.Owner(r.Header, req)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_identity", err.Error())
-		return
+	case !p.cfg.NoContinuation:
+		if who, err = p.cfg.Identity.Owner(r.Header, req); err != nil {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_identity", err.Error())
+			return
+		}
 	}
 	p.stats.add(cItemsReceived, int64(req.Len()))
 	// Store operations outlive a client that hangs up: the turn must be
@@ -284,26 +282,8 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 	return nil, false
 }
 
-// forward sends a passthrough request upstream and relays the answer.
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, t *turn, body []byte) {
-	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
-	defer cancel()
-	c, err := p.cfg.Upstream.acquire(ctx, &t.target)
-	if err != nil {
-		p.upstreamError(w, err)
-		return
-	}
-	defer c.release()
-	rep, err := c.send(ctx, body, t.stream)
-	if err != nil {
-		p.upstreamError(w, err)
-		return
-	}
-	defer rep.close()
-	relay(w, t, rep, "", nil)
-}
-
-// run sends a reserved turn upstream, relays the answer and ends the turn.
+// run sends a turn upstream, relays the answer and ends the turn: every
+// request that creates a response, reserved or not (passthrough, NoContinuation).
 func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identity.Owner) {
 	start := time.Now()
 	sctx := context.WithoutCancel(r.Context())
@@ -476,6 +456,9 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outco
 	}
 	if _, forwarded := a.c.(*forwardConn); forwarded {
 		p.stats.add(cForwarded, 1)
+	}
+	if a.res.Turn == 0 {
+		return "not_reserved" // no owner, or the store unavailable: nothing to record
 	}
 	if a.c.socket() == (store.Socket{}) {
 		// store:false over HTTP: nothing upstream to continue from
