@@ -1,0 +1,425 @@
+//go:build linux
+
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store"
+)
+
+// gatewaySizes are the conversations BenchmarkGateway plays: each target
+// plays convs conversations per mode, each opening with a request of items
+// input items and then turns measured turns, every one two items longer
+// than the one before (the previous answer and a new user message).
+var gatewaySizes = []struct{ items, convs, turns int }{
+	{10, 200, 5},
+	{100, 200, 5},
+	{1_000, 60, 5},
+	{5_000, 20, 5},
+}
+
+// BenchmarkGateway sends the same full-context Responses requests, one at
+// a time, to four targets in front of one fake upstream
+// (internal/fakeupstream over httptest, HTTP, store=true):
+//
+//   - direct: the fake upstream itself;
+//   - rproxy: a plain httputil.ReverseProxy, the floor of any gateway
+//     (reads the body once, writes it once);
+//   - contproxy: this package's Proxy on the in-process store;
+//   - contproxy-redis: the Proxy on the standalone Redis of
+//     scripts/redis-env.sh. Without it (CONTSTORE_REDIS_ADDR unset) the
+//     target is left out and logged, unless CI=true, which fails the
+//     benchmark, as with internal/redistest's helpers.
+//
+// Sub-benchmarks items=N/json and items=N/stream: each conversation's
+// first request holds N input items (user and assistant messages,
+// function calls and their outputs of a few hundred bytes) and is not
+// measured (contproxy cannot continue it); each later request appends the
+// answer and a new user message, as a client does. Streamed turns read
+// the SSE to its end. A round is one conversation per target, in an
+// order that rotates from round to round, so that every target sees the
+// same machine.
+//
+// Client, gateway and fake upstream run in one process, and a turn that
+// contproxy continues costs the fake upstream less than a full-context one
+// (it parses two input items instead of the whole history), so what the
+// process spends more than direct understates what contproxy itself
+// costs. Its upstream handler is measured apart and put back. Metrics, per
+// turn (T is a target):
+//
+//   - T-cpu-µs/turn: the process's user+system CPU (getrusage) over T's
+//     measured turns.
+//   - T-added-cpu-µs/turn: the same minus direct's.
+//   - T-upstream-cpu-µs/turn: the CPU of the fake upstream's handler
+//     goroutine, on a locked thread (RUSAGE_THREAD).
+//   - T-gateway-cpu-µs/turn: what the gateway itself costs: the added CPU
+//     with the upstream's difference from direct put back.
+//   - T-upstream-kB/turn: request bytes that reached the fake upstream.
+//   - direct-p50-µs, direct-p99-µs, T-added-p50-µs, T-added-p99-µs: the
+//     request's latency, from sending it to the answer read to its end,
+//     and what T adds to it.
+//   - T-gateway-p50-µs, T-gateway-p99-µs: the same for the latency less
+//     the upstream handler's time.
+//   - contproxy/rproxy-gateway-cpu, contproxy/rproxy-gateway-p50 (and
+//     contproxy-redis/…): the ratios of what the two gateways cost.
+//   - contproxy-continued, contproxy-redis-continued: the share of
+//     measured turns continued (contproxy must continue every one).
+//
+// p99 is over convs×turns requests per target (100 at 5,000 items). Linux
+// only (RUSAGE_THREAD). Run with -benchtime 1x; see BENCHMARKS.md.
+func BenchmarkGateway(b *testing.B) {
+	rc := gatewayRedis(b)
+	for _, size := range gatewaySizes {
+		for _, stream := range []bool{false, true} {
+			mode := "json"
+			if stream {
+				mode = "stream"
+			}
+			b.Run(fmt.Sprintf("items=%d/%s", size.items, mode), func(b *testing.B) {
+				for b.Loop() {
+					runGatewayBench(b, rc, size.items, size.convs, size.turns, stream)
+				}
+			})
+		}
+	}
+}
+
+// gatewayRedis returns a client of the standalone Redis, or nil when there
+// is none and CI is not true. The target left out is listed in
+// redistest.EnvSkipLog's file, as the helpers list the tests they skip.
+func gatewayRedis(b *testing.B) *redis.Client {
+	ci, _ := strconv.ParseBool(strings.TrimSpace(os.Getenv("CI")))
+	if strings.TrimSpace(os.Getenv(redistest.EnvAddr)) != "" || ci {
+		return redistest.Standalone(b) // fails the benchmark with CI=true
+	}
+	b.Logf("%s is not set: the contproxy-redis target is left out; run under scripts/redis-env.sh to include it", redistest.EnvAddr)
+	if path := os.Getenv(redistest.EnvSkipLog); path != "" {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err == nil {
+			_, err = fmt.Fprintf(f, "github.com/contstore/contstore/proxy\t%s (contproxy-redis)\t%s\n", b.Name(), redistest.EnvAddr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
+			b.Logf("listing the skipped target in %s: %v", path, err)
+		}
+	}
+	return nil
+}
+
+// gatewayTarget is one way to the fake upstream, and what it measured.
+type gatewayTarget struct {
+	name  string
+	url   string
+	proxy *Proxy // nil but for contproxy targets
+
+	turns            int
+	cpu, upstreamCPU time.Duration
+	upstreamBytes    int64
+	latencies        []time.Duration
+	// outside are the latencies less the upstream handler's time.
+	outside              []time.Duration
+	continued, measured0 int64
+}
+
+// meteredUpstream is the fake upstream's handler, with the CPU and the
+// request bytes of its calls counted.
+type meteredUpstream struct {
+	h                http.Handler
+	cpu, wall, bytes atomic.Int64
+}
+
+// rusageThread is Linux's RUSAGE_THREAD.
+const rusageThread = 1
+
+func (m *meteredUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Locked to its thread, the handler's goroutine is the only one whose
+	// CPU that thread's usage counts.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start, before := time.Now(), cpuTime(rusageThread)
+	r.Body = &countingBody{ReadCloser: r.Body, n: &m.bytes}
+	m.h.ServeHTTP(w, r)
+	m.cpu.Add(int64(cpuTime(rusageThread) - before))
+	m.wall.Add(int64(time.Since(start)))
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// cpuTime is the user+system CPU time of who (RUSAGE_SELF, rusageThread).
+func cpuTime(who int) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(who, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// runGatewayBench sets the targets up in front of a fresh fake upstream,
+// plays the conversations and reports the metrics.
+func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, stream bool) {
+	fake := &meteredUpstream{h: fakeupstream.New(fakeupstream.Options{})}
+	up := httptest.NewServer(fake)
+	defer up.Close()
+	upURL, err := url.Parse(up.URL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	targets := []*gatewayTarget{{name: "direct", url: up.URL + "/v1/responses"}}
+
+	rp := &httputil.ReverseProxy{
+		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(upURL) },
+		Transport: http.DefaultTransport.(*http.Transport).Clone(),
+	}
+	rps := httptest.NewServer(rp)
+	defer rps.Close()
+	targets = append(targets, &gatewayTarget{name: "rproxy", url: rps.URL + "/v1/responses"})
+
+	addProxy := func(name string, st *store.Store) {
+		hu, err := NewHTTPUpstream(up.URL+"/v1", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p, err := New(Config{Store: st, Upstream: hu})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = p.Close() })
+		srv := httptest.NewServer(p)
+		b.Cleanup(srv.Close)
+		targets = append(targets, &gatewayTarget{name: name, url: srv.URL + "/v1/responses", proxy: p})
+	}
+	mem, err := store.NewMemory(store.Options{Replica: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	addProxy("contproxy", mem)
+	if rc != nil {
+		ns := redistest.Namespace(b)
+		redistest.CleanupNamespace(b, rc, ns)
+		rs, err := store.NewRedis(rc, store.Options{Namespace: ns, Replica: "bench"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		addProxy("contproxy-redis", rs)
+	}
+
+	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	defer client.CloseIdleConnections()
+	history := gatewayHistory(items - 1) // the first request adds a user message
+	for round := range convs {
+		for k := range targets {
+			tg := targets[(round+k)%len(targets)]
+			c := &gatewayConversation{
+				b: b, client: client, url: tg.url, stream: stream,
+				session: fmt.Sprintf("bench-%s-%d", tg.name, round),
+				items:   slices.Clone(history),
+			}
+			c.turn() // not measured: the conversation's opening request
+			if tg.proxy != nil {
+				tg.measured0 = tg.proxy.Stats().Continued
+			}
+			up0, bytes0 := fake.cpu.Load(), fake.bytes.Load()
+			cpu0 := cpuTime(syscall.RUSAGE_SELF)
+			for range turns {
+				w := fake.wall.Load()
+				lat := c.turn()
+				tg.latencies = append(tg.latencies, lat)
+				tg.outside = append(tg.outside, lat-time.Duration(fake.wall.Load()-w))
+			}
+			tg.cpu += cpuTime(syscall.RUSAGE_SELF) - cpu0
+			tg.upstreamCPU += time.Duration(fake.cpu.Load() - up0)
+			tg.upstreamBytes += fake.bytes.Load() - bytes0
+			tg.turns += turns
+			if tg.proxy != nil {
+				tg.continued += tg.proxy.Stats().Continued - tg.measured0
+			}
+		}
+	}
+	reportGateway(b, targets)
+}
+
+// reportGateway reports the targets' metrics (see BenchmarkGateway).
+func reportGateway(b *testing.B, targets []*gatewayTarget) {
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+	perTurn := func(d time.Duration, tg *gatewayTarget) float64 { return us(d) / float64(tg.turns) }
+	pct := func(l []time.Duration, q float64) float64 {
+		l = slices.Sorted(slices.Values(l))
+		return us(l[min(len(l)-1, int(q*float64(len(l))))])
+	}
+	direct := targets[0]
+	dCPU, dUp := perTurn(direct.cpu, direct), perTurn(direct.upstreamCPU, direct)
+	d50, d99 := pct(direct.latencies, 0.50), pct(direct.latencies, 0.99)
+	o50, o99 := pct(direct.outside, 0.50), pct(direct.outside, 0.99)
+	b.ReportMetric(dCPU, "direct-cpu-µs/turn")
+	b.ReportMetric(dUp, "direct-upstream-cpu-µs/turn")
+	b.ReportMetric(float64(direct.upstreamBytes)/1e3/float64(direct.turns), "direct-upstream-kB/turn")
+	b.ReportMetric(d50, "direct-p50-µs")
+	b.ReportMetric(d99, "direct-p99-µs")
+	type gateway struct{ cpu, p50 float64 }
+	byName := map[string]gateway{}
+	for _, tg := range targets[1:] {
+		cpu, up := perTurn(tg.cpu, tg), perTurn(tg.upstreamCPU, tg)
+		g := gateway{cpu: cpu - dCPU + dUp - up, p50: pct(tg.outside, 0.50) - o50}
+		byName[tg.name] = g
+		b.ReportMetric(cpu, tg.name+"-cpu-µs/turn")
+		b.ReportMetric(cpu-dCPU, tg.name+"-added-cpu-µs/turn")
+		b.ReportMetric(up, tg.name+"-upstream-cpu-µs/turn")
+		b.ReportMetric(g.cpu, tg.name+"-gateway-cpu-µs/turn")
+		b.ReportMetric(float64(tg.upstreamBytes)/1e3/float64(tg.turns), tg.name+"-upstream-kB/turn")
+		b.ReportMetric(pct(tg.latencies, 0.50)-d50, tg.name+"-added-p50-µs")
+		b.ReportMetric(pct(tg.latencies, 0.99)-d99, tg.name+"-added-p99-µs")
+		b.ReportMetric(g.p50, tg.name+"-gateway-p50-µs")
+		b.ReportMetric(pct(tg.outside, 0.99)-o99, tg.name+"-gateway-p99-µs")
+		if tg.proxy != nil {
+			share := float64(tg.continued) / float64(tg.turns)
+			b.ReportMetric(share, tg.name+"-continued")
+			if tg.name == "contproxy" && share != 1 {
+				b.Errorf("contproxy continued %d of %d measured turns", tg.continued, tg.turns)
+			}
+		}
+	}
+	rp := byName["rproxy"]
+	for _, name := range []string{"contproxy", "contproxy-redis"} {
+		if g, ok := byName[name]; ok {
+			b.ReportMetric(g.cpu/rp.cpu, name+"/rproxy-gateway-cpu")
+			b.ReportMetric(g.p50/rp.p50, name+"/rproxy-gateway-p50")
+		}
+	}
+}
+
+// gatewayConversation is a client's conversation: it sends the whole
+// history every turn.
+type gatewayConversation struct {
+	b       *testing.B
+	client  *http.Client
+	url     string
+	session string
+	stream  bool
+	items   [][]byte
+	body    []byte
+	user    int
+}
+
+// turn appends a user message, sends the history, appends the answer's
+// output items and returns the request's latency: from sending it to the
+// answer read to its end.
+func (c *gatewayConversation) turn() time.Duration {
+	c.user++
+	c.items = append(c.items, fmt.Appendf(nil, `{"role":"user","content":%q}`,
+		fmt.Sprintf("Now look at step %d of %s: %s", c.user, c.session, gatewayText[:120])))
+	c.body = fmt.Appendf(c.body[:0], `{"model":"gpt-5.1","store":true,"stream":%t,"prompt_cache_key":%q,`+
+		`"instructions":"You are a coding agent. Be terse.","tools":%s,"input":[`, c.stream, c.session, gatewayTools)
+	for i, it := range c.items {
+		if i > 0 {
+			c.body = append(c.body, ',')
+		}
+		c.body = append(c.body, it...)
+	}
+	c.body = append(c.body, "]}"...)
+	req, err := http.NewRequest(http.MethodPost, c.url, bytes.NewReader(c.body))
+	if err != nil {
+		c.b.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk-bench")
+	start := time.Now()
+	resp, err := c.client.Do(req)
+	if err != nil {
+		c.b.Fatal(err)
+	}
+	answer, err := io.ReadAll(resp.Body)
+	took := time.Since(start)
+	_ = resp.Body.Close()
+	if err != nil {
+		c.b.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		c.b.Fatalf("%s: status %d: %.300s", c.url, resp.StatusCode, answer)
+	}
+	output := gjson.GetBytes(answer, "output")
+	if c.stream {
+		const completed = "event: response.completed\ndata: "
+		i := bytes.LastIndex(answer, []byte(completed))
+		if i < 0 {
+			c.b.Fatalf("%s: no response.completed in the stream: %.300s", c.url, answer)
+		}
+		data := answer[i+len(completed):]
+		data = data[:max(0, bytes.IndexByte(data, '\n'))]
+		output = gjson.GetBytes(data, "response.output")
+	}
+	n := 0
+	output.ForEach(func(_, it gjson.Result) bool {
+		c.items = append(c.items, []byte(it.Raw))
+		n++
+		return true
+	})
+	if n == 0 {
+		c.b.Fatalf("%s: an answer without output items: %.300s", c.url, answer)
+	}
+	return took
+}
+
+// gatewayText is filler for the items' texts.
+const gatewayText = "The build failed in the storage layer because the retry loop reads the " +
+	"deadline before the lock is taken; moving the read inside the critical section " +
+	"fixes the race, and the tests in the package pass again with the race detector on."
+
+// gatewayTools are the request's tools.
+const gatewayTools = `[{"type":"function","name":"run_command","description":"Run a shell command in the workspace.",` +
+	`"parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}]`
+
+// gatewayHistory is a conversation of n items, in turns of four: a user
+// message, a function call, its output and an assistant message, from
+// about 150 to 450 bytes each.
+func gatewayHistory(n int) [][]byte {
+	items := make([][]byte, 0, n)
+	for i := 0; len(items) < n; i++ {
+		call := fmt.Sprintf("call_%024d", i)
+		for _, it := range []string{
+			fmt.Sprintf(`{"role":"user","content":%q}`, fmt.Sprintf("Step %d: %s", i, gatewayText[:100])),
+			fmt.Sprintf(`{"type":"function_call","id":"fc_%040d","call_id":%q,"name":"run_command","arguments":%q}`,
+				i, call, fmt.Sprintf(`{"command":"go test ./store/... -run TestRetry%d -count=1"}`, i)),
+			fmt.Sprintf(`{"type":"function_call_output","call_id":%q,"output":%q}`,
+				call, fmt.Sprintf("--- FAIL: TestRetry%d (0.01s)\n    retry_test.go:%d: %s\nFAIL\nexit status 1", i, 40+i%100, gatewayText)),
+			fmt.Sprintf(`{"type":"message","id":"msg_%040d","role":"assistant","status":"completed",`+
+				`"content":[{"type":"output_text","annotations":[],"text":%q}]}`, i, gatewayText[:200]),
+		} {
+			if len(items) < n {
+				items = append(items, []byte(it))
+			}
+		}
+	}
+	return items
+}
