@@ -233,13 +233,7 @@ func TestEndpointsStreamBothWays(t *testing.T) {
 func TestEndpointUnreachableUpstreamIs502(t *testing.T) {
 	for _, tr := range []transport{overHTTP, overWebSocket} {
 		t.Run(string(tr), func(t *testing.T) {
-			dead := httptest.NewServer(http.NotFoundHandler())
-			base := dead.URL + "/v1"
-			dead.Close()
-			st, err := store.NewMemory(store.Options{Replica: "r1"})
-			require.NoError(t, err)
-			srv := httptest.NewServer(newProxy(t, tr, st, base))
-			t.Cleanup(srv.Close)
+			srv := deadUpstreamProxy(t, tr)
 			resp, b := do(t, http.MethodGet, srv.URL+"/v1/models", "", nil)
 			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 			assert.Equal(t, "upstream_unreachable", gjson.GetBytes(b, "error.code").String())

@@ -403,16 +403,24 @@ func TestBadRequests(t *testing.T) {
 	assert.Zero(t, r.proxy.Stats().ItemsSent, "nothing went upstream")
 }
 
+// deadUpstreamProxy serves a proxy over tr whose upstream cannot be
+// reached.
+func deadUpstreamProxy(t *testing.T, tr transport) *httptest.Server {
+	t.Helper()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	base := dead.URL + "/v1"
+	dead.Close()
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, tr, st, base))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 func TestUnreachableUpstreamIs502(t *testing.T) {
 	for _, tr := range []transport{overHTTP, overWebSocket} {
 		t.Run(string(tr), func(t *testing.T) {
-			dead := httptest.NewServer(http.NotFoundHandler())
-			base := dead.URL + "/v1"
-			dead.Close()
-			st, err := store.NewMemory(store.Options{Replica: "r1"})
-			require.NoError(t, err)
-			srv := httptest.NewServer(newProxy(t, tr, st, base))
-			t.Cleanup(srv.Close)
+			srv := deadUpstreamProxy(t, tr)
 			a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s"}},
 				map[string]any{"model": "m", "input": "hi"})
 			assert.Equal(t, http.StatusBadGateway, a.status)
