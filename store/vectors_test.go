@@ -1370,27 +1370,6 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 	ruleScenario(t, c, f.Scenario)
 }
 
-// ruleAnswer is the answer a change stores (PROTOCOL.md 8.2): reserve
-// "<seq>:<existed><consumed>" and the consumed continuation, record "P",
-// abort "A", clear "C".
-func ruleAnswer(t *testing.T, script string, reply any) string {
-	switch script {
-	case "reserve":
-		r := reply.([]any)
-		out := fmt.Sprintf("%.0f:%.0f", r[0].(float64), r[1].(float64))
-		if len(r) > 3 && r[3] != nil {
-			return out + "1" + string(vectorscenario.UnHex(t, r[3]))
-		}
-		return out + "0"
-	case "record":
-		return "P"
-	case "abort":
-		return "A"
-	default:
-		return "C"
-	}
-}
-
 // ruleChanged reports whether an owner script's reply says it changed
 // something (and stored its answer).
 func ruleChanged(script string, reply any) bool {
