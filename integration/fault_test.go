@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sort"
 	"strconv"
@@ -367,6 +368,17 @@ func TestFaultClusterMasterKilled(t *testing.T) {
 	}
 }
 
+// shardMaster returns the address of a cluster shard's master, "" when it
+// has none.
+func shardMaster(sh redis.ClusterShard) string {
+	for _, n := range sh.Nodes {
+		if n.Role == "master" {
+			return net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+		}
+	}
+	return ""
+}
+
 // faultPartitionMasters returns the address of the master serving each of
 // a namespace's partitions, and the master serving the most of them.
 func faultPartitionMasters(t testing.TB, addrs []string, ns string, partitions int) (masterOf []string, busiest string) {
@@ -374,16 +386,18 @@ func faultPartitionMasters(t testing.TB, addrs []string, ns string, partitions i
 	ctx := context.Background()
 	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	defer func() { _ = admin.Close() }()
-	slots, err := admin.ClusterSlots(ctx).Result()
+	shards, err := admin.ClusterShards(ctx).Result()
 	require.NoError(t, err)
 	masterOf = make([]string, partitions)
 	count := map[string]int{}
 	for p := range partitions {
 		slot, err := admin.ClusterKeySlot(ctx, fmt.Sprintf("{%s:%02d}", ns, p)).Result()
 		require.NoError(t, err)
-		for _, r := range slots {
-			if int64(r.Start) <= slot && slot <= int64(r.End) {
-				masterOf[p] = r.Nodes[0].Addr
+		for _, sh := range shards {
+			for _, r := range sh.Slots {
+				if r.Start <= slot && slot <= r.End {
+					masterOf[p] = shardMaster(sh)
+				}
 			}
 		}
 		require.NotEmpty(t, masterOf[p], "partition %d (slot %d) is not served", p, slot)
