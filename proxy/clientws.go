@@ -241,11 +241,11 @@ func (s *clientSocket) fail(ctx context.Context, status int, param, code, msg st
 
 // handle answers one message; false when the connection is over.
 func (s *clientSocket) handle(ctx context.Context, data []byte) bool {
-	if !gjson.ValidBytes(data) || !gjson.ParseBytes(data).IsObject() {
+	msg := gjson.ParseBytes(data)
+	if !gjson.ValidBytes(data) || !msg.IsObject() {
 		return s.fail(ctx, http.StatusBadRequest, "", "",
 			"We could not parse the JSON of your message: it is not a JSON object.")
 	}
-	msg := gjson.ParseBytes(data)
 	switch typ := msg.Get("type").String(); typ {
 	case "response.create":
 	case "response.processed":

@@ -105,6 +105,11 @@ const (
 	headerProject       = "Openai-Project"
 )
 
+// accountHeaders are the request headers that name the client's account:
+// they scope its owners, and a configured upstream credential replaces
+// them all (passthrough.go).
+var accountHeaders = []string{headerAuthorization, headerAPIKey, headerOrganization, headerProject}
+
 // Owner returns the owner of a request with headers h and parsed body req,
 // the zero owner when it has none, or an error naming the source of an
 // empty or invalid id, which the proxy answers with 400.

@@ -38,10 +38,6 @@ type passTarget struct {
 	credential http.Header
 }
 
-// accountHeaders are the request headers that name the client's account:
-// a configured credential replaces them all.
-var accountHeaders = []string{"Authorization", "Api-Key", "OpenAI-Organization", "OpenAI-Project"}
-
 // httpBase returns the HTTP base of an upstream's turn URL (base +
 // "/responses"): ws becomes http and wss https.
 func httpBase(turnURL string) *url.URL {

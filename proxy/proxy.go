@@ -274,8 +274,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) 
 		return body, true
 	}
 	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
-			fmt.Sprintf("The request body is larger than %d bytes.", p.cfg.MaxBodyBytes))
+		p.tooLarge(w)
 	} else {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
 	}
