@@ -147,14 +147,7 @@ func TestClients(t *testing.T) {
 func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResult {
 	t.Helper()
 	up := env.st.up
-	before, err := readTrace(up.trace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	postsBefore, err := up.posts()
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := up.mark(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*clientTimeout)
 	defer cancel()
 	countersBefore, err := env.st.counters(ctx)
@@ -163,11 +156,8 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 	}
 	env.st.rr.begin(cl.name, env.before)
 	runErr := cl.run(ctx, env)
-	after, err := readTrace(up.trace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := measure(sc.name, cl.name, env.st.rr.callsOf(cl.name), after[len(before):])
+	calls, posts := up.since(t, before)
+	r := measure(sc.name, cl.name, env.st.rr.callsOf(cl.name), calls)
 	r.err = runErr
 	r.refused, r.retries, r.forwarded, r.forwardFailures = -1, -1, -1, -1
 	if len(env.st.replicas) > 0 {
@@ -182,11 +172,6 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 		}
 	}
 	if sc.transport == "http" {
-		postsAfter, err := up.posts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		posts := postsAfter - postsBefore
 		r.refused = max(posts-r.turns, 0)
 		if posts < r.turns {
 			r.mismatches = append(r.mismatches, fmt.Sprintf("the upstream logged %d requests but answered %d", posts, r.turns))

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -92,25 +91,7 @@ func TestCodexWebSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := runResult{scenario: "codex-openai-websocket-2-replicas-forwarding", client: codexWSClient, turns: len(up), up: up}
-	stores, transports := map[string]bool{}, map[string]bool{}
-	for _, u := range up {
-		if u.previous != "" {
-			r.continued++
-		}
-		r.itemsUp += u.items
-		r.bytesUp += u.bytes
-		store := "absent"
-		if u.store != nil {
-			store = fmt.Sprint(*u.store)
-		}
-		stores[store], transports[u.transport] = true, true
-	}
-	convs := map[conversation]bool{}
-	for _, c := range conversationsOf(up) {
-		convs[c] = true
-	}
-	r.conversations = len(convs)
-	r.stores, r.transports = slices.Sorted(maps.Keys(stores)), slices.Sorted(maps.Keys(transports))
+	r.tallyUpstream()
 	if !slices.Equal(r.stores, []string{"false"}) || !slices.Equal(r.transports, []string{"websocket"}) {
 		t.Errorf("the upstream calls have store %v over %v, want false over websocket", r.stores, r.transports)
 	}

@@ -154,14 +154,7 @@ func sentUpstream(r runResult) []string {
 func credentialRun(t *testing.T, e clientEnvironment, scenarioName, label, session string, junk junkKind) runResult {
 	t.Helper()
 	up := e.st.up
-	before, err := readTrace(up.trace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	postsBefore, err := up.posts()
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := up.mark(t)
 	b := &junkConversation{session: session}
 	var hook func(n int)
 	switch junk {
@@ -181,12 +174,9 @@ func credentialRun(t *testing.T, e clientEnvironment, scenarioName, label, sessi
 	e.st.rr.begin(label, hook)
 	_, runErr := aiSDKRun{mode: "generate", session: session, apiKey: credentialA, label: label}.run(e)
 	e.st.rr.begin("", nil)
-	after, err := readTrace(up.trace)
-	if err != nil {
-		t.Fatal(err)
-	}
+	calls, posts := up.since(t, before)
 	var mine []upstreamCall
-	for _, c := range after[len(before):] {
+	for _, c := range calls {
 		if credentialOf(c) == "A" {
 			mine = append(mine, c)
 		}
@@ -194,11 +184,7 @@ func credentialRun(t *testing.T, e clientEnvironment, scenarioName, label, sessi
 	r := measure(scenarioName, label, e.st.rr.callsOf(label), mine)
 	r.err = runErr
 	r.retries, r.forwarded, r.forwardFailures = -1, -1, -1
-	postsAfter, err := up.posts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.refused = max(postsAfter-postsBefore-len(after)+len(before), 0)
+	r.refused = max(posts-len(calls), 0)
 	for _, f := range b.errors() {
 		t.Errorf("%s: a request of credential B: %s", label, f)
 	}

@@ -236,21 +236,12 @@ func (r *runResult) rate() float64 {
 	return float64(r.continued) / float64(r.later())
 }
 
-// measure compares a client's requests with the upstream calls they made.
-// A request answered without previous_response_id must reach the upstream
-// with all of its items, and the conversation the upstream resolved for a
-// request must have as many items as the client sent.
-func measure(scenario, client string, calls []clientCall, up []upstreamCall) runResult {
-	r := runResult{scenario: scenario, client: client, requests: len(calls), turns: len(up), calls: calls, up: up}
-	for i, c := range calls {
-		r.itemsFull += c.items
-		r.bytesFull += c.bytes
-		if c.failure != "" {
-			r.failures = append(r.failures, fmt.Sprintf("request %d: %s", i+1, c.failure))
-		}
-	}
+// tallyUpstream counts, from r.up, the continued calls, the items and
+// bytes sent upstream, the conversations, and the store values and
+// transports seen.
+func (r *runResult) tallyUpstream() {
 	stores, transports := map[string]bool{}, map[string]bool{}
-	for _, u := range up {
+	for _, u := range r.up {
 		if u.previous != "" {
 			r.continued++
 		}
@@ -264,11 +255,27 @@ func measure(scenario, client string, calls []clientCall, up []upstreamCall) run
 		transports[u.transport] = true
 	}
 	distinct := map[conversation]bool{}
-	for _, c := range conversationsOf(up) {
+	for _, c := range conversationsOf(r.up) {
 		distinct[c] = true
 	}
 	r.conversations = len(distinct)
 	r.stores, r.transports = slices.Sorted(maps.Keys(stores)), slices.Sorted(maps.Keys(transports))
+}
+
+// measure compares a client's requests with the upstream calls they made.
+// A request answered without previous_response_id must reach the upstream
+// with all of its items, and the conversation the upstream resolved for a
+// request must have as many items as the client sent.
+func measure(scenario, client string, calls []clientCall, up []upstreamCall) runResult {
+	r := runResult{scenario: scenario, client: client, requests: len(calls), turns: len(up), calls: calls, up: up}
+	for i, c := range calls {
+		r.itemsFull += c.items
+		r.bytesFull += c.bytes
+		if c.failure != "" {
+			r.failures = append(r.failures, fmt.Sprintf("request %d: %s", i+1, c.failure))
+		}
+	}
+	r.tallyUpstream()
 	if len(up) != len(calls) {
 		r.mismatches = append(r.mismatches,
 			fmt.Sprintf("the upstream answered %d calls for %d client requests", len(up), len(calls)))

@@ -77,6 +77,39 @@ func (up *upstream) posts() (int, error) {
 	})
 }
 
+// upstreamMark is where the upstream's logs stood: the calls it had
+// answered and the create-response POSTs it had logged.
+type upstreamMark struct{ calls, posts int }
+
+// mark returns where the upstream's logs stand now.
+func (up *upstream) mark(t *testing.T) upstreamMark {
+	t.Helper()
+	calls, err := readTrace(up.trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	posts, err := up.posts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return upstreamMark{len(calls), posts}
+}
+
+// since returns the calls the upstream answered since m, and the
+// create-response POSTs it logged since m.
+func (up *upstream) since(t *testing.T, m upstreamMark) ([]upstreamCall, int) {
+	t.Helper()
+	calls, err := readTrace(up.trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	posts, err := up.posts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return calls[m.calls:], posts - m.posts
+}
+
 // requests counts the HTTP requests of any kind the upstream received,
 // WebSocket connections included.
 func (up *upstream) requests() (int, error) {
