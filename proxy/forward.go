@@ -236,9 +236,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	// Accepted: from here on the turn is this replica's, and its outcome
 	// travels in the stream.
 	p.stats.add(cForwardedIn, 1)
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
+	startEvents(w)
 	if fl, ok := w.(http.Flusher); ok {
 		fl.Flush()
 	}

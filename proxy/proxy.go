@@ -682,11 +682,16 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outco
 		return writeErrorEvent(w, ev.data)
 	}
 	copyHeader(w.Header(), rep.header)
+	startEvents(w)
+	return writeEvents(w, rep, hide, ev, err, seal)
+}
+
+// startEvents answers 200 with the headers of a Server-Sent Events stream.
+func startEvents(w http.ResponseWriter) {
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
-	return writeEvents(w, rep, hide, ev, err, seal)
 }
 
 // writeEvents writes the events of rep, from ev (read with err) on, as
