@@ -52,19 +52,6 @@ type sdkRequest struct {
 	Body *string `json:"body"`
 }
 
-// loggedRequest is one line of the fake upstream's request log (its
-// -requests flag): a request to an endpoint other than creating a
-// response, as received, and its answer.
-type loggedRequest struct {
-	Method string      `json:"method"`
-	Path   string      `json:"path"`
-	Query  string      `json:"query"`
-	Header http.Header `json:"header"`
-	Body   string      `json:"body"`
-	Status int         `json:"status"`
-	Answer string      `json:"answer"`
-}
-
 // TestJSSDKOtherEndpoints runs the OpenAI JS SDK's calls to endpoints other
 // than creating a response through two contproxy replicas sharing Redis,
 // over each upstream transport (the other endpoints go to the upstream's
@@ -200,7 +187,7 @@ func (e *endpointsRun) passthrough(ctx context.Context, args ...string) []passed
 
 // checkRequest checks that the upstream got request s as the SDK handed it
 // to fetch, and answered it 200.
-func (e *endpointsRun) checkRequest(s sdkRequest, got loggedRequest) {
+func (e *endpointsRun) checkRequest(s sdkRequest, got fakeupstream.LoggedRequest) {
 	t := e.t
 	t.Helper()
 	u, err := url.Parse(s.URL)
@@ -363,7 +350,7 @@ func (e *endpointsRun) checkRetrieve(s passedStep, created fakeupstream.TraceLin
 }
 
 // queryOf returns the request's query with its "?", "" without one.
-func queryOf(r loggedRequest) string {
+func queryOf(r fakeupstream.LoggedRequest) string {
 	if r.Query == "" {
 		return ""
 	}
@@ -372,7 +359,7 @@ func queryOf(r loggedRequest) string {
 
 // newRequests waits up to logTimeout for n requests after those read so
 // far in the upstream's request log, and returns every request after them.
-func (e *endpointsRun) newRequests(n int) []loggedRequest {
+func (e *endpointsRun) newRequests(n int) []fakeupstream.LoggedRequest {
 	t := e.t
 	t.Helper()
 	deadline := time.Now().Add(logTimeout)
@@ -395,16 +382,16 @@ func (e *endpointsRun) newRequests(n int) []loggedRequest {
 }
 
 // readLog reads the upstream's request log.
-func (e *endpointsRun) readLog() []loggedRequest {
+func (e *endpointsRun) readLog() []fakeupstream.LoggedRequest {
 	t := e.t
 	t.Helper()
 	raw, err := os.ReadFile(e.requestLog)
 	if err != nil && !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	var out []loggedRequest
+	var out []fakeupstream.LoggedRequest
 	for line := range strings.Lines(string(raw)) {
-		var r loggedRequest
+		var r fakeupstream.LoggedRequest
 		if err := json.Unmarshal([]byte(line), &r); err != nil {
 			t.Fatalf("%s:%d: %v", e.requestLog, len(out)+1, err)
 		}

@@ -21,6 +21,19 @@ type HTTPRequest struct {
 	Body           []byte
 }
 
+// LoggedRequest is one line of the fake upstream command's request log
+// (its -requests flag, JSON): a request to an endpoint other than creating
+// a response, as received, and its answer.
+type LoggedRequest struct {
+	Method string      `json:"method"`
+	Path   string      `json:"path"`
+	Query  string      `json:"query"`
+	Header http.Header `json:"header"`
+	Body   string      `json:"body"`
+	Status int         `json:"status"`
+	Answer string      `json:"answer"`
+}
+
 // Requests returns the requests to endpoints other than creating a
 // response (POST …/responses) and the WebSocket mode, served or not, in
 // the order they arrived.

@@ -150,23 +150,12 @@ type requestLog struct {
 	err error
 }
 
-// loggedRequest is one line of a requestLog.
-type loggedRequest struct {
-	Method string      `json:"method"`
-	Path   string      `json:"path"`
-	Query  string      `json:"query"`
-	Header http.Header `json:"header"`
-	Body   string      `json:"body"`
-	Status int         `json:"status"`
-	Answer string      `json:"answer"`
-}
-
 func (l *requestLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasSuffix(strings.TrimSuffix(r.URL.Path, "/"), "/responses") {
 		l.next.ServeHTTP(w, r) // a create-response request or the WebSocket mode
 		return
 	}
-	line := loggedRequest{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()}
+	line := fakeupstream.LoggedRequest{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: r.Header.Clone()}
 	var body bytes.Buffer
 	r.Body = struct {
 		io.Reader
