@@ -270,16 +270,7 @@ func nodeEnv(e clientEnvironment) []string {
 
 // runGoSDK holds one streaming Go SDK conversation.
 func runGoSDK(ctx context.Context, e clientEnvironment) error {
-	c := &goConversation{client: newGoClient(e.st.rr.baseURL()), session: "go-sdk-stream", store: e.store, stream: true}
-	var said []string
-	for _, text := range userTurns {
-		s, err := c.userTurn(ctx, text)
-		if err != nil {
-			return err
-		}
-		said = append(said, s)
-	}
-	return saysDone(strings.Join(said, "\n"), "", len(userTurns))
+	return goSDKConversation("go-sdk-stream", true)(ctx, e)
 }
 
 // codexPrompts are the user messages of the Codex session: codex exec,

@@ -84,20 +84,21 @@ type upstreamMark struct{ calls, posts int }
 // mark returns where the upstream's logs stand now.
 func (up *upstream) mark(t *testing.T) upstreamMark {
 	t.Helper()
-	calls, err := readTrace(up.trace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	posts, err := up.posts()
-	if err != nil {
-		t.Fatal(err)
-	}
+	calls, posts := up.read(t)
 	return upstreamMark{len(calls), posts}
 }
 
 // since returns the calls the upstream answered since m, and the
 // create-response POSTs it logged since m.
 func (up *upstream) since(t *testing.T, m upstreamMark) ([]upstreamCall, int) {
+	t.Helper()
+	calls, posts := up.read(t)
+	return calls[m.calls:], posts - m.posts
+}
+
+// read returns the calls the upstream answered and the number of
+// create-response POSTs it logged.
+func (up *upstream) read(t *testing.T) ([]upstreamCall, int) {
 	t.Helper()
 	calls, err := readTrace(up.trace)
 	if err != nil {
@@ -107,7 +108,7 @@ func (up *upstream) since(t *testing.T, m upstreamMark) ([]upstreamCall, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return calls[m.calls:], posts - m.posts
+	return calls, posts
 }
 
 // requests counts the HTTP requests of any kind the upstream received,
