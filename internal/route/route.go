@@ -23,11 +23,7 @@
 // response and sends the full context otherwise.
 package route
 
-import (
-	"sync/atomic"
-
-	"github.com/contstore/contstore/store"
-)
+import "github.com/contstore/contstore/store"
 
 // Offer is what a turn's reservation offers, and where the turn is.
 type Offer struct {
@@ -79,9 +75,9 @@ func (w Where) String() string {
 // replica: Stored or Local.
 func (w Where) Here() bool { return w == Stored || w == Local }
 
-// Rule is the rule of the package comment. It is pure; callers use
-// Decide.
-func Rule(o Offer) Where {
+// Decide returns where a turn with offer o goes, by the rule of the
+// package comment.
+func Decide(o Offer) Where {
 	switch {
 	case !o.Continues:
 		return Full
@@ -102,15 +98,3 @@ func Rule(o Offer) Where {
 	}
 	return Full
 }
-
-// policy is the rule Decide follows: Rule, unless a test swapped it
-// (swap.go).
-var policy atomic.Pointer[func(Offer) Where]
-
-func init() {
-	rule := Rule
-	policy.Store(&rule)
-}
-
-// Decide returns where a turn with offer o goes.
-func Decide(o Offer) Where { return (*policy.Load())(o) }

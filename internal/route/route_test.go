@@ -8,7 +8,7 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-func TestRule(t *testing.T) {
+func TestDecide(t *testing.T) {
 	kept := store.Socket{Any: true}
 	mine := store.Socket{Replica: "gw-1", ID: 7}
 	theirs := store.Socket{Replica: "#00000000000000ab", ID: 7}
@@ -30,7 +30,6 @@ func TestRule(t *testing.T) {
 	}
 	for _, c := range cases {
 		c.o.Self = "gw-1"
-		assert.Equal(t, c.want, Rule(c.o), c.name)
 		assert.Equal(t, c.want, Decide(c.o), c.name)
 	}
 	assert.True(t, Stored.Here())
@@ -38,14 +37,4 @@ func TestRule(t *testing.T) {
 	assert.False(t, Full.Here())
 	assert.False(t, Forward.Here())
 	assert.Equal(t, "forward", Forward.String())
-}
-
-func TestSwapLastsUntilCleanup(t *testing.T) {
-	o := Offer{Continues: true, Origin: store.Socket{Replica: "gw-2", ID: 1}, Self: "gw-1", Forwarding: true}
-	t.Run("swapped", func(t *testing.T) {
-		Swap(t, func(Offer) Where { return Full })
-		assert.Equal(t, Full, Decide(o))
-		assert.Equal(t, Forward, Rule(o), "the rule itself is untouched")
-	})
-	assert.Equal(t, Forward, Decide(o), "restored")
 }
