@@ -939,25 +939,20 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 			p.pos = i + 1
 			return dst, true
 		case strNonASCII:
-			j := i + 1
-			for j < len(data) && data[j] >= utf8.RuneSelf {
-				j++
+			n := utf8Len(data, i)
+			if n == 0 {
+				return dst, p.fail(i, "invalid UTF-8 in string")
 			}
-			if !utf8.Valid(data[i:j]) {
-				for {
-					r, size := utf8.DecodeRune(data[i:j])
-					if r == utf8.RuneError && size <= 1 {
-						return dst, p.fail(i, "invalid UTF-8 in string")
-					}
-					i += size
-				}
-			}
-			i = j
+			i += n
 		case strControl:
 			return dst, p.fail(i, "invalid control character in string")
 		default: // backslash
-			dst = append(dst, data[start:i]...)
 			p.escaped = true
+			if canon && i+1 < len(data) && keptEscape[data[i+1]] {
+				i += 2 // its canonical encoding is itself
+				continue
+			}
+			dst = append(dst, data[start:i]...)
 			var ok bool
 			dst, i, ok = p.escape(dst, i, canon)
 			if !ok {
@@ -967,6 +962,50 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 		}
 	}
 }
+
+// utf8Len returns the length of the valid UTF-8 encoding of one character
+// at b[i], a byte >= 0x80, or 0 when it is not one: a continuation byte,
+// an overlong form, a surrogate, beyond U+10FFFF or cut short.
+func utf8Len(b []byte, i int) int {
+	c := b[i]
+	lo, hi := byte(0x80), byte(0xBF) // the second byte's range
+	n := 0
+	switch {
+	case c < 0xC2:
+		return 0
+	case c < 0xE0:
+		n = 2
+	case c < 0xF0:
+		n = 3
+		if c == 0xE0 {
+			lo = 0xA0
+		} else if c == 0xED {
+			hi = 0x9F
+		}
+	case c < 0xF5:
+		n = 4
+		if c == 0xF0 {
+			lo = 0x90
+		} else if c == 0xF4 {
+			hi = 0x8F
+		}
+	default:
+		return 0
+	}
+	if i+n > len(b) || b[i+1] < lo || b[i+1] > hi {
+		return 0
+	}
+	for k := 2; k < n; k++ {
+		if b[i+k]&0xC0 != 0x80 {
+			return 0
+		}
+	}
+	return n
+}
+
+// keptEscape marks the characters c whose escape \c is its own canonical
+// encoding.
+var keptEscape = [256]bool{'"': true, '\\': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
 
 // escape handles the escape sequence at data[i] == '\\' and returns the
 // position after it.
