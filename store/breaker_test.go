@@ -332,3 +332,51 @@ func TestBreakerChangesOutliveAPanickingObserver(t *testing.T) {
 	assert.Equal(t, store.ReasonMissingState, s.Reserve(context.Background(), owner, nil).Reason)
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerClosed}, obs.states())
 }
+
+// stall holds every command for d before it goes to Redis, as a process
+// too busy to run the caller's goroutine holds it.
+type stall time.Duration
+
+func (stall) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (d stall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(time.Duration(d))
+		return next(ctx, cmd)
+	}
+}
+
+func (stall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Deadlines the process missed because it was busy say nothing about Redis:
+// a call whose goroutine comes back well after its deadline fails (the turn
+// fails open) but does not count towards opening the breaker, while a Redis
+// that does not answer opens it, on the same settings.
+func TestABusyProcessDoesNotOpenTheBreaker(t *testing.T) {
+	const opTimeout = 50 * time.Millisecond
+	owner, _ := identity.Main("s")
+	ctx := context.Background()
+
+	mr, _ := redistest.Miniredis(t)
+	busy := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = busy.Close() })
+	busy.AddHook(stall(4 * opTimeout))
+	s, err := store.NewRedis(busy, store.Options{OpTimeout: opTimeout, BreakerFailures: 2})
+	require.NoError(t, err)
+	for range 4 {
+		res := s.Reserve(ctx, owner, nil)
+		assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
+		assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+	}
+	assert.Equal(t, store.BreakerClosed, breakerOf(s, owner).State, "a busy process")
+
+	dead := blackHole(t, redis.Options{ContextTimeoutEnabled: true})
+	s, err = store.NewRedis(dead, store.Options{OpTimeout: opTimeout, BreakerFailures: 2})
+	require.NoError(t, err)
+	for range 4 {
+		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
+	}
+	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State, "a Redis that does not answer")
+}

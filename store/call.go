@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/contstore/contstore/identity"
 )
@@ -296,15 +299,35 @@ func call[T any](ctx context.Context, s *Store, p int, fn func(context.Context) 
 	}
 	o := succeeded
 	switch {
-	case r.err != nil && ctx.Err() != nil:
+	case r.err == nil:
+	case ctx.Err() != nil, starved(r.err, opCtx, s.opts.OpTimeout):
 		o = abandoned
-	case r.err != nil:
+	default:
 		o = failed
 	}
 	if b.done(o) {
 		b.tell()
 	}
 	return r.v, r.err
+}
+
+// starved tells whether err says more about this process than about the
+// backend: the client's own pool had no connection free in time, or the
+// operation timed out and its goroutine returned well after the deadline,
+// so that the process was too busy to read an answer that may have been
+// waiting. A backend that does not answer makes a call return at its
+// deadline, give or take a timer's slack; a process short of CPU, late.
+// The breaker guards against a failing Redis, not a busy gateway.
+func starved(err error, opCtx context.Context, opTimeout time.Duration) bool {
+	if errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	if !errors.Is(err, context.DeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+		return false
+	}
+	deadline, _ := opCtx.Deadline()
+	return time.Since(deadline) > max(opTimeout/4, 10*time.Millisecond)
 }
 
 // breakers holds one breaker per partition.

@@ -472,6 +472,11 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	return nil
 }
 
+// redisPoolSize is the most connections the go-redis client keeps to
+// each Redis server: enough that a busy replica's turns do not queue for
+// a connection (go-redis's default is 10 a CPU), opened only as needed.
+const redisPoolSize = 128
+
 // openStore opens the store the flags name and a go-redis client of its
 // Redis (nil for the in-process store), which the forwarding directory
 // uses; closeStore closes what it opened.
@@ -491,12 +496,16 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 		}
 		ro.ContextTimeoutEnabled, ro.MaxRetries = true, 1
 		ro.ReadTimeout, ro.WriteTimeout, ro.DialTimeout, ro.PoolTimeout = timeout, timeout, time.Second, c.opTimeout
+		if ro.PoolSize == 0 { // no pool_size in the URL
+			ro.PoolSize = redisPoolSize
+		}
 		client = redis.NewClient(ro)
 		rueidisOptions = func() (rueidis.ClientOption, error) { return rueidis.ParseURL(c.redisURL) }
 	case c.redisCluster != "":
 		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1,
 			ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: time.Second, PoolTimeout: c.opTimeout,
+			PoolSize: redisPoolSize,
 		})
 		rueidisOptions = func() (rueidis.ClientOption, error) {
 			return rueidis.ClientOption{InitAddress: strings.Split(c.redisCluster, ",")}, nil
