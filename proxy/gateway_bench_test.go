@@ -330,6 +330,18 @@ type gatewayConversation struct {
 	items   [][]byte
 	body    []byte
 	user    int
+	// fatalf ends the conversation on a failure: b.Fatalf when nil; a
+	// conversation on a goroutine of its own sets it.
+	fatalf func(format string, args ...any)
+}
+
+// fail reports a failure and ends the conversation.
+func (c *gatewayConversation) fail(format string, args ...any) {
+	if c.fatalf != nil {
+		c.fatalf(format, args...)
+		return
+	}
+	c.b.Fatalf(format, args...)
 }
 
 // turn appends a user message, sends the history, appends the answer's
@@ -350,30 +362,30 @@ func (c *gatewayConversation) turn() time.Duration {
 	c.body = append(c.body, "]}"...)
 	req, err := http.NewRequest(http.MethodPost, c.url, bytes.NewReader(c.body))
 	if err != nil {
-		c.b.Fatal(err)
+		c.fail("%v", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer sk-bench")
 	start := time.Now()
 	resp, err := c.client.Do(req)
 	if err != nil {
-		c.b.Fatal(err)
+		c.fail("%v", err)
 	}
 	answer, err := io.ReadAll(resp.Body)
 	took := time.Since(start)
 	_ = resp.Body.Close()
 	if err != nil {
-		c.b.Fatal(err)
+		c.fail("%v", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		c.b.Fatalf("%s: status %d: %.300s", c.url, resp.StatusCode, answer)
+		c.fail("%s: status %d: %.300s", c.url, resp.StatusCode, answer)
 	}
 	output := gjson.GetBytes(answer, "output")
 	if c.stream {
 		const completed = "event: response.completed\ndata: "
 		i := bytes.LastIndex(answer, []byte(completed))
 		if i < 0 {
-			c.b.Fatalf("%s: no response.completed in the stream: %.300s", c.url, answer)
+			c.fail("%s: no response.completed in the stream: %.300s", c.url, answer)
 		}
 		data := answer[i+len(completed):]
 		data = data[:max(0, bytes.IndexByte(data, '\n'))]
@@ -386,7 +398,7 @@ func (c *gatewayConversation) turn() time.Duration {
 		return true
 	})
 	if n == 0 {
-		c.b.Fatalf("%s: an answer without output items: %.300s", c.url, answer)
+		c.fail("%s: an answer without output items: %.300s", c.url, answer)
 	}
 	return took
 }
