@@ -34,7 +34,8 @@ type Parser struct {
 	id    string
 	rules *rules
 	key   [KeySize]byte
-	seed  uint64 // h(0)
+	seed  uint64     // h(0)
+	items *itemCache // what items seen before gave (itemcache.go)
 }
 
 // New returns a parser for profile and key. An invalid profile gives an
@@ -44,7 +45,7 @@ func New(profile Profile, key Key) (*Parser, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Parser{id: profile.ID(), rules: r, key: key}
+	p := &Parser{id: profile.ID(), rules: r, key: key, items: newItemCache()}
 	p.seed = p.sum([]byte(ChainSeedText))
 	return p, nil
 }

@@ -124,6 +124,7 @@ type scanner struct {
 	itemDigest []uint64
 	itemRef    []bool // whether each item is an item_reference
 	itemBytes  int64
+	misses     int // items in a row the item cache did not hold
 	inputStart int // span of the body's input value; -1 when absent
 	inputEnd   int
 	prevStart  int // span of the body's previous_response_id value; -1 when absent
@@ -194,7 +195,7 @@ func (p *scanner) reset(data []byte) {
 	p.itemRaw = p.itemRaw[:0]
 	p.itemDigest = p.itemDigest[:0]
 	p.itemRef = p.itemRef[:0]
-	p.itemBytes = 0
+	p.itemBytes, p.misses = 0, 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
 	p.top = p.top[:0]
 	p.errOff, p.errMsg, p.errChar = 0, "", false
@@ -483,9 +484,24 @@ func (p *scanner) itemValue() bool {
 	return ok
 }
 
-// item parses one input item and records its raw bytes and digest.
+// item parses one input item and records its raw bytes and digest: from
+// the parser's item cache when it has seen the same object before.
 func (p *scanner) item() bool {
 	start := p.pos
+	var key [2]uint64
+	end := -1
+	cache := p.itemCache()
+	if cache != nil && p.misses < maxMisses {
+		if end = skipObject(p.data, start); end > 0 {
+			key = cache.hash(p.data[start:end])
+			if it, ok := cache.get(key); ok {
+				p.pos, p.misses = end, 0
+				p.record(start, it)
+				return true
+			}
+		}
+		p.misses++
+	}
 	saved := p.out
 	p.out = p.itemOut[:0]
 	ok := p.itemValue()
@@ -495,13 +511,42 @@ func (p *scanner) item() bool {
 	if !ok {
 		return false
 	}
-	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
-	if p.parser != nil {
-		p.itemDigest = append(p.itemDigest, p.parser.sum(canon))
-		p.itemRef = append(p.itemRef, p.reference)
+	if p.parser == nil {
+		p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
+		p.itemBytes += int64(len(canon))
+		return true
 	}
-	p.itemBytes += int64(len(canon))
+	it := cachedItem{digest: p.parser.sum(canon), canonical: int64(len(canon)), reference: p.reference}
+	p.record(start, it)
+	if cache != nil {
+		if end != p.pos {
+			key = cache.hash(p.data[start:p.pos])
+		}
+		cache.put(key, it)
+	}
 	return true
+}
+
+// maxMisses is how many items in a row the item cache may miss before the
+// rest of the request is canonicalised without looking: a turn's items
+// the client sent before come first, its new ones last.
+const maxMisses = 2
+
+// itemCache returns the parser's item cache when the item at p.pos is an
+// object of a request being parsed, else nil.
+func (p *scanner) itemCache() *itemCache {
+	if p.parser == nil || p.parser.items == nil || p.pos >= len(p.data) || p.data[p.pos] != '{' {
+		return nil
+	}
+	return p.parser.items
+}
+
+// record records the item that starts at start and ends at p.pos.
+func (p *scanner) record(start int, it cachedItem) {
+	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
+	p.itemDigest = append(p.itemDigest, it.digest)
+	p.itemRef = append(p.itemRef, it.reference)
+	p.itemBytes += it.canonical
 }
 
 // object parses the object at p.pos at place pl.

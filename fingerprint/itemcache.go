@@ -1,0 +1,136 @@
+package fingerprint
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"math/bits"
+	"sync"
+
+	"github.com/minio/highwayhash"
+)
+
+// A client sends the whole conversation every turn, so most of a
+// request's items are byte for byte the ones of its previous request. The
+// item cache remembers what canonicalising an object item gave, by a
+// keyed 128-bit hash of its raw bytes: an item seen before costs a
+// structural skip and a hash instead of a canonical pass. A digest depends
+// only on the item's bytes, the profile and the key, all fixed for a
+// Parser, so the cache never changes a result; the hash key is random per
+// Parser, so that no one can aim two different items at one entry.
+//
+// The cache holds at most itemCacheEntries items (about 40 bytes each) in
+// shards with their own locks; a full shard forgets one entry at random.
+type itemCache struct {
+	key    [32]byte
+	shards [itemCacheShards]itemShard
+}
+
+const (
+	itemCacheShards  = 64
+	itemCacheEntries = 1 << 17
+	itemShardEntries = itemCacheEntries / itemCacheShards
+)
+
+type itemShard struct {
+	mu sync.Mutex
+	m  map[[2]uint64]cachedItem
+}
+
+// cachedItem is what an item's canonical pass gave.
+type cachedItem struct {
+	digest    uint64
+	canonical int64 // the canonical form's length
+	reference bool  // an item_reference
+}
+
+func newItemCache() *itemCache {
+	c := &itemCache{}
+	_, _ = rand.Read(c.key[:]) // never fails on the platforms Go supports
+	return c
+}
+
+// hash returns the cache key of raw.
+func (c *itemCache) hash(raw []byte) [2]uint64 {
+	s := highwayhash.Sum128(raw, c.key[:])
+	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
+}
+
+func (c *itemCache) shard(h [2]uint64) *itemShard { return &c.shards[h[0]%itemCacheShards] }
+
+func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
+	sh := c.shard(h)
+	sh.mu.Lock()
+	it, ok := sh.m[h]
+	sh.mu.Unlock()
+	return it, ok
+}
+
+func (c *itemCache) put(h [2]uint64, it cachedItem) {
+	sh := c.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.m == nil {
+		sh.m = make(map[[2]uint64]cachedItem)
+	}
+	if len(sh.m) >= itemShardEntries {
+		for k := range sh.m { // map order is random: forget one
+			delete(sh.m, k)
+			break
+		}
+	}
+	sh.m[h] = it
+}
+
+// skipObject returns the end of the object whose '{' is at data[i], by
+// its brackets and strings alone, without validating anything, or -1 when
+// the data ends first. It finds the end of an object that is valid JSON;
+// of anything else, some position or -1.
+func skipObject(data []byte, i int) int {
+	depth := 0
+	for i < len(data) {
+		switch data[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case '"':
+			if i = skipString(data, i+1); i < 0 {
+				return -1
+			}
+			continue
+		}
+		i++
+	}
+	return -1
+}
+
+// skipString returns the position after the closing quote of the string
+// whose content starts at data[i], or -1 when the data ends first.
+func skipString(data []byte, i int) int {
+	for {
+		for i+8 <= len(data) {
+			x := binary.LittleEndian.Uint64(data[i:])
+			const ones, highs = 0x0101010101010101, 0x8080808080808080
+			q := x ^ (ones * '"')
+			b := x ^ (ones * '\\')
+			if m := ((q-ones)&^q | (b-ones)&^b) & highs; m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			i += 8
+		}
+		for i < len(data) && data[i] != '"' && data[i] != '\\' {
+			i++
+		}
+		switch {
+		case i >= len(data):
+			return -1
+		case data[i] == '"':
+			return i + 1
+		}
+		i += 2 // an escape: its second byte is never the end
+	}
+}

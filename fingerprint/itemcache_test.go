@@ -1,0 +1,129 @@
+package fingerprint
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// cacheCorpus returns request bodies of every kind the tests know: the
+// vectors' requests, each canonical vector's input as a body's only item
+// (valid or not), the real clients' traces and the synthetic bodies.
+func cacheCorpus(t *testing.T) [][]byte {
+	var bodies [][]byte
+	var vec struct {
+		Canonical []struct {
+			Input json.RawMessage `json:"input"`
+		} `json:"canonical"`
+		Requests []struct {
+			Body json.RawMessage `json:"body"`
+		} `json:"requests"`
+	}
+	data, err := os.ReadFile(vecPath)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &vec))
+	for _, r := range vec.Requests {
+		var s string // a body that is not valid JSON is stored as a string
+		if json.Unmarshal(r.Body, &s) == nil {
+			bodies = append(bodies, []byte(s))
+		} else {
+			bodies = append(bodies, r.Body)
+		}
+	}
+	for _, c := range vec.Canonical {
+		var s string
+		if json.Unmarshal(c.Input, &s) == nil {
+			bodies = append(bodies, []byte(`{"input":[`+s+`, {"role":"user","content":"next"}]}`))
+		}
+	}
+	traces, err := filepath.Glob(filepath.Join("..", "testdata", "clients", "*.jsonl"))
+	require.NoError(t, err)
+	require.NotEmpty(t, traces)
+	for _, path := range traces {
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		sc := bufio.NewScanner(f)
+		sc.Buffer(nil, 64<<20)
+		for sc.Scan() {
+			var line struct {
+				Request json.RawMessage `json:"request"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && len(line.Request) > 0 {
+				bodies = append(bodies, line.Request)
+			}
+		}
+		require.NoError(t, sc.Err())
+		_ = f.Close()
+	}
+	bodies = append(bodies, syntheticBody(100, 200<<10), syntheticBody(500, 1<<20))
+	return bodies
+}
+
+// The item cache never changes a result: every body of the corpus parses
+// to the same request, or fails with the same error, with the cache empty,
+// with every item seen before, and without a cache, under both profiles.
+func TestItemCacheNeverChangesAResult(t *testing.T) {
+	bodies := cacheCorpus(t)
+	t.Logf("%d bodies", len(bodies))
+	for _, profile := range []Profile{V2(), V3()} {
+		cached := mustParser(profile, testKey)
+		plain := mustParser(profile, testKey)
+		plain.items = nil
+		hits := 0
+		for i, body := range bodies {
+			want, wantErr := plain.Parse(body)
+			for pass := range 2 {
+				got, err := cached.Parse(body)
+				if wantErr != nil {
+					require.Error(t, err, "body %d, pass %d", i, pass)
+					assert.Equal(t, wantErr.Error(), err.Error(), "body %d, pass %d", i, pass)
+					continue
+				}
+				require.NoError(t, err, "body %d, pass %d", i, pass)
+				assert.Equal(t, want.Items(), got.Items(), "body %d", i)
+				assert.Equal(t, want.digests, got.digests, "body %d", i)
+				assert.Equal(t, want.prefix, got.prefix, "body %d", i)
+				assert.Equal(t, want.refs, got.refs, "body %d", i)
+				assert.Equal(t, want.bytes, got.bytes, "body %d", i)
+				assert.Equal(t, want.signature, got.signature, "body %d", i)
+				if pass == 1 {
+					hits += got.Len()
+				}
+			}
+		}
+		assert.Positive(t, hits)
+	}
+}
+
+// A full shard forgets an entry for each new one: the cache stays within
+// its bound however many items go by.
+func TestItemCacheIsBounded(t *testing.T) {
+	c := newItemCache()
+	for i := range 3 * itemCacheEntries {
+		c.put(c.hash([]byte{byte(i), byte(i >> 8), byte(i >> 16)}), cachedItem{digest: uint64(i)})
+	}
+	n := 0
+	for i := range c.shards {
+		assert.LessOrEqual(t, len(c.shards[i].m), itemShardEntries)
+		n += len(c.shards[i].m)
+	}
+	assert.Greater(t, n, itemCacheEntries*9/10)
+}
+
+// skipObject finds the end of valid objects, strings with escapes and
+// brackets inside included, and reports data that ends first.
+func TestSkipObject(t *testing.T) {
+	for _, s := range []string{
+		`{}`, `{"a":1}`, `{"a":"}"}`, `{"a":"\"}"}`, `{"a":"\\"}`, `{"a":[1,{"b":"]"}],"c":{}}`,
+		`{"text":"a long string that goes on for more than eight bytes \\ \" \n é 日本語"}`,
+	} {
+		assert.Equal(t, len(s), skipObject([]byte(s+`, {"next":1}`), 0), s)
+		assert.Equal(t, -1, skipObject([]byte(s[:len(s)-1]), 0), s)
+	}
+	assert.Equal(t, -1, skipObject([]byte(`{"a":"\`), 0))
+}
