@@ -427,7 +427,7 @@ func (e *endpointsRun) counters(ctx context.Context) map[string]float64 {
 	t.Helper()
 	all := map[string]float64{}
 	for _, r := range e.st.replicas {
-		series, err := counterSeries(ctx, r.base)
+		series, err := counterSeries(ctx, r.ops)
 		if err != nil {
 			t.Fatalf("%s: %v", r.name, err)
 		}

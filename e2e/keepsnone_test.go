@@ -52,7 +52,7 @@ func TestUpstreamKeepsNoResponses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	for _, r := range st.replicas {
-		models, err := pausedModels(ctx, r.base)
+		models, err := pausedModels(ctx, r.ops)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -109,7 +109,7 @@ func (st *stack) counters(ctx context.Context) (counters, error) {
 	for _, r := range st.replicas {
 		if final := r.finalCounters(); final != nil {
 			c.add(*final)
-		} else if err := c.scrape(ctx, r.base); err != nil {
+		} else if err := c.scrape(ctx, r.ops); err != nil {
 			return c, err
 		}
 	}

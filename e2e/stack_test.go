@@ -170,6 +170,9 @@ type replica struct {
 	name string
 	// base is its base URL, http://127.0.0.1:PORT.
 	base string
+	// ops is the base URL of its operations port (-ops-listen), where
+	// /metrics is.
+	ops  string
 	proc *process
 
 	mu sync.Mutex
@@ -192,8 +195,8 @@ func startContproxy(t *testing.T, dir string, cfg replicaConfig) *replica {
 		env = append(env, "CONTPROXY_FORWARD_SECRET="+cfg.forwardSecret)
 	}
 	for attempt := 1; ; attempt++ {
-		addr := freePort(t)
-		args := []string{"-listen", addr, "-upstream", cfg.upstream, "-replica", cfg.name, "-log-level", cfg.logLevel}
+		addr, ops := freePort(t), freePort(t)
+		args := []string{"-listen", addr, "-ops-listen", ops, "-upstream", cfg.upstream, "-replica", cfg.name, "-log-level", cfg.logLevel}
 		if cfg.redis != "" {
 			args = append(args, "-redis", "redis://"+cfg.redis+"/0", "-namespace", cfg.namespace)
 		}
@@ -205,7 +208,7 @@ func startContproxy(t *testing.T, dir string, cfg replicaConfig) *replica {
 		err = waitHealthy(p, base)
 		if err == nil {
 			supervise(t, p, bin, args)
-			return &replica{name: cfg.name, base: base, proc: p}
+			return &replica{name: cfg.name, base: base, ops: "http://" + ops, proc: p}
 		}
 		exited := p.exited()
 		_ = p.stop()
@@ -361,7 +364,7 @@ func (st *stack) replica(name string) *replica {
 // counters keep the values read.
 func (st *stack) kill(ctx context.Context, r *replica) error {
 	var c counters
-	if err := c.scrape(ctx, r.base); err != nil {
+	if err := c.scrape(ctx, r.ops); err != nil {
 		return fmt.Errorf("%s before killing it: %w", r.name, err)
 	}
 	r.mu.Lock()

@@ -49,6 +49,10 @@ import (
 //     goes upstream as sent);
 //   - a response.processed message (the client's acknowledgement) gets no
 //     answer;
+//   - each message read holds its weight in Config.MaxBytesInFlight until
+//     it is answered (budget.go); one that finds no room within a second
+//     is answered in its turn with the error event of a POST's 503
+//     (server_busy), or 413 when it could never fit;
 //   - errors are error events, {"type":"error","status":400,"error":{…}},
 //     after which the connection stays usable, but for a response whose
 //     stream broke off upstream: the connection is then closed without a
@@ -158,24 +162,63 @@ type keptResponse struct {
 	input, output []json.RawMessage
 }
 
-// serve answers the client's messages in turn until the client goes away,
-// the connection's lifetime ends or the proxy shuts down.
-func (s *clientSocket) serve(ctx context.Context) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	messages := make(chan []byte, socketQueue)
+// message is a client's message read ahead, with what it holds of the
+// proxy's budget until it is answered; or, when the budget refused it,
+// the refusal (errBusy or errOverBudget), and no data.
+type message struct {
+	data    []byte
+	held    *hold
+	refused error
+}
+
+// readMessages reads the client's messages ahead of the turns, each held
+// in the budget, until ctx ends or the client goes away (then it cancels
+// ctx). The channel is closed once reading has stopped.
+func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFunc) <-chan message {
+	messages := make(chan message, socketQueue)
 	go func() {
+		defer close(messages)
 		defer cancel() // the client went away: a turn in flight sees it
 		for {
 			_, data, err := s.ws.Read(ctx)
 			if err != nil {
 				return
 			}
-			select {
-			case messages <- data:
-			case <-ctx.Done():
-				return
+			m := message{data: data}
+			if m.held, m.refused = s.p.holdMessage(ctx, data); m.refused != nil {
+				if ctx.Err() != nil {
+					return // nothing held
+				}
+				m.data = nil // answered in its turn, with the refusal
 			}
+			messages <- m // serve reads them all, to the last
+		}
+	}()
+	return messages
+}
+
+// answer answers a message read ahead, then gives back its hold; false
+// when the connection is over. A refused message gets the error event of
+// the error a POST gets, and the connection keeps its latest response,
+// for the client's retry to continue.
+func (s *clientSocket) answer(ctx context.Context, m message) bool {
+	defer m.held.release()
+	if m.refused != nil {
+		rf := s.p.refusal(m.refused)
+		return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
+	}
+	return s.handle(ctx, m.data)
+}
+
+// serve answers the client's messages in turn until the client goes away,
+// the connection's lifetime ends or the proxy shuts down.
+func (s *clientSocket) serve(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	messages := s.readMessages(ctx, cancel)
+	defer func() {
+		cancel()
+		for m := range messages {
+			m.held.release() // read, never answered
 		}
 	}()
 	expiry := time.NewTimer(s.p.clientSocketLifetime())
@@ -202,8 +245,11 @@ func (s *clientSocket) serve(ctx context.Context) {
 		case <-closing:
 			_ = s.ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
 			return
-		case data := <-messages:
-			if !s.handle(ctx, data) {
+		case m, ok := <-messages:
+			if !ok {
+				return
+			}
+			if !s.answer(ctx, m) {
 				return
 			}
 		}
@@ -357,7 +403,9 @@ func jsonArray(items []json.RawMessage) []byte {
 // run serves one turn through ServeHTTP and keeps its response when the
 // client may continue it; false when the connection is over.
 func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.target, bytes.NewReader(c.body))
+	// The message's hold covers the turn.
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, socketTurn{}, true), http.MethodPost, s.target,
+		bytes.NewReader(c.body))
 	if err != nil {
 		return s.fail(ctx, http.StatusBadRequest, "", "", "Invalid message: "+err.Error())
 	}

@@ -56,8 +56,11 @@ type Forwarding struct {
 	Timeout time.Duration
 	// MaxSkew is how old a forwarded request may be. Default 30s.
 	MaxSkew time.Duration
-	// Client sends forwarded turns (a client with Timeout as its
-	// response header timeout when nil).
+	// Client sends forwarded turns. When nil, a client whose transport
+	// has Timeout as its response header timeout and keeps up to 512 idle
+	// connections to each replica (2,048 in all) for 90 seconds, so that
+	// concurrent forwards reuse their connections rather than dial again
+	// (Go's default keeps 2 a host).
 	Client *http.Client
 }
 
@@ -91,7 +94,7 @@ func (f *Forwarding) check() error {
 		f.MaxSkew = 30 * time.Second
 	}
 	if f.Client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr := newTransport()
 		tr.ResponseHeaderTimeout = f.Timeout
 		f.Client = &http.Client{Transport: tr}
 	}

@@ -119,6 +119,15 @@ type Config struct {
 	// client gets websocket_connection_limit_reached, as from the
 	// upstream. Default 60 minutes, the upstream's.
 	ClientSocketLifetime time.Duration
+	// MaxBytesInFlight bounds the memory the requests read in full hold
+	// at once on this replica: each turn's body until its turn ends, each
+	// WebSocket message until it is answered, a body weighing twice its
+	// size plus 80 bytes an input item (budget.go). A turn that finds no
+	// room within a second gets 503, code server_busy, with Retry-After:
+	// 1 (an error event with status 503 in the WebSocket mode, whose
+	// connection stops reading meanwhile); one that could never fit gets
+	// 413 at once. Default 256 MiB.
+	MaxBytesInFlight int64
 }
 
 // Proxy is the gateway handler. It is safe for concurrent use.
@@ -129,6 +138,7 @@ type Proxy struct {
 	learn   *learner
 	warns   warnings // at most a line a second per cause
 	sockets socketSet
+	budget  *budget // MaxBytesInFlight
 }
 
 // New returns a proxy for cfg.
@@ -136,7 +146,8 @@ func New(cfg Config) (*Proxy, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning)}, nil
+	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning),
+		budget: newBudget(cfg.MaxBytesInFlight)}, nil
 }
 
 // fill checks cfg and fills its defaults.
@@ -152,6 +163,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
 	case cfg.ClientSocketLifetime < 0:
 		return fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
+	case cfg.MaxBytesInFlight < 0:
+		return fmt.Errorf("%w: MaxBytesInFlight %d is negative", ErrInvalidConfig, cfg.MaxBytesInFlight)
 	}
 	if cfg.Identity.Session == nil && cfg.Identity.Agent == nil {
 		cfg.Identity = DefaultIdentity
@@ -164,6 +177,9 @@ func (cfg *Config) fill() error {
 	}
 	if cfg.UpstreamTimeout == 0 {
 		cfg.UpstreamTimeout = defaultUpstreamTimeout
+	}
+	if cfg.MaxBytesInFlight == 0 {
+		cfg.MaxBytesInFlight = defaultMaxBytesInFlight
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -224,10 +240,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.serveEndpoint(w, r) {
 		return // not a turn
 	}
-	body, ok := p.readBody(w, r)
+	body, h, ok := p.readBody(w, r)
 	if !ok {
 		return
 	}
+	defer h.release()
 	// The body is parsed once, by the fingerprint scanner: every member the
 	// proxy reads comes from that pass (Request.Member).
 	req, err := p.cfg.Store.ParseRequest(body)
@@ -235,6 +252,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
 		return
 	}
+	h.trim(weight(int64(len(body)), int64(req.Len())))
 	if r.Header.Get(forwardHeader) != "" {
 		p.serveForwarded(w, r, req)
 		return
@@ -266,19 +284,20 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.run(w, r, t, who)
 }
 
-// readBody reads a turn's body, bounded by MaxBodyBytes, or answers the
-// error and reports false.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
-	if err == nil {
-		return body, true
+// readBody reads a turn's body, bounded by MaxBodyBytes, and holds its
+// weight in the budget (budget.go) until the caller releases the hold; or
+// answers the error and reports false.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *hold, bool) {
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		p.tooLarge(w) // unread
+		return nil, nil, false
 	}
-	if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-		p.tooLarge(w)
-	} else {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
+	body, h, err := p.holdBody(w, r)
+	if err != nil {
+		p.refuseBody(w, err)
+		return nil, nil, false
 	}
-	return nil, false
+	return body, h, true
 }
 
 // run sends a turn upstream, relays the answer and ends the turn: every

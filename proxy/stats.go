@@ -32,6 +32,9 @@ type Stats struct {
 	// BytesReceived and BytesSent count request body bytes from clients
 	// and to the upstream (retries included).
 	BytesReceived, BytesSent int64
+	// RefusedBusy counts requests answered 503 because the bodies in
+	// flight held the whole MaxBytesInFlight.
+	RefusedBusy int64
 }
 
 // counter names one of the proxy's counters.
@@ -51,6 +54,7 @@ const (
 	cItemsSent
 	cBytesReceived
 	cBytesSent
+	cRefusedBusy
 	nCounters
 )
 
@@ -73,6 +77,7 @@ var counterTable = [nCounters]struct {
 	cItemsSent:       {"input_items_sent_total", "Input items sent upstream.", func(s *Stats) *int64 { return &s.ItemsSent }},
 	cBytesReceived:   {"request_bytes_received_total", "Request body bytes from clients.", func(s *Stats) *int64 { return &s.BytesReceived }},
 	cBytesSent:       {"request_bytes_sent_total", "Request body bytes sent upstream.", func(s *Stats) *int64 { return &s.BytesSent }},
+	cRefusedBusy:     {"requests_refused_busy_total", "Requests answered 503 because the bodies in flight held the whole MaxBytesInFlight.", func(s *Stats) *int64 { return &s.RefusedBusy }},
 }
 
 // counters holds the counters' values.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 
@@ -100,17 +101,22 @@ type httpUpstream struct {
 
 // NewHTTPUpstream returns the Responses HTTP API at baseURL (such as
 // "https://api.openai.com/v1"; turns go to baseURL + "/responses"), called
-// with client (http.DefaultClient when nil). Over HTTP a response is
-// continued only when the request stores it upstream ("store" true or
-// absent): then any replica may continue it. A turn with "store": false is
-// still reserved and recorded, but always sent with its full context.
+// with client. When client is nil the upstream gets a client of its own
+// whose transport keeps up to 512 idle connections to the upstream for 90
+// seconds and negotiates HTTP/2 over TLS when the upstream offers it
+// (newTransport): Go's default keeps 2 idle connections a host, so under
+// concurrent turns most would dial, and shake hands, again. A client
+// passed in is used as it is. Over HTTP a response is continued only when
+// the request stores it upstream ("store" true or absent): then any
+// replica may continue it. A turn with "store": false is still reserved
+// and recorded, but always sent with its full context.
 func NewHTTPUpstream(baseURL string, client *http.Client) (Upstream, error) {
 	u, err := responsesURL(baseURL, "http", "https")
 	if err != nil {
 		return nil, err
 	}
 	if client == nil {
-		client = http.DefaultClient
+		client = &http.Client{Transport: newTransport()}
 	}
 	return &httpUpstream{url: u, client: client}, nil
 }
@@ -122,6 +128,33 @@ func (u *httpUpstream) acquire(_ context.Context, tg *target) (conn, error) {
 func (u *httpUpstream) close() error {
 	u.client.CloseIdleConnections()
 	return nil
+}
+
+// The idle connections of the transports the proxy builds itself
+// (newTransport).
+const (
+	// maxIdleConnsPerHost is the idle connections kept to one host: as
+	// many as a busy replica has turns in flight to it (hundreds), so
+	// that a turn finds one idle rather than dialing; those a quieter
+	// replica no longer needs close after idleConnTimeout.
+	maxIdleConnsPerHost = 512
+	// maxIdleConns is the idle connections kept in all: a few hosts' worth
+	// (the upstream, or the peer replicas a turn is forwarded to).
+	maxIdleConns = 4 * maxIdleConnsPerHost
+	// idleConnTimeout is how long an idle connection is kept.
+	idleConnTimeout = 90 * time.Second
+)
+
+// newTransport returns a transport with http.DefaultTransport's settings
+// (proxy from the environment, dial and TLS handshake timeouts) that keeps
+// maxIdleConnsPerHost idle connections a host, maxIdleConns in all, each
+// for idleConnTimeout, and uses HTTP/2 with a server that offers it over
+// TLS.
+func newTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.IdleConnTimeout = maxIdleConns, maxIdleConnsPerHost, idleConnTimeout
+	tr.ForceAttemptHTTP2 = true
+	return tr
 }
 
 // httpConn is one HTTP request.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,6 +24,8 @@ const (
 	defaultSockets        = 16
 	defaultSocketLifetime = 55 * time.Minute
 	defaultDialTimeout    = 10 * time.Second
+	defaultIdleTimeout    = 5 * time.Minute
+	defaultCredentials    = 1024
 )
 
 // WebSocketOptions configure NewWebSocketUpstream.
@@ -43,8 +46,28 @@ type WebSocketOptions struct {
 	// client's Authorization, OpenAI-Organization, OpenAI-Project and
 	// OpenAI-Beta headers are, and sockets are kept per credential.
 	Header http.Header
-	// Client makes the handshakes (http.DefaultClient when nil).
+	// Client makes the handshakes and carries the requests other than
+	// turns (passthrough.go). When nil, a client of the upstream's own
+	// whose transport keeps idle connections as NewHTTPUpstream's does.
 	Client *http.Client
+	// IdleTimeout closes a socket that has carried no turn for that long
+	// (with a close frame, status 1000); a credential whose last socket
+	// closes is forgotten, so that the sockets, goroutines and memory of
+	// credentials that went quiet are given back. A conversation whose
+	// socket closed sends its next turn with the full context (store
+	// false). Default 5 minutes.
+	IdleTimeout time.Duration
+	// MaxCredentials bounds the credentials whose sockets are kept. A new
+	// credential past it takes the place of the one least recently used
+	// among those with no turn in flight, whose sockets close as idle ones
+	// do. When every credential kept has a turn in flight, the new
+	// credential's turn waits for one of those turns to finish, as a turn
+	// waits for a socket while its credential has Sockets in use, for as
+	// long as the turn may take (Config.UpstreamTimeout), and then fails
+	// as an upstream that did not answer in time (504). A credential whose
+	// handshake fails (such as a key the upstream refuses with 401) is not
+	// kept. Default 1024.
+	MaxCredentials int
 }
 
 // credentialHeaders are the client headers a socket's handshake carries,
@@ -68,10 +91,14 @@ type wsUpstream struct {
 	changed chan struct{} // closed and replaced whenever a socket is released
 }
 
-// wsPool holds the sockets of one credential.
+// wsPool holds the sockets of one credential. It is kept while it has a
+// socket, open or being opened, and no more.
 type wsPool struct {
+	key     [32]byte
 	header  http.Header
 	sockets []*wsSocket
+	// used is when a turn last took or released one of its sockets.
+	used time.Time
 }
 
 // wsSocket is one upstream socket, or a slot for one.
@@ -86,6 +113,9 @@ type wsSocket struct {
 	latest string
 	// released is when the socket last finished a turn.
 	released time.Time
+	// idle closes the socket once it has been idle for IdleTimeout; nil
+	// while the socket is busy.
+	idle *time.Timer
 }
 
 // NewWebSocketUpstream returns the Responses WebSocket mode at baseURL
@@ -103,21 +133,28 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 	switch {
 	case opts.Replica == "":
 		return nil, fmt.Errorf("%w: WebSocketOptions.Replica is empty", ErrInvalidConfig)
-	case opts.Sockets < 0 || opts.Lifetime < 0 || opts.DialTimeout < 0:
-		return nil, fmt.Errorf("%w: negative WebSocketOptions (Sockets %d, Lifetime %v, DialTimeout %v)",
-			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout)
+	case opts.Sockets < 0 || opts.Lifetime < 0 || opts.DialTimeout < 0 || opts.IdleTimeout < 0 || opts.MaxCredentials < 0:
+		return nil, fmt.Errorf("%w: negative WebSocketOptions (Sockets %d, Lifetime %v, DialTimeout %v, IdleTimeout %v, MaxCredentials %d)",
+			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout, opts.IdleTimeout, opts.MaxCredentials)
 	}
-	if opts.Sockets == 0 {
-		opts.Sockets = defaultSockets
-	}
-	if opts.Lifetime == 0 {
-		opts.Lifetime = defaultSocketLifetime
-	}
-	if opts.DialTimeout == 0 {
-		opts.DialTimeout = defaultDialTimeout
+	orDefault(&opts.Sockets, defaultSockets)
+	orDefault(&opts.MaxCredentials, defaultCredentials)
+	orDefault(&opts.Lifetime, defaultSocketLifetime)
+	orDefault(&opts.DialTimeout, defaultDialTimeout)
+	orDefault(&opts.IdleTimeout, defaultIdleTimeout)
+	if opts.Client == nil {
+		opts.Client = &http.Client{Transport: newTransport()}
 	}
 	return &wsUpstream{url: u, opts: opts, now: time.Now, pools: map[[32]byte]*wsPool{},
 		changed: make(chan struct{})}, nil
+}
+
+// orDefault sets *v to def when it is zero.
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // credential returns the handshake headers of a turn and their key.
@@ -145,23 +182,13 @@ func (u *wsUpstream) acquire(ctx context.Context, tg *target) (conn, error) {
 	header, key := u.credential(tg.header)
 	for {
 		u.mu.Lock()
-		if u.closed {
-			u.mu.Unlock()
-			return nil, errClosed
-		}
-		pool := u.pools[key]
-		if pool == nil {
-			pool = &wsPool{header: header}
-			u.pools[key] = pool
-		}
-		s, gone := u.pick(pool, tg)
-		if gone {
-			u.mu.Unlock()
-			return nil, errMovedOn
-		}
-		if s != nil {
-			s.busy = true
-			u.mu.Unlock()
+		pool, s, err := u.take(key, header, tg)
+		changed := u.changed
+		u.mu.Unlock()
+		switch {
+		case err != nil:
+			return nil, err
+		case s != nil:
 			c := &wsConn{up: u, pool: pool, s: s, tg: tg}
 			if err := c.ready(ctx); err != nil {
 				c.release()
@@ -169,14 +196,127 @@ func (u *wsUpstream) acquire(ctx context.Context, tg *target) (conn, error) {
 			}
 			return c, nil
 		}
-		changed := u.changed
-		u.mu.Unlock()
 		select {
 		case <-changed:
 		case <-ctx.Done():
+			if pool == nil {
+				return nil, fmt.Errorf("waiting for room for another upstream credential (%d kept, each with a turn in flight): %w",
+					u.opts.MaxCredentials, ctx.Err())
+			}
 			return nil, fmt.Errorf("waiting for an upstream socket (%d in use): %w", u.opts.Sockets, ctx.Err())
 		}
 	}
+}
+
+// take returns the socket a turn takes, marked busy, and its pool; a nil
+// socket to wait for a change, with a nil pool when the credential waits
+// for room among MaxCredentials. u.mu is held.
+func (u *wsUpstream) take(key [32]byte, header http.Header, tg *target) (*wsPool, *wsSocket, error) {
+	if u.closed {
+		return nil, nil, errClosed
+	}
+	pool := u.pools[key]
+	if pool == nil {
+		if tg.forwarded {
+			return nil, nil, errMovedOn // its socket went with its pool
+		}
+		if pool = u.newPool(key, header); pool == nil {
+			return nil, nil, nil
+		}
+	}
+	s, gone := u.pick(pool, tg)
+	if gone {
+		return nil, nil, errMovedOn
+	}
+	if s != nil {
+		s.busy, pool.used = true, u.now()
+		s.stopIdle()
+	}
+	return pool, s, nil
+}
+
+// newPool adds the pool of a new credential and returns it. At
+// MaxCredentials it first evicts the pool least recently used among those
+// with no busy socket, and returns nil when every pool has one. u.mu is
+// held.
+func (u *wsUpstream) newPool(key [32]byte, header http.Header) *wsPool {
+	if len(u.pools) >= u.opts.MaxCredentials {
+		var lru *wsPool
+		for _, p := range u.pools {
+			if !p.busy() && (lru == nil || p.used.Before(lru.used)) {
+				lru = p
+			}
+		}
+		if lru == nil {
+			return nil
+		}
+		for _, s := range lru.sockets {
+			s.shut("credential evicted")
+		}
+		delete(u.pools, lru.key)
+	}
+	pool := &wsPool{key: key, header: header, used: u.now()}
+	u.pools[key] = pool
+	return pool
+}
+
+// busy tells whether a turn holds one of the pool's sockets.
+func (p *wsPool) busy() bool {
+	for _, s := range p.sockets {
+		if s.busy {
+			return true
+		}
+	}
+	return false
+}
+
+// remove takes a socket that is closed and idle out of its pool, and the
+// pool out of u when it has no socket left. u.mu is held.
+func (u *wsUpstream) remove(pool *wsPool, s *wsSocket) {
+	pool.sockets = slices.DeleteFunc(pool.sockets, func(o *wsSocket) bool { return o == s })
+	if len(pool.sockets) == 0 && u.pools[pool.key] == pool {
+		delete(u.pools, pool.key)
+	}
+}
+
+// idleFrom starts the idle timeout of a socket just released. u.mu is
+// held.
+func (u *wsUpstream) idleFrom(pool *wsPool, s *wsSocket) {
+	var t *time.Timer
+	t = time.AfterFunc(u.opts.IdleTimeout, func() {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		if s.idle != t {
+			return // taken, or closed, since
+		}
+		s.shut("idle")
+		u.remove(pool, s)
+	})
+	s.idle = t
+}
+
+// stopIdle stops the socket's idle timeout. u.mu is held.
+func (s *wsSocket) stopIdle() {
+	if s.idle != nil {
+		s.idle.Stop()
+		s.idle = nil
+	}
+}
+
+// shut closes an idle socket with a close frame, in the background.
+// u.mu is held.
+func (s *wsSocket) shut(reason string) {
+	s.stopIdle()
+	if s.ws == nil {
+		return
+	}
+	ws, frames := s.ws, s.frames
+	s.ws, s.latest, s.frames = nil, "", nil
+	go func() {
+		for range frames { // let the reader see the close and stop
+		}
+	}()
+	go func() { _ = ws.Close(websocket.StatusNormalClosure, reason) }()
 }
 
 // pick returns the socket a turn takes, or nil to wait for one; u.mu is
@@ -226,8 +366,10 @@ func (u *wsUpstream) close() error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	u.closed = true
+	u.opts.Client.CloseIdleConnections()
 	for _, pool := range u.pools {
 		for _, s := range pool.sockets {
+			s.stopIdle()
 			if s.ws != nil {
 				_ = s.ws.Close(websocket.StatusNormalClosure, "proxy shutting down")
 				s.ws = nil
@@ -277,8 +419,12 @@ drain:
 	c.up.mu.Unlock()
 	ws, err := c.dial(ctx)
 	c.up.mu.Lock()
-	if err != nil {
+	switch {
+	case err != nil:
 		return err
+	case c.up.closed:
+		_ = ws.CloseNow() // opened while the upstream closed: nothing closes it later
+		return errClosed
 	}
 	c.up.nextID++
 	s.id, s.ws, s.born, s.latest, s.frames = c.up.nextID, ws, c.up.now(), "", make(chan []byte, 64)
@@ -349,6 +495,12 @@ func (c *wsConn) release() {
 		c.drop() // a response may still be arriving on it
 	}
 	c.s.busy, c.s.released = false, c.up.now()
+	c.pool.used = c.s.released
+	if c.s.ws == nil {
+		c.up.remove(c.pool, c.s) // closed, or never opened: a refused handshake leaves nothing
+	} else {
+		c.up.idleFrom(c.pool, c.s)
+	}
 	close(c.up.changed)
 	c.up.changed = make(chan struct{})
 }

@@ -40,11 +40,11 @@ func TestAnUpstreamThatCannotContinue(t *testing.T) {
 	t.Cleanup(up.Close)
 
 	var log syncBuffer
-	addr, stop := startWith(t, noEnv, &log, "-upstream", up.URL+"/v1")
+	addr, ops, stop := startWith(t, noEnv, &log, "-upstream", up.URL+"/v1")
 	converse(t, addr, 6) // the 2nd to 4th refused and resent; the 5th and 6th sent in full
-	assert.Equal(t, 3.0, metric(t, addr, "contproxy_full_context_retries_total"))
-	assert.Equal(t, 2.0, metric(t, addr, "contproxy_continuations_paused_total"))
-	assert.Equal(t, 1.0, metric(t, addr, `contproxy_continuation_paused{model="m"}`))
+	assert.Equal(t, 3.0, metric(t, ops, "contproxy_full_context_retries_total"))
+	assert.Equal(t, 2.0, metric(t, ops, "contproxy_continuations_paused_total"))
+	assert.Equal(t, 1.0, metric(t, ops, `contproxy_continuation_paused{model="m"}`))
 	assert.Equal(t, int64(9), fake.Calls())
 	require.NoError(t, stop())
 	assert.Equal(t, 1, strings.Count(log.String(), "upstream refuses continuations"), "%s", log.String())
@@ -53,10 +53,10 @@ func TestAnUpstreamThatCannotContinue(t *testing.T) {
 	c, err := parse([]string{"-upstream", up.URL + "/v1"}, []string{"CONTPROXY_NO_CONTINUATION=true"}, io.Discard)
 	require.NoError(t, err)
 	assert.True(t, c.noContinuation)
-	addr, _ = startWith(t, []string{"CONTPROXY_NO_CONTINUATION=true"}, io.Discard, "-upstream", up.URL+"/v1")
+	addr, ops, _ = startWith(t, []string{"CONTPROXY_NO_CONTINUATION=true"}, io.Discard, "-upstream", up.URL+"/v1")
 	calls := fake.Calls()
 	converse(t, addr, 6)
 	assert.Equal(t, calls+6, fake.Calls(), "never continued, never refused")
-	assert.Zero(t, metric(t, addr, "contproxy_full_context_retries_total"))
-	assert.Equal(t, 6.0, metric(t, addr, "contproxy_turns_total"))
+	assert.Zero(t, metric(t, ops, "contproxy_full_context_retries_total"))
+	assert.Equal(t, 6.0, metric(t, ops, "contproxy_turns_total"))
 }

@@ -18,9 +18,11 @@
 // /v1/models, POST /v1/responses/compact, POST /v1/chat/completions, …)
 // passes through to the upstream's HTTP base as the client sent it,
 // streamed. Besides /v1 it serves GET /healthz (200 "ok"; 503 once
-// shutting down) and GET /metrics (Prometheus). SIGINT or SIGTERM stop it
-// gracefully: it stops accepting requests and lets the turns in flight
-// finish, streams included, for up to -shutdown-timeout.
+// shutting down), and on a private operations port (-ops-listen) GET
+// /metrics (Prometheus) and GET /healthz. Flags bound what a client may
+// hold: idle and slow connections, and connections open at once. SIGINT or
+// SIGTERM stop it gracefully: it stops accepting requests and lets the
+// turns in flight finish, streams included, for up to -shutdown-timeout.
 package main
 
 import (
@@ -88,15 +90,19 @@ func exitCode(err error, stderr io.Writer) int {
 
 // config is the command line.
 type config struct {
-	listen, upstream, transport, redisURL, redisCluster string
-	redisClient, namespace, replica, logLevel           string
-	advertise, forwardSecret, routingHeader             string
-	profile                                             fingerprint.Profile
-	fakeUpstream, noContinuation                        bool
-	sockets                                             int
-	maxBody                                             int64
-	upstreamTimeout, shutdownTimeout, opTimeout         time.Duration
-	logLevelValue                                       slog.Level
+	listen, opsListen, upstream, transport, redisURL  string
+	redisCluster, redisClient, namespace, replica     string
+	logLevel, advertise, forwardSecret, routingHeader string
+	profile                                           fingerprint.Profile
+	fakeUpstream, noContinuation                      bool
+	sockets, maxConns                                 int
+	maxCredentials                                    int
+	socketIdleTimeout                                 time.Duration
+	maxBody, maxBytesInFlight                         int64
+	upstreamTimeout, shutdownTimeout, opTimeout       time.Duration
+	idleTimeout, readHeaderTimeout                    time.Duration
+	bodyTimeout, writeTimeout                         time.Duration
+	logLevelValue                                     slog.Level
 	// unknownEnv holds the CONTPROXY_ variables no flag reads.
 	unknownEnv []unknownVar
 }
@@ -133,7 +139,8 @@ func parseFlags(args, environ []string, stderr io.Writer) (config, error) {
 A Responses gateway that continues conversations with previous_response_id
 and only the new input items when the shared continuation store allows it.
 Serves POST /v1/responses, passes every other /v1 request through to the
-upstream, and serves GET /healthz and GET /metrics.
+upstream, and serves GET /healthz; the operations port (-ops-listen)
+serves GET /metrics and GET /healthz.
 
   contproxy -fake-upstream
   contproxy -upstream https://api.openai.com/v1 -redis redis://127.0.0.1:6379/0 -replica gw-1
@@ -149,6 +156,12 @@ Flags:
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve clients on")
+	fs.StringVar(&c.opsListen, "ops-listen", "127.0.0.1:9090", "`address` of the operations port, GET /metrics (Prometheus) and GET /healthz, to keep off the clients' network; empty for none")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may sit idle before it is closed")
+	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "bound on reading a request's headers; a slower client's connection is closed")
+	fs.DurationVar(&c.bodyTimeout, "body-timeout", 30*time.Second, "longest wait for the next bytes of a request body; a client that sends none for this long has its connection closed (this bounds each gap, not the whole body)")
+	fs.DurationVar(&c.writeTimeout, "write-timeout", time.Minute, "longest a write to a client may take; a client that stops reading for this long has its connection closed (quiet gaps in a stream do not count)")
+	fs.IntVar(&c.maxConns, "max-conns", 4096, "most client connections open at once, WebSocket ones included; more wait to be accepted")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
 	fs.BoolVar(&c.fakeUpstream, "fake-upstream", false, "serve the built-in fake Responses upstream on a loopback port and use it (over -transport)")
 	fs.BoolVar(&c.noContinuation, "no-continuation", false, "never continue: send every turn upstream as the client sent it, outside the store, for an upstream that keeps no responses (without it, continuing pauses by itself for a model after 3 refused continuations in a row)")
@@ -164,7 +177,10 @@ Flags:
 	})
 	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
 	fs.IntVar(&c.sockets, "sockets", 16, "WebSocket transport: upstream sockets kept per client credential")
+	fs.IntVar(&c.maxCredentials, "max-credentials", 1024, "WebSocket transport: most client credentials whose upstream sockets are kept; a new one replaces the least recently used with no turn in flight, or waits while all have one")
+	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 5*time.Minute, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten")
 	fs.Int64Var(&c.maxBody, "max-body", 64<<20, "largest request body in `bytes` (413 above)")
+	fs.Int64Var(&c.maxBytesInFlight, "max-bytes-in-flight", 256<<20, "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413")
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 10*time.Minute, "bound on one turn upstream, streaming included")
 	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
@@ -224,10 +240,21 @@ Flags:
 		return c, fmt.Errorf("-transport %q: want http or websocket", c.transport)
 	case c.sockets < 1:
 		return c, fmt.Errorf("-sockets %d: need at least 1", c.sockets)
+	case c.maxConns < 1:
+		return c, fmt.Errorf("-max-conns %d: need at least 1", c.maxConns)
 	case c.maxBody < 1:
 		return c, fmt.Errorf("-max-body %d: need at least 1", c.maxBody)
 	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
 		return c, fmt.Errorf("-forward-secret has %d bytes, need at least 32", len(c.forwardSecret))
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"idle-timeout", c.idleTimeout}, {"read-header-timeout", c.readHeaderTimeout},
+		{"body-timeout", c.bodyTimeout}, {"write-timeout", c.writeTimeout}} {
+		if d.value <= 0 {
+			return c, fmt.Errorf("-%s %v: need more than 0", d.name, d.value)
+		}
 	}
 	if c.redisURL != "" {
 		if err := checkRedisURL(c.redisURL); err != nil {
@@ -334,8 +361,9 @@ func checkRedisURL(s string) error {
 }
 
 // run serves until ctx ends, then shuts down gracefully. ready, when not
-// nil, gets the address it listens on.
-func run(ctx context.Context, args, environ []string, stderr io.Writer, ready func(addr string)) error {
+// nil, gets the addresses it listens on: the clients' and the operations
+// port's ("" without one).
+func run(ctx context.Context, args, environ []string, stderr io.Writer, ready func(addr, opsAddr string)) error {
 	c, err := parse(args, environ, stderr)
 	if err != nil {
 		return err
@@ -380,16 +408,17 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		logger.Info("fake upstream listening", "upstream", upstream)
 	}
 	var up proxy.Upstream
-	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	// No client given: the upstream builds one that keeps connections for the turns to reuse.
 	if c.transport == "websocket" {
-		up, err = proxy.NewWebSocketUpstream(upstream, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets, Client: client})
+		up, err = proxy.NewWebSocketUpstream(upstream, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets,
+			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout})
 	} else {
-		up, err = proxy.NewHTTPUpstream(upstream, client)
+		up, err = proxy.NewHTTPUpstream(upstream, nil)
 	}
 	if err != nil {
 		return err
 	}
-	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody,
+	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxBytesInFlight: c.maxBytesInFlight,
 		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Observer: newStepCounter(reg)}
 	announced := make(chan struct{})
@@ -423,14 +452,14 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	var stopping atomic.Bool
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", p) // the turns; every other /v1 request passes through
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	healthz := func(w http.ResponseWriter, _ *http.Request) {
 		if stopping.Load() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /healthz", healthz)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
@@ -438,20 +467,47 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
 	})
 
-	ln, err := net.Listen("tcp", c.listen)
+	addr, err := net.ResolveTCPAddr("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("-listen: %w", err)
+	}
+	tcp, err := net.ListenTCP("tcp", addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
+	ln := newLimitListener(tcp, c.maxConns)
+	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout),
+		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
+	// The operations port: metrics, and health for a prober, off the
+	// clients' network.
+	opsMux := http.NewServeMux()
+	opsMux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	opsMux.HandleFunc("GET /healthz", healthz)
+	ops := &http.Server{Handler: opsMux, ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
+	var opsLn net.Listener
+	opsAddr := ""
+	if c.opsListen != "" {
+		if opsLn, err = net.Listen("tcp", c.opsListen); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("-ops-listen: %w", err)
+		}
+		opsAddr = opsLn.Addr().String()
+	}
+	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
-	logger.Info("contproxy listening", "addr", ln.Addr().String(), "replica", c.replica, "upstream", upstream,
-		"transport", c.transport, "redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace)
+	if opsLn != nil {
+		go func() { served <- ops.Serve(opsLn) }()
+	}
+	logger.Info("contproxy listening", "addr", ln.Addr().String(), "ops", opsAddr, "replica", c.replica,
+		"upstream", upstream, "transport", c.transport, "redis", c.redisURL != "" || c.redisCluster != "",
+		"namespace", c.namespace)
 	if ready != nil {
-		ready(ln.Addr().String())
+		ready(ln.Addr().String(), opsAddr)
 	}
 	select {
 	case err := <-served:
+		_ = srv.Close()
+		_ = ops.Close()
 		return err
 	case <-ctx.Done():
 	}
@@ -462,6 +518,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	sockets := make(chan error, 1) // the clients' WebSocket connections, which srv no longer manages
 	go func() { sockets <- p.Shutdown(sctx) }()
 	err = errors.Join(srv.Shutdown(sctx), <-sockets)
+	_ = ops.Shutdown(sctx) // after the turns, so that metrics show the drain
 	if fake != nil {
 		_ = fake.Shutdown(sctx)
 	}

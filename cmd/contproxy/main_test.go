@@ -74,7 +74,8 @@ func TestHelpPrintsTheUsage(t *testing.T) {
 	code, stderr := contproxy(noEnv, "-h")
 	assert.Equal(t, 0, code)
 	assert.True(t, strings.HasPrefix(stderr, "Usage: contproxy [flags]\n"), stderr)
-	for _, f := range []string{"-upstream URL", "-transport string", "-redis URL", "-log-level string"} {
+	for _, f := range []string{"-upstream URL", "-transport string", "-redis URL", "-log-level string",
+		"-ops-listen address", "-write-timeout duration", "-max-conns int"} {
 		assert.Contains(t, stderr, "\n  "+f+"\n", "every flag is listed")
 	}
 	assert.NotContains(t, stderr, "run contproxy -h")
@@ -131,7 +132,7 @@ func TestUnknownEnvironmentVariablesAreNamed(t *testing.T) {
 
 func TestUnknownEnvironmentVariablesAreWarnedAboutAtStart(t *testing.T) {
 	var log syncBuffer
-	_, stop := startWith(t, []string{"CONTPROXY_REDIS_URL=redis://127.0.0.1:6379", "CONTPROXY_BANANA=1"}, &log,
+	_, _, stop := startWith(t, []string{"CONTPROXY_REDIS_URL=redis://127.0.0.1:6379", "CONTPROXY_BANANA=1"}, &log,
 		"-fake-upstream")
 	require.NoError(t, stop())
 	out := log.String()
@@ -149,7 +150,7 @@ func TestADroppedTurnSaysWhyItWasNotRecorded(t *testing.T) {
 	} {
 		t.Run(tr, func(t *testing.T) {
 			var log syncBuffer
-			addr, stop := startWith(t, noEnv, &log, "-fake-upstream", "-transport", tr, "-log-level", "debug")
+			addr, _, stop := startWith(t, noEnv, &log, "-fake-upstream", "-transport", tr, "-log-level", "debug")
 			resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
 				strings.NewReader(`{"model":"m","store":false,"metadata":{"session_id":"s1"},"input":"hi"}`))
 			require.NoError(t, err)
@@ -194,6 +195,9 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-upstream", "https://up.example/v1", "-transport", "websocket"},
 		{"-upstream", "wss://up.example/v1", "-transport", "http"},
 		{"-fake-upstream", "-sockets", "0"},
+		{"-fake-upstream", "-max-conns", "0"},
+		{"-fake-upstream", "-body-timeout", "0s"},
+		{"-fake-upstream", "-idle-timeout", "-1s"},
 		{"-fake-upstream", "-redis", "redis://x", "-redis-client", "redigo"},
 		{"-fake-upstream", "-redis-client", "rueidis"},
 		{"-fake-upstream", "stray"},
@@ -222,24 +226,26 @@ func TestRedisURLIsReadByTheChosenClient(t *testing.T) {
 	}
 }
 
-// start runs contproxy with args until the test ends or stop is called.
-func start(t *testing.T, args ...string) (addr string, stop func() error) {
+// start runs contproxy with args until the test ends or stop is called;
+// it serves clients at addr and metrics at ops.
+func start(t *testing.T, args ...string) (addr, ops string, stop func() error) {
 	t.Helper()
 	return startWith(t, noEnv, io.Discard, args...)
 }
 
 // startWith is start with an environment and a writer for the log.
-func startWith(t *testing.T, env []string, stderr io.Writer, args ...string) (addr string, stop func() error) {
+func startWith(t *testing.T, env []string, stderr io.Writer, args ...string) (addr, ops string, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
+	ready := make(chan [2]string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"-listen", "127.0.0.1:0", "-log-level", "warn"}, args...), env, stderr,
-			func(a string) { ready <- a })
+		done <- run(ctx, append([]string{"-listen", "127.0.0.1:0", "-ops-listen", "127.0.0.1:0", "-log-level", "warn"}, args...),
+			env, stderr, func(a, o string) { ready <- [2]string{a, o} })
 	}()
 	select {
-	case addr = <-ready:
+	case a := <-ready:
+		addr, ops = a[0], a[1]
 	case err := <-done:
 		t.Fatalf("contproxy stopped: %v", err)
 	}
@@ -253,13 +259,13 @@ func startWith(t *testing.T, env []string, stderr io.Writer, args ...string) (ad
 		return <-done
 	}
 	t.Cleanup(func() { _ = stop() })
-	return addr, stop
+	return addr, ops, stop
 }
 
 func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
 	for _, tr := range []string{"http", "websocket"} {
 		t.Run(tr, func(t *testing.T) {
-			addr, _ := start(t, "-fake-upstream", "-transport", tr)
+			addr, ops, _ := start(t, "-fake-upstream", "-transport", tr)
 			resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
 				strings.NewReader(`{"model":"m","stream":true,"store":false,"input":"hi"}`))
 			require.NoError(t, err)
@@ -268,13 +274,13 @@ func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
 			assert.Equal(t, http.StatusOK, resp.StatusCode)
 			assert.Contains(t, string(b), "event: response.completed")
 
-			for _, c := range []struct{ path, want string }{
-				{"/healthz", "ok"},
-				{"/metrics", "contproxy_turns_total 1"},
-				{"/metrics", `contproxy_turn_steps_total{result="full",step="route"} 1`},
-				{"/metrics", `contproxy_turn_steps_total{result="answered",step="attempt"} 1`},
+			for _, c := range []struct{ addr, path, want string }{
+				{addr, "/healthz", "ok"},
+				{ops, "/metrics", "contproxy_turns_total 1"},
+				{ops, "/metrics", `contproxy_turn_steps_total{result="full",step="route"} 1`},
+				{ops, "/metrics", `contproxy_turn_steps_total{result="answered",step="attempt"} 1`},
 			} {
-				resp, err := http.Get("http://" + addr + c.path)
+				resp, err := http.Get("http://" + c.addr + c.path)
 				require.NoError(t, err)
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
@@ -309,7 +315,7 @@ func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
 func TestShutdownLetsAStreamInFlightFinish(t *testing.T) {
 	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{EventDelay: 20 * time.Millisecond}))
 	t.Cleanup(up.Close)
-	addr, stop := start(t, "-upstream", up.URL+"/v1")
+	addr, _, stop := start(t, "-upstream", up.URL+"/v1")
 	resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
 		strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
 	require.NoError(t, err)
@@ -339,13 +345,14 @@ func replicasForwardTurns(t *testing.T, client string) {
 	redistest.CleanupNamespace(t, rdb, ns)
 	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{}))
 	t.Cleanup(up.Close)
-	var addrs []string
+	var addrs, opsAddrs []string
 	for _, id := range []string{"gw-1", "gw-2"} {
 		port := freePort(t)
-		addr, _ := start(t, "-listen", port, "-upstream", "ws"+strings.TrimPrefix(up.URL, "http")+"/v1",
+		addr, ops, _ := start(t, "-listen", port, "-upstream", "ws"+strings.TrimPrefix(up.URL, "http")+"/v1",
 			"-redis", "redis://"+rdb.Options().Addr, "-redis-client", client, "-namespace", ns, "-replica", id,
 			"-forward-secret", strings.Repeat("k", 32))
 		addrs = append(addrs, addr)
+		opsAddrs = append(opsAddrs, ops)
 	}
 	history := `{"role":"user","content":"hi"}`
 	for turn := range 4 {
@@ -359,7 +366,7 @@ func replicasForwardTurns(t *testing.T, client string) {
 		history += "," + output[1:len(output)-1] + `,{"role":"user","content":"more"}`
 	}
 	var continued, forwarded float64
-	for _, a := range addrs {
+	for _, a := range opsAddrs {
 		continued += metric(t, a, "contproxy_turns_continued_total")
 		forwarded += metric(t, a, "contproxy_forwarded_total")
 	}
@@ -376,10 +383,11 @@ func freePort(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// metric reads one counter from a replica's /metrics.
-func metric(t *testing.T, addr, name string) float64 {
+// metric reads one counter from the /metrics of the replica whose
+// operations port is at ops.
+func metric(t *testing.T, ops, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := http.Get("http://" + ops + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
@@ -390,6 +398,6 @@ func metric(t *testing.T, addr, name string) float64 {
 			return f
 		}
 	}
-	t.Fatalf("no %s in the metrics of %s", name, addr)
+	t.Fatalf("no %s in the metrics of %s", name, ops)
 	return 0
 }

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+// progress serves next with a bound on each wait for the client: a read
+// of the request body that gets no byte for bodyTimeout, or a write or
+// flush to the client that cannot complete within writeTimeout, fails,
+// and the server then drops the connection. Silent gaps between writes
+// (an upstream thinking) do not count, nor does a connection the handler
+// hijacked (a WebSocket).
+func progress(next http.Handler, bodyTimeout, writeTimeout time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if r.Body != nil && r.Body != http.NoBody {
+			// From the headers on, so that the server's discarding of a
+			// body the handler left unread is bounded too.
+			_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout))
+			r2 := *r
+			r2.Body = &progressBody{ReadCloser: r.Body, rc: rc, timeout: bodyTimeout}
+			r = &r2
+		}
+		pw := &progressWriter{ResponseWriter: w, rc: rc, timeout: writeTimeout}
+		next.ServeHTTP(pw, r)
+		pw.extend() // for the server's last flush, after the handler
+	})
+}
+
+// progressBody is a request body whose every read must get a byte within
+// timeout. Once the body is read to its end the connection has no read
+// deadline, so that the server's watch for the client going away does not
+// fail during a long answer.
+type progressBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+// Read implements io.Reader. Past the deadline it fails with an error
+// that names the wait, not the connection's addresses: the handler may
+// pass it on to the client.
+func (b *progressBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == io.EOF:
+		_ = b.rc.SetReadDeadline(time.Time{})
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		err = fmt.Errorf("nothing came for %v", b.timeout)
+	}
+	return n, err
+}
+
+// progressWriter is a ResponseWriter whose every write and flush must
+// complete within timeout. It leaves a hijacked connection alone.
+type progressWriter struct {
+	http.ResponseWriter
+	rc       *http.ResponseController
+	timeout  time.Duration
+	hijacked bool
+}
+
+// extend gives the next write to the client timeout from now.
+func (w *progressWriter) extend() {
+	if !w.hijacked {
+		_ = w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	}
+}
+
+// Write implements http.ResponseWriter.
+func (w *progressWriter) Write(p []byte) (int, error) {
+	w.extend()
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush implements http.Flusher, which streams Server-Sent Events.
+func (w *progressWriter) Flush() {
+	w.extend()
+	_ = w.rc.Flush()
+}
+
+// Hijack implements http.Hijacker, for the WebSocket mode; the server
+// clears the connection's deadlines as it hands it over.
+func (w *progressWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := w.rc.Hijack()
+	w.hijacked = err == nil
+	return conn, rw, err
+}
+
+// Unwrap returns the server's ResponseWriter, for
+// http.NewResponseController.
+func (w *progressWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// limitListener accepts at most cap(sem) connections open at once; the
+// others wait in the accept queue. It is golang.org/x/net/netutil's
+// LimitListener, but its connections are *net.TCPConn still: the server
+// half-closes one (CloseWrite) so that the client reads a refusal, such
+// as the 413 of a body over -max-body, before the connection closes.
+type limitListener struct {
+	*net.TCPListener
+	sem       chan struct{}
+	done      chan struct{} // closed by Close
+	closeOnce sync.Once
+}
+
+// newLimitListener limits ln to n connections open at once.
+func newLimitListener(ln *net.TCPListener, n int) *limitListener {
+	return &limitListener{TCPListener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+// Accept waits for a free slot, then for a connection.
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.AcceptTCP()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitedConn{TCPConn: c, release: func() { <-l.sem }}, nil
+}
+
+// Close closes the listener and wakes an Accept waiting for a slot.
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.TCPListener.Close()
+}
+
+// limitedConn is a connection of a limitListener; closing it frees its
+// slot.
+type limitedConn struct {
+	*net.TCPConn
+	releaseOnce sync.Once
+	release     func()
+}
+
+// Close closes the connection and frees its slot, once.
+func (c *limitedConn) Close() error {
+	err := c.TCPConn.Close()
+	c.releaseOnce.Do(c.release)
+	return err
+}

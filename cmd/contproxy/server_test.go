@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+)
+
+// The timeouts below are short, and the waits for them long: the drops
+// they check happen within a second, on a loaded machine within a few.
+
+// rawClient is one HTTP/1.1 connection to contproxy, written by hand.
+type rawClient struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// dial connects to addr; the connection closes when the test ends.
+func dial(t *testing.T, addr string) *rawClient {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return &rawClient{Conn: conn, r: bufio.NewReader(conn)}
+}
+
+// get sends GET path on the connection, keeping it open, and returns the
+// answer's status and body.
+func (c *rawClient) get(t *testing.T, path string) (int, string) {
+	t.Helper()
+	_, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: gw\r\n\r\n", path)
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(c.r, nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// closedWithin reads what the server sends until it closes the
+// connection, for up to d; it tells whether the server closed it, and
+// returns what it read.
+func (c *rawClient) closedWithin(d time.Duration) (closed bool, got string) {
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	b, err := io.ReadAll(c.r)
+	var ne net.Error
+	return !errors.As(err, &ne) || !ne.Timeout(), string(b)
+}
+
+// answered plays one turn at addr and checks that it is answered.
+func answered(t *testing.T, addr string) {
+	t.Helper()
+	resp, err := http.Post("http://"+addr+"/v1/responses", "application/json",
+		strings.NewReader(`{"model":"m","input":"hi"}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+}
+
+func TestARequestBodyThatStallsIsDropped(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-body-timeout", "500ms")
+	c := dial(t, addr)
+	_, err := io.WriteString(c, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+		"Content-Length: 100\r\n\r\n"+`{"model":`)
+	require.NoError(t, err)
+	answered(t, addr) // meanwhile, other clients are served
+	closed, answer := c.closedWithin(8 * time.Second)
+	assert.True(t, closed, "the connection is open 8 s after its body stalled")
+	assert.Contains(t, answer, "Reading the request body: nothing came for 500ms", "it was told why")
+}
+
+func TestAnIdleConnectionIsClosed(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-idle-timeout", "500ms")
+	c := dial(t, addr)
+	status, _ := c.get(t, "/healthz")
+	require.Equal(t, http.StatusOK, status)
+	closed, _ := c.closedWithin(8 * time.Second)
+	assert.True(t, closed, "the idle connection is open 8 s after its answer")
+}
+
+// A client that asks for a stream and never reads it is dropped once a
+// write to it blocks for -write-timeout, and the turn's upstream request
+// is cancelled; other clients are served meanwhile.
+func TestAStreamNobodyReadsIsDropped(t *testing.T) {
+	fake := fakeupstream.New(fakeupstream.Options{})
+	dropped := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Flood") == "" {
+			fake.ServeHTTP(w, r)
+			return
+		}
+		// 64 KB events until contproxy stops reading them (256 MB at most).
+		w.Header().Set("Content-Type", "text/event-stream")
+		event := `event: response.output_text.delta` + "\n" +
+			`data: {"type":"response.output_text.delta","delta":"` + strings.Repeat("x", 64<<10) + `"}` + "\n\n"
+		for range 4096 {
+			if _, err := io.WriteString(w, event); err != nil {
+				close(dropped)
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	addr, _, _ := start(t, "-upstream", up.URL+"/v1", "-write-timeout", "500ms", "-shutdown-timeout", "2s")
+
+	c := dial(t, addr)
+	body := `{"model":"m","stream":true,"input":"hi"}`
+	_, err := fmt.Fprintf(c, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nX-Flood: 1\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+	answered(t, addr)
+	select {
+	case <-dropped:
+	case <-time.After(8 * time.Second):
+		t.Fatal("the turn of a client that stopped reading still runs 8 s later")
+	}
+	closed, _ := c.closedWithin(8 * time.Second)
+	assert.True(t, closed, "the connection of a client that stopped reading is open")
+	answered(t, addr)
+}
+
+// A WebSocket connection outlives the write and body timeouts: the
+// handler hijacks it past the limits' ResponseWriter.
+func TestAWebSocketIsNotBoundByTheHTTPTimeouts(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-write-timeout", "300ms", "-body-timeout", "300ms")
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws://"+addr+"/v1/responses", &websocket.DialOptions{
+		HTTPHeader: http.Header{"X-Session-Id": {"s1"}}})
+	require.NoError(t, err)
+	defer ws.CloseNow()
+	for turn := range 2 {
+		if turn > 0 {
+			time.Sleep(time.Second) // idle past both timeouts
+		}
+		require.NoError(t, ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.create","model":"m","input":"hi"}`)))
+		for {
+			_, msg, err := ws.Read(ctx)
+			require.NoError(t, err, "turn %d", turn)
+			if typ := gjson.GetBytes(msg, "type").String(); typ == "response.completed" {
+				break
+			} else if typ == "error" {
+				t.Fatalf("turn %d: %s", turn, msg)
+			}
+		}
+	}
+}
+
+// Past -max-conns a connection waits, unserved, until another closes.
+func TestConnectionsPastMaxConnsWait(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-max-conns", "2")
+	var open []*rawClient
+	for range 2 {
+		c := dial(t, addr)
+		status, _ := c.get(t, "/healthz") // accepted, and kept open
+		require.Equal(t, http.StatusOK, status)
+		open = append(open, c)
+	}
+	third := dial(t, addr)
+	_, err := io.WriteString(third, "GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+	require.NoError(t, err)
+	require.NoError(t, third.SetReadDeadline(time.Now().Add(time.Second)))
+	_, err = third.r.Peek(1)
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "a third connection was served: %v", err)
+
+	require.NoError(t, open[0].Close())
+	require.NoError(t, third.SetReadDeadline(time.Now().Add(8*time.Second)))
+	resp, err := http.ReadResponse(third.r, nil)
+	require.NoError(t, err, "the third connection is served once the first closes")
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
+	addr, ops, _ := start(t, "-fake-upstream")
+	for _, c := range []struct {
+		addr, path string
+		status     int
+		want       string
+	}{
+		{ops, "/metrics", http.StatusOK, "contproxy_turns_total 0"},
+		{ops, "/healthz", http.StatusOK, "ok\n"},
+		{addr, "/healthz", http.StatusOK, "ok\n"},
+		{addr, "/metrics", http.StatusNotFound, "invalid_request_error"},
+	} {
+		status, body := dial(t, c.addr).get(t, c.path)
+		assert.Equal(t, c.status, status, "%s%s", c.addr, c.path)
+		assert.True(t, strings.Contains(body, c.want), "%s%s answers %.300q", c.addr, c.path, body)
+	}
+
+	var log syncBuffer
+	startWith(t, noEnv, &log, "-fake-upstream", "-ops-listen", "", "-log-level", "info")
+	assert.Contains(t, log.String(), ` ops="" `, "-ops-listen empty serves no operations port")
+}

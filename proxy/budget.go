@@ -1,0 +1,224 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/semaphore"
+)
+
+// The budget bounds the memory that requests read in full hold at once
+// (Config.MaxBytesInFlight): a turn's body from the moment it is read
+// until the turn ends, since the body and its parse live until then, and
+// a WebSocket message from the moment it is read until it is answered.
+//
+// A body holds its weight: twice its bytes, for the body and one full
+// copy of it (the parse's canonical copy, or the message a WebSocket
+// upstream is sent), and 80 bytes an input item, what the parse keeps for
+// each whatever its size (76 measured). A multiple of the bytes alone
+// would not do: the parse keeps 3 times a body of 30-byte items, and 26
+// times one of {} items. Before the parse the items are counted at most,
+// as the body's commas plus one; after it, exactly. A 31 MB body of 1 M
+// small items weighs 142 MB; one that is a single 30 MB string, 60 MB.
+//
+// A WebSocket message weighs twice the body it stands for: the message,
+// its items and that body live beside the body its turn reads and parses,
+// which the message's hold covers.
+const (
+	defaultMaxBytesInFlight = 256 << 20
+	// bodyCopies is how many times a body's bytes count.
+	bodyCopies = 2
+	// itemBytes is what an input item counts for.
+	itemBytes = 80
+	// budgetWait bounds how long a request waits for room, in all.
+	budgetWait = time.Second
+	// readStep is what a body of unknown length is read by, each step
+	// held before it is read.
+	readStep = 64 << 10
+)
+
+// weight is what a body of n bytes with items input items holds.
+func weight(n, items int64) int64 { return bodyCopies*n + itemBytes*items }
+
+// itemsAtMost bounds the input items of a body before it is parsed: each
+// item but the first follows a comma.
+func itemsAtMost(body []byte) int64 { return int64(bytes.Count(body, []byte{','})) + 1 }
+
+var (
+	// errOverBudget refuses a request that weighs more than the whole
+	// budget: it could never be served.
+	errOverBudget = errors.New("proxy: the request weighs more than the whole budget")
+	// errBusy refuses a request that found no room within budgetWait.
+	errBusy = errors.New("proxy: no room in the budget")
+)
+
+// budget is the memory the requests in flight may hold.
+type budget struct {
+	sem  *semaphore.Weighted
+	size int64
+}
+
+func newBudget(size int64) *budget { return &budget{sem: semaphore.NewWeighted(size), size: size} }
+
+// hold is what one request holds of a budget; one without a budget holds
+// nothing (a WebSocket turn, whose message holds its weight). It is not
+// safe for concurrent use.
+type hold struct {
+	b *budget
+	n int64
+	// deadline ends the request's waits: budgetWait after its first.
+	deadline time.Time
+}
+
+// grow adds n to the hold, waiting for room until budgetWait after the
+// request's first wait. It returns errOverBudget when the hold would
+// exceed the whole budget, errBusy when no room came in time, and ctx's
+// error when ctx ended first.
+func (h *hold) grow(ctx context.Context, n int64) error {
+	switch {
+	case h.b == nil || n <= 0:
+		return nil
+	case h.n+n > h.b.size:
+		return errOverBudget
+	}
+	if !h.b.sem.TryAcquire(n) {
+		if h.deadline.IsZero() {
+			h.deadline = time.Now().Add(budgetWait)
+		}
+		wctx, cancel := context.WithDeadline(ctx, h.deadline)
+		err := h.b.sem.Acquire(wctx, n)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			return errBusy
+		}
+	}
+	h.n += n
+	return nil
+}
+
+// trim gives back what the hold has beyond n.
+func (h *hold) trim(n int64) {
+	if h.n > n {
+		h.b.sem.Release(h.n - n)
+		h.n = n
+	}
+}
+
+// release gives back the whole hold.
+func (h *hold) release() { h.trim(0) }
+
+// read reads a body of n bytes (-1 when unknown) and holds its bytes'
+// weight: at once when n is known, else step by step as it is read.
+func (h *hold) read(ctx context.Context, body io.Reader, n int64) ([]byte, error) {
+	if n < 0 {
+		return io.ReadAll(&stepReader{ctx: ctx, r: body, h: h})
+	}
+	if err := h.grow(ctx, weight(n, 0)); err != nil {
+		return nil, err
+	}
+	b := make([]byte, n)
+	_, err := io.ReadFull(body, b)
+	return b, err
+}
+
+// stepReader reads a body of unknown length, holding each step of it
+// before it reads it.
+type stepReader struct {
+	ctx  context.Context
+	r    io.Reader
+	h    *hold
+	free int64 // bytes held and not yet read
+}
+
+func (s *stepReader) Read(p []byte) (int, error) {
+	if s.free == 0 {
+		if err := s.h.grow(s.ctx, weight(readStep, 0)); err != nil {
+			return 0, err
+		}
+		s.free = readStep
+	}
+	n, err := s.r.Read(p[:min(int64(len(p)), s.free)])
+	s.free -= int64(n)
+	return n, err
+}
+
+// socketTurn marks the context of a WebSocket turn's request: its
+// message's hold covers it.
+type socketTurn struct{}
+
+// holdBody reads a turn's body, bounded by MaxBodyBytes, and holds its
+// weight, its items counted at most, until the caller releases it.
+func (p *Proxy) holdBody(w http.ResponseWriter, r *http.Request) ([]byte, *hold, error) {
+	n := r.ContentLength
+	if n == 0 && r.Body != nil && r.Body != http.NoBody {
+		n = -1 // a request made in the process without its length
+	}
+	h := &hold{b: p.budget}
+	if r.Context().Value(socketTurn{}) != nil {
+		h.b = nil
+	}
+	body, err := h.read(r.Context(), http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes), n)
+	if err == nil {
+		err = h.grow(r.Context(), itemBytes*itemsAtMost(body))
+	}
+	if err != nil {
+		h.release()
+		return nil, nil, err
+	}
+	return body, h, nil
+}
+
+// holdMessage holds a WebSocket message's weight, twice its body's, its
+// items counted at most; the errors are hold.grow's.
+func (p *Proxy) holdMessage(ctx context.Context, data []byte) (*hold, error) {
+	h := &hold{b: p.budget}
+	return h, h.grow(ctx, 2*weight(int64(len(data)), itemsAtMost(data)))
+}
+
+// refusal is the answer to a request the budget refused (errBusy or
+// errOverBudget): an error's status, type, code and message.
+type refusal struct {
+	status             int
+	typ, code, message string
+}
+
+// refusal returns the answer to a request refused with err, counting a
+// refusal for want of room.
+func (p *Proxy) refusal(err error) refusal {
+	if !errors.Is(err, errBusy) {
+		return refusal{http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			fmt.Sprintf("The request is larger than this gateway serves: it would hold more than %d bytes of memory.", p.budget.size)}
+	}
+	p.stats.add(cRefusedBusy, 1)
+	// 503, as OpenAI's API answers when it is overloaded ("The engine is
+	// currently overloaded", "Slow Down"): the gateway as a whole is full,
+	// which a retry after a moment passes; 429 would tell the client that
+	// it went over its own rate or quota. The SDKs retry both.
+	return refusal{http.StatusServiceUnavailable, "server_error", "server_busy",
+		"The gateway holds as many large requests as it can at once. Retry after a moment."}
+}
+
+// refuseBody answers a turn whose body could not be read and held.
+func (p *Proxy) refuseBody(w http.ResponseWriter, err error) {
+	_, tooLarge := errors.AsType[*http.MaxBytesError](err)
+	switch {
+	case tooLarge:
+		p.tooLarge(w)
+	case errors.Is(err, errBusy), errors.Is(err, errOverBudget):
+		rf := p.refusal(err)
+		if rf.status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeError(w, rf.status, rf.typ, "", rf.code, rf.message)
+	default:
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "", "Reading the request body: "+err.Error())
+	}
+}

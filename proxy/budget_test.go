@@ -1,0 +1,344 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/store"
+)
+
+// budgetRig is a rig whose server counts the requests the proxy has
+// finished serving.
+type budgetRig struct {
+	*rig
+	served atomic.Int64
+}
+
+// newBudgetRig starts the fake upstream and a proxy over HTTP whose Config
+// edit adjusts.
+func newBudgetRig(t *testing.T, edit func(*Config)) *budgetRig {
+	t.Helper()
+	br := &budgetRig{rig: &rig{}}
+	r := br.rig
+	r.upstream = httptest.NewServer(fakeupstream.New(fakeupstream.Options{
+		Script: fakeupstream.Script{ToolCalls: 2},
+		Fault: func(req fakeupstream.Request) fakeupstream.Fault {
+			if f := r.fault.Load(); f != nil {
+				return (*f)(req)
+			}
+			return fakeupstream.Fault{}
+		},
+	}))
+	t.Cleanup(r.upstream.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream(r.upstream.URL+"/v1", nil)
+	require.NoError(t, err)
+	cfg := Config{Store: st, Upstream: up}
+	edit(&cfg)
+	r.proxy, err = New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.proxy.Close() })
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		defer br.served.Add(1)
+		r.proxy.ServeHTTP(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	r.url = srv.URL + "/v1/responses"
+	return br
+}
+
+// holdUpstream makes the upstream's first call from now on wait until the
+// returned release is called (by the test's end at the latest); reached
+// is closed when that call arrives.
+func (r *rig) holdUpstream(t *testing.T) (reached <-chan struct{}, release func()) {
+	arrived, gate := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+		if calls.Add(1) == 1 {
+			close(arrived)
+			<-gate
+		}
+		return fakeupstream.Fault{}
+	})
+	var once sync.Once
+	release = func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(release) // before the upstream closes: it waits for its calls
+	return arrived, release
+}
+
+// noFault answers every call normally.
+func noFault(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} }
+
+// budgetFree tells whether nothing holds any of p's budget.
+func budgetFree(p *Proxy) bool {
+	if !p.budget.sem.TryAcquire(p.budget.size) {
+		return false
+	}
+	p.budget.sem.Release(p.budget.size)
+	return true
+}
+
+// bigTurn is a turn of a user message of n bytes.
+func bigTurn(n int) map[string]any {
+	return map[string]any{"model": "gpt-test", "input": []any{
+		map[string]any{"role": "user", "content": strings.Repeat("x", n)}}}
+}
+
+// postBytes sends body as a client would: its answer's status, headers
+// and body. It may run outside the test's goroutine.
+func postBytes(ctx context.Context, url, session string, body []byte) (int, http.Header, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Session-Id", session)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b, err
+}
+
+// While a turn holds most of a small budget, a second one, over HTTP or
+// in the WebSocket mode, waits, then is refused with 503 and server_busy;
+// once the first ends, the next turn is served.
+func TestBudgetRefusesATurnWhileFull(t *testing.T) {
+	turn := bigTurn(700 << 10)
+	body, err := json.Marshal(turn)
+	require.NoError(t, err)
+	n := int64(len(body))
+	for _, tc := range []struct {
+		second transport
+		size   int64 // room for the first turn and for the second alone, not for both
+	}{
+		{overHTTP, 3 * n},      // a turn weighs about 2n
+		{overWebSocket, 5 * n}, // a message, about 4n
+	} {
+		t.Run(string(tc.second), func(t *testing.T) {
+			r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = tc.size })
+			reached, release := r.holdUpstream(t)
+			first := make(chan int, 1)
+			go func() {
+				status, _, _, _ := postBytes(context.Background(), r.url, "s1", body)
+				first <- status
+			}()
+			<-reached
+			var c *socketClient
+			if tc.second == overHTTP {
+				status, header, b, err := postBytes(t.Context(), r.url, "s2", body)
+				require.NoError(t, err)
+				assert.Equal(t, http.StatusServiceUnavailable, status, "%s", b)
+				assert.Equal(t, "1", header.Get("Retry-After"))
+				e := gjson.GetBytes(b, "error")
+				assert.Equal(t, "server_error", e.Get("type").String())
+				assert.Equal(t, "server_busy", e.Get("code").String())
+				assert.Equal(t, gjson.Null, e.Get("param").Type)
+				assert.NotEmpty(t, e.Get("message").String())
+			} else {
+				c = dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s2")
+				ev := c.turn(turn).err
+				assert.Equal(t, int64(http.StatusServiceUnavailable), ev.Get("status").Int(), ev.Raw)
+				assert.Equal(t, "server_error", ev.Get("error.type").String())
+				assert.Equal(t, "server_busy", ev.Get("error.code").String())
+			}
+			assert.Equal(t, int64(1), r.proxy.Stats().RefusedBusy)
+			release()
+			assert.Equal(t, http.StatusOK, <-first)
+			a := post(t, r.url, http.Header{"X-Session-Id": {"s3"}}, turn)
+			assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+			if c != nil {
+				assert.Equal(t, "completed", c.turn(turn).response.Get("status").String(), "the connection goes on")
+			}
+		})
+	}
+}
+
+// A body whose declared length alone weighs more than the whole budget is
+// refused before any of it is sent.
+func TestBudgetRefusesAnOversizedBodyUnread(t *testing.T) {
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = 1 << 20 })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(r.url, "/v1/responses"), "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+		"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n", 1<<20)
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "answered with the body unsent")
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "%s", b)
+	assert.Equal(t, "request_too_large", gjson.GetBytes(b, "error.code").String())
+	assert.Zero(t, r.proxy.Stats().RefusedBusy)
+	assert.True(t, budgetFree(r.proxy))
+}
+
+// Every way a request can end gives back what it held of the budget.
+func TestBudgetIsReleasedOnEveryPath(t *testing.T) {
+	for _, tc := range slices.Concat(failedTurns(), failedBodies()) {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight, c.MaxBodyBytes = 8<<20, 1<<20 })
+			tc.run(t, r)
+			require.Eventually(t, func() bool { return r.served.Load() == 1 }, 10*time.Second, time.Millisecond,
+				"the proxy ends the request")
+			assert.True(t, budgetFree(r.proxy), "the budget is held after the request ended")
+			a := post(t, r.url, http.Header{"X-Session-Id": {"s"}}, bigTurn(100<<10))
+			assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+		})
+	}
+}
+
+// releaseCase is one way a request, or a WebSocket connection, ends
+// badly.
+type releaseCase struct {
+	name string
+	run  func(t *testing.T, r *budgetRig)
+}
+
+// failedTurns are turns read in full that fail.
+func failedTurns() []releaseCase {
+	turn := bigTurn(100 << 10)
+	valid, _ := json.Marshal(turn)
+	failWith := func(f fakeupstream.Fault) func(*testing.T, *budgetRig, map[string]any) answer {
+		return func(t *testing.T, r *budgetRig, body map[string]any) answer {
+			r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return f })
+			defer r.setFault(noFault)
+			return post(t, r.url, http.Header{"X-Session-Id": {"s"}}, body)
+		}
+	}
+	streamed := bigTurn(100 << 10)
+	streamed["stream"] = true
+	return []releaseCase{
+		{"invalid JSON", func(t *testing.T, r *budgetRig) {
+			status, _, _, err := postBytes(t.Context(), r.url, "s", valid[:len(valid)-1])
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusBadRequest, status)
+		}},
+		{"invalid owner", func(t *testing.T, r *budgetRig) {
+			assert.Equal(t, http.StatusBadRequest, post(t, r.url, http.Header{"X-Session-Id": {""}}, turn).status)
+		}},
+		{"upstream error", func(t *testing.T, r *budgetRig) {
+			a := failWith(fakeupstream.Fault{Kind: fakeupstream.FaultStatus, Status: http.StatusInternalServerError})(t, r, turn)
+			assert.Equal(t, http.StatusInternalServerError, a.status)
+		}},
+		{"stream dropped upstream", func(t *testing.T, r *budgetRig) {
+			assert.Len(t, failWith(fakeupstream.Fault{Kind: fakeupstream.FaultDrop, Events: 2})(t, r, streamed).events, 2)
+		}},
+		{"client gone during the turn", func(t *testing.T, r *budgetRig) {
+			reached, release := r.holdUpstream(t)
+			defer r.setFault(noFault)
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_, _, _, _ = postBytes(ctx, r.url, "s", valid)
+			}()
+			<-reached
+			cancel()
+			<-done
+			release()
+		}},
+	}
+}
+
+// failedBodies are bodies and WebSocket messages that fail before their
+// turn is parsed, or as they are read.
+func failedBodies() []releaseCase {
+	turn := bigTurn(100 << 10)
+	commas := map[string]any{"model": "gpt-test", "input": strings.Repeat(",", 200<<10)} // 200 K items at most
+	return []releaseCase{
+		{"client gone during the body", func(t *testing.T, r *budgetRig) {
+			sendPartial(t, r.url, 500<<10, bytes.Repeat([]byte("x"), 100<<10))
+		}},
+		{"body over MaxBodyBytes, length unknown", func(t *testing.T, r *budgetRig) {
+			status := postChunked(t, r.url, bytes.Repeat([]byte("x"), 2<<20))
+			assert.Contains(t, []int{0, http.StatusRequestEntityTooLarge}, status)
+		}},
+		{"items over the budget", func(t *testing.T, r *budgetRig) {
+			assert.Equal(t, http.StatusRequestEntityTooLarge, post(t, r.url, http.Header{"X-Session-Id": {"s"}}, commas).status)
+		}},
+		{"socket closed with messages read ahead", func(t *testing.T, r *budgetRig) {
+			reached, release := r.holdUpstream(t)
+			defer r.setFault(noFault)
+			c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "ws1")
+			c.create(turn)
+			<-reached
+			c.create(turn)
+			c.create(turn)
+			_ = c.ws.CloseNow()
+			release()
+		}},
+		{"socket message over the budget", func(t *testing.T, r *budgetRig) {
+			c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "ws2")
+			ev := c.turn(commas).err
+			assert.Equal(t, int64(http.StatusRequestEntityTooLarge), ev.Get("status").Int(), ev.Raw)
+			_ = c.ws.CloseNow()
+		}},
+	}
+}
+
+// sendPartial sends a request declaring n bytes of body, sends part of
+// them and hangs up.
+func sendPartial(t *testing.T, url string, n int, part []byte) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(url, "/v1/responses"), "http://"))
+	require.NoError(t, err)
+	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+		"X-Session-Id: s\r\nContent-Length: %d\r\n\r\n", n)
+	require.NoError(t, err)
+	_, err = conn.Write(part)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+}
+
+// postChunked sends body without its length: the answer's status, 0 when
+// the proxy hung up before the client got one.
+func postChunked(t *testing.T, url string, body []byte) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url, io.MultiReader(bytes.NewReader(body)))
+	require.NoError(t, err)
+	req.Header.Set("X-Session-Id", "s")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode
+}
+
+func TestNewRejectsANegativeBudget(t *testing.T) {
+	st, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream("http://127.0.0.1:1/v1", nil)
+	require.NoError(t, err)
+	_, err = New(Config{Store: st, Upstream: up, MaxBytesInFlight: -1})
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+	p, err := New(Config{Store: st, Upstream: up})
+	require.NoError(t, err)
+	assert.Equal(t, int64(defaultMaxBytesInFlight), p.budget.size, "the default")
+}

@@ -1,0 +1,160 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/directory"
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/store"
+)
+
+// countingServer is an httptest server that counts the TCP connections
+// it accepts, and can hold requests until a number of them are in flight.
+type countingServer struct {
+	*httptest.Server
+	dials atomic.Int64
+	// held, when not nil, holds each request until conc are in flight.
+	held    atomic.Pointer[chan struct{}]
+	arrived atomic.Int64
+}
+
+func newCountingServer(t *testing.T, h http.Handler, conc int) *countingServer {
+	t.Helper()
+	cs := &countingServer{}
+	cs.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if held := cs.held.Load(); held != nil {
+			if cs.arrived.Add(1) == int64(conc) {
+				close(*held)
+			}
+			select {
+			case <-*held:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		h.ServeHTTP(w, r)
+	}))
+	cs.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			cs.dials.Add(1)
+		}
+	}
+	cs.Start()
+	t.Cleanup(cs.Close)
+	return cs
+}
+
+// warmUp runs conc calls of f at once, each held by the server until all
+// are in flight, so that conc connections are open at the end, and
+// returns the connections opened so far.
+func (cs *countingServer) warmUp(conc int, f func(i int)) int64 {
+	held := make(chan struct{})
+	cs.held.Store(&held)
+	concurrently(conc, conc, f)
+	cs.held.Store(nil)
+	return cs.dials.Load()
+}
+
+// concurrently runs n calls of f, c at a time.
+func concurrently(n, c int, f func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range c {
+		wg.Go(func() {
+			for i := range next {
+				f(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// The upstream's connections are reused across turns: 400 turns, 64 at a
+// time, after a first round of 64 opened the connections.
+func TestUpstreamConnectionsAreReused(t *testing.T) {
+	const turns, conc = 400, 64
+	upstream := newCountingServer(t, fakeupstream.New(fakeupstream.Options{}), conc)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, overHTTP, st, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	// The clients keep their own connections to the proxy.
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
+	t.Cleanup(client.CloseIdleConnections)
+	turn := func(i int) {
+		body := fmt.Sprintf(`{"model":"m","store":true,"input":"turn %d"}`, i)
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", strings.NewReader(body))
+		if !assert.NoError(t, err) {
+			return
+		}
+		req.Header.Set("X-Session-Id", fmt.Sprint("s", i%conc))
+		resp, err := client.Do(req)
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		assert.NoError(t, err)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	warm := upstream.warmUp(conc, turn)
+	concurrently(turns, conc, turn)
+	opened := upstream.dials.Load() - warm
+	t.Logf("%d upstream connections for the first %d turns, %d for the next %d (%.3f a turn)",
+		warm, conc, opened, turns, float64(opened)/turns)
+	assert.LessOrEqual(t, float64(opened)/turns, 0.05, "new upstream connections a turn")
+}
+
+// Forwarded turns reuse their connections to the origin replica: 400
+// forwards, 64 at a time, after a first round of 64.
+func TestForwardedTurnsReuseConnections(t *testing.T) {
+	const turns, conc = 400, 64
+	origin := newCountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		startEvents(w)
+		_, _ = io.WriteString(w, "data: {\"type\":\"response.completed\"}\n\n")
+	}), conc)
+	dir, err := directory.NewMemory(directory.Options{})
+	require.NoError(t, err)
+	f := &Forwarding{Directory: dir, Secret: testSecret}
+	require.NoError(t, f.check())
+	t.Cleanup(f.Client.CloseIdleConnections)
+	addr := strings.TrimPrefix(origin.URL, "http://")
+	forward := func(i int) {
+		c := &forwardConn{f: f, addr: addr, origin: store.Socket{Replica: "r2", ID: 1}, prev: "resp_1",
+			tg: &target{header: http.Header{}}}
+		rep, err := c.send(context.Background(), []byte(fmt.Sprintf(`{"input":"turn %d"}`, i)), true)
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer rep.close()
+		for {
+			if _, err := rep.next(); err != nil {
+				assert.ErrorIs(t, err, io.EOF)
+				return
+			}
+		}
+	}
+	warm := origin.warmUp(conc, forward)
+	concurrently(turns, conc, forward)
+	opened := origin.dials.Load() - warm
+	t.Logf("%d connections to the origin for the first %d forwards, %d for the next %d (%.3f a forward)",
+		warm, conc, opened, turns, float64(opened)/turns)
+	assert.LessOrEqual(t, float64(opened)/turns, 0.05, "new connections a forward")
+}

@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/store"
+)
+
+// refusedKey prefixes the keys whose handshake the rig's upstream
+// refuses with 401.
+const refusedKey = "Bearer sk-refused"
+
+// poolCount is the number of credentials whose sockets u keeps.
+func (u *wsUpstream) poolCount() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.pools)
+}
+
+// wsRig is a proxy over the WebSocket upstream in front of the fake
+// upstream, which refuses the keys starting with refusedKey.
+type wsRig struct {
+	up  *wsUpstream
+	url string // the proxy's /v1/responses
+	// client sends the turns on a new connection each, so that idle
+	// connections to the proxy do not count as what the proxy keeps.
+	client *http.Client
+}
+
+func newWSRig(t *testing.T, opts WebSocketOptions) *wsRig {
+	t.Helper()
+	fake := fakeupstream.New(fakeupstream.Options{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.Header.Get("Authorization"), refusedKey) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = io.WriteString(w, `{"error":{"message":"Incorrect API key provided.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}`)
+			return
+		}
+		fake.ServeHTTP(w, r)
+	}))
+	t.Cleanup(upstream.Close)
+	opts.Replica = "r1"
+	up, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(upstream.URL, "http")+"/v1", opts)
+	require.NoError(t, err)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: up})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	return &wsRig{up: up.(*wsUpstream), url: srv.URL + "/v1/responses",
+		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+}
+
+// turn sends one turn with key as its credential and returns the status
+// and body.
+func (r *wsRig) turn(t *testing.T, key string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, r.url, strings.NewReader(`{"model":"m","store":false,"input":"hi"}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", key)
+	req.Header.Set("X-Session-Id", "s-"+key)
+	resp, err := r.client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, b
+}
+
+// openFDs is the number of the process's open file descriptors, -1 where
+// /proc does not tell.
+func openFDs() int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(fds)
+}
+
+// baseline is the goroutines and file descriptors of the process.
+type baseline struct{ goroutines, fds int }
+
+func takeBaseline() baseline { return baseline{runtime.NumGoroutine(), openFDs()} }
+
+// settled polls, for up to 8 seconds, until r keeps no credential and the
+// process is back within a few goroutines and file descriptors of b.
+func (r *wsRig) settled(t *testing.T, b baseline) {
+	t.Helper()
+	const slack = 8
+	back := func() bool {
+		return r.up.poolCount() == 0 && runtime.NumGoroutine() <= b.goroutines+slack &&
+			(b.fds < 0 || openFDs() <= b.fds+slack)
+	}
+	start := time.Now()
+	t.Logf("before settling: %d credentials kept, %+d goroutines, %+d file descriptors",
+		r.up.poolCount(), runtime.NumGoroutine()-b.goroutines, openFDs()-b.fds)
+	for !back() && time.Since(start) < 8*time.Second {
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("after %v: %d credentials kept, %+d goroutines, %+d file descriptors", time.Since(start).Round(time.Millisecond),
+		r.up.poolCount(), runtime.NumGoroutine()-b.goroutines, openFDs()-b.fds)
+	assert.Zero(t, r.up.poolCount(), "credentials kept")
+	assert.LessOrEqual(t, runtime.NumGoroutine(), b.goroutines+slack, "goroutines (baseline %d)", b.goroutines)
+	if b.fds >= 0 {
+		assert.LessOrEqual(t, openFDs(), b.fds+slack, "file descriptors (baseline %d)", b.fds)
+	}
+}
+
+// 200 credentials each run a turn, then go quiet: their sockets close
+// after IdleTimeout, and their pools, goroutines and descriptors go.
+func TestIdleUpstreamSocketsClose(t *testing.T) {
+	const credentials = 200
+	r := newWSRig(t, WebSocketOptions{IdleTimeout: 200 * time.Millisecond})
+	base := takeBaseline()
+	concurrently(credentials, 8, func(i int) {
+		status, b := r.turn(t, fmt.Sprint("Bearer sk-", i))
+		assert.Equal(t, http.StatusOK, status, "%s", b)
+	})
+	r.settled(t, base)
+}
+
+// A credential the upstream refuses leaves nothing behind, and the client
+// gets the answer it always got.
+func TestRefusedCredentialsLeaveNoPool(t *testing.T) {
+	r := newWSRig(t, WebSocketOptions{})
+	base := takeBaseline()
+	for i := range 50 {
+		status, b := r.turn(t, fmt.Sprint(refusedKey, "-", i))
+		require.Equal(t, http.StatusBadGateway, status, "%s", b)
+		require.Equal(t, "upstream_unreachable", gjson.GetBytes(b, "error.code").String(), "%s", b)
+		require.Zero(t, r.up.poolCount(), "credentials kept after %d refusals", i+1)
+	}
+	r.settled(t, base)
+}
+
+// With room for 4 credentials, 10 used one after another each get their
+// turn, and at most 4 are kept.
+func TestCredentialsAreCapped(t *testing.T) {
+	r := newWSRig(t, WebSocketOptions{MaxCredentials: 4})
+	for round := range 2 {
+		for i := range 10 {
+			status, b := r.turn(t, fmt.Sprint("Bearer sk-", i))
+			require.Equal(t, http.StatusOK, status, "round %d, credential %d: %s", round, i, b)
+			require.LessOrEqual(t, r.up.poolCount(), 4, "round %d, credential %d", round, i)
+		}
+	}
+}
+
+// When every credential kept has a turn in flight, a new credential waits
+// for one to finish: its turn fails when its context ends first, and goes
+// on when one finishes.
+func TestANewCredentialWaitsWhileEveryCredentialIsBusy(t *testing.T) {
+	r := newWSRig(t, WebSocketOptions{MaxCredentials: 1})
+	tg := func(key string) *target { return &target{header: http.Header{"Authorization": {key}}} }
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	a, err := r.up.acquire(ctx, tg("Bearer sk-a"))
+	require.NoError(t, err)
+	short, stop := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err = r.up.acquire(short, tg("Bearer sk-b"))
+	stop()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "room for another upstream credential")
+
+	got := make(chan error, 1)
+	go func() {
+		b, err := r.up.acquire(ctx, tg("Bearer sk-b"))
+		if err == nil {
+			b.release()
+		}
+		got <- err
+	}()
+	a.release()
+	require.NoError(t, <-got)
+	assert.Equal(t, 1, r.up.poolCount())
+}
+
+func TestWebSocketOptionsAreChecked(t *testing.T) {
+	for _, o := range []WebSocketOptions{{Replica: "r", IdleTimeout: -1}, {Replica: "r", MaxCredentials: -1}} {
+		_, err := NewWebSocketUpstream("ws://x/v1", o)
+		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", o)
+	}
+	up, err := NewWebSocketUpstream("ws://x/v1", WebSocketOptions{Replica: "r"})
+	require.NoError(t, err)
+	opts := up.(*wsUpstream).opts
+	assert.Equal(t, 5*time.Minute, opts.IdleTimeout)
+	assert.Equal(t, 1024, opts.MaxCredentials)
+}
