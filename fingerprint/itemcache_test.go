@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -126,4 +127,22 @@ func TestSkipObject(t *testing.T) {
 		assert.Equal(t, -1, skipObject([]byte(s[:len(s)-1]), 0), s)
 	}
 	assert.Equal(t, -1, skipObject([]byte(`{"a":"\`), 0))
+}
+
+// A scanner that parsed a body of many small items holds per-item slices
+// far larger than the body: it is not kept in scannerCache, which garbage
+// collection never empties.
+func TestScannersOfManyItemsAreNotKept(t *testing.T) {
+	body := []byte(`{"input":[{}` + strings.Repeat(`,{}`, 300_000) + `]}`)
+	_, err := testParser.Parse(body)
+	require.NoError(t, err)
+	for {
+		select {
+		case p := <-scannerCache:
+			assert.LessOrEqual(t, p.retained(), cacheMaxBuffer)
+			continue
+		default:
+		}
+		break
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // MaxDepth is the maximum number of arrays and objects open at once.
@@ -147,8 +148,8 @@ var (
 )
 
 const (
-	cacheMaxBuffer = 4 << 20  // largest buffer of a scanner in scannerCache
-	poolMaxBuffer  = 16 << 20 // largest buffer of a scanner in scannerPool
+	cacheMaxBuffer = 4 << 20  // most bytes a scanner in scannerCache retains
+	poolMaxBuffer  = 16 << 20 // most bytes a scanner in scannerPool retains
 )
 
 func getScanner(data []byte, r *rules) *scanner {
@@ -164,7 +165,7 @@ func getScanner(data []byte, r *rules) *scanner {
 }
 
 func putScanner(p *scanner) {
-	size := max(cap(p.out), cap(p.itemOut), cap(p.scratch), cap(p.keys), cap(p.argDecoded), cap(p.argOut), cap(p.formOut))
+	size := p.retained()
 	if size > poolMaxBuffer {
 		return
 	}
@@ -182,6 +183,17 @@ func putScanner(p *scanner) {
 		}
 	}
 	scannerPool.Put(p)
+}
+
+// retained returns about how many bytes p's buffers hold: its byte
+// buffers and its per-item and per-member slices, which a body of many
+// small items grows beyond the bytes.
+func (p *scanner) retained() int {
+	return cap(p.out) + cap(p.itemOut) + cap(p.scratch) + cap(p.keys) + cap(p.argDecoded) + cap(p.argOut) +
+		cap(p.formOut) + cap(p.itemID) +
+		cap(p.itemRaw)*int(unsafe.Sizeof(json.RawMessage{})) + cap(p.itemDigest)*8 + cap(p.itemRef) +
+		cap(p.members)*int(unsafe.Sizeof(member{})) + cap(p.path)*int(unsafe.Sizeof(frame{})) +
+		cap(p.top)*int(unsafe.Sizeof(topMember{}))
 }
 
 func (p *scanner) reset(data []byte) {
