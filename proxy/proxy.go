@@ -543,6 +543,10 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, err error) {
 // wrong, not where: the upstream's address, the dial error and the
 // replicas' names stay in the log.
 func writeUnreachable(w http.ResponseWriter, err error) {
+	if rf, ok := errors.AsType[*upstreamRefusal](err); ok {
+		rf.write(w)
+		return
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		writeError(w, http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout",
 			"The upstream did not answer in time.")

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -437,14 +439,49 @@ drain:
 func (c *wsConn) dial(ctx context.Context) (*websocket.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, c.up.opts.DialTimeout)
 	defer cancel()
-	ws, _, err := websocket.Dial(dctx, c.up.url, &websocket.DialOptions{
+	ws, resp, err := websocket.Dial(dctx, c.up.url, &websocket.DialOptions{
 		HTTPHeader: c.pool.header, HTTPClient: c.up.opts.Client,
 	})
+	if err != nil && resp != nil && resp.StatusCode >= 400 {
+		// The upstream answered the handshake, with an HTTP error such as
+		// 401 for a key it does not know: the client gets that answer.
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxRefusalBody))
+		return nil, &upstreamRefusal{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: body}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("opening an upstream socket: %w", err)
 	}
 	ws.SetReadLimit(maxUpstreamBody)
 	return ws, nil
+}
+
+// maxRefusalBody is the most of a refused handshake's answer kept (the
+// WebSocket library keeps its first 1,024 bytes).
+const maxRefusalBody = 1024
+
+// upstreamRefusal is the upstream's HTTP answer to a socket's handshake
+// that it refused.
+type upstreamRefusal struct {
+	status      int
+	contentType string
+	body        []byte
+}
+
+func (e *upstreamRefusal) Error() string {
+	return fmt.Sprintf("the upstream refused the socket: %d %.200s", e.status, e.body)
+}
+
+// write answers the client as the upstream answered the handshake: its
+// status and its error body, when the body is a Responses error.
+func (e *upstreamRefusal) write(w http.ResponseWriter) {
+	if strings.HasPrefix(e.contentType, "application/json") && gjson.GetBytes(e.body, "error.message").Exists() {
+		w.Header().Set("Content-Type", e.contentType)
+		w.Header().Set("Content-Length", strconv.Itoa(len(e.body)))
+		w.WriteHeader(e.status)
+		_, _ = w.Write(e.body)
+		return
+	}
+	writeError(w, e.status, "upstream_error", "", "", "The upstream refused the request.")
 }
 
 // read moves a socket's messages to frames until the socket fails.

@@ -137,14 +137,14 @@ func TestIdleUpstreamSocketsClose(t *testing.T) {
 }
 
 // A credential the upstream refuses leaves nothing behind, and the client
-// gets the answer it always got.
+// gets the upstream's own answer to the handshake: 401 invalid_api_key.
 func TestRefusedCredentialsLeaveNoPool(t *testing.T) {
 	r := newWSRig(t, WebSocketOptions{})
 	base := takeBaseline()
 	for i := range 50 {
 		status, b := r.turn(t, fmt.Sprint(refusedKey, "-", i))
-		require.Equal(t, http.StatusBadGateway, status, "%s", b)
-		require.Equal(t, "upstream_unreachable", gjson.GetBytes(b, "error.code").String(), "%s", b)
+		require.Equal(t, http.StatusUnauthorized, status, "%s", b)
+		require.Equal(t, "invalid_api_key", gjson.GetBytes(b, "error.code").String(), "the upstream's answer: %s", b)
 		require.Zero(t, r.up.poolCount(), "credentials kept after %d refusals", i+1)
 	}
 	r.settled(t, base)
