@@ -475,7 +475,12 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	if err != nil {
 		return err
 	}
-	ln := newLimitListener(tcp, c.maxConns)
+	maxConns := connsWithin(c.maxConns, fileLimit())
+	if maxConns < c.maxConns {
+		logger.Warn("-max-conns lowered to what the open-file limit leaves room for: each client connection may need an upstream one",
+			"max_conns", maxConns, "flag", c.maxConns, "nofile", fileLimit())
+	}
+	ln := newLimitListener(tcp, maxConns)
 	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout),
 		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
 	// The operations port: metrics, and health for a prober, off the

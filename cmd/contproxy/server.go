@@ -112,6 +112,21 @@ type limitListener struct {
 	closeOnce sync.Once
 }
 
+// fileReserve is the open files kept out of the client connections'
+// share of the process's limit: Redis, the listeners, logs, peers.
+const fileReserve = 64
+
+// connsWithin returns the most client connections, at most want, that a
+// process allowed nofile open files can hold when each may need an
+// upstream connection too (nofile 0: unknown, want).
+func connsWithin(want int, nofile uint64) int {
+	if nofile == 0 {
+		return want
+	}
+	room := int(max(nofile, 2*fileReserve+2)-fileReserve) / 2
+	return min(want, room)
+}
+
 // newLimitListener limits ln to n connections open at once.
 func newLimitListener(ln *net.TCPListener, n int) *limitListener {
 	return &limitListener{TCPListener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}

@@ -212,3 +212,13 @@ func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
 	startWith(t, noEnv, &log, "-fake-upstream", "-ops-listen", "", "-log-level", "info")
 	assert.Contains(t, log.String(), ` ops="" `, "-ops-listen empty serves no operations port")
 }
+
+// -max-conns leaves room in the open-file limit for an upstream
+// connection a client connection, and for the files kept apart.
+func TestMaxConnsFitsTheOpenFileLimit(t *testing.T) {
+	assert.Equal(t, 480, connsWithin(4096, 1024))
+	assert.Equal(t, 10, connsWithin(10, 1024))
+	assert.Equal(t, 4096, connsWithin(4096, 0), "limit unknown")
+	assert.Equal(t, 4096, connsWithin(4096, 1<<20))
+	assert.Equal(t, 33, connsWithin(4096, 10), "a tiny limit still leaves some")
+}
