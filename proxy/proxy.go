@@ -172,27 +172,17 @@ func (cfg *Config) fill() error {
 	if err := cfg.Identity.validate(); err != nil {
 		return err
 	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = defaultMaxBodyBytes
-	}
-	if cfg.UpstreamTimeout == 0 {
-		cfg.UpstreamTimeout = defaultUpstreamTimeout
-	}
-	if cfg.MaxBytesInFlight == 0 {
-		cfg.MaxBytesInFlight = defaultMaxBytesInFlight
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
+	orDefault(&cfg.MaxBodyBytes, defaultMaxBodyBytes)
+	orDefault(&cfg.UpstreamTimeout, defaultUpstreamTimeout)
+	orDefault(&cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
+	orDefault(&cfg.Logger, slog.New(slog.DiscardHandler))
+	orDefault(&cfg.RoutingHeader, defaultRoutingHeader)
 	if cfg.Forwarding != nil {
 		f := *cfg.Forwarding
 		if err := f.check(); err != nil {
 			return err
 		}
 		cfg.Forwarding = &f
-	}
-	if cfg.RoutingHeader == "" {
-		cfg.RoutingHeader = defaultRoutingHeader
 	}
 	return cfg.Learning.check()
 }

@@ -368,15 +368,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	if err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevelValue}))
-	for _, v := range c.unknownEnv {
-		if v.near != "" {
-			logger.Warn("ignoring an environment variable no flag reads", "var", v.name, "did_you_mean", v.near)
-		} else {
-			logger.Warn("ignoring an environment variable no flag reads", "var", v.name)
-		}
-	}
-
+	logger := newLogger(c, stderr)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := prommetrics.New(prommetrics.Options{})
@@ -390,54 +382,21 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	defer closeStore()
 	reg.MustRegister(metrics.StatsCollector(st, time.Second))
 
-	upstream := c.upstream
-	var fake *http.Server
-	if c.fakeUpstream {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return fmt.Errorf("fake upstream: %w", err)
-		}
-		fake = &http.Server{Handler: fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}),
-			ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = fake.Serve(ln) }()
-		scheme := "http"
-		if c.transport == "websocket" {
-			scheme = "ws"
-		}
-		upstream = scheme + "://" + ln.Addr().String() + "/v1"
-		logger.Info("fake upstream listening", "upstream", upstream)
+	upstream, stopFake, err := upstreamURL(c, logger)
+	if err != nil {
+		return err
 	}
-	var up proxy.Upstream
-	// No client given: the upstream builds one that keeps connections for the turns to reuse.
-	if c.transport == "websocket" {
-		up, err = proxy.NewWebSocketUpstream(upstream, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets,
-			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout})
-	} else {
-		up, err = proxy.NewHTTPUpstream(upstream, nil)
-	}
+	defer stopFake()
+	up, err := openUpstream(c, upstream)
 	if err != nil {
 		return err
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxBytesInFlight: c.maxBytesInFlight,
 		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Observer: newStepCounter(reg)}
-	announced := make(chan struct{})
-	if c.forwardSecret != "" {
-		dir, err := directory.NewRedis(rdb, c.namespace, directory.Options{OpTimeout: c.opTimeout})
-		if err != nil {
-			return err
-		}
-		cfg.Forwarding = &proxy.Forwarding{Directory: dir, Secret: []byte(c.forwardSecret)}
-		go func() {
-			defer close(announced)
-			// Withdrawn when ctx ends: peers stop forwarding here while the
-			// turns in flight finish.
-			_ = dir.Run(ctx, c.replica, c.advertise, func(err error) {
-				logger.Warn("announcing this replica failed; peers serve its turns with full context", "err", err)
-			})
-		}()
-	} else {
-		close(announced)
+	announced, err := forward(ctx, c, rdb, logger, &cfg)
+	if err != nil {
+		return err
 	}
 	defer func() { <-announced }()
 	p, err := proxy.New(cfg)
@@ -448,10 +407,95 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	reg.MustRegister(newStatsCollector(p))
 
 	go sweep(ctx, st, logger)
+	logger = logger.With("replica", c.replica)
+	return serve(ctx, c, logger, p, reg, func(addr, opsAddr string) {
+		logger.Info("contproxy listening", "addr", addr, "ops", opsAddr, "upstream", upstream, "transport", c.transport,
+			"redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace)
+		if ready != nil {
+			ready(addr, opsAddr)
+		}
+	})
+}
 
+// newLogger returns the logger the flags ask for, after warning about
+// the CONTPROXY_ variables no flag reads.
+func newLogger(c config, stderr io.Writer) *slog.Logger {
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: c.logLevelValue}))
+	for _, v := range c.unknownEnv {
+		if v.near != "" {
+			logger.Warn("ignoring an environment variable no flag reads", "var", v.name, "did_you_mean", v.near)
+		} else {
+			logger.Warn("ignoring an environment variable no flag reads", "var", v.name)
+		}
+	}
+	return logger
+}
+
+// upstreamURL returns the upstream's base URL: -upstream, or, with
+// -fake-upstream, that of a fake it starts on a loopback port, which stop
+// stops.
+func upstreamURL(c config, logger *slog.Logger) (url string, stop func(), _ error) {
+	if !c.fakeUpstream {
+		return c.upstream, func() {}, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("fake upstream: %w", err)
+	}
+	fake := &http.Server{Handler: fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}),
+		ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = fake.Serve(ln) }()
+	scheme := "http"
+	if c.transport == "websocket" {
+		scheme = "ws"
+	}
+	url = scheme + "://" + ln.Addr().String() + "/v1"
+	logger.Info("fake upstream listening", "upstream", url)
+	return url, func() { _ = fake.Close() }, nil
+}
+
+// openUpstream returns the upstream at url over the -transport. No client
+// given: the upstream builds one that keeps connections for the turns to
+// reuse.
+func openUpstream(c config, url string) (proxy.Upstream, error) {
+	if c.transport == "websocket" {
+		return proxy.NewWebSocketUpstream(url, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets,
+			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout})
+	}
+	return proxy.NewHTTPUpstream(url, nil)
+}
+
+// forward turns forwarding on in cfg when -forward-secret is set, and
+// announces this replica in the directory until ctx ends; announced is
+// closed once the announcement is withdrawn (at once without forwarding).
+func forward(ctx context.Context, c config, rdb redis.UniversalClient, logger *slog.Logger, cfg *proxy.Config) (announced chan struct{}, _ error) {
+	announced = make(chan struct{})
+	if c.forwardSecret == "" {
+		close(announced)
+		return announced, nil
+	}
+	dir, err := directory.NewRedis(rdb, c.namespace, directory.Options{OpTimeout: c.opTimeout})
+	if err != nil {
+		return nil, err
+	}
+	cfg.Forwarding = &proxy.Forwarding{Directory: dir, Secret: []byte(c.forwardSecret)}
+	go func() {
+		defer close(announced)
+		// Withdrawn when ctx ends: peers stop forwarding here while the
+		// turns in flight finish.
+		_ = dir.Run(ctx, c.replica, c.advertise, func(err error) {
+			logger.Warn("announcing this replica failed; peers serve its turns with full context", "err", err)
+		})
+	}()
+	return announced, nil
+}
+
+// serve serves p on -listen and the metrics of reg on -ops-listen until
+// ctx ends, then lets the turns in flight finish for up to
+// -shutdown-timeout. listening gets the addresses once both listen.
+func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, reg *prometheus.Registry,
+	listening func(addr, opsAddr string)) error {
 	var stopping atomic.Bool
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", p) // the turns; every other /v1 request passes through
 	healthz := func(w http.ResponseWriter, _ *http.Request) {
 		if stopping.Load() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
@@ -459,6 +503,8 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", p) // the turns; every other /v1 request passes through
 	mux.HandleFunc("GET /healthz", healthz)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -466,21 +512,6 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
 			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
 	})
-
-	addr, err := net.ResolveTCPAddr("tcp", c.listen)
-	if err != nil {
-		return fmt.Errorf("-listen: %w", err)
-	}
-	tcp, err := net.ListenTCP("tcp", addr)
-	if err != nil {
-		return err
-	}
-	maxConns := connsWithin(c.maxConns, fileLimit())
-	if maxConns < c.maxConns {
-		logger.Warn("-max-conns lowered to what the open-file limit leaves room for: each client connection may need an upstream one",
-			"max_conns", maxConns, "flag", c.maxConns, "nofile", fileLimit())
-	}
-	ln := newLimitListener(tcp, maxConns)
 	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout),
 		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
 	// The operations port: metrics, and health for a prober, off the
@@ -489,26 +520,19 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	opsMux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	opsMux.HandleFunc("GET /healthz", healthz)
 	ops := &http.Server{Handler: opsMux, ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
-	var opsLn net.Listener
-	opsAddr := ""
-	if c.opsListen != "" {
-		if opsLn, err = net.Listen("tcp", c.opsListen); err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("-ops-listen: %w", err)
-		}
-		opsAddr = opsLn.Addr().String()
+
+	ln, opsLn, err := listen(c, logger)
+	if err != nil {
+		return err
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()
+	opsAddr := ""
 	if opsLn != nil {
+		opsAddr = opsLn.Addr().String()
 		go func() { served <- ops.Serve(opsLn) }()
 	}
-	logger.Info("contproxy listening", "addr", ln.Addr().String(), "ops", opsAddr, "replica", c.replica,
-		"upstream", upstream, "transport", c.transport, "redis", c.redisURL != "" || c.redisCluster != "",
-		"namespace", c.namespace)
-	if ready != nil {
-		ready(ln.Addr().String(), opsAddr)
-	}
+	listening(ln.Addr().String(), opsAddr)
 	select {
 	case err := <-served:
 		_ = srv.Close()
@@ -524,14 +548,37 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	go func() { sockets <- p.Shutdown(sctx) }()
 	err = errors.Join(srv.Shutdown(sctx), <-sockets)
 	_ = ops.Shutdown(sctx) // after the turns, so that metrics show the drain
-	if fake != nil {
-		_ = fake.Shutdown(sctx)
-	}
 	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// listen opens the clients' listener, at most -max-conns connections at
+// once (within the open-file limit), and the operations port's (nil
+// without -ops-listen).
+func listen(c config, logger *slog.Logger) (client, ops net.Listener, _ error) {
+	addr, err := net.ResolveTCPAddr("tcp", c.listen)
+	if err != nil {
+		return nil, nil, fmt.Errorf("-listen: %w", err)
+	}
+	tcp, err := net.ListenTCP("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	maxConns := connsWithin(c.maxConns, fileLimit())
+	if maxConns < c.maxConns {
+		logger.Warn("-max-conns lowered to what the open-file limit leaves room for: each client connection may need an upstream one",
+			"max_conns", maxConns, "flag", c.maxConns, "nofile", fileLimit())
+	}
+	if c.opsListen != "" {
+		if ops, err = net.Listen("tcp", c.opsListen); err != nil {
+			_ = tcp.Close()
+			return nil, nil, fmt.Errorf("-ops-listen: %w", err)
+		}
+	}
+	return newLimitListener(tcp, maxConns), ops, nil
 }
 
 // redisPoolSize is the most connections the go-redis client keeps to
