@@ -194,6 +194,101 @@ Flags:
 		}
 		return c, err
 	}
+	unknown, err := applyEnv(fs, environ)
+	if err != nil {
+		return c, err
+	}
+	c.unknownEnv = unknown
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	return c, c.check()
+}
+
+// check validates the command line and fills what it leaves to be
+// derived: the transport, the advertised address and the replica id.
+func (c *config) check() error {
+	switch {
+	case c.fakeUpstream && c.upstream != "":
+		return errors.New("-upstream and -fake-upstream exclude each other")
+	case !c.fakeUpstream && c.upstream == "":
+		return errors.New("-upstream is required (or -fake-upstream for a first try)")
+	case c.redisURL != "" && c.redisCluster != "":
+		return errors.New("-redis and -redis-cluster exclude each other")
+	case c.redisClient != "go-redis" && c.redisClient != "rueidis":
+		return fmt.Errorf("-redis-client %q: want go-redis or rueidis", c.redisClient)
+	case c.redisClient != "go-redis" && c.redisURL == "" && c.redisCluster == "":
+		return errors.New("-redis-client needs -redis or -redis-cluster")
+	case c.transport != "" && c.transport != "http" && c.transport != "websocket":
+		return fmt.Errorf("-transport %q: want http or websocket", c.transport)
+	case c.sockets < 1:
+		return fmt.Errorf("-sockets %d: need at least 1", c.sockets)
+	case c.maxConns < 1:
+		return fmt.Errorf("-max-conns %d: need at least 1", c.maxConns)
+	case c.maxBody < 1:
+		return fmt.Errorf("-max-body %d: need at least 1", c.maxBody)
+	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
+		return fmt.Errorf("-forward-secret has %d bytes, need at least 32", len(c.forwardSecret))
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"idle-timeout", c.idleTimeout}, {"read-header-timeout", c.readHeaderTimeout},
+		{"body-timeout", c.bodyTimeout}, {"write-timeout", c.writeTimeout}} {
+		if d.value <= 0 {
+			return fmt.Errorf("-%s %v: need more than 0", d.name, d.value)
+		}
+	}
+	if c.redisURL != "" {
+		if err := checkRedisURL(c.redisURL); err != nil {
+			return err
+		}
+	}
+	if err := c.logLevelValue.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	ws := strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://")
+	switch {
+	case c.transport == "" && ws:
+		c.transport = "websocket"
+	case c.transport == "":
+		c.transport = "http"
+	case c.upstream != "" && ws != (c.transport == "websocket"):
+		want := "an http:// or https://"
+		if c.transport == "websocket" {
+			want = "a ws:// or wss://"
+		}
+		return fmt.Errorf("-transport %s needs %s -upstream URL", c.transport, want)
+	}
+	if c.forwardSecret != "" {
+		switch {
+		case c.redisURL == "" && c.redisCluster == "":
+			return errors.New("-forward-secret needs -redis or -redis-cluster: the replicas find each other there")
+		case c.transport != "websocket":
+			return errors.New("-forward-secret needs the WebSocket transport: over HTTP any replica continues")
+		}
+		if c.advertise == "" {
+			host, _, err := net.SplitHostPort(c.listen)
+			if err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
+				return fmt.Errorf("-advertise is required with -forward-secret when -listen %q names no host", c.listen)
+			}
+			c.advertise = c.listen
+		}
+	}
+	if c.replica == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "contproxy"
+		}
+		c.replica = host + "-" + strconv.Itoa(os.Getpid())
+	}
+	return nil
+}
+
+// applyEnv sets each flag not given on the command line from its
+// CONTPROXY_ variable in environ, and returns the CONTPROXY_ variables no
+// flag reads, sorted.
+func applyEnv(fs *flag.FlagSet, environ []string) (unknown []unknownVar, _ error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	env := map[string]string{}
@@ -215,91 +310,15 @@ Flags:
 		}
 	})
 	if envErr != nil {
-		return c, envErr
+		return nil, envErr
 	}
 	for name := range env {
 		if !known[name] {
-			c.unknownEnv = append(c.unknownEnv, unknownVar{name, nearest(name, known)})
+			unknown = append(unknown, unknownVar{name, nearest(name, known)})
 		}
 	}
-	slices.SortFunc(c.unknownEnv, func(a, b unknownVar) int { return strings.Compare(a.name, b.name) })
-	switch {
-	case fs.NArg() > 0:
-		return c, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
-	case c.fakeUpstream && c.upstream != "":
-		return c, errors.New("-upstream and -fake-upstream exclude each other")
-	case !c.fakeUpstream && c.upstream == "":
-		return c, errors.New("-upstream is required (or -fake-upstream for a first try)")
-	case c.redisURL != "" && c.redisCluster != "":
-		return c, errors.New("-redis and -redis-cluster exclude each other")
-	case c.redisClient != "go-redis" && c.redisClient != "rueidis":
-		return c, fmt.Errorf("-redis-client %q: want go-redis or rueidis", c.redisClient)
-	case c.redisClient != "go-redis" && c.redisURL == "" && c.redisCluster == "":
-		return c, errors.New("-redis-client needs -redis or -redis-cluster")
-	case c.transport != "" && c.transport != "http" && c.transport != "websocket":
-		return c, fmt.Errorf("-transport %q: want http or websocket", c.transport)
-	case c.sockets < 1:
-		return c, fmt.Errorf("-sockets %d: need at least 1", c.sockets)
-	case c.maxConns < 1:
-		return c, fmt.Errorf("-max-conns %d: need at least 1", c.maxConns)
-	case c.maxBody < 1:
-		return c, fmt.Errorf("-max-body %d: need at least 1", c.maxBody)
-	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
-		return c, fmt.Errorf("-forward-secret has %d bytes, need at least 32", len(c.forwardSecret))
-	}
-	for _, d := range []struct {
-		name  string
-		value time.Duration
-	}{{"idle-timeout", c.idleTimeout}, {"read-header-timeout", c.readHeaderTimeout},
-		{"body-timeout", c.bodyTimeout}, {"write-timeout", c.writeTimeout}} {
-		if d.value <= 0 {
-			return c, fmt.Errorf("-%s %v: need more than 0", d.name, d.value)
-		}
-	}
-	if c.redisURL != "" {
-		if err := checkRedisURL(c.redisURL); err != nil {
-			return c, err
-		}
-	}
-	if err := c.logLevelValue.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return c, fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
-	}
-	ws := strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://")
-	switch {
-	case c.transport == "" && ws:
-		c.transport = "websocket"
-	case c.transport == "":
-		c.transport = "http"
-	case c.upstream != "" && ws != (c.transport == "websocket"):
-		want := "an http:// or https://"
-		if c.transport == "websocket" {
-			want = "a ws:// or wss://"
-		}
-		return c, fmt.Errorf("-transport %s needs %s -upstream URL", c.transport, want)
-	}
-	if c.forwardSecret != "" {
-		switch {
-		case c.redisURL == "" && c.redisCluster == "":
-			return c, errors.New("-forward-secret needs -redis or -redis-cluster: the replicas find each other there")
-		case c.transport != "websocket":
-			return c, errors.New("-forward-secret needs the WebSocket transport: over HTTP any replica continues")
-		}
-		if c.advertise == "" {
-			host, _, err := net.SplitHostPort(c.listen)
-			if err != nil || host == "" || net.ParseIP(host).IsUnspecified() {
-				return c, fmt.Errorf("-advertise is required with -forward-secret when -listen %q names no host", c.listen)
-			}
-			c.advertise = c.listen
-		}
-	}
-	if c.replica == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "contproxy"
-		}
-		c.replica = host + "-" + strconv.Itoa(os.Getpid())
-	}
-	return c, nil
+	slices.SortFunc(unknown, func(a, b unknownVar) int { return strings.Compare(a.name, b.name) })
+	return unknown, nil
 }
 
 // envVar is the environment variable that sets a flag: -redis-cluster is
