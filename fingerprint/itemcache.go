@@ -1,9 +1,9 @@
 package fingerprint
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
-	"math/bits"
 	"sync"
 
 	"github.com/minio/highwayhash"
@@ -108,29 +108,22 @@ func skipObject(data []byte, i int) int {
 }
 
 // skipString returns the position after the closing quote of the string
-// whose content starts at data[i], or -1 when the data ends first.
+// whose content starts at data[i], or -1 when the data ends first. A quote
+// closes the string when an even number of backslashes precedes it.
 func skipString(data []byte, i int) int {
 	for {
-		for i+8 <= len(data) {
-			x := binary.LittleEndian.Uint64(data[i:])
-			const ones, highs = 0x0101010101010101, 0x8080808080808080
-			q := x ^ (ones * '"')
-			b := x ^ (ones * '\\')
-			if m := ((q-ones)&^q | (b-ones)&^b) & highs; m != 0 {
-				i += bits.TrailingZeros64(m) >> 3
-				break
-			}
-			i += 8
-		}
-		for i < len(data) && data[i] != '"' && data[i] != '\\' {
-			i++
-		}
-		switch {
-		case i >= len(data):
+		j := bytes.IndexByte(data[i:], '"')
+		if j < 0 {
 			return -1
-		case data[i] == '"':
-			return i + 1
 		}
-		i += 2 // an escape: its second byte is never the end
+		j += i
+		k := j
+		for k > i && data[k-1] == '\\' {
+			k--
+		}
+		if (j-k)%2 == 0 {
+			return j + 1
+		}
+		i = j + 1
 	}
 }

@@ -122,6 +122,7 @@ func TestSkipObject(t *testing.T) {
 	for _, s := range []string{
 		`{}`, `{"a":1}`, `{"a":"}"}`, `{"a":"\"}"}`, `{"a":"\\"}`, `{"a":[1,{"b":"]"}],"c":{}}`,
 		`{"text":"a long string that goes on for more than eight bytes \\ \" \n é 日本語"}`,
+		`{"a":"x\\\"y","b":"\\\\"}`, `{"a":"\"\""}`,
 	} {
 		assert.Equal(t, len(s), skipObject([]byte(s+`, {"next":1}`), 0), s)
 		assert.Equal(t, -1, skipObject([]byte(s[:len(s)-1]), 0), s)
