@@ -1,11 +1,19 @@
 package store
 
 import (
+	"errors"
 	"strconv"
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/lua"
 )
+
+// ErrSchemaMismatch is returned by NewRedis when the namespace was created
+// with another partition count, schema version or fingerprint profile.
+var ErrSchemaMismatch = errors.New("store: namespace schema mismatch")
+
+// schemaVersion is the Redis layout this package reads and writes.
+const schemaVersion = 4
 
 // keyspace builds every Redis key name of a namespace; nothing else does.
 // All keys of a partition share the hash tag "{<ns>:<pp>}", so each script

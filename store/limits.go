@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"sync"
 
 	"github.com/contstore/contstore/identity"
@@ -11,13 +10,6 @@ import (
 // evictionBudget bounds the evictions one operation makes, so no script
 // runs long.
 const evictionBudget = 64
-
-// ErrSchemaMismatch is returned by NewRedis when the namespace was created
-// with another partition count, schema version or fingerprint profile.
-var ErrSchemaMismatch = errors.New("store: namespace schema mismatch")
-
-// schemaVersion is the Redis layout this package reads and writes.
-const schemaVersion = 4
 
 // Evictions counts evicted owner states by cause.
 type Evictions struct {
