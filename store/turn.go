@@ -1,6 +1,10 @@
 package store
 
-import "time"
+import (
+	"time"
+
+	"github.com/contstore/contstore/internal/serverclock"
+)
 
 // Turn tokens are seq*partitions + partition, where a partition's seq is a
 // hybrid logical clock: the largest of its previous value + 1, the clock in
@@ -9,7 +13,7 @@ import "time"
 // clock and stays larger than every earlier one even when the partition's
 // data is lost. The Redis scripts compute seq with the server's clock
 // (lua/reserve.lua); the store composes the 64-bit token.
-const turnEpochSeconds = 1735689600 // 2025-01-01T00:00:00Z
+const turnEpochSeconds = serverclock.EpochMillis / 1000 // 2025-01-01T00:00:00Z, the scripts' epoch
 
 // nextSeq returns a partition's next sequence number, given its previous
 // one and the owner's current one (0 for none).
