@@ -45,6 +45,7 @@ var ErrInvalid = errors.New("identity: invalid owner")
 type Owner struct {
 	session string
 	agent   string
+	key     string // Key, built once: every store operation names the owner by it
 }
 
 // Key prefixes. A main owner's key is "m:" + escape(session); an agent's is
@@ -68,7 +69,7 @@ func Main(session string) (Owner, error) {
 	if err := validate("session", session); err != nil {
 		return Owner{}, err
 	}
-	return Owner{session: session}, nil
+	return Owner{session: session, key: mainPrefix + escape(session)}, nil
 }
 
 // Agent returns the owner of one sub-agent thread inside a session.
@@ -89,7 +90,7 @@ func Agent(session, agent string) (Owner, error) {
 	if err := validate("agent", agent); err != nil {
 		return Owner{}, err
 	}
-	return Owner{session: session, agent: agent}, nil
+	return Owner{session: session, agent: agent, key: agentPrefix + escape(session) + ":" + escape(agent)}, nil
 }
 
 // ParseKey is the inverse of [Owner.Key]: it accepts exactly the keys that
@@ -125,16 +126,7 @@ func ParseKey(key string) (Owner, error) {
 // Key returns the owner's canonical key: injective over all valid owners and
 // stable across releases (it names the owner's state in Redis). The zero
 // Owner's key is "".
-func (o Owner) Key() string {
-	switch {
-	case o.IsZero():
-		return ""
-	case o.agent == "":
-		return mainPrefix + escape(o.session)
-	default:
-		return agentPrefix + escape(o.session) + ":" + escape(o.agent)
-	}
-}
+func (o Owner) Key() string { return o.key }
 
 // Session returns the session id.
 func (o Owner) Session() string { return o.session }
@@ -154,7 +146,7 @@ func (o Owner) Partition(n int) int {
 	if n < 1 {
 		return 0
 	}
-	return int(xxhash.Sum64String(o.Key()) % uint64(n))
+	return int(xxhash.Sum64String(o.key) % uint64(n))
 }
 
 // String returns a readable form for logs: "main(s)" or "agent(s/a)".
