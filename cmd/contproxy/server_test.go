@@ -138,6 +138,39 @@ func TestAStreamNobodyReadsIsDropped(t *testing.T) {
 	answered(t, addr)
 }
 
+// A client that reads its stream keeps it however long the upstream
+// stays quiet between events: the body and write timeouts bound the
+// client's own waits, not the upstream's. The stream here has gaps of
+// three times both timeouts, over a JSON body and a chunked one.
+func TestAQuietStreamOutlivesTheTimeouts(t *testing.T) {
+	const gap = 900 * time.Millisecond
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i, typ := range []string{"response.created", "response.in_progress"} {
+			fmt.Fprintf(w, "event: %s\ndata: {\"type\":%q,\"sequence_number\":%d,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"output\":[]}}\n\n", typ, typ, i)
+			w.(http.Flusher).Flush()
+			time.Sleep(gap)
+		}
+		fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":2,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"output\":[]}}\n\n")
+	}))
+	t.Cleanup(up.Close)
+	addr, _, _ := start(t, "-upstream", up.URL+"/v1", "-body-timeout", "300ms", "-write-timeout", "300ms")
+	for _, chunked := range []bool{false, true} {
+		var body io.Reader = strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`)
+		if chunked {
+			body = io.MultiReader(body) // no length: sent chunked
+		}
+		resp, err := http.Post("http://"+addr+"/v1/responses", "application/json", body)
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.NoError(t, err, "chunked %v: the stream was cut: %s", chunked, got)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Contains(t, string(got), "event: response.completed", "chunked %v", chunked)
+	}
+}
+
 // A WebSocket connection outlives the write and body timeouts: the
 // handler hijacks it past the limits' ResponseWriter.
 func TestAWebSocketIsNotBoundByTheHTTPTimeouts(t *testing.T) {
