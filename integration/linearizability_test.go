@@ -674,7 +674,7 @@ func linCheckStore(t *testing.T, newClient func(testing.TB) redis.UniversalClien
 
 // linCheck is linCheckStore with clients that lose the reply of a script
 // call after it ran, with probability loss, and send it again once
-// (MaxRetries 1, as the README recommends).
+// (MaxRetries 1, as docs/operating.md recommends).
 func linCheck(t *testing.T, newClient func(testing.TB, *redistest.ReplyLoss) redis.UniversalClient, partitions int, loss float64) {
 	w := linWorkload{clients: 8, owners: 32, ops: 20_000}
 	ns := redistest.Namespace(t)

@@ -96,7 +96,7 @@ type Options struct {
 	// circuit breaker; while open, operations fail at once (Reserve fails
 	// open) without calling Redis. Default 5; -1 disables the breaker.
 	// A call that timed out because this process was too busy to read
-	// its answer does not count (README, "When Redis fails").
+	// its answer does not count (docs/operating.md, "When Redis fails").
 	BreakerFailures int
 	// BreakerCooldown is how long the breaker stays open before it lets one
 	// probe operation through. Default 1s.

@@ -18,7 +18,8 @@ import (
 
 // lossyReplicas opens two stores on one namespace, as two gateway replicas
 // with clients of their own: the first one's client loses the replies loss
-// selects and re-sends the command once, as the README's settings allow.
+// selects and re-sends the command once, as the settings of
+// docs/operating.md allow.
 // Each of with changes their options.
 func lossyReplicas(t *testing.T, addr string, with ...func(*Options)) (*Store, *Store, *redistest.ReplyLoss) {
 	loss := &redistest.ReplyLoss{}

@@ -11,21 +11,11 @@ import (
 
 // NewRueidis returns a store like NewRedis's on a rueidis client of one
 // Redis server or of a Redis Cluster: the same scripts, keys and answers,
-// so replicas on either library share a namespace. rueidis pipelines the
-// calls of concurrent callers on one connection per node, which makes it
-// faster than go-redis at many callers (BENCHMARKS.md); go-redis stays the
-// default.
-//
-// rueidis ends a command at its context's deadline, but a call that waits
-// for another caller's connection to be dialled does not watch its own, so
-// the store runs each call on a goroutine of its own and stops waiting at
-// OpTimeout, which costs nothing measurable here (BENCHMARKS.md). rueidis
-// finds a cluster's new masters by itself when a master's connections
-// fail; for a node that stops answering without closing them, set
-// ConnWriteTimeout and ClusterOption.ShardsRefreshInterval (README). Give
-// the client DisableCache: the store reads nothing through client-side
-// caching. Unlike go-redis, rueidis.NewClient connects at once and fails
-// while Redis is unreachable.
+// so replicas on either library share a namespace. The store runs each call
+// on a goroutine of its own and stops waiting at OpTimeout, since a call
+// waiting for another caller's dial does not watch its own deadline. Give
+// the client DisableCache; docs/operating.md ("rueidis") gives the other
+// settings, and when to prefer rueidis to go-redis.
 func NewRueidis(client rueidis.Client, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil rueidis client", ErrInvalidOptions)

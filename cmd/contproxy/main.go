@@ -610,7 +610,7 @@ const redisPoolSize = 128
 // uses; closeStore closes what it opened.
 func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
 	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile}
-	// The client settings the README recommends: the client honours the
+	// The client settings docs/operating.md recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.
 	timeout := c.opTimeout + 300*time.Millisecond
 	var client redis.UniversalClient
@@ -651,7 +651,7 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 			closeStore()
 			return nil, nil, nil, fmt.Errorf("-redis for -redis-client rueidis: %w", err)
 		}
-		// The settings the README recommends for rueidis.
+		// The settings docs/operating.md recommends for rueidis.
 		ropts.DisableCache, ropts.ConnWriteTimeout, ropts.Dialer.Timeout = true, timeout, time.Second
 		ropts.ClusterOption.ShardsRefreshInterval = time.Second
 		var rc rueidis.Client
