@@ -6,6 +6,7 @@
 
 GO        ?= go
 NPM       ?= npm
+NODE      ?= node
 PKGS      ?= ./...
 TESTFLAGS ?=
 FUZZTIME  ?= 60s
@@ -23,7 +24,7 @@ GOFILES = $(shell find . -type f -name '*.go' -not -path './vendor/*' -not -path
 
 .DEFAULT_GOAL := help
 
-.PHONY: help test test-short e2e bench fuzz fmt fmt-check vet compose-check
+.PHONY: help test test-short e2e bench fuzz fmt fmt-check vet compose-check vectors-check
 
 help: ## List the targets
 	@echo 'Targets:'
@@ -32,7 +33,7 @@ help: ## List the targets
 	@echo
 	@echo 'Variables: PKGS=$(PKGS) TESTFLAGS=$(TESTFLAGS) FUZZTIME=$(FUZZTIME) BENCH=$(BENCH) REDIS=$(REDIS)'
 
-test: fmt-check vet compose-check ## Check formatting, vet, docker-compose.yml, then run all tests with -race against real Redis
+test: fmt-check vet compose-check vectors-check ## Check formatting, vet, docker-compose.yml and the vectors (without Go), then run all tests with -race against real Redis
 	$(REDIS_ENV) $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
 
 # sq quotes $(1) for the inside of a single-quoted shell word.
@@ -114,6 +115,20 @@ fmt-check: ## Fail, listing them, if Go files are not gofmt-formatted
 
 vet: ## Run go vet
 	$(GO) vet $(PKGS)
+
+# vectors-check replays testdata/vectors.json against a throwaway Redis with
+# scripts/vectors.mjs, a client written in Node from PROTOCOL.md alone. Without
+# node it is skipped, unless CI is true: then it fails.
+vectors-check: ## Replay testdata/vectors.json against Redis with a non-Go client (scripts/vectors.mjs, Node 20)
+	@if command -v $(NODE) >/dev/null 2>&1; then \
+		echo '$(REDIS_ENV) $(NODE) scripts/vectors.mjs'; \
+		$(REDIS_ENV) $(NODE) scripts/vectors.mjs; \
+	else \
+		case "$${CI:-}" in \
+		1|t|T|true|TRUE|True) echo 'vectors-check: $(NODE) not found, and CI is set: failing (install Node 20)' >&2; exit 1 ;; \
+		*) echo 'vectors-check: $(NODE) not found; skipped (install Node 20 to replay the vectors without Go)' ;; \
+		esac; \
+	fi
 
 compose-check: ## Validate docker-compose.yml with docker-compose (skipped when it is not installed)
 	@if command -v docker-compose >/dev/null 2>&1; then \
