@@ -238,6 +238,7 @@ func TestEndpointUnreachableUpstreamIs502(t *testing.T) {
 			assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 			assert.Equal(t, "upstream_unreachable", gjson.GetBytes(b, "error.code").String())
 			assert.Equal(t, "upstream_error", gjson.GetBytes(b, "error.type").String())
+			assertTellsNoAddress(t, b)
 		})
 	}
 }

@@ -417,6 +417,15 @@ func deadUpstreamProxy(t *testing.T, tr transport) *httptest.Server {
 	return srv
 }
 
+// assertTellsNoAddress checks that an error body shows the client no
+// address, dial error or replica name: those go to the log.
+func assertTellsNoAddress(t *testing.T, body []byte) {
+	t.Helper()
+	for _, leak := range []string{"127.0.0.1", "localhost", "dial", "refused", "http://", "ws://", "r1"} {
+		assert.NotContains(t, string(body), leak)
+	}
+}
+
 func TestUnreachableUpstreamIs502(t *testing.T) {
 	for _, tr := range []transport{overHTTP, overWebSocket} {
 		t.Run(string(tr), func(t *testing.T) {
@@ -425,6 +434,7 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 				map[string]any{"model": "m", "input": "hi"})
 			assert.Equal(t, http.StatusBadGateway, a.status)
 			assert.Contains(t, string(a.body), "upstream_unreachable")
+			assertTellsNoAddress(t, a.body)
 		})
 	}
 }
