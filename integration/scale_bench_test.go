@@ -68,7 +68,7 @@ func infoField(b *testing.B, c *redis.Client, section, field string) float64 {
 // keeps responses) with a reference to each of two output items. Each reports the store's stored-bytes estimate too
 // (estimated-bytes/owner): MaxTotalBytes bounds that estimate, so it must
 // follow the real figure. The answers of the fill's calls stay in the
-// owners' states (lua/oplog.lua): the benchmark checks that Redis holds
+// owners' states (internal/lua/oplog.lua): the benchmark checks that Redis holds
 // nothing else. Run with -benchtime 1x.
 func BenchmarkMemoryPerOwner(b *testing.B) {
 	short := store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}}

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // vectors.mjs replays the test vectors of testdata/vectors.json against a
 // Redis server, as a client written from PROTOCOL.md alone would: it loads
-// the scripts of lua/ byte for byte, composes every key and argument of the
+// the scripts of internal/lua/ byte for byte, composes every key and argument of the
 // store scenario's calls by the rules of PROTOCOL.md, sends them with
 // EVALSHA, decodes the replies as PROTOCOL.md says, and compares calls,
 // replies, decisions and every key afterwards with the vectors. It also
@@ -436,7 +436,7 @@ function compose(file) {
   const src = readFileSync(path.join(ROOT, file));
   const uses = /^-- uses: (.*)$/m.exec(src.toString('utf8'));
   if (!uses) throw new Error(`${file}: no "-- uses:" line`);
-  const libs = uses[1].trim() === 'none' ? [] : uses[1].split(',').map((s) => `lua/${s.trim()}.lua`);
+  const libs = uses[1].trim() === 'none' ? [] : uses[1].split(',').map((s) => `internal/lua/${s.trim()}.lua`);
   const parts = [];
   for (const lib of libs) parts.push(readFileSync(path.join(ROOT, lib)), Buffer.from('\n'));
   parts.push(src);
@@ -860,7 +860,7 @@ class Scenario {
     const sha = this.shas[call.script];
     let reply = await this.redis.call('EVALSHA', sha, String(call.keys.length), ...call.keys, ...call.args);
     if (reply && reply.error !== undefined && reply.error.startsWith('NOSCRIPT')) {
-      const { source } = compose(`lua/${call.script}.lua`);
+      const { source } = compose(`internal/lua/${call.script}.lua`);
       reply = await this.redis.call('EVAL', source, String(call.keys.length), ...call.keys, ...call.args);
     }
     if (reply && reply.error !== undefined) mismatch(where, `${call.script} failed: ${reply.error}`);

@@ -11,15 +11,15 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/serverclock"
-	"github.com/contstore/contstore/lua"
 )
 
 // redisStore keeps each session under its own hash tag "{<ns>:<id>}":
 //
 //	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count); e (expiry on StoreOptions.Now)
 //	<ns>:{<ns>:<id>}:log   list  journal messages, oldest first
-//	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy until the save's deadline (lua/oplog.lua)
+//	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy until the save's deadline (internal/lua/oplog.lua)
 type redisStore struct {
 	client redis.UniversalClient
 	opts   StoreOptions
@@ -43,7 +43,7 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 }
 
 // keys returns a session's head and log keys, and, when op is not empty,
-// the answer key of that save (lua/oplog.lua).
+// the answer key of that save (internal/lua/oplog.lua).
 func (r *redisStore) keys(id, op string) []string {
 	tag := r.opts.Namespace + ":{" + r.opts.Namespace + ":" + id + "}:"
 	if op == "" {
@@ -231,7 +231,7 @@ func (r *redisStore) Load(ctx context.Context, id string) (*Session, error) {
 	return s, nil
 }
 
-// decodeHead decodes the reply of lua/session_load.lua.
+// decodeHead decodes the reply of internal/lua/session_load.lua.
 func decodeHead(id string, reply []any) (*Session, error) {
 	corrupt := func(format string, args ...any) error {
 		return fmt.Errorf("%w: session %q: %s", ErrCorrupt, id, fmt.Sprintf(format, args...))

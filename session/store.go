@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/names"
-	"github.com/contstore/contstore/lua"
 )
 
 // Store keeps sessions. Implementations: [NewRedisStore], [NewMemoryStore].
@@ -70,7 +70,7 @@ type StoreOptions struct {
 	// DurableTimeout bounds SaveDurable's wait. Default 1s.
 	DurableTimeout time.Duration
 	// OpTimeout bounds each operation (besides the durable wait), at most an
-	// hour: a save's copies change nothing after it (lua/oplog.lua).
+	// hour: a save's copies change nothing after it (internal/lua/oplog.lua).
 	// Default 2s.
 	OpTimeout time.Duration
 	// Now, when set, is the clock a session's TTL runs on, in whole

@@ -9,8 +9,8 @@ import (
 	"strings"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/rediskeys"
-	"github.com/contstore/contstore/lua"
 )
 
 // Audit is the result of [Store.Audit]: the live owner states found and
@@ -43,7 +43,7 @@ type auditEntry struct {
 	score        score
 	live         bool  // the state exists
 	hasContinuer bool  // the state holds a continuation
-	size         int64 // the stored bytes the state's fields make (lua/lru.lua)
+	size         int64 // the stored bytes the state's fields make (internal/lua/lru.lua)
 }
 
 // checkPartition appends the problems of partition p to a.
@@ -180,7 +180,7 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 }
 
 // scan lists the keys of partition p's owner states, on the node that
-// holds the partition (lua/scan.lua).
+// holds the partition (internal/lua/scan.lua).
 func (r *redisBackend) scan(ctx context.Context, p int) ([]string, error) {
 	pattern := rediskeys.EscapeGlob(r.keys.ownerPrefix(p)) + "*"
 	var found []string

@@ -27,7 +27,7 @@ const (
 const responseIDPrefix = "resp_"
 
 // encodeContinuation returns c as an owner's state holds it (field c, see
-// lua/reserve.lua); Lua never reads it:
+// internal/lua/reserve.lua); Lua never reads it:
 //
 //	format byte: 3, or 4 when the response id is "resp_" followed by an
 //	  even number of lowercase hex digits

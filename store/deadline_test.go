@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/serverclock"
-	"github.com/contstore/contstore/lua"
 )
 
 // A call that reaches Redis after its deadline changes nothing and says so

@@ -5,7 +5,7 @@ import (
 	"strconv"
 
 	"github.com/contstore/contstore/identity"
-	"github.com/contstore/contstore/lua"
+	"github.com/contstore/contstore/internal/lua"
 )
 
 // ErrSchemaMismatch is returned by NewRedis when the namespace was created
@@ -64,7 +64,7 @@ func (k keyspace) ownerPrefix(p int) string { return k.parts[p].prefix }
 func (k keyspace) owner(p int, o identity.Owner) string { return k.parts[p].prefix + o.Key() }
 
 // answer returns the answer key of the call of op on owner o in its
-// partition p (lua/oplog.lua).
+// partition p (internal/lua/oplog.lua).
 func (k keyspace) answer(p int, o identity.Owner, op string) string {
 	return k.parts[p].answers + o.Key() + ":" + lua.OpKey(op)
 }

@@ -88,7 +88,7 @@ func (p *memPartition) remove(st *memOwner) {
 }
 
 // touch (re)inserts st with a new score, replacing the owner's previous
-// state if any, and says what pruning must check, as lua/lru.lua's touch
+// state if any, and says what pruning must check, as internal/lua/lru.lua's touch
 // does: the owner limit when the owner is new to the LRU, the byte limit
 // when the stored bytes grew.
 func (p *memPartition) touch(st *memOwner, sc score) (limits pruneChecks) {
@@ -111,7 +111,7 @@ func (p *memPartition) touch(st *memOwner, sc score) (limits pruneChecks) {
 // and the write found no idle state of its own, it does not prune.
 type pruneChecks struct{ owners, bytes, idle bool }
 
-// pruneOne evicts from p as lua/lru.lua does, never keep, and returns what
+// pruneOne evicts from p as internal/lua/lru.lua does, never keep, and returns what
 // it evicted: the least recently touched while it is idle or over a limit
 // that check names.
 func (m *memory) pruneOne(p *memPartition, keep *memOwner, now time.Time, check pruneChecks) Evictions {
@@ -160,7 +160,7 @@ func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, err
 	p.seq = nextSeq(p.seq, now, ownerSeq)
 	got.Turn = turnOf(p.seq, m.opts.Partitions, part)
 	if got.Existed && !old.score.refreshDue(now, m.opts.TTL) {
-		// lua/reserve.lua keeps the entry of a state refreshed lately
+		// internal/lua/reserve.lua keeps the entry of a state refreshed lately
 		old.turn, old.cont = got.Turn, nil
 		return got, nil
 	}
@@ -187,7 +187,7 @@ func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c c
 		c.Transcript.References = back.Transcript.References // those Redis would keep
 	}
 	st.cont, st.kept = &c, int64(len(enc))
-	// lua/record.lua keeps the touch: reserve refreshes it.
+	// internal/lua/record.lua keeps the touch: reserve refreshes it.
 	sc := st.score.withContent(true, m.keys.stateBytes(owner.Partition(m.opts.Partitions), owner)+st.kept)
 	if sc == st.score {
 		return published{Outcome: OutcomePublished}, nil

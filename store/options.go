@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/contstore/contstore/fingerprint"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/names"
-	"github.com/contstore/contstore/lua"
 )
 
 // ErrInvalidOptions is wrapped by every error about an option out of range.
@@ -85,7 +85,7 @@ type Options struct {
 	// with '#'. States keep a 64-bit digest of it (see Socket).
 	Replica string
 	// OpTimeout bounds each operation, at most an hour: a call's copies
-	// change nothing after it (lua/oplog.lua). Default 200ms.
+	// change nothing after it (internal/lua/oplog.lua). Default 200ms.
 	OpTimeout time.Duration
 	// Now is the clock of the in-process backend and of the circuit
 	// breaker. Default time.Now. The Redis backend's idle TTL and LRU use

@@ -15,8 +15,8 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/serverclock"
-	"github.com/contstore/contstore/lua"
 )
 
 // NewRedis returns a store whose state lives in Redis, shared by every
@@ -184,10 +184,10 @@ type redisBackend struct {
 	// calls carry their deadlines.
 	servers *serverclock.Clock
 	// newOp draws the op of a call that changes state, with its deadline
-	// on the server's clock (lua/oplog.lua).
+	// on the server's clock (internal/lua/oplog.lua).
 	newOp func(deadline int64) string
 	// The scripts' constant arguments: idle TTL in milliseconds, and the
-	// limits of the scripts that prune (lua/lru.lua).
+	// limits of the scripts that prune (internal/lua/lru.lua).
 	ttl, limits string
 }
 
@@ -307,7 +307,7 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 
 // change returns the keys and the first arguments of a call that changes
 // the state of owner (of partition p, whose keys ownerKeys gave), and its
-// deadline: those keys and the answer key of a fresh op (lua/oplog.lua);
+// deadline: those keys and the answer key of a fresh op (internal/lua/oplog.lua);
 // now, idle TTL and the op. A client that re-sends the call re-sends both.
 // The deadline is ctx's (at most OpTimeout from now) on the clock of the
 // partition's server, in milliseconds since the scripts' epoch.
@@ -334,7 +334,7 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 }
 
 // errPastDeadline marks a call that reached Redis after its deadline and
-// changed nothing (lua/oplog.lua).
+// changed nothing (internal/lua/oplog.lua).
 var errPastDeadline = errors.New("store: call reached Redis after its deadline")
 
 // changing runs call, a call of partition p that changes state, which
@@ -489,7 +489,7 @@ func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
 // header promises.
 var errBadReply = errors.New("store: malformed reply")
 
-// decodeReserve decodes the reply of lua/reserve.lua; the caller composes
+// decodeReserve decodes the reply of internal/lua/reserve.lua; the caller composes
 // the turn from its sequence number.
 func decodeReserve(reply []any) (reserved, error) {
 	if len(reply) < 3 || len(reply) > 4 {
@@ -517,7 +517,7 @@ func decodeReserve(reply []any) (reserved, error) {
 	return got, nil
 }
 
-// decodeRecord decodes the reply of lua/record.lua.
+// decodeRecord decodes the reply of internal/lua/record.lua.
 func decodeRecord(reply []any) (published, error) {
 	if len(reply) != 2 {
 		return published{}, fmt.Errorf("%w: record: %d elements, want 2", errBadReply, len(reply))
@@ -534,7 +534,7 @@ func decodeRecord(reply []any) (published, error) {
 	}
 }
 
-// decodeInspect decodes the reply of lua/inspect.lua for an owner of
+// decodeInspect decodes the reply of internal/lua/inspect.lua for an owner of
 // partition p.
 func decodeInspect(reply []any, partitions, p int) (State, error) {
 	if len(reply) == 0 {

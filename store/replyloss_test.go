@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
-	"github.com/contstore/contstore/lua"
 )
 
 // lossyReplicas opens two stores on one namespace, as two gateway replicas

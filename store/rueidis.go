@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/contstore/contstore/lua"
+	"github.com/contstore/contstore/internal/lua"
 )
 
 // NewRueidis returns a store like NewRedis's on a rueidis client of one

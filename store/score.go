@@ -3,7 +3,7 @@ package store
 import "time"
 
 // An LRU score packs when a state was last touched, whether it holds a
-// continuation and its stored bytes, as lua/lru.lua does:
+// continuation and its stored bytes, as internal/lua/lru.lua does:
 //
 //	score = (touched_ms - scoreEpochMillis) * scoreTimeUnit + published * scorePublished + size
 type score int64
@@ -31,7 +31,7 @@ func (s score) idleBefore(cutoff time.Time) bool { return s < packScore(cutoff, 
 
 // refreshDue reports whether a reserve at now refreshes a live state's LRU
 // entry and TTL: when they were refreshed a sixteenth of the TTL ago or
-// earlier, in whole milliseconds as lua/lru.lua reckons.
+// earlier, in whole milliseconds as internal/lua/lru.lua reckons.
 func (s score) refreshDue(now time.Time, ttl time.Duration) bool {
 	return s < packScore(time.UnixMilli(now.UnixMilli()-ttl.Milliseconds()/16+1), false, 0)
 }

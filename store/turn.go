@@ -12,7 +12,7 @@ import (
 // reserve takes longer than a microsecond, so seq does not run ahead of the
 // clock and stays larger than every earlier one even when the partition's
 // data is lost. The Redis scripts compute seq with the server's clock
-// (lua/reserve.lua); the store composes the 64-bit token.
+// (internal/lua/reserve.lua); the store composes the 64-bit token.
 const turnEpochSeconds = serverclock.EpochMillis / 1000 // 2025-01-01T00:00:00Z, the scripts' epoch
 
 // nextSeq returns a partition's next sequence number, given its previous

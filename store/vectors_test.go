@@ -24,11 +24,11 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/internal/vectorfile"
 	"github.com/contstore/contstore/internal/vectorscenario"
-	"github.com/contstore/contstore/lua"
 )
 
 // testdata/vectors.json at the repository root holds the protocol's test
@@ -654,10 +654,10 @@ type vecScript struct {
 	SHA1      string   `json:"sha1"`
 }
 
-// vecLibraries returns the files of lua/ that are no script (oplog.lua,
+// vecLibraries returns the files of internal/lua/ that are no script (oplog.lua,
 // lru.lua): the libraries scripts are composed with, by name.
 func vecLibraries(t *testing.T) map[string]string {
-	files, err := filepath.Glob(filepath.Join("..", "lua", "*.lua"))
+	files, err := filepath.Glob(filepath.Join("..", "internal", "lua", "*.lua"))
 	require.NoError(t, err)
 	libs := map[string]string{}
 	for _, f := range files {
@@ -678,14 +678,14 @@ func vecScripts(t *testing.T) []vecScript {
 	names := slices.Sorted(maps.Keys(libs))
 	var vs []vecScript
 	for _, s := range lua.All() {
-		v := vecScript{Name: s.Name, File: "lua/" + s.Name + ".lua", Libraries: []string{}, Keys: s.Keys, Args: s.Args,
+		v := vecScript{Name: s.Name, File: "internal/lua/" + s.Name + ".lua", Libraries: []string{}, Keys: s.Keys, Args: s.Args,
 			Variadic: s.Variadic, SourceLen: len(s.Source), SHA1: s.Hash()}
 		// The source is each library followed by "\n", then the file.
 		rest := s.Source
 		for rest != s.File {
 			i := slices.IndexFunc(names, func(n string) bool { return strings.HasPrefix(rest, libs[n]+"\n") })
 			require.GreaterOrEqual(t, i, 0, "%s: the composed source is no libraries followed by the file", s.Name)
-			v.Libraries = append(v.Libraries, "lua/"+names[i]+".lua")
+			v.Libraries = append(v.Libraries, "internal/lua/"+names[i]+".lua")
 			rest = rest[len(libs[names[i]])+1:]
 		}
 		sum := sha1.Sum([]byte(s.Source))
@@ -711,7 +711,7 @@ var vecOpaque = vectorscenario.Opaque{
 }
 
 // vecConsumedAnswer matches the answer of a reserve that consumed a
-// continuation (lua/reserve.lua): "<seq>:<existed>1" and the continuation.
+// continuation (internal/lua/reserve.lua): "<seq>:<existed>1" and the continuation.
 var vecConsumedAnswer = regexp.MustCompile(`^[0-9]+:[01]1`)
 
 type vecScenario struct {

@@ -220,7 +220,7 @@ func calibrate(ctx context.Context, cfg *config, tgt *target, rep *report) *cali
 
 // aloneOwners is how many owners storeAlone cycles through: enough that an
 // owner's turns come further apart than OpTimeout, as conversations' do, so
-// that no call's answer leaves its state (lua/oplog.lua).
+// that no call's answer leaves its state (internal/lua/oplog.lua).
 const aloneOwners = 10000
 
 // storeAlone plays turns (a reserve, then a record that publishes) of

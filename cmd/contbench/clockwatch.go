@@ -1,7 +1,7 @@
 package main
 
 // The server's clock, watched: the store's scripts judge a call's deadline
-// by the server's TIME (lua/oplog.lua), and the store estimates that clock
+// by the server's TIME (internal/lua/oplog.lua), and the store estimates that clock
 // from its replies (internal/serverclock). A server clock that falls behind
 // the estimate lets a call run after its caller gave up on it, and the
 // checker then reports what the store did not do. A run whose server

@@ -1,6 +1,6 @@
 // Package serverclock estimates Redis servers' clocks from the times their
 // scripts report, so that a call can carry its deadline on the clock of the
-// server that runs it (lua/oplog.lua).
+// server that runs it (internal/lua/oplog.lua).
 package serverclock
 
 import (

@@ -24,9 +24,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/serverclock"
-	"github.com/contstore/contstore/lua"
 )
 
 // Call is one Redis command of a step and its reply.

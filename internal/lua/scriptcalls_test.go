@@ -19,8 +19,8 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
-	"github.com/contstore/contstore/lua"
 	"github.com/contstore/contstore/session"
 	"github.com/contstore/contstore/store"
 )

@@ -15,7 +15,7 @@ import (
 	"github.com/yuin/gopher-lua/ast"
 	"github.com/yuin/gopher-lua/parse"
 
-	"github.com/contstore/contstore/lua"
+	"github.com/contstore/contstore/internal/lua"
 )
 
 // Every script's header names its purpose, keys, arguments and replies.

@@ -14,7 +14,7 @@ import (
 	"github.com/yuin/gopher-lua/ast"
 	"github.com/yuin/gopher-lua/parse"
 
-	"github.com/contstore/contstore/lua"
+	"github.com/contstore/contstore/internal/lua"
 )
 
 // redisGlobals are the globals Redis gives a script: Lua 5.1's base
@@ -123,7 +123,7 @@ func sharedFiles(t *testing.T) (map[string]*sharedFile, map[string]string) {
 
 // The kinds of unlisted changes a script may make: deleting owners' states
 // named by an LRU member (evictions), and writing the answer keys of other
-// calls (lua/oplog.lua), neither of which is in its KEYS.
+// calls (internal/lua/oplog.lua), neither of which is in its KEYS.
 const (
 	unlistedDeletes = iota
 	unlistedWrites
