@@ -7,9 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
-
-	"golang.org/x/sync/semaphore"
 )
 
 // The budget bounds the memory that requests read in full hold at once
@@ -57,13 +56,52 @@ var (
 	errBusy = errors.New("proxy: no room in the budget")
 )
 
-// budget is the memory the requests in flight may hold.
+// budget is the memory the requests in flight may hold. A request that
+// fits the room gets in at once, whoever waits: a waiter gives up after
+// budgetWait anyway, so no order among waiters is kept.
 type budget struct {
-	sem  *semaphore.Weighted
-	size int64
+	size    int64
+	mu      sync.Mutex
+	cur     int64
+	changed chan struct{} // closed and replaced at each release
 }
 
-func newBudget(size int64) *budget { return &budget{sem: semaphore.NewWeighted(size), size: size} }
+func newBudget(size int64) *budget { return &budget{size: size, changed: make(chan struct{})} }
+
+// tryAcquire takes n if it fits the room.
+func (b *budget) tryAcquire(n int64) (bool, chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.size-b.cur >= n {
+		b.cur += n
+		return true, nil
+	}
+	return false, b.changed
+}
+
+// acquire takes n once it fits, or fails when ctx ends.
+func (b *budget) acquire(ctx context.Context, n int64) error {
+	for {
+		ok, changed := b.tryAcquire(n)
+		if ok {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// release gives n back and wakes the waiters.
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.cur -= n
+	close(b.changed)
+	b.changed = make(chan struct{})
+	b.mu.Unlock()
+}
 
 // hold is what one request holds of a budget; one without a budget holds
 // nothing (a WebSocket turn, whose message holds its weight). It is not
@@ -86,12 +124,12 @@ func (h *hold) grow(ctx context.Context, n int64) error {
 	case h.n+n > h.b.size:
 		return errOverBudget
 	}
-	if !h.b.sem.TryAcquire(n) {
+	if ok, _ := h.b.tryAcquire(n); !ok {
 		if h.deadline.IsZero() {
 			h.deadline = time.Now().Add(budgetWait)
 		}
 		wctx, cancel := context.WithDeadline(ctx, h.deadline)
-		err := h.b.sem.Acquire(wctx, n)
+		err := h.b.acquire(wctx, n)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -107,7 +145,7 @@ func (h *hold) grow(ctx context.Context, n int64) error {
 // trim gives back what the hold has beyond n.
 func (h *hold) trim(n int64) {
 	if h.n > n {
-		h.b.sem.Release(h.n - n)
+		h.b.release(h.n - n)
 		h.n = n
 	}
 }

@@ -90,11 +90,9 @@ func noFault(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Faul
 
 // budgetFree tells whether nothing holds any of p's budget.
 func budgetFree(p *Proxy) bool {
-	if !p.budget.sem.TryAcquire(p.budget.size) {
-		return false
-	}
-	p.budget.sem.Release(p.budget.size)
-	return true
+	p.budget.mu.Lock()
+	defer p.budget.mu.Unlock()
+	return p.budget.cur == 0
 }
 
 // bigTurn is a turn of a user message of n bytes.
@@ -341,4 +339,21 @@ func TestNewRejectsANegativeBudget(t *testing.T) {
 	p, err := New(Config{Store: st, Upstream: up})
 	require.NoError(t, err)
 	assert.Equal(t, int64(defaultMaxBytesInFlight), p.budget.size, "the default")
+}
+
+// A request that fits the room gets in at once, even while a bigger one
+// waits for room: waiting in order would hold small turns behind a big
+// body for up to budgetWait, and refuse some with room to spare.
+func TestASmallRequestPassesABigOneWaiting(t *testing.T) {
+	b := newBudget(100)
+	held := &hold{b: b}
+	require.NoError(t, held.grow(context.Background(), 80))
+	big := make(chan error, 1)
+	go func() { big <- (&hold{b: b}).grow(context.Background(), 50) }() // waits: 20 free
+	time.Sleep(100 * time.Millisecond)                                  // the big one waits by now
+	small := &hold{b: b}
+	require.NoError(t, small.grow(context.Background(), 10), "10 fits the 20 free")
+	small.release()
+	held.release()
+	require.NoError(t, <-big, "the big one gets in once the room is there")
 }
