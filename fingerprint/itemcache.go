@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/binary"
-	"sync"
+	"sync/atomic"
 
 	"github.com/minio/highwayhash"
 )
@@ -18,26 +18,25 @@ import (
 // Parser, so the cache never changes a result; the hash key is random per
 // Parser, so that no one can aim two different items at one entry.
 //
-// The cache holds at most itemCacheEntries items (about 40 bytes each) in
-// shards with their own locks; a full shard forgets one entry at random.
+// The cache is set-associative, without locks: an item's hash chooses a
+// set of itemCacheWays slots, and the item takes a free one or, when all
+// are taken, the one its hash names. Its slots are allocated at the first
+// item put, so that a Parser that parses nothing costs nothing.
 type itemCache struct {
-	key    [32]byte
-	shards [itemCacheShards]itemShard
+	key  [32]byte
+	sets atomic.Pointer[[itemCacheSets][itemCacheWays]atomic.Pointer[cachedItem]]
 }
 
+// The cache holds itemCacheSets × itemCacheWays items at most (about 56
+// bytes each, and 8 a slot).
 const (
-	itemCacheShards  = 64
-	itemCacheEntries = 1 << 17
-	itemShardEntries = itemCacheEntries / itemCacheShards
+	itemCacheSets = 1 << 13
+	itemCacheWays = 16
 )
 
-type itemShard struct {
-	mu sync.Mutex
-	m  map[[2]uint64]cachedItem
-}
-
-// cachedItem is what an item's canonical pass gave.
+// cachedItem is what an item's canonical pass gave, under its cache key.
 type cachedItem struct {
+	key       [2]uint64
 	digest    uint64
 	canonical int64 // the canonical form's length
 	reference bool  // an item_reference
@@ -55,30 +54,33 @@ func (c *itemCache) hash(raw []byte) [2]uint64 {
 	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
 }
 
-func (c *itemCache) shard(h [2]uint64) *itemShard { return &c.shards[h[0]%itemCacheShards] }
-
 func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
-	sh := c.shard(h)
-	sh.mu.Lock()
-	it, ok := sh.m[h]
-	sh.mu.Unlock()
-	return it, ok
+	sets := c.sets.Load()
+	if sets == nil {
+		return cachedItem{}, false
+	}
+	for i := range sets[h[0]%itemCacheSets] {
+		if it := sets[h[0]%itemCacheSets][i].Load(); it != nil && it.key == h {
+			return *it, true
+		}
+	}
+	return cachedItem{}, false
 }
 
 func (c *itemCache) put(h [2]uint64, it cachedItem) {
-	sh := c.shard(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sh.m == nil {
-		sh.m = make(map[[2]uint64]cachedItem)
+	sets := c.sets.Load()
+	if sets == nil {
+		c.sets.CompareAndSwap(nil, new([itemCacheSets][itemCacheWays]atomic.Pointer[cachedItem]))
+		sets = c.sets.Load()
 	}
-	if len(sh.m) >= itemShardEntries {
-		for k := range sh.m { // map order is random: forget one
-			delete(sh.m, k)
-			break
+	it.key = h
+	set := &sets[h[0]%itemCacheSets]
+	for i := range set {
+		if set[i].CompareAndSwap(nil, &it) {
+			return
 		}
 	}
-	sh.m[h] = it
+	set[h[1]%itemCacheWays].Store(&it)
 }
 
 // skipObject returns the end of the object whose '{' is at data[i], by

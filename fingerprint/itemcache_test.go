@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"bufio"
+	"crypto/rand"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -101,19 +102,43 @@ func TestItemCacheNeverChangesAResult(t *testing.T) {
 	}
 }
 
-// A full shard forgets an entry for each new one: the cache stays within
-// its bound however many items go by.
-func TestItemCacheIsBounded(t *testing.T) {
+// rekey gives c a new key: the items it holds are never found again, and
+// new ones take their slots.
+func (c *itemCache) rekey() { _, _ = rand.Read(c.key[:]) }
+
+// The cache holds what it was given while it has room, and stays within
+// its slots however many items go by: half as many items as it has slots
+// are all found again; three times as many leave it full, the latest
+// found more often than not.
+func TestItemCacheHoldsWhatFitsAndStaysBounded(t *testing.T) {
+	const slots = itemCacheSets * itemCacheWays
 	c := newItemCache()
-	for i := range 3 * itemCacheEntries {
-		c.put(c.hash([]byte{byte(i), byte(i >> 8), byte(i >> 16)}), cachedItem{digest: uint64(i)})
+	key := func(i int) [2]uint64 { return c.hash([]byte{byte(i), byte(i >> 8), byte(i >> 16)}) }
+	found := func(from, to int) (n int) {
+		for i := from; i < to; i++ {
+			if it, ok := c.get(key(i)); ok && it.digest == uint64(i) {
+				n++
+			}
+		}
+		return n
 	}
-	n := 0
-	for i := range c.shards {
-		assert.LessOrEqual(t, len(c.shards[i].m), itemShardEntries)
-		n += len(c.shards[i].m)
+	for i := range slots / 2 {
+		c.put(key(i), cachedItem{digest: uint64(i)})
 	}
-	assert.Greater(t, n, itemCacheEntries*9/10)
+	assert.Greater(t, found(0, slots/2), slots/2*99/100, "half full: nearly every item found")
+	for i := slots / 2; i < 3*slots; i++ {
+		c.put(key(i), cachedItem{digest: uint64(i)})
+	}
+	assert.Greater(t, found(3*slots-slots/4, 3*slots), slots/4/2, "the latest items mostly found")
+	held := 0
+	for i := range c.sets.Load() {
+		for j := range c.sets.Load()[i] {
+			if c.sets.Load()[i][j].Load() != nil {
+				held++
+			}
+		}
+	}
+	assert.Equal(t, slots, held)
 }
 
 // skipObject finds the end of valid objects, strings with escapes and

@@ -542,7 +542,7 @@ func (p *scanner) item() bool {
 // maxMisses is how many items in a row the item cache may miss before the
 // rest of the request is canonicalised without looking: a turn's items
 // the client sent before come first, its new ones last.
-const maxMisses = 2
+const maxMisses = 4
 
 // itemCache returns the parser's item cache when the item at p.pos is an
 // object of a request being parsed, else nil.
