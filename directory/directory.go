@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contstore/contstore/internal/names"
+	"github.com/contstore/contstore/internal/rediskeys"
 )
 
 // Errors.
@@ -86,7 +87,7 @@ func NewRedis(client redis.UniversalClient, namespace string, opts Options) (*Di
 	if err := validNamespace(namespace); err != nil {
 		return nil, err
 	}
-	return newDirectory(opts, &redisBackend{c: client, prefix: namespace + ":{" + namespace + "}:replica:"})
+	return newDirectory(opts, &redisBackend{c: client, prefix: rediskeys.Namespace(namespace).Shared("replica:")})
 }
 
 // NewMemory returns a directory in process, for replicas of one process.

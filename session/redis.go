@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/internal/serverclock"
 )
 
@@ -45,7 +46,7 @@ func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, erro
 // keys returns a session's head and log keys, and, when op is not empty,
 // the answer key of that save (internal/lua/oplog.lua).
 func (r *redisStore) keys(id, op string) []string {
-	tag := r.opts.Namespace + ":{" + r.opts.Namespace + ":" + id + "}:"
+	tag := rediskeys.Namespace(r.opts.Namespace).Slot(id)
 	if op == "" {
 		return []string{tag + "head", tag + "log"}
 	}

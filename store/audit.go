@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 	"strconv"
-	"strings"
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
@@ -92,11 +91,11 @@ func (o Options) checkPartition(a *Audit, p int, entries []auditEntry, liveKeys 
 
 // ownerFromKey parses the owner out of a state key "<prefix>:o:<owner key>".
 func ownerFromKey(key string) (identity.Owner, bool) {
-	i := strings.Index(key, "}:o:")
-	if i < 0 {
+	ok, found := rediskeys.StateOwner(key)
+	if !found {
 		return identity.Owner{}, false
 	}
-	o, err := identity.ParseKey(key[i+len("}:o:"):])
+	o, err := identity.ParseKey(ok)
 	return o, err == nil
 }
 

@@ -2,10 +2,10 @@ package store
 
 import (
 	"errors"
-	"strconv"
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/rediskeys"
 )
 
 // ErrSchemaMismatch is returned by NewRedis when the namespace was created
@@ -15,7 +15,8 @@ var ErrSchemaMismatch = errors.New("store: namespace schema mismatch")
 // schemaVersion is the Redis layout this package reads and writes.
 const schemaVersion = 4
 
-// keyspace builds every Redis key name of a namespace; nothing else does.
+// keyspace builds every Redis key name of a store's namespace, with
+// internal/rediskeys, where the directory's and the sessions' are built too.
 // All keys of a partition share the hash tag "{<ns>:<pp>}", so each script
 // touches one Cluster slot.
 //
@@ -42,19 +43,11 @@ type partitionKeys struct {
 func newKeyspace(ns string, partitions int) keyspace {
 	k := keyspace{ns: ns, parts: make([]partitionKeys, partitions)}
 	for p := range k.parts {
-		base := ns + ":" + k.tag(p) + ":"
-		k.parts[p] = partitionKeys{prefix: base + "o:", answers: base + "q:", lru: base + "lru", part: base + "part", seq: base + "seq"}
+		base := rediskeys.Namespace(ns).Slot(rediskeys.Partition(p))
+		k.parts[p] = partitionKeys{prefix: base + rediskeys.StatePrefix, answers: base + "q:", lru: base + "lru",
+			part: base + "part", seq: base + "seq"}
 	}
 	return k
-}
-
-// tag returns the hash tag of partition p.
-func (k keyspace) tag(p int) string {
-	pp := strconv.Itoa(p)
-	if p < 10 {
-		pp = "0" + pp
-	}
-	return "{" + k.ns + ":" + pp + "}"
 }
 
 // ownerPrefix returns the prefix of partition p's owner state keys.
@@ -79,4 +72,4 @@ func (k keyspace) part(p int) string { return k.parts[p].part }
 func (k keyspace) seq(p int) string { return k.parts[p].seq }
 
 // meta returns the key of the namespace's schema hash.
-func (k keyspace) meta() string { return k.ns + ":{" + k.ns + "}:meta" }
+func (k keyspace) meta() string { return rediskeys.Namespace(k.ns).Shared("meta") }

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/rediskeys"
 )
 
 // Key names are the Redis schema: these must never change silently.
@@ -24,3 +25,6 @@ func TestKeyNames(t *testing.T) {
 		assert.Equal(t, c.want, c.got)
 	}
 }
+
+// tag returns the hash tag of partition p, as its keys carry it.
+func (k keyspace) tag(p int) string { return "{" + k.ns + ":" + rediskeys.Partition(p) + "}" }

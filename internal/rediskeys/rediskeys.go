@@ -1,5 +1,6 @@
-// Package rediskeys finds and deletes keys by prefix on a Redis server or
-// on every master of a Redis Cluster.
+// Package rediskeys names the keys of a namespace (Namespace), for every
+// package that keeps keys in Redis, and finds and deletes keys by prefix on
+// a Redis server or on every master of a Redis Cluster.
 package rediskeys
 
 import (
