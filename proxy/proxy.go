@@ -49,6 +49,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -172,11 +173,11 @@ func (cfg *Config) fill() error {
 	if err := cfg.Identity.validate(); err != nil {
 		return err
 	}
-	orDefault(&cfg.MaxBodyBytes, defaultMaxBodyBytes)
-	orDefault(&cfg.UpstreamTimeout, defaultUpstreamTimeout)
-	orDefault(&cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
-	orDefault(&cfg.Logger, slog.New(slog.DiscardHandler))
-	orDefault(&cfg.RoutingHeader, defaultRoutingHeader)
+	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, defaultMaxBodyBytes)
+	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, defaultUpstreamTimeout)
+	cfg.MaxBytesInFlight = cmp.Or(cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	cfg.RoutingHeader = cmp.Or(cfg.RoutingHeader, defaultRoutingHeader)
 	if cfg.Forwarding != nil {
 		f := *cfg.Forwarding
 		if err := f.check(); err != nil {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -139,24 +140,16 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 		return nil, fmt.Errorf("%w: negative WebSocketOptions (Sockets %d, Lifetime %v, DialTimeout %v, IdleTimeout %v, MaxCredentials %d)",
 			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout, opts.IdleTimeout, opts.MaxCredentials)
 	}
-	orDefault(&opts.Sockets, defaultSockets)
-	orDefault(&opts.MaxCredentials, defaultCredentials)
-	orDefault(&opts.Lifetime, defaultSocketLifetime)
-	orDefault(&opts.DialTimeout, defaultDialTimeout)
-	orDefault(&opts.IdleTimeout, defaultIdleTimeout)
+	opts.Sockets = cmp.Or(opts.Sockets, defaultSockets)
+	opts.MaxCredentials = cmp.Or(opts.MaxCredentials, defaultCredentials)
+	opts.Lifetime = cmp.Or(opts.Lifetime, defaultSocketLifetime)
+	opts.DialTimeout = cmp.Or(opts.DialTimeout, defaultDialTimeout)
+	opts.IdleTimeout = cmp.Or(opts.IdleTimeout, defaultIdleTimeout)
 	if opts.Client == nil {
 		opts.Client = &http.Client{Transport: newTransport()}
 	}
 	return &wsUpstream{url: u, opts: opts, now: time.Now, pools: map[[32]byte]*wsPool{},
 		changed: make(chan struct{})}, nil
-}
-
-// orDefault sets *v to def when it is zero.
-func orDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 // credential returns the handshake headers of a turn and their key.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -120,14 +121,14 @@ func (o Options) withDefaults() (Options, error) {
 	if err := validNamespace(o.Namespace); err != nil {
 		return o, err
 	}
-	setDefault(&o.Partitions, defaultPartitions)
-	setDefault(&o.TTL, defaultTTL)
-	setDefault(&o.MaxOwners, defaultMaxOwners)
-	setDefault(&o.MaxOwnerBytes, defaultMaxOwnerBytes)
-	setDefault(&o.MaxTotalBytes, defaultMaxTotalBytes)
-	setDefault(&o.OpTimeout, defaultOpTimeout)
-	setDefault(&o.BreakerFailures, defaultBreakerFailures)
-	setDefault(&o.BreakerCooldown, defaultBreakerCooldown)
+	o.Partitions = cmp.Or(o.Partitions, defaultPartitions)
+	o.TTL = cmp.Or(o.TTL, defaultTTL)
+	o.MaxOwners = cmp.Or(o.MaxOwners, defaultMaxOwners)
+	o.MaxOwnerBytes = cmp.Or(o.MaxOwnerBytes, defaultMaxOwnerBytes)
+	o.MaxTotalBytes = cmp.Or(o.MaxTotalBytes, defaultMaxTotalBytes)
+	o.OpTimeout = cmp.Or(o.OpTimeout, defaultOpTimeout)
+	o.BreakerFailures = cmp.Or(o.BreakerFailures, defaultBreakerFailures)
+	o.BreakerCooldown = cmp.Or(o.BreakerCooldown, defaultBreakerCooldown)
 	if o.Now == nil {
 		o.Now = time.Now
 	} else {
@@ -167,14 +168,6 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: Replica %v", ErrInvalidOptions, err)
 	}
 	return o, nil
-}
-
-// setDefault replaces a zero value with def; negative values are left for
-// the range checks to refuse.
-func setDefault[T int | int64 | time.Duration](v *T, def T) {
-	if *v == 0 {
-		*v = def
-	}
 }
 
 func validNamespace(ns string) error {
