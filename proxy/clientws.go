@@ -106,7 +106,7 @@ func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
 	s := &clientSocket{p: p, ws: ws, header: turnHeader(r.Header), target: r.URL.RequestURI(), remote: r.RemoteAddr,
 		lg: p.cfg.Logger.With("socket", r.RemoteAddr)}
 	if !p.sockets.add(s) {
-		_ = ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
+		s.goAway()
 		return
 	}
 	defer p.sockets.remove(s)
@@ -232,7 +232,7 @@ func (s *clientSocket) serve(ctx context.Context) {
 			s.expire(ctx)
 			return
 		case <-closing:
-			_ = s.ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
+			s.goAway()
 			return
 		default:
 		}
@@ -243,7 +243,7 @@ func (s *clientSocket) serve(ctx context.Context) {
 			s.expire(ctx)
 			return
 		case <-closing:
-			_ = s.ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
+			s.goAway()
 			return
 		case m, ok := <-messages:
 			if !ok {
@@ -254,6 +254,11 @@ func (s *clientSocket) serve(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// goAway closes the connection as the gateway shuts down.
+func (s *clientSocket) goAway() {
+	_ = s.ws.Close(websocket.StatusGoingAway, "the gateway is shutting down")
 }
 
 // expire ends the connection at the end of its lifetime, as the upstream
