@@ -302,16 +302,24 @@ func (s *wsSocket) stopIdle() {
 // u.mu is held.
 func (s *wsSocket) shut(reason string) {
 	s.stopIdle()
-	if s.ws == nil {
-		return
+	if ws := s.detach(); ws != nil {
+		go func() { _ = ws.Close(websocket.StatusNormalClosure, reason) }()
 	}
+}
+
+// detach takes the connection out of the slot, which opens a new one when
+// next used, and returns it, nil when the slot held none. Its frames are
+// drained until its reader sees the close and stops. u.mu is held.
+func (s *wsSocket) detach() *websocket.Conn {
 	ws, frames := s.ws, s.frames
 	s.ws, s.latest, s.frames = nil, "", nil
-	go func() {
-		for range frames { // let the reader see the close and stop
-		}
-	}()
-	go func() { _ = ws.Close(websocket.StatusNormalClosure, reason) }()
+	if ws != nil {
+		go func() {
+			for range frames {
+			}
+		}()
+	}
+	return ws
 }
 
 // pick returns the socket a turn takes, or nil to wait for one; u.mu is
@@ -492,14 +500,9 @@ func read(ws *websocket.Conn, frames chan<- []byte) {
 // drop closes the held socket, the slot opening a new one when next used;
 // u.mu is held.
 func (c *wsConn) drop() {
-	if c.s.ws != nil {
-		_ = c.s.ws.CloseNow()
-		go func(frames <-chan []byte) {
-			for range frames { // let the reader see the close and stop
-			}
-		}(c.s.frames)
+	if ws := c.s.detach(); ws != nil {
+		_ = ws.CloseNow()
 	}
-	c.s.ws, c.s.latest, c.s.frames = nil, "", nil
 }
 
 func (c *wsConn) continues(res *store.Reservation) bool {
