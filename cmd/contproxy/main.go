@@ -586,10 +586,11 @@ func listen(c config, logger *slog.Logger) (client, ops net.Listener, _ error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	maxConns := connsWithin(c.maxConns, fileLimit())
+	nofile := fileLimit()
+	maxConns := connsWithin(c.maxConns, nofile)
 	if maxConns < c.maxConns {
 		logger.Warn("-max-conns lowered to what the open-file limit leaves room for: each client connection may need an upstream one",
-			"max_conns", maxConns, "flag", c.maxConns, "nofile", fileLimit())
+			"max_conns", maxConns, "flag", c.maxConns, "nofile", nofile)
 	}
 	if c.opsListen != "" {
 		if ops, err = net.Listen("tcp", c.opsListen); err != nil {
