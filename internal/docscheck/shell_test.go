@@ -178,12 +178,3 @@ func skipExpansion(src string, i int) int {
 	}
 	return i + 1
 }
-
-// texts returns the words' texts.
-func texts(ws []word) []string {
-	out := make([]string, len(ws))
-	for i, w := range ws {
-		out[i] = w.text
-	}
-	return out
-}
