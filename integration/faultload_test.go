@@ -677,7 +677,7 @@ func (l *faultLoad) check(o *faultOwner, phase int, replica string, input []faul
 		failOpen = true
 		breakerOpen = errors.Is(res.Err, store.ErrBreakerOpen)
 		if !errors.Is(res.Err, store.ErrUnavailable) || res.Turn != 0 || res.PreviousResponseID != "" ||
-			res.DeltaCount != len(input) {
+			res.UpstreamItems != len(input) {
 			l.violate(o, "fail-open reservation malformed: %s", faultDescribe(res))
 		}
 		// Whether the continuation was consumed is unknown: keep the
@@ -699,9 +699,9 @@ func (l *faultLoad) check(o *faultOwner, phase int, replica string, input []faul
 		case !want.Continues():
 			l.violate(o, "continues from %q (a %d-item transcript under model %q) for a %d-item input under model %q; the oracle says %s",
 				res.PreviousResponseID, len(c.items), c.model, len(input), o.model, want.Reason)
-		case !faultSameRaw(res.Delta, input[want.Prefix:]) || res.DeltaCount != want.DeltaCount:
+		case !faultSameRaw(res.Delta, input[want.Prefix:]) || res.UpstreamItems != want.UpstreamItems:
 			l.violate(o, "continues from %q with %d delta items (count %d), want the %d items after the first %d",
-				res.PreviousResponseID, len(res.Delta), res.DeltaCount, want.DeltaCount, want.Prefix)
+				res.PreviousResponseID, len(res.Delta), res.UpstreamItems, want.UpstreamItems, want.Prefix)
 		case res.Origin != faultOrigin(c.origin, replica):
 			l.violate(o, "continues from %q with origin %+v on %s, recorded at %+v", res.PreviousResponseID, res.Origin,
 				replica, c.origin)
@@ -758,7 +758,7 @@ func faultOrigin(origin store.Socket, replica string) store.Socket {
 // faultDescribe renders res without its request and items.
 func faultDescribe(res *store.Reservation) string {
 	return fmt.Sprintf("reason %q, turn %d, previous %q, %d delta items (count %d), origin %+v, err %v",
-		res.Reason, res.Turn, res.PreviousResponseID, len(res.Delta), res.DeltaCount, res.Origin, res.Err)
+		res.Reason, res.Turn, res.PreviousResponseID, len(res.Delta), res.UpstreamItems, res.Origin, res.Err)
 }
 
 // faultSameRaw reports whether delta holds exactly the raw items.

@@ -152,7 +152,7 @@ func linDecide(s linState, req int) linOutput {
 		prior.Continuation = &oracle.Continuation[string]{ResponseID: s.Response, Prompt: rec.Prompt, Transcript: rec.Items}
 	}
 	d := oracle.Reserve(prior, linOracle[req])
-	out := linOutput{Reason: d.Reason, Previous: d.ResponseID, Delta: d.DeltaCount}
+	out := linOutput{Reason: d.Reason, Previous: d.ResponseID, Delta: d.UpstreamItems}
 	if d.Continues() {
 		out.Origin = s.Origin
 	}
@@ -325,7 +325,7 @@ func (l *linStore) reserve(ctx context.Context, owner, req int) (linHandle, linO
 	if res.Err != nil {
 		return linHandle{}, linOutput{}, res.Err
 	}
-	out := linOutput{Reason: res.Reason, Previous: res.PreviousResponseID, Delta: res.DeltaCount, Turn: uint64(res.Turn)}
+	out := linOutput{Reason: res.Reason, Previous: res.PreviousResponseID, Delta: res.UpstreamItems, Turn: uint64(res.Turn)}
 	if res.Origin != (store.Socket{}) {
 		out.Origin = linOrigin(res.Origin.Replica, res.Origin.ID)
 	}

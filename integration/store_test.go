@@ -28,11 +28,11 @@ func standalone(t testing.TB) redis.UniversalClient { return redistest.Standalon
 func cluster(t testing.TB) redis.UniversalClient    { return redistest.Cluster(t) }
 
 func TestRedisConformance(t *testing.T) {
-	storetest.Run(t, opener(standalone))
+	storetest.Run(t, opener(standalone), nil)
 }
 
 func TestClusterConformance(t *testing.T) {
-	storetest.Run(t, opener(cluster))
+	storetest.Run(t, opener(cluster), nil)
 }
 
 // rueidisOpener returns a conformance opener whose stores each get a rueidis
@@ -41,14 +41,7 @@ func rueidisOpener(newClient func(t testing.TB) redis.UniversalClient) storetest
 	return func(t *testing.T, opts store.Options) *store.Store {
 		c := newClient(t)
 		redistest.CleanupNamespace(t, c, opts.Namespace)
-		var addrs []string
-		switch c := c.(type) {
-		case *redis.Client:
-			addrs = []string{c.Options().Addr}
-		case *redis.ClusterClient:
-			addrs = c.Options().Addrs
-		}
-		s, err := store.NewRueidis(newRueidis(t, addrs...), opts)
+		s, err := store.NewRueidis(rueidisOf(t, c), opts)
 		require.NoError(t, err)
 		return s
 	}
@@ -64,10 +57,38 @@ func newRueidis(t testing.TB, addrs ...string) rueidis.Client {
 	return c
 }
 
+// rueidisOf returns a rueidis client of the servers c reaches, closed when
+// t ends.
+func rueidisOf(t testing.TB, c redis.UniversalClient) rueidis.Client {
+	var addrs []string
+	switch c := c.(type) {
+	case *redis.Client:
+		addrs = []string{c.Options().Addr}
+	case *redis.ClusterClient:
+		addrs = c.Options().Addrs
+	}
+	return newRueidis(t, addrs...)
+}
+
+// onRealServers runs f in parallel subtests on a standalone server and on
+// a cluster, each with a client and a namespace of its own, which is
+// removed when f ends.
+func onRealServers(t *testing.T, f func(t *testing.T, c redis.UniversalClient, ns string)) {
+	for name, newClient := range map[string]func(testing.TB) redis.UniversalClient{"standalone": standalone, "cluster": cluster} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := newClient(t)
+			ns := redistest.Namespace(t)
+			redistest.CleanupNamespace(t, c, ns)
+			f(t, c, ns)
+		})
+	}
+}
+
 func TestRueidisConformance(t *testing.T) {
-	storetest.Run(t, rueidisOpener(standalone))
+	storetest.Run(t, rueidisOpener(standalone), nil)
 }
 
 func TestRueidisClusterConformance(t *testing.T) {
-	storetest.Run(t, rueidisOpener(cluster))
+	storetest.Run(t, rueidisOpener(cluster), nil)
 }

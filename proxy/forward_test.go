@@ -20,6 +20,7 @@ import (
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/internal/storehooks"
 	"github.com/contstore/contstore/store"
 )
 
@@ -52,7 +53,7 @@ func newReplicaSetWith(t testing.TB, n int, opts fakeupstream.Options, timeout t
 	require.NoError(t, err)
 	rs := &replicaSet{dir: dir}
 	for i := range n {
-		st := base.WithReplica("r" + string(rune('1'+i)))
+		st := storehooks.WithReplica(base, "r"+string(rune('1'+i)))
 		ws, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(up.URL, "http")+"/v1",
 			WebSocketOptions{Replica: st.Options().Replica, Sockets: 2})
 		require.NoError(t, err)
@@ -200,7 +201,7 @@ func TestAnUnreachableDirectoryServesTurnsHere(t *testing.T) {
 	for _, id := range []string{"r1", "r2"} {
 		ws, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(up.URL, "http")+"/v1", WebSocketOptions{Replica: id})
 		require.NoError(t, err)
-		p, err := New(Config{Store: base.WithReplica(id), Upstream: ws, Forwarding: &Forwarding{Directory: dir, Secret: testSecret}})
+		p, err := New(Config{Store: storehooks.WithReplica(base, id), Upstream: ws, Forwarding: &Forwarding{Directory: dir, Secret: testSecret}})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = p.Close() })
 		proxies = append(proxies, p)

@@ -324,7 +324,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		hide = a.res.PreviousResponseID
 	}
 	lg = lg.With("reason", g.reason(a.res.Reason), "continued", a.continued, "items", a.res.Request().Len(),
-		"sent", a.res.DeltaCount)
+		"sent", a.res.UpstreamItems)
 	// A completed response is recorded before its end reaches the client,
 	// so that the client's next turn finds it.
 	sealed, end := false, ""
@@ -509,7 +509,7 @@ func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, stream
 	body := res.UpstreamBody()
 	rep, err := c.send(ctx, body, stream)
 	if _, forwarded := c.(*forwardConn); err == nil || !forwarded {
-		p.stats.add(cItemsSent, int64(res.DeltaCount))
+		p.stats.add(cItemsSent, int64(res.UpstreamItems))
 		p.stats.add(cBytesSent, int64(len(body)))
 	}
 	return rep, err

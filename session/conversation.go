@@ -10,7 +10,7 @@ import (
 )
 
 // InterruptionMarker is the text of the message that records a turn
-// interrupted before it finished; it replaces the legacy AbortContext.
+// interrupted before it finished (Session.AbortContext).
 const InterruptionMarker = "[The previous turn was interrupted before it finished.]"
 
 // ContinuationClearer forgets an owner's continuation state;
@@ -21,7 +21,7 @@ type ContinuationClearer interface {
 
 // Deps are what a Conversation saves to, prices with and clears.
 type Deps struct {
-	Store  Store
+	Store  *Store
 	Prices Prices
 	// Continuations, when set, is told to forget the session's main owner
 	// on Clear.
@@ -44,18 +44,18 @@ type Conversation struct {
 
 // NewConversation continues s, a fresh or a loaded session. It takes s
 // over: keep-warm tokens are clamped under the totals they are part of and
-// keep-warm cost to [0, Cost], and a legacy abort context becomes an
-// InterruptionMarker message, once (continuing a migrated session changes
-// nothing).
+// keep-warm cost to [0, Cost], and an abort context becomes an
+// InterruptionMarker message at the end of the messages, unless one is
+// there already (continuing the session again changes nothing).
 func NewConversation(s *Session, deps Deps) *Conversation {
-	migrateAbortContext(s)
+	moveAbortContext(s)
 	s.KeepWarmCost = max(0, min(s.KeepWarmCost, s.Cost))
 	s.KeepWarmTokens = s.KeepWarmTokens.clampedUnder(s.Tokens)
 	return &Conversation{Session: s, deps: deps}
 }
 
-// migrateAbortContext turns a legacy abort context into a marker message.
-func migrateAbortContext(s *Session) {
+// moveAbortContext turns an abort context into a marker message.
+func moveAbortContext(s *Session) {
 	if s.AbortContext == "" {
 		return
 	}

@@ -12,7 +12,7 @@ import (
 // published through the context-head barrier; a reload resumes it.
 func Example() {
 	ctx := context.Background()
-	st, _ := session.NewMemoryStore(session.StoreOptions{})
+	st, _ := session.NewMemory(session.Options{})
 	prices, _ := session.ParsePrices([]byte(`{"models":{"m":{"input":1,"output":2}}}`))
 
 	conv := session.NewConversation(session.New("m", "low", "be brief"), session.Deps{Store: st, Prices: prices})

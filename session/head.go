@@ -2,20 +2,8 @@ package session
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
-)
-
-// Errors of the context-head barrier.
-var (
-	// ErrHeadBlocked: an earlier publication of this session's head failed
-	// or was interrupted, so its stored head is unverified; reload the
-	// session before saving or continuing.
-	ErrHeadBlocked = errors.New("session: context head is unverified; reload the session before continuing")
-	// ErrIdentityMismatch: the checkpoint names another session than the
-	// current one; nothing was written.
-	ErrIdentityMismatch = fmt.Errorf("%w: context head checkpoint does not match the current session", ErrInvalid)
 )
 
 // ContextHead is the durability barrier of one conversation: a publication

@@ -21,11 +21,3 @@ func TestTitleIsTheFirstUserMessageText(t *testing.T) {
 	s.autoTitle()
 	assert.Equal(t, "kept", s.Title)
 }
-
-func TestNoObserverMeansNoWrapper(t *testing.T) {
-	st, err := NewMemoryStore(StoreOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	assert.Same(t, st, observe(st, nil))
-}

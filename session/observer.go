@@ -1,8 +1,9 @@
 package session
 
 import (
-	"context"
 	"time"
+
+	"github.com/contstore/contstore/internal/redisconn"
 )
 
 // Op names a session store operation, as observers see it.
@@ -16,7 +17,7 @@ const (
 	OpDelete      Op = "delete"
 )
 
-// Event describes one finished session store operation.
+// Event describes one finished operation.
 type Event struct {
 	Op Op
 	// ID is the session's id.
@@ -32,66 +33,14 @@ type Event struct {
 	Err error
 }
 
-// Observer sees every operation of a Store opened with
-// StoreOptions.Observer. ObserveSession is called synchronously after the
-// operation: it must be fast and safe for concurrent use.
+// Observer sees each operation as it returns, and each change of the
+// store's circuit breaker, in order. Its methods are called outside any
+// lock and must be fast and safe for concurrent use.
 type Observer interface {
-	ObserveSession(Event)
+	Observe(Event)
+	BreakerChanged(BreakerStatus)
 }
 
-// ObserverFunc is an Observer calling itself.
-type ObserverFunc func(Event)
-
-// ObserveSession calls f(ev).
-func (f ObserverFunc) ObserveSession(ev Event) { f(ev) }
-
-// observe returns a Store that passes every call to st unchanged and then
-// reports it to obs; it returns st itself when obs is nil.
-func observe(st Store, obs Observer) Store {
-	if obs == nil {
-		return st
-	}
-	return &observedStore{st: st, obs: obs}
-}
-
-type observedStore struct {
-	st  Store
-	obs Observer
-}
-
-func (o *observedStore) Save(ctx context.Context, s *Session) error {
-	return o.save(ctx, OpSave, o.st.Save, s)
-}
-
-func (o *observedStore) SaveDurable(ctx context.Context, s *Session) error {
-	return o.save(ctx, OpSaveDurable, o.st.SaveDurable, s)
-}
-
-func (o *observedStore) save(ctx context.Context, op Op, save func(context.Context, *Session) error, s *Session) error {
-	start := time.Now()
-	err := save(ctx, s)
-	ev := Event{Op: op, Latency: time.Since(start), Err: err}
-	if s != nil {
-		ev.ID, ev.Version = s.ID, s.Version
-	}
-	o.obs.ObserveSession(ev)
-	return err
-}
-
-func (o *observedStore) Load(ctx context.Context, id string) (*Session, error) {
-	start := time.Now()
-	s, err := o.st.Load(ctx, id)
-	ev := Event{Op: OpLoad, ID: id, Latency: time.Since(start), Err: err}
-	if s != nil && err == nil {
-		ev.Version = s.Version
-	}
-	o.obs.ObserveSession(ev)
-	return s, err
-}
-
-func (o *observedStore) Delete(ctx context.Context, id string) error {
-	start := time.Now()
-	err := o.st.Delete(ctx, id)
-	o.obs.ObserveSession(Event{Op: OpDelete, ID: id, Latency: time.Since(start), Err: err})
-	return err
-}
+// BreakerStatus describes the store's circuit breaker as store.BreakerStatus
+// does a partition's; its Partition is 0.
+type BreakerStatus = redisconn.BreakerStatus

@@ -6,62 +6,78 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
 
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/redisconn"
 	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/internal/serverclock"
 )
 
-// redisStore keeps each session under its own hash tag "{<ns>:<id>}":
+// NewRedis returns a store on Redis, shared by every replica that opens the
+// same namespace, whose only connections are those of client: a
+// *redis.Client or a *redis.ClusterClient.
+func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalid)
+	}
+	return newRedisStore(redisconn.GoRedis(client), redisconn.HonoursDeadlines(client), opts)
+}
+
+// NewRueidis returns a store like NewRedis's on a rueidis client (with
+// DisableCache) of one server or of a Cluster.
+func NewRueidis(client rueidis.Client, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil rueidis client", ErrInvalid)
+	}
+	return newRedisStore(redisconn.Rueidis(client), false, opts)
+}
+
+// newRedisStore returns a store on conn; inline says whether conn ends every
+// call at its context's deadline.
+func newRedisStore(conn redisconn.Conn, inline bool, opts Options) (*Store, error) {
+	return newStore(opts, inline, func(o Options) backend {
+		return &redisBackend{conn: conn, opts: o, servers: serverclock.New(1, nil)}
+	})
+}
+
+// redisBackend keeps each session under its own hash tag "{<ns>:<id>}":
 //
-//	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count); e (expiry on StoreOptions.Now)
+//	<ns>:{<ns>:<id>}:head  hash  v (version); d (snapshot JSON) or h (journal header JSON) and n (message count)
 //	<ns>:{<ns>:<id>}:log   list  journal messages, oldest first
-//	<ns>:{<ns>:<id>}:q:<op> string  a save's answer, for a re-sent copy until the save's deadline (internal/lua/oplog.lua)
-type redisStore struct {
-	client redis.UniversalClient
-	opts   StoreOptions
+//	<ns>:{<ns>:<id>}:q:<call id> string  a save's answer, for a re-sent copy until the save's deadline (internal/lua/oplog.lua)
+//
+// A session expires with its keys' TTL, on the server's clock.
+type redisBackend struct {
+	conn redisconn.Conn
+	opts Options
 	// servers estimates the servers' clock, on which saves carry their
 	// deadlines.
 	servers *serverclock.Clock
 }
 
-// NewRedisStore returns a Store on Redis (a *redis.Client or a
-// *redis.ClusterClient). It makes no connections of its own beyond the
-// client's pool.
-func NewRedisStore(client redis.UniversalClient, opts StoreOptions) (Store, error) {
-	if client == nil {
-		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalid)
-	}
-	opts, err := opts.withDefaults()
-	if err != nil {
-		return nil, err
-	}
-	return observe(&redisStore{client: client, opts: opts, servers: serverclock.New(1, nil)}, opts.Observer), nil
-}
-
-// keys returns a session's head and log keys, and, when op is not empty,
-// the answer key of that save (internal/lua/oplog.lua).
-func (r *redisStore) keys(id, op string) []string {
-	tag := rediskeys.Namespace(r.opts.Namespace).Slot(id)
-	if op == "" {
+// keys returns a session's head and log keys, and, when id is not empty,
+// the answer key of the save with that call id (internal/lua/oplog.lua).
+func (r *redisBackend) keys(session, id string) []string {
+	tag := rediskeys.Namespace(r.opts.Namespace).Slot(session)
+	if id == "" {
 		return []string{tag + "head", tag + "log"}
 	}
-	return []string{tag + "head", tag + "log", tag + "q:" + lua.OpKey(op)}
+	return []string{tag + "head", tag + "log", tag + "q:" + lua.CallIDKey(id)}
 }
 
-// saveArgs returns the script arguments publishing s as the call of op.
-func (r *redisStore) saveArgs(s *Session, rewrite bool, op string) ([]any, error) {
-	args := []any{strconv.FormatUint(s.Version, 10), "snapshot", r.opts.TTL.Milliseconds()}
+// saveArgs returns the script arguments publishing s as the call with id.
+func (r *redisBackend) saveArgs(s *Session, rewrite bool, id string) ([]string, error) {
+	args := []string{strconv.FormatUint(s.Version, 10), "snapshot", strconv.FormatInt(r.opts.TTL.Milliseconds(), 10)}
 	if r.opts.Mode == Snapshot {
 		doc, err := encodeSession(s)
 		if err != nil {
 			return nil, err
 		}
-		return append(args, doc, 0, op, r.now()), nil
+		return append(args, doc, "0", id), nil
 	}
 	header := *s
 	header.Messages = nil
@@ -75,15 +91,11 @@ func (r *redisStore) saveArgs(s *Session, rewrite bool, op string) ([]any, error
 		args[1] = "append"
 		from = len(s.saved)
 	}
-	args = append(args, doc, len(s.Messages), op, r.now())
-	for _, m := range s.Messages[from:] {
-		b, err := compactMessage(m)
-		if err != nil {
-			return nil, invalidMessage(s, from, err)
-		}
-		args = append(args, b)
+	msgs, err := compactMessages(s, from)
+	if err != nil {
+		return nil, err
 	}
-	return args, nil
+	return append(append(args, doc, strconv.Itoa(len(s.Messages)), id), msgs...), nil
 }
 
 // extends reports whether msgs starts with the messages of saved, byte for
@@ -100,136 +112,92 @@ func extends(msgs, saved []json.RawMessage) bool {
 	return true
 }
 
-// now is the scripts' clock argument: StoreOptions.Now in milliseconds
-// since the Unix epoch, or "0" for the server's clock.
-func (r *redisStore) now() string {
-	if r.opts.Now == nil {
-		return "0"
-	}
-	return strconv.FormatInt(r.opts.Now().UnixMilli(), 10)
-}
+// errBadReply marks a Redis reply that does not have the shape a script's
+// header promises.
+var errBadReply = errors.New("session: malformed reply")
 
-// save runs the save script on c; on success s.Version is the new version.
-func (r *redisStore) save(ctx context.Context, c redis.Scripter, s *Session) error {
-	if err := validSession(s); err != nil {
-		return err
+func (r *redisBackend) save(ctx context.Context, s *Session, durable bool) (uint64, error) {
+	if !durable {
+		return r.publish(ctx, r.conn, s)
 	}
-	// A refused append wrote nothing: its rewrite may reuse the op. A save
-	// refused for its deadline is sent once more as a new call, while the
-	// caller still waits, when the refusal allows it (serverclock Refused).
-	deadline := r.servers.Deadline(ctx, 0, r.opts.OpTimeout)
-	op := lua.NewOp(deadline)
-	rewrite, resent := false, false
-	for {
-		args, err := r.saveArgs(s, rewrite, op)
-		if err != nil {
+	// WAIT counts the replicas that acknowledged the writes of its own
+	// connection: the save and WAIT go on one connection to the master.
+	var version uint64
+	err := r.conn.Pin(ctx, r.keys(s.ID, "")[0], func(c redisconn.Pinned) error {
+		var err error
+		if version, err = r.publish(ctx, c, s); err != nil {
 			return err
 		}
-		reply, err := lua.SessionSave.Run(ctx, c, r.keys(s.ID, op), args...).StringSlice()
+		acked, err := c.Wait(ctx, r.opts.MinReplicas, r.opts.DurableTimeout)
 		if err != nil {
-			return fmt.Errorf("%w: save %q: %w", ErrUnavailable, s.ID, err)
+			return fmt.Errorf("%w: session %q version %d: WAIT: %v", ErrNotDurable, s.ID, version, err)
 		}
-		if len(reply) != 2 {
-			return fmt.Errorf("%w: save %q: malformed reply %q", ErrUnavailable, s.ID, reply)
+		if acked < int64(r.opts.MinReplicas) {
+			return fmt.Errorf("%w: session %q version %d: %d of %d replicas within %v",
+				ErrNotDurable, s.ID, version, acked, r.opts.MinReplicas, r.opts.DurableTimeout)
 		}
-		switch reply[0] {
-		case "ok":
-			v, err := strconv.ParseUint(reply[1], 10, 64)
+		return nil
+	})
+	return version, err
+}
+
+// publish runs the save script on c and returns the version it published.
+// A refused append wrote nothing: its rewrite goes with the same call id. A
+// save refused for its deadline is sent once more as a new call when the
+// refusal allows it (redisconn.ResendExpired).
+func (r *redisBackend) publish(ctx context.Context, c redisconn.Evaluator, s *Session) (uint64, error) {
+	rewrite := false
+	reply, err := redisconn.ResendExpired(ctx, r.servers, 0, r.opts.OpTimeout, func() (any, int64, error) {
+		deadline := r.servers.Deadline(ctx, 0, r.opts.OpTimeout)
+		id := lua.NewCallID(deadline)
+		for {
+			args, err := r.saveArgs(s, rewrite, id)
 			if err != nil {
-				return fmt.Errorf("%w: save %q: version %q", ErrUnavailable, s.ID, reply[1])
+				return nil, 0, err
 			}
-			s.Version = v
-			s.saved = slices.Clone(s.Messages)
-			return nil
-		case "conflict":
-			return fmt.Errorf("%w: session %q is at version %s, this copy at %d", ErrConflict, s.ID, reply[1], s.Version)
-		case "rewrite":
-			if rewrite {
-				return fmt.Errorf("%w: save %q: journal refused a rewrite", ErrUnavailable, s.ID)
+			reply, err := c.Eval(ctx, lua.SessionSave, r.keys(s.ID, id), args)
+			if a, _ := reply.([]any); err != nil || rewrite || len(a) == 0 || a[0] != "rewrite" {
+				return reply, deadline, err
 			}
 			rewrite = true
-		case "expired":
-			server, err := strconv.ParseInt(reply[1], 10, 64)
-			if err != nil || !r.servers.Refused(0, server, deadline, r.opts.OpTimeout) || resent || ctx.Err() != nil {
-				return fmt.Errorf("%w: save %q reached Redis after its deadline", ErrUnavailable, s.ID)
-			}
-			deadline = r.servers.Deadline(ctx, 0, r.opts.OpTimeout)
-			op, resent = lua.NewOp(deadline), true
-		default:
-			return fmt.Errorf("%w: save %q: unexpected status %q", ErrUnavailable, s.ID, reply[0])
 		}
-	}
-}
-
-func (r *redisStore) Save(ctx context.Context, s *Session) error {
-	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout)
-	defer cancel()
-	return r.save(ctx, r.client, s)
-}
-
-// SaveDurable runs the save and WAIT on one connection to the session's
-// master: WAIT counts the replicas that acknowledged the writes of its own
-// connection.
-func (r *redisStore) SaveDurable(ctx context.Context, s *Session) error {
-	if r.opts.MinReplicas == 0 {
-		return r.Save(ctx, s)
-	}
-	if err := validSession(s); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout+r.opts.DurableTimeout)
-	defer cancel()
-	node, err := r.master(ctx, r.keys(s.ID, "")[0])
+	})
 	if err != nil {
-		return fmt.Errorf("%w: save %q: %w", ErrUnavailable, s.ID, err)
+		return 0, err
 	}
-	conn := node.Conn()
-	defer conn.Close()
-	if err := r.save(ctx, conn, s); err != nil {
-		return err
+	a, _ := reply.([]any)
+	if len(a) != 2 {
+		return 0, fmt.Errorf("%w: save %q: %v", errBadReply, s.ID, reply)
 	}
-	acked, err := conn.Wait(ctx, r.opts.MinReplicas, r.opts.DurableTimeout).Result()
-	if err != nil {
-		return fmt.Errorf("%w: session %q version %d: WAIT: %v", ErrNotDurable, s.ID, s.Version, err)
-	}
-	if acked < int64(r.opts.MinReplicas) {
-		return fmt.Errorf("%w: session %q version %d: %d of %d replicas within %v",
-			ErrNotDurable, s.ID, s.Version, acked, r.opts.MinReplicas, r.opts.DurableTimeout)
-	}
-	return nil
-}
-
-// master returns the client of the master serving key.
-func (r *redisStore) master(ctx context.Context, key string) (*redis.Client, error) {
-	switch c := r.client.(type) {
-	case *redis.Client:
-		return c, nil
-	case *redis.ClusterClient:
-		return c.MasterForKey(ctx, key)
+	switch version, _ := a[1].(string); a[0] {
+	case "ok":
+		v, err := strconv.ParseUint(version, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: save %q: version %v", errBadReply, s.ID, a[1])
+		}
+		return v, nil
+	case "conflict":
+		return 0, fmt.Errorf("%w: session %q is at version %v, this copy at %d", ErrConflict, s.ID, a[1], s.Version)
+	case "rewrite":
+		return 0, fmt.Errorf("%w: save %q: the journal refused a rewrite", errBadReply, s.ID)
 	default:
-		return nil, fmt.Errorf("durable saves need a *redis.Client or *redis.ClusterClient, not %T", r.client)
+		return 0, fmt.Errorf("%w: save %q: unexpected status %v", errBadReply, s.ID, a[0])
 	}
 }
 
-func (r *redisStore) Load(ctx context.Context, id string) (*Session, error) {
-	if err := ValidID(id); err != nil {
+func (r *redisBackend) load(ctx context.Context, id string) (*Session, error) {
+	reply, err := r.conn.Eval(ctx, lua.SessionLoad, r.keys(id, ""), nil)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout)
-	defer cancel()
-	reply, err := lua.SessionLoad.Run(ctx, r.client, r.keys(id, ""), r.now()).Slice()
-	if err != nil {
-		return nil, fmt.Errorf("%w: load %q: %w", ErrUnavailable, id, err)
+	head, ok := reply.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%w: load %q: %T, want an array", errBadReply, id, reply)
 	}
-	if len(reply) == 0 {
+	if len(head) == 0 {
 		return nil, fmt.Errorf("%w: session %q", ErrNotFound, id)
 	}
-	s, err := decodeHead(id, reply)
-	if err != nil {
-		return nil, err
-	}
-	s.saved = slices.Clone(s.Messages)
-	return s, nil
+	return decodeHead(id, head)
 }
 
 // decodeHead decodes the reply of internal/lua/session_load.lua.
@@ -247,7 +215,7 @@ func decodeHead(id string, reply []any) (*Session, error) {
 	}
 	var s *Session
 	if doc, ok := reply[1].(string); ok {
-		if s, err = decodeSession(id, []byte(doc)); err != nil {
+		if s, err = decodeSession(id, doc); err != nil {
 			return nil, err
 		}
 	} else {
@@ -255,7 +223,7 @@ func decodeHead(id string, reply []any) (*Session, error) {
 		if !ok {
 			return nil, corrupt("head holds neither a snapshot nor a journal header")
 		}
-		if s, err = decodeSession(id, []byte(doc)); err != nil {
+		if s, err = decodeSession(id, doc); err != nil {
 			return nil, err
 		}
 		ns, _ := reply[3].(string)
@@ -277,14 +245,7 @@ func decodeHead(id string, reply []any) (*Session, error) {
 	return s, nil
 }
 
-func (r *redisStore) Delete(ctx context.Context, id string) error {
-	if err := ValidID(id); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.opts.OpTimeout)
-	defer cancel()
-	if err := r.client.Del(ctx, r.keys(id, "")...).Err(); err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("%w: delete %q: %w", ErrUnavailable, id, err)
-	}
-	return nil
+func (r *redisBackend) remove(ctx context.Context, id string) error {
+	_, err := r.conn.Do(ctx, append([]string{"DEL"}, r.keys(id, "")...))
+	return err
 }

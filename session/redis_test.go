@@ -21,7 +21,7 @@ var ctx = context.Background()
 
 func TestCorruptSessionIsReportedByName(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
-	st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: "ns"})
+	st, err := session.NewRedis(c, session.Options{Namespace: "ns"})
 	require.NoError(t, err)
 	for name, fields := range map[string][]string{
 		"bad-json":      {"v", "3", "d", `{"id":`},
@@ -59,7 +59,7 @@ func TestJournalSavesWriteOnlyNewMessages(t *testing.T) {
 	_, c := redistest.Miniredis(t)
 	var sent atomic.Int64
 	c.AddHook(argumentBytes(&sent))
-	st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: "j", Mode: session.Journal})
+	st, err := session.NewRedis(c, session.Options{Namespace: "j", Mode: session.Journal})
 	require.NoError(t, err)
 	s := session.New("m", "", "")
 	for i := range 2000 {
@@ -95,16 +95,19 @@ func TestJournalSavesWriteOnlyNewMessages(t *testing.T) {
 	assert.Equal(t, `{"role":"user","content":"edited"}`, string(got.Messages[0]))
 }
 
-func TestStoreOptionsAreValidated(t *testing.T) {
-	for _, o := range []session.StoreOptions{
-		{Namespace: "a{b"}, {Mode: 7}, {TTL: -1}, {MinReplicas: -1}, {OpTimeout: -1},
+func TestOptionsAreValidated(t *testing.T) {
+	for _, o := range []session.Options{
+		{Namespace: "a{b"}, {Mode: 7}, {TTL: -1}, {MinReplicas: -1}, {OpTimeout: -1}, {OpTimeout: 2 * time.Hour},
+		{BreakerFailures: -2}, {BreakerCooldown: -1},
 	} {
-		_, err := session.NewMemoryStore(o)
+		_, err := session.NewMemory(o)
 		assert.ErrorIs(t, err, session.ErrInvalid, "%+v", o)
-		_, err = session.NewRedisStore(redis.NewClient(&redis.Options{}), o)
+		_, err = session.NewRedis(redis.NewClient(&redis.Options{}), o)
 		assert.ErrorIs(t, err, session.ErrInvalid, "%+v", o)
 	}
-	_, err := session.NewRedisStore(nil, session.StoreOptions{})
+	_, err := session.NewRedis(nil, session.Options{})
+	assert.ErrorIs(t, err, session.ErrInvalid)
+	_, err = session.NewRueidis(nil, session.Options{})
 	assert.ErrorIs(t, err, session.ErrInvalid)
 }
 
@@ -122,10 +125,10 @@ func TestLostSaveReplyAnswersTheVersionWritten(t *testing.T) {
 			loss := &redistest.ReplyLoss{}
 			lossy := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: 1, Dialer: loss.Dial})
 			t.Cleanup(func() { _ = lossy.Close() })
-			opts := session.StoreOptions{Namespace: "lost", Mode: mode}
-			a, err := session.NewRedisStore(lossy, opts)
+			opts := session.Options{Namespace: "lost", Mode: mode}
+			a, err := session.NewRedis(lossy, opts)
 			require.NoError(t, err)
-			b, err := session.NewRedisStore(plain, opts)
+			b, err := session.NewRedis(plain, opts)
 			require.NoError(t, err)
 
 			s := session.New("m", "", "")
@@ -149,16 +152,17 @@ func TestLostSaveReplyAnswersTheVersionWritten(t *testing.T) {
 	}
 }
 
-// Without StoreOptions.Now, Redis expires a session with its keys' TTL on
-// the server's clock: every save sets head and log to the TTL (and a store
-// without one keeps them), and nothing stores an expiry of its own.
+// Redis expires a session with its keys' TTL on the server's clock: every
+// save sets head and log to the TTL (and a store without one keeps them),
+// and nothing stores an expiry of its own.
 func TestServerClockExpiresSessionsWithTheKeysTTL(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
+	clock := redistest.ServerClock(mr, time.Now())
 	const ttl = time.Hour
 	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
 		t.Run(mode.String(), func(t *testing.T) {
 			ns := "ns-" + mode.String()
-			st, err := session.NewRedisStore(c, session.StoreOptions{Namespace: ns, Mode: mode, TTL: ttl})
+			st, err := session.NewRedis(c, session.Options{Namespace: ns, Mode: mode, TTL: ttl})
 			require.NoError(t, err)
 			s := session.New("m", "", "")
 			s.Messages = []json.RawMessage{json.RawMessage(`{"role":"user","content":"hi"}`)}
@@ -172,16 +176,22 @@ func TestServerClockExpiresSessionsWithTheKeysTTL(t *testing.T) {
 				require.True(t, mr.Exists(k), k)
 				assert.Equal(t, ttl, mr.TTL(k), k)
 			}
-			assert.Empty(t, mr.HGet(head, "e"), "no expiry field")
+			fields, err := c.HKeys(ctx, head).Result()
+			require.NoError(t, err)
+			want := []string{"v", "d"}
+			if mode == session.Journal {
+				want = []string{"v", "h", "n"}
+			}
+			assert.ElementsMatch(t, want, fields, "no expiry field")
 
-			mr.FastForward(ttl - time.Millisecond)
+			clock.Add(ttl - time.Millisecond)
 			_, err = st.Load(ctx, s.ID)
 			require.NoError(t, err, "a millisecond before the TTL")
-			mr.FastForward(time.Millisecond)
+			clock.Add(time.Millisecond)
 			_, err = st.Load(ctx, s.ID)
 			require.ErrorIs(t, err, session.ErrNotFound, "at the TTL")
 
-			forever, err := session.NewRedisStore(c, session.StoreOptions{Namespace: ns, Mode: mode})
+			forever, err := session.NewRedis(c, session.Options{Namespace: ns, Mode: mode})
 			require.NoError(t, err)
 			s.Version = 0
 			require.NoError(t, forever.Save(ctx, s))
@@ -189,6 +199,54 @@ func TestServerClockExpiresSessionsWithTheKeysTTL(t *testing.T) {
 				require.True(t, mr.Exists(k), k)
 				assert.Zero(t, mr.TTL(k), "%s is kept", k)
 			}
+		})
+	}
+}
+
+// A save that reaches Redis after its deadline writes nothing. When the
+// refusal comes OpTimeout or more after the deadline (the store's estimate
+// of the server's clock was that far behind, so no copy of the save can
+// have run in time), the store learns the server's clock and sends the save
+// once more as a new call, which publishes; a refusal closer to the
+// deadline is an error.
+func TestASaveRefusedForItsDeadline(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		ahead  time.Duration // how far the server's clock is ahead of this process's, fixed
+		sends  int
+		stored bool
+	}{
+		{"less than OpTimeout past it: an error", 15 * time.Second, 1, false},
+		{"an hour past it: sent once more", time.Hour, 2, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mr, client := redistest.Miniredis(t)
+			mr.SetTime(time.Now().Add(c.ahead))
+			var sends atomic.Int64
+			client.AddHook(redistest.CommandHook(func(cmd redis.Cmder) {
+				if args := cmd.Args(); len(args) > 1 && args[1] == lua.SessionSave.Hash() {
+					sends.Add(1)
+				}
+			}))
+			// A deadline is OpTimeout after the save starts: in the first
+			// case the save reaches the server up to 5 s past it (less as
+			// this process is slower), less than OpTimeout.
+			st, err := session.NewRedis(client, session.Options{Namespace: "late", OpTimeout: 10 * time.Second})
+			require.NoError(t, err)
+			s := session.New("m", "", "")
+			err = st.Save(ctx, s)
+			assert.Equal(t, int64(c.sends), sends.Load(), "saves sent")
+			_, loadErr := st.Load(ctx, s.ID)
+			if c.stored {
+				require.NoError(t, err)
+				require.NoError(t, loadErr)
+				assert.Equal(t, uint64(1), s.Version)
+				return
+			}
+			require.ErrorIs(t, err, session.ErrUnavailable)
+			assert.Contains(t, err.Error(), "after its deadline")
+			assert.Zero(t, s.Version)
+			require.ErrorIs(t, loadErr, session.ErrNotFound, "the refused save wrote nothing")
 		})
 	}
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/contstore/contstore/internal/names"
 )
 
-// Errors of the session stores, to match with errors.Is.
+// Errors of the package, to match with errors.Is.
 var (
 	// ErrInvalid: a session id, option or argument is invalid.
 	ErrInvalid = errors.New("session: invalid input")
@@ -39,8 +39,16 @@ var (
 	ErrNotDurable = errors.New("session: head published but not acknowledged by enough replicas")
 	// ErrCorrupt: a stored session does not decode.
 	ErrCorrupt = errors.New("session: stored session is corrupt")
-	// ErrUnavailable: the backing store failed (Redis down, timeout).
+	// ErrUnavailable: the backing store failed (Redis down, timeout,
+	// circuit breaker open).
 	ErrUnavailable = errors.New("session: store unavailable")
+	// ErrHeadBlocked: an earlier publication of this session's head failed
+	// or was interrupted, so its stored head is unverified; reload the
+	// session before saving or continuing.
+	ErrHeadBlocked = errors.New("session: context head is unverified; reload the session before continuing")
+	// ErrIdentityMismatch: the checkpoint names another session than the
+	// current one; nothing was written.
+	ErrIdentityMismatch = fmt.Errorf("%w: context head checkpoint does not match the current session", ErrInvalid)
 )
 
 // Tokens counts tokens by kind.
@@ -87,8 +95,8 @@ type Session struct {
 	Cost           float64 `json:"cost"`
 	KeepWarmCost   float64 `json:"keepwarm_cost"`
 	KeepWarmTokens Tokens  `json:"keepwarm_tokens"`
-	// AbortContext is a legacy recap of an interrupted turn; a Conversation
-	// turns it into an InterruptionMarker message.
+	// AbortContext notes a turn that was interrupted; a Conversation moves
+	// it into the messages as an InterruptionMarker message.
 	AbortContext string    `json:"abort_context,omitempty"`
 	CreatedAt    time.Time `json:"created_at"`
 	UpdatedAt    time.Time `json:"updated_at"`
@@ -177,10 +185,10 @@ func messageText(content json.RawMessage) string {
 	return b.String()
 }
 
-// ValidID reports whether id can name a session: an id identity accepts
+// validID reports whether id can name a session: an id identity accepts
 // (non-empty, at most identity.MaxIDBytes bytes of UTF-8 without control
-// characters) without '{' or '}'.
-func ValidID(id string) error {
+// characters) without '{' or '}'; an error wraps ErrInvalid.
+func validID(id string) error {
 	return validName("session id", id, identity.MaxIDBytes, "{}")
 }
 
@@ -202,7 +210,7 @@ func validSession(s *Session) error {
 	if s == nil {
 		return fmt.Errorf("%w: nil session", ErrInvalid)
 	}
-	return ValidID(s.ID)
+	return validID(s.ID)
 }
 
 // invalidMessage returns an error naming the first message of s from index

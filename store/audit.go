@@ -38,11 +38,11 @@ func (s *Store) Audit(ctx context.Context) (Audit, error) {
 
 // auditEntry is one LRU entry as an audit sees it.
 type auditEntry struct {
-	key          string
-	score        score
-	live         bool  // the state exists
-	hasContinuer bool  // the state holds a continuation
-	size         int64 // the stored bytes the state's fields make (internal/lua/lru.lua)
+	key       string
+	score     score
+	live      bool  // the state exists
+	published bool  // the state holds a continuation, so its LRU entry must say published
+	size      int64 // the stored bytes the state's fields make (internal/lua/lru.lua)
 }
 
 // checkPartition appends the problems of partition p to a.
@@ -60,8 +60,8 @@ func (o Options) checkPartition(a *Audit, p int, entries []auditEntry, liveKeys 
 		}
 		if !e.live {
 			problem("LRU entry %q has no live state", e.key)
-		} else if e.hasContinuer != e.score.published() {
-			problem("LRU entry %q says published=%v, the state says %v", e.key, e.score.published(), e.hasContinuer)
+		} else if e.published != e.score.published() {
+			problem("LRU entry %q says published=%v, the state says %v", e.key, e.score.published(), e.published)
 		} else if e.size != e.score.size() {
 			problem("LRU entry %q says %d bytes, the state holds %d", e.key, e.score.size(), e.size)
 		}
@@ -103,7 +103,7 @@ func (m *memory) audit(context.Context) (Audit, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var a Audit
-	now := m.opts.Now()
+	now := m.opts.now()
 	keys := m.keys
 	// Named as in Redis, so that a state filed under the wrong partition
 	// shows.
@@ -114,7 +114,7 @@ func (m *memory) audit(context.Context) (Audit, error) {
 		var live []string
 		for _, st := range p.lru {
 			alive := !m.expired(st, now) && p.owners[st.owner] == st
-			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, hasContinuer: st.kept > 0,
+			entries = append(entries, auditEntry{key: keys.owner(i, st.owner), score: st.score, live: alive, published: st.kept > 0,
 				size: min(keys.stateBytes(i, st.owner)+st.kept, maxStateBytes)})
 		}
 		for owner, st := range p.owners {
@@ -135,7 +135,7 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 		if err != nil {
 			return Audit{}, err
 		}
-		replies, err := r.conn.do(ctx, []string{"ZRANGE", r.keys.lru(p), "0", "-1", "WITHSCORES"},
+		replies, err := r.conn.Do(ctx, []string{"ZRANGE", r.keys.lru(p), "0", "-1", "WITHSCORES"},
 			[]string{"HMGET", r.keys.part(p), "bytes", "published"})
 		if err != nil {
 			return Audit{}, err
@@ -157,19 +157,19 @@ func (r *redisBackend) audit(ctx context.Context) (Audit, error) {
 		for _, e := range entries {
 			keys = append(keys, e.key)
 		}
-		fields, err := r.readTurns(ctx, p, keys)
+		states, err := r.readStates(ctx, p, keys)
 		if err != nil {
 			return Audit{}, err
 		}
 		var live []string
 		for i, k := range found {
-			if fields[i].live {
+			if states[i].live {
 				live = append(live, k)
 			}
 		}
 		for i := range entries {
-			f := fields[len(found)+i]
-			entries[i].live, entries[i].hasContinuer, entries[i].size = f.live, f.published, f.size
+			f := states[len(found)+i]
+			entries[i].live, entries[i].published, entries[i].size = f.live, f.published, f.size
 		}
 		r.opts.checkPartition(&a, p, entries, live, parseCount(acct, 0), parseCount(acct, 1), func(o identity.Owner) string {
 			return r.keys.owner(o.Partition(r.opts.Partitions), o)
@@ -184,7 +184,7 @@ func (r *redisBackend) scan(ctx context.Context, p int) ([]string, error) {
 	pattern := rediskeys.EscapeGlob(r.keys.ownerPrefix(p)) + "*"
 	var found []string
 	for cursor := "0"; ; {
-		step, err := slice(r.conn.eval(ctx, lua.Scan, []string{r.keys.lru(p)}, []string{cursor, pattern, "1000"}))
+		step, err := slice(r.conn.Eval(ctx, lua.Scan, []string{r.keys.lru(p)}, []string{cursor, pattern, "1000"}))
 		if err != nil {
 			return nil, fmt.Errorf("SCAN MATCH %s: %w", pattern, err)
 		}
@@ -250,18 +250,19 @@ func scoredMembers(v any) ([]string, []float64, error) {
 	return members, scores, nil
 }
 
-// turnFields says whether a key holds a live state, whether that state
-// holds a continuation (published by its current turn or the one before),
-// and the stored bytes its fields make, as its LRU entry must say.
-type turnFields struct {
+// stateFacts is what an audit reads of one key: whether it holds a live
+// state, whether that state holds a continuation (published by its current
+// turn or the one before), and the stored bytes its fields make, as its LRU
+// entry must say.
+type stateFacts struct {
 	live, published bool
 	size            int64
 }
 
-// readTurns reads the fields t and c of keys of partition p in one
-// pipeline.
-func (r *redisBackend) readTurns(ctx context.Context, p int, keys []string) ([]turnFields, error) {
-	out := make([]turnFields, len(keys))
+// readStates reads the fields t and c of the states at keys of partition p
+// in one pipeline.
+func (r *redisBackend) readStates(ctx context.Context, p int, keys []string) ([]stateFacts, error) {
+	out := make([]stateFacts, len(keys))
 	if len(keys) == 0 {
 		return out, nil
 	}
@@ -269,7 +270,7 @@ func (r *redisBackend) readTurns(ctx context.Context, p int, keys []string) ([]t
 	for i, k := range keys {
 		cmds[i] = []string{"HMGET", k, "t", "c"}
 	}
-	replies, err := r.conn.do(ctx, cmds...)
+	replies, err := r.conn.Do(ctx, cmds...)
 	if err != nil {
 		return nil, err
 	}

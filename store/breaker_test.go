@@ -14,6 +14,7 @@ import (
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/internal/storehooks"
 	"github.com/contstore/contstore/store"
 )
 
@@ -106,7 +107,7 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 	obs := &recorder{}
 	clk := redistest.NewClock(time.Now())
 	const opTimeout = 300 * time.Millisecond
-	s, err := store.NewRedis(c, store.Options{OpTimeout: opTimeout, Observer: obs, Now: clk.Now})
+	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: opTimeout, Observer: obs}, clk.Now))
 	require.NoError(t, err, "Redis not answering does not stop a gateway from starting")
 	owner, _ := identity.Main("s")
 	r, err := s.ParseRequest([]byte(`{"input":["a","b","c"]}`))
@@ -119,7 +120,7 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 		assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
 		assert.ErrorIs(t, res.Err, store.ErrUnavailable)
 		assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
-		assert.Equal(t, 3, res.DeltaCount)
+		assert.Equal(t, 3, res.UpstreamItems)
 		assert.Less(t, elapsed, 3*opTimeout, "call %d took %v", i, elapsed)
 	}
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen}, obs.states())
@@ -158,7 +159,7 @@ func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	obs := &recorder{}
 	clk := redistest.NewClock(time.Now())
-	s, err := store.NewRedis(c, store.Options{OpTimeout: 100 * time.Millisecond, Observer: obs, Now: clk.Now, BreakerFailures: 2})
+	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: 100 * time.Millisecond, Observer: obs, BreakerFailures: 2}, clk.Now))
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")
 	ctx := context.Background()
@@ -322,7 +323,7 @@ func TestBreakerChangesOutliveAPanickingObserver(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	obs := &panicOnce{}
 	clk := redistest.NewClock(time.Now())
-	s, err := store.NewRedis(c, store.Options{Partitions: 1, BreakerFailures: 1, Observer: obs, Now: clk.Now})
+	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{Partitions: 1, BreakerFailures: 1, Observer: obs}, clk.Now))
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")
 	mr.SetError("LOADING Redis is loading the dataset in memory")

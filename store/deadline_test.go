@@ -12,6 +12,7 @@ import (
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/redisconn"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/serverclock"
 )
@@ -30,15 +31,15 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 		owner, _ := identity.Main("late")
 		p, okeys := b.ownerKeys(owner)
 		var sent []string
-		draw := b.newOp
-		b.newOp = func(deadline int64) string {
+		draw := b.newCallID
+		b.newCallID = func(deadline int64) string {
 			op := draw(deadline)
 			sent = append(sent, op)
 			return op
 		}
 		// behind makes the store's estimate of the server's clock d behind.
 		behind := func(d time.Duration) {
-			server, err := slice(b.conn.eval(ctx, lua.Schema, []string{b.keys.meta()}, []string{"0", "0", "", ""}))
+			server, err := slice(b.conn.Eval(ctx, lua.Schema, []string{b.keys.meta()}, []string{"0", "0", "", ""}))
 			require.NoError(t, err)
 			b.servers = serverclock.New(2, nil)
 			b.servers.Observe(p, server[4].(int64)-d.Milliseconds())
@@ -46,7 +47,7 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 
 		behind(redistest.PatientOpTimeout + time.Second)
 		res := s.Reserve(ctx, owner, testRequest(t, `{"input":["a"]}`))
-		require.ErrorIs(t, res.Err, errPastDeadline, "a second short of OpTimeout past the deadline")
+		require.ErrorIs(t, res.Err, redisconn.ErrPastDeadline, "a second short of OpTimeout past the deadline")
 		assert.Len(t, sent, 1, "not sent again")
 		st, err := s.Inspect(ctx, owner)
 		require.NoError(t, err)
@@ -63,8 +64,8 @@ func TestACallPastItsDeadlineChangesNothing(t *testing.T) {
 		assert.Zero(t, c.Exists(ctx, b.keys.answer(p, owner, sent[0])).Val(), "the refused call left no answer")
 
 		// The refused call's copy, as a client library re-sends it.
-		reply, err := b.conn.eval(ctx, lua.Reserve, append(okeys, b.keys.answer(p, owner, sent[0]), b.keys.seq(p)),
-			[]string{b.clock(), b.ttl, sent[0], "300", b.limits})
+		reply, err := b.conn.Eval(ctx, lua.Reserve, append(okeys, b.keys.answer(p, owner, sent[0]), b.keys.seq(p)),
+			[]string{b.ttl, sent[0], "300", b.limits})
 		require.NoError(t, err)
 		a, _ := reply.([]any)
 		require.Len(t, a, 2)

@@ -54,7 +54,7 @@ func turn(ctx context.Context, s *store.Store, owner identity.Owner, body []byte
 	if err != nil {
 		return "recording failed, the next turn sends full context: " + err.Error()
 	}
-	return fmt.Sprintf("sent %d of %d items, reason %q: %s", res.DeltaCount, req.Len(), why, outcome)
+	return fmt.Sprintf("sent %d of %d items, reason %q: %s", res.UpstreamItems, req.Len(), why, outcome)
 }
 
 // A gateway's turns: the second appends to the first and continues it, the

@@ -59,7 +59,7 @@ func (k keyspace) owner(p int, o identity.Owner) string { return k.parts[p].pref
 // answer returns the answer key of the call of op on owner o in its
 // partition p (internal/lua/oplog.lua).
 func (k keyspace) answer(p int, o identity.Owner, op string) string {
-	return k.parts[p].answers + o.Key() + ":" + lua.OpKey(op)
+	return k.parts[p].answers + o.Key() + ":" + lua.CallIDKey(op)
 }
 
 // lru returns the key of partition p's LRU.

@@ -11,9 +11,9 @@ import (
 )
 
 // NewMemory returns a store that keeps its state in this process, with the
-// same semantics, limits and eviction as the Redis backend and the clock of
-// Options.Now. It suits a single gateway replica and is the reference model
-// of the Redis backend. Eviction costs O(log n) per state.
+// same semantics, limits, eviction and clock rules as the Redis backend on
+// this process's clock. It suits a single gateway replica and is the
+// reference model of the Redis backend. Eviction costs O(log n) per state.
 func NewMemory(opts Options) (*Store, error) {
 	return newStore(opts, true, func(o Options) (backend, error) {
 		m := &memory{opts: o, keys: newKeyspace(o.Namespace, o.Partitions), parts: make([]memPartition, o.Partitions), fp: o.newParser()}
@@ -141,7 +141,7 @@ func (m *memory) pruneOne(p *memPartition, keep *memOwner, now time.Time, check 
 func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.opts.Now()
+	now := m.opts.now()
 	part := owner.Partition(m.opts.Partitions)
 	p := &m.parts[part]
 	var got reserved
@@ -174,7 +174,7 @@ func (m *memory) reserve(_ context.Context, owner identity.Owner) (reserved, err
 func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.opts.Now()
+	now := m.opts.now()
 	p, st := m.live(owner, now)
 	switch {
 	case st == nil:
@@ -199,7 +199,7 @@ func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c c
 func (m *memory) abort(_ context.Context, owner identity.Owner, turn Turn) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p, st := m.live(owner, m.opts.Now())
+	p, st := m.live(owner, m.opts.now())
 	if st == nil || st.turn != turn {
 		return false, nil
 	}
@@ -210,7 +210,7 @@ func (m *memory) abort(_ context.Context, owner identity.Owner, turn Turn) (bool
 func (m *memory) isCurrent(_ context.Context, owner identity.Owner, turn Turn) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, st := m.live(owner, m.opts.Now())
+	_, st := m.live(owner, m.opts.now())
 	return st != nil && st.turn == turn, nil
 }
 
@@ -222,7 +222,7 @@ func (m *memory) clear(_ context.Context, owner identity.Owner) (bool, error) {
 	if st == nil {
 		return false, nil
 	}
-	live := !m.expired(st, m.opts.Now())
+	live := !m.expired(st, m.opts.now())
 	p.remove(st)
 	return live, nil
 }
@@ -230,7 +230,7 @@ func (m *memory) clear(_ context.Context, owner identity.Owner) (bool, error) {
 func (m *memory) inspect(_ context.Context, owner identity.Owner) (State, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	_, st := m.live(owner, m.opts.Now())
+	_, st := m.live(owner, m.opts.now())
 	if st == nil {
 		return State{}, nil
 	}
@@ -248,7 +248,7 @@ func (st *memOwner) state() State {
 func (m *memory) prune(_ context.Context, partition int) (Evictions, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.pruneOne(&m.parts[partition], nil, m.opts.Now(), pruneChecks{owners: true, bytes: true, idle: true}), nil
+	return m.pruneOne(&m.parts[partition], nil, m.opts.now(), pruneChecks{owners: true, bytes: true, idle: true}), nil
 }
 
 func (m *memory) stats(context.Context) ([]PartitionStats, error) {

@@ -62,10 +62,12 @@ type Options struct {
 	// 1..1024. It is fixed for a namespace.
 	Partitions int
 	// TTL is how long an owner's state lives without a turn. A reserve
-	// refreshes the state's TTL and its place in the LRU once a sixteenth of
-	// the TTL has passed since the last refresh (turns that come sooner cost
-	// no LRU write), so a state lives between 15/16 of the TTL and the TTL
-	// after its last turn. Default 30 minutes, at least a millisecond.
+	// refreshes the state's TTL and its place in the LRU once 15 ticks of a
+	// 256th of the TTL have passed since the last refresh, within a
+	// sixteenth of it (turns that come sooner cost no LRU write), so a state
+	// lives between 15/16 of the TTL and the TTL after its last turn, on
+	// the Redis server's clock (in process, this process's). Default 30
+	// minutes, at least a millisecond.
 	TTL time.Duration
 	// MaxOwners bounds how many owners keep state. Default 10,000, at least
 	// Partitions.
@@ -88,11 +90,6 @@ type Options struct {
 	// OpTimeout bounds each operation, at most an hour: a call's copies
 	// change nothing after it (internal/lua/oplog.lua). Default 200ms.
 	OpTimeout time.Duration
-	// Now is the clock of the in-process backend and of the circuit
-	// breaker. Default time.Now. The Redis backend's idle TTL and LRU use
-	// the server's clock unless Now is set (tests set it to move time);
-	// its turn tokens always use the server's clock.
-	Now func() time.Time
 	// BreakerFailures is how many consecutive failed operations open the
 	// circuit breaker; while open, operations fail at once (Reserve fails
 	// open) without calling Redis. Default 5; -1 disables the breaker.
@@ -103,8 +100,11 @@ type Options struct {
 	// probe operation through. Default 1s.
 	BreakerCooldown time.Duration
 	// Observer, when set, sees every operation and breaker change.
-	Observer   Observer
-	clockGiven bool // Now was set: the Redis scripts take the time from it
+	Observer Observer
+	// now is the clock of the in-process backend and of the circuit
+	// breakers: time.Now unless a test set another (internal/storehooks).
+	// The Redis backend keeps every state on its server's clock.
+	now func() time.Time
 
 	// Profile says which differences between requests do not change a
 	// conversation (package fingerprint). Default fingerprint.V3(). It is
@@ -129,10 +129,8 @@ func (o Options) withDefaults() (Options, error) {
 	o.OpTimeout = cmp.Or(o.OpTimeout, defaultOpTimeout)
 	o.BreakerFailures = cmp.Or(o.BreakerFailures, defaultBreakerFailures)
 	o.BreakerCooldown = cmp.Or(o.BreakerCooldown, defaultBreakerCooldown)
-	if o.Now == nil {
-		o.Now = time.Now
-	} else {
-		o.clockGiven = true
+	if o.now == nil {
+		o.now = time.Now
 	}
 	if o.Replica == "" {
 		o.Replica = randomReplica()

@@ -127,7 +127,7 @@ func TestUnreachableRedisFailsOpen(t *testing.T) {
 	assert.Equal(t, store.ReasonStoreUnavailable, res.Reason)
 	assert.ErrorIs(t, res.Err, store.ErrUnavailable)
 	assert.Zero(t, res.Turn)
-	assert.Equal(t, 2, res.DeltaCount)
+	assert.Equal(t, 2, res.UpstreamItems)
 	_, err = s.Inspect(context.Background(), owner)
 	assert.ErrorIs(t, err, store.ErrUnavailable)
 	_, err = s.Stats(context.Background())

@@ -16,6 +16,7 @@ import (
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/redisconn"
 	"github.com/contstore/contstore/internal/serverclock"
 )
 
@@ -34,12 +35,12 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
 	}
-	return newRedisStore(goRedis{client: client, refresh: newClusterRefresher(client)}, honoursDeadlines(client), opts)
+	return newRedisStore(redisconn.GoRedis(client), redisconn.HonoursDeadlines(client), opts)
 }
 
 // newRedisStore returns a store on conn; inline says whether conn ends every
 // call at its context's deadline.
-func newRedisStore(conn redisConn, inline bool, opts Options) (*Store, error) {
+func newRedisStore(conn redisconn.Conn, inline bool, opts Options) (*Store, error) {
 	return newStore(opts, inline, func(o Options) (backend, error) {
 		r := newRedisBackend(conn, o)
 		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
@@ -59,29 +60,14 @@ func newRedisStore(conn redisConn, inline bool, opts Options) (*Store, error) {
 
 // newRedisBackend returns a backend on conn for options o, defaults filled
 // in, that has not checked the namespace's schema yet.
-func newRedisBackend(conn redisConn, o Options) *redisBackend {
+func newRedisBackend(conn redisconn.Conn, o Options) *redisBackend {
 	r := &redisBackend{conn: conn, opts: o, keys: newKeyspace(o.Namespace, o.Partitions),
-		servers: serverclock.New(o.Partitions, nil), // deadlines are real time, whatever Options.Now says
-		ttl:     strconv.FormatInt(o.TTL.Milliseconds(), 10),
-		limits:  fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget),
-		newOp:   lua.NewOp}
+		servers:   serverclock.New(o.Partitions, nil), // deadlines are real time, whatever a test's clock says
+		ttl:       strconv.FormatInt(o.TTL.Milliseconds(), 10),
+		limits:    fmt.Sprintf("%d:%d:%d", o.partitionOwners(), o.partitionBytes(), evictionBudget),
+		newCallID: lua.NewCallID}
 	r.fp.Store(o.newParser())
 	return r
-}
-
-// honoursDeadlines reports whether client ends every command at its
-// context's deadline (ContextTimeoutEnabled: reads, writes, the pool wait and
-// retry backoff all watch the context). The store then calls it on the
-// caller's goroutine; otherwise each call runs on a goroutine of its own, so
-// that OpTimeout bounds it whatever the client does.
-func honoursDeadlines(client redis.UniversalClient) bool {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
 }
 
 // How often a store checks its namespace's schema again, and how soon it
@@ -91,89 +77,8 @@ const (
 	schemaRetry   = time.Second
 )
 
-// redisConn is what the Redis backend needs of a client library: scripts
-// and pipelined commands, each sent to the master that serves its first
-// key. Replies are int64, string, float64, nil or []any of them (the
-// store's scripts and commands give no others); a nil reply is nil, not an
-// error.
-type redisConn interface {
-	// eval runs s with EVALSHA, or with EVAL when the server lacks it,
-	// after checking the counts of keys and args against its header.
-	eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error)
-	// do sends cmds in one round trip per node and returns their replies
-	// in order, or the first error.
-	do(ctx context.Context, cmds ...[]string) ([]any, error)
-}
-
-// goRedis is a redisConn on a go-redis client.
-type goRedis struct {
-	client redis.UniversalClient
-	// refresh reloads a cluster client's slot map after errors that say
-	// it may be stale (nil for a client of one server).
-	refresh *clusterRefresher
-}
-
-func (g goRedis) eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error) {
-	v, err := s.Run(ctx, g.client, keys, anys(args)...).Result()
-	return g.reply(v, err)
-}
-
-// do sends each node's commands in one pipeline. On a cluster it sends
-// them to the slot's master, whatever the client's read routing
-// (ReadOnly, RouteByLatency, RouteRandomly): a read must see what the
-// scripts, which run on the master, wrote.
-func (g goRedis) do(ctx context.Context, cmds ...[]string) ([]any, error) {
-	byNode := map[redis.Cmdable][]int{}
-	for i, c := range cmds {
-		node := redis.Cmdable(g.client)
-		if cc, ok := g.client.(*redis.ClusterClient); ok {
-			master, err := cc.MasterForKey(ctx, c[1])
-			if _, err = g.reply(nil, err); err != nil {
-				return nil, err
-			}
-			node = master
-		}
-		byNode[node] = append(byNode[node], i)
-	}
-	out := make([]any, len(cmds))
-	for node, indices := range byNode {
-		pipe := node.Pipeline()
-		sent := make([]*redis.Cmd, len(indices))
-		for j, i := range indices {
-			sent[j] = pipe.Do(ctx, anys(cmds[i])...)
-		}
-		_, _ = pipe.Exec(ctx) // each command holds its own error
-		for j, c := range sent {
-			v, err := g.reply(c.Result())
-			if err != nil {
-				return nil, err
-			}
-			out[indices[j]] = v
-		}
-	}
-	return out, nil
-}
-
-// reply passes on a command's reply, with redis.Nil as a nil reply, after
-// showing its error to the slot map refresher.
-func (g goRedis) reply(v any, err error) (any, error) {
-	if errors.Is(err, redis.Nil) {
-		return nil, nil
-	}
-	g.refresh.observe(err)
-	return v, err
-}
-
-func anys(args []string) []any {
-	out := make([]any, len(args))
-	for i, a := range args {
-		out[i] = a
-	}
-	return out
-}
-
 type redisBackend struct {
-	conn   redisConn
+	conn   redisconn.Conn
 	opts   Options
 	keys   keyspace
 	schema schemaGuard
@@ -183,9 +88,9 @@ type redisBackend struct {
 	// servers estimates the clocks of the partitions' servers, on which
 	// calls carry their deadlines.
 	servers *serverclock.Clock
-	// newOp draws the op of a call that changes state, with its deadline
-	// on the server's clock (internal/lua/oplog.lua).
-	newOp func(deadline int64) string
+	// newCallID draws the id of a call that changes state, with its
+	// deadline on the server's clock (internal/lua/oplog.lua).
+	newCallID func(deadline int64) string
 	// The scripts' constant arguments: idle TTL in milliseconds, and the
 	// limits of the scripts that prune (internal/lua/lru.lua).
 	ttl, limits string
@@ -210,7 +115,7 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 	r.schema.mu.Unlock()
 	proposed := r.fp.Load()
 	proposedKey := proposed.Key()
-	got, err := slice(r.conn.eval(ctx, lua.Schema, []string{r.keys.meta()}, []string{strconv.Itoa(schemaVersion),
+	got, err := slice(r.conn.Eval(ctx, lua.Schema, []string{r.keys.meta()}, []string{strconv.Itoa(schemaVersion),
 		strconv.Itoa(r.opts.Partitions), proposed.ProfileID(), hex.EncodeToString(proposedKey[:])}))
 	if err == nil && len(got) != 5 {
 		err = fmt.Errorf("%w: schema: %d elements, want 5", errBadReply, len(got))
@@ -271,7 +176,7 @@ func (r *redisBackend) run(ctx context.Context, script *lua.Script, keys []strin
 	if err := r.schemaError(); err != nil {
 		return nil, err
 	}
-	return r.conn.eval(ctx, script, keys, args)
+	return r.conn.Eval(ctx, script, keys, args)
 }
 
 // slice reads a reply that must be an array.
@@ -305,25 +210,16 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 	return p, []string{r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)}
 }
 
-// change returns the keys and the first arguments of a call that changes
-// the state of owner (of partition p, whose keys ownerKeys gave), and its
-// deadline: those keys and the answer key of a fresh op (internal/lua/oplog.lua);
-// now, idle TTL and the op. A client that re-sends the call re-sends both.
+// change returns the keys of a call that changes the state of owner (of
+// partition p, whose keys ownerKeys gave), the op it carries and its
+// deadline: those keys and the answer key of a fresh op
+// (internal/lua/oplog.lua). A client that re-sends the call re-sends both.
 // The deadline is ctx's (at most OpTimeout from now) on the clock of the
 // partition's server, in milliseconds since the scripts' epoch.
-func (r *redisBackend) change(ctx context.Context, p int, owner identity.Owner, keys []string) ([]string, []string, int64) {
+func (r *redisBackend) change(ctx context.Context, p int, owner identity.Owner, keys []string) ([]string, string, int64) {
 	deadline := r.servers.Deadline(ctx, p, r.opts.OpTimeout)
-	op := r.newOp(deadline)
-	return append(keys[:3:3], r.keys.answer(p, owner, op)), []string{r.clock(), r.ttl, op}, deadline
-}
-
-// clock returns the scripts' "now" argument: the store's clock when
-// Options.Now was given, else "0" for the server's.
-func (r *redisBackend) clock() string {
-	if !r.opts.clockGiven {
-		return "0"
-	}
-	return strconv.FormatInt(r.opts.Now().UnixMilli(), 10)
+	op := r.newCallID(deadline)
+	return append(keys[:3:3], r.keys.answer(p, owner, op)), op, deadline
 }
 
 // seqArg returns turn's sequence number as the scripts compare it: "0",
@@ -333,42 +229,20 @@ func (r *redisBackend) seqArg(turn Turn, p int) string {
 	return strconv.FormatUint(seq, 10)
 }
 
-// errPastDeadline marks a call that reached Redis after its deadline and
-// changed nothing (internal/lua/oplog.lua).
-var errPastDeadline = errors.New("store: call reached Redis after its deadline")
-
-// changing runs call, a call of partition p that changes state, which
-// draws its op and returns its reply and deadline. When Redis refused it
-// for its deadline, the store sends it once more as a new call while the
-// caller still waits, if the refusal allows it (serverclock Refused: no
-// copy can have run); else the refusal is an error.
-func (r *redisBackend) changing(ctx context.Context, p int, call func() (any, int64, error)) (any, error) {
-	for tries := 0; ; tries++ {
-		reply, deadline, err := call()
-		if err != nil {
-			return nil, err
-		}
-		a, _ := reply.([]any)
-		server, ok := int64(0), len(a) == 2 && a[0] == "expired"
-		if ok {
-			server, ok = a[1].(int64)
-		}
-		if !ok {
-			return reply, nil
-		}
-		if !r.servers.Refused(p, server, deadline, r.opts.OpTimeout) || tries > 0 || ctx.Err() != nil {
-			return nil, fmt.Errorf("%w (the server's clock read %s)", errPastDeadline,
-				time.UnixMilli(server+serverclock.EpochMillis).UTC().Format(time.RFC3339Nano))
-		}
-	}
+// resendExpired runs call, a call of partition p that changes state, which
+// draws its call id and returns its reply and deadline, and sends it once
+// more as a new call when Redis refused it for its deadline and the refusal
+// allows it (redisconn.ResendExpired).
+func (r *redisBackend) resendExpired(ctx context.Context, p int, call func() (any, int64, error)) (any, error) {
+	return redisconn.ResendExpired(ctx, r.servers, p, r.opts.OpTimeout, call)
 }
 
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
 	p, keys := r.ownerKeys(owner)
 	tail := []string{strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
-	reply, err := slice(r.changing(ctx, p, func() (any, int64, error) {
-		keys, args, deadline := r.change(ctx, p, owner, keys)
-		reply, err := r.run(ctx, lua.Reserve, append(keys, r.keys.seq(p)), append(args, tail...)...)
+	reply, err := slice(r.resendExpired(ctx, p, func() (any, int64, error) {
+		keys, op, deadline := r.change(ctx, p, owner, keys)
+		reply, err := r.run(ctx, lua.Reserve, append(keys, r.keys.seq(p)), append([]string{r.ttl, op}, tail...)...)
 		return reply, deadline, err
 	}))
 	if err != nil {
@@ -386,9 +260,9 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
 	p, keys := r.ownerKeys(owner)
 	tail := []string{r.seqArg(turn, p), string(encodeContinuation(c)), strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
-	reply, err := slice(r.changing(ctx, p, func() (any, int64, error) {
-		keys, args, deadline := r.change(ctx, p, owner, keys)
-		reply, err := r.run(ctx, lua.Record, keys, append(args, tail...)...)
+	reply, err := slice(r.resendExpired(ctx, p, func() (any, int64, error) {
+		keys, op, deadline := r.change(ctx, p, owner, keys)
+		reply, err := r.run(ctx, lua.Record, keys, append([]string{r.ttl, op}, tail...)...)
 		return reply, deadline, err
 	}))
 	if err != nil {
@@ -399,8 +273,8 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
 	p, keys := r.ownerKeys(owner)
-	keys, args, _ := r.change(ctx, p, owner, keys)
-	n, err := integer(r.run(ctx, lua.Abort, keys, append(args, r.seqArg(turn, p))...))
+	keys, op, _ := r.change(ctx, p, owner, keys)
+	n, err := integer(r.run(ctx, lua.Abort, keys, op, r.seqArg(turn, p)))
 	return n == 1, err
 }
 
@@ -411,9 +285,9 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
 	p, keys := r.ownerKeys(owner)
-	n, err := integer(r.changing(ctx, p, func() (any, int64, error) {
-		keys, args, deadline := r.change(ctx, p, owner, keys)
-		reply, err := r.run(ctx, lua.Clear, keys, args...)
+	n, err := integer(r.resendExpired(ctx, p, func() (any, int64, error) {
+		keys, op, deadline := r.change(ctx, p, owner, keys)
+		reply, err := r.run(ctx, lua.Clear, keys, op)
 		return reply, deadline, err
 	}))
 	return n == 1, err
@@ -421,7 +295,7 @@ func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, e
 
 func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State, error) {
 	p, keys := r.ownerKeys(owner)
-	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2], r.clock(), r.ttl))
+	reply, err := slice(r.run(ctx, lua.Inspect, keys[:2]))
 	if err != nil {
 		return State{}, err
 	}
@@ -430,7 +304,7 @@ func (r *redisBackend) inspect(ctx context.Context, owner identity.Owner) (State
 
 func (r *redisBackend) prune(ctx context.Context, p int) (Evictions, error) {
 	counts, err := slice(r.run(ctx, lua.Prune, []string{r.keys.lru(p), r.keys.part(p)},
-		r.clock(), r.ttl, r.keys.ownerPrefix(p), r.limits))
+		r.ttl, r.keys.ownerPrefix(p), r.limits))
 	if err != nil {
 		return Evictions{}, err
 	}
@@ -454,7 +328,7 @@ func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
 		cmds = append(cmds, []string{"ZCARD", r.keys.lru(p)},
 			[]string{"HMGET", r.keys.part(p), "bytes", "published", "ev:ttl", "ev:owners", "ev:bytes"})
 	}
-	replies, err := r.conn.do(ctx, cmds...)
+	replies, err := r.conn.Do(ctx, cmds...)
 	if err != nil {
 		return nil, err
 	}

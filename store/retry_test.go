@@ -84,43 +84,42 @@ func TestTurnsKeepIncreasingAfterSequenceLoss(t *testing.T) {
 // A reserve that finds its owner's state idle makes it again, smaller (its
 // continuation goes), and evicts idle owners only: its bytes fell, so it
 // checks no byte limit, as the in-process model checks none, even when a
-// replica with a lower limit finds the partition over it.
+// replica with a lower limit finds the partition over it. Time moves
+// through the server: miniredis's clock.
 func TestReserveOfAnIdleStateChecksNoByteLimit(t *testing.T) {
-	servers(t, func(t *testing.T, c redis.UniversalClient) {
-		ctx := context.Background()
-		ns := redistest.Namespace(t)
-		redistest.CleanupNamespace(t, c, ns)
-		const ttl = time.Minute
-		clock := redistest.NewClock(time.UnixMilli(time.Now().UnixMilli()))
-		roomy, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, Now: clock.Now, OpTimeout: redistest.PatientOpTimeout})
+	mr, c := redistest.Miniredis(t)
+	ctx := context.Background()
+	ns := redistest.Namespace(t)
+	const ttl = time.Minute
+	clock := redistest.ServerClock(mr, time.UnixMilli(time.Now().UnixMilli()))
+	roomy, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, OpTimeout: redistest.PatientOpTimeout})
+	require.NoError(t, err)
+	r := testRequest(t, `{"input":["a"]}`)
+	owners := make([]identity.Owner, 5)
+	for i := range owners {
+		owners[i], err = identity.Main("idle-bytes-" + string(rune('a'+i)))
 		require.NoError(t, err)
-		r := testRequest(t, `{"input":["a"]}`)
-		owners := make([]identity.Owner, 5)
-		for i := range owners {
-			owners[i], err = identity.Main("idle-bytes-" + string(rune('a'+i)))
-			require.NoError(t, err)
-			res := roomy.Reserve(ctx, owners[i], r)
-			require.NoError(t, res.Err)
-			out, err := roomy.Record(ctx, res, Result{ResponseID: "resp_1", Socket: Socket{ID: 1}})
-			require.NoError(t, err)
-			require.Equal(t, OutcomePublished, out)
-			if i == 0 {
-				clock.Add(ttl / 2)
-			}
-		}
-		clock.Add(ttl/2 + time.Millisecond) // owners[0] is idle, the others are not
-		before, err := roomy.Stats(ctx)
-		require.NoError(t, err)
-
-		tight, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, Now: clock.Now, MaxTotalBytes: before.Total.StoredBytes / 2, OpTimeout: redistest.PatientOpTimeout})
-		require.NoError(t, err)
-		res := tight.Reserve(ctx, owners[0], r)
+		res := roomy.Reserve(ctx, owners[i], r)
 		require.NoError(t, res.Err)
-		assert.Equal(t, ReasonMissingState, res.Reason)
-		after, err := tight.Stats(ctx)
+		out, err := roomy.Record(ctx, res, Result{ResponseID: "resp_1", Socket: Socket{ID: 1}})
 		require.NoError(t, err)
-		assert.Zero(t, after.Total.Evictions.Bytes, "evictions for bytes")
-		assert.Equal(t, int64(1), after.Total.Evictions.TTL, "the reserving owner's own idle state")
-		assert.Equal(t, int64(len(owners)), after.Total.Owners)
-	})
+		require.Equal(t, OutcomePublished, out)
+		if i == 0 {
+			clock.Add(ttl / 2)
+		}
+	}
+	clock.Add(ttl/2 + time.Millisecond) // owners[0] is idle, the others are not
+	before, err := roomy.Stats(ctx)
+	require.NoError(t, err)
+
+	tight, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, MaxTotalBytes: before.Total.StoredBytes / 2, OpTimeout: redistest.PatientOpTimeout})
+	require.NoError(t, err)
+	res := tight.Reserve(ctx, owners[0], r)
+	require.NoError(t, res.Err)
+	assert.Equal(t, ReasonMissingState, res.Reason)
+	after, err := tight.Stats(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, after.Total.Evictions.Bytes, "evictions for bytes")
+	assert.Equal(t, int64(1), after.Total.Evictions.TTL, "the reserving owner's own idle state")
+	assert.Equal(t, int64(len(owners)), after.Total.Owners)
 }

@@ -30,10 +30,18 @@ func (s score) size() int64     { return int64(s%scoreTimeUnit) % scorePublished
 func (s score) idleBefore(cutoff time.Time) bool { return s < packScore(cutoff, false, 0) }
 
 // refreshDue reports whether a reserve at now refreshes a live state's LRU
-// entry and TTL: when they were refreshed a sixteenth of the TTL ago or
-// earlier, in whole milliseconds as internal/lua/lru.lua reckons.
+// entry and TTL, as internal/lua/reserve.lua reckons: once 15 ticks (a
+// 256th of the TTL each) have passed since they were, counted modulo 256.
 func (s score) refreshDue(now time.Time, ttl time.Duration) bool {
-	return s < packScore(time.UnixMilli(now.UnixMilli()-ttl.Milliseconds()/16+1), false, 0)
+	return (refreshTick(now, ttl)-refreshTick(s.touched(), ttl)+256)%256 >= 15
+}
+
+// refreshTick returns the tick of t for ttl, as internal/lua/lru.lua's
+// refresh_tick: the time since the scripts' epoch in 256ths of the TTL (at
+// least a millisecond), modulo 256.
+func refreshTick(t time.Time, ttl time.Duration) int64 {
+	unit := max(ttl.Milliseconds()/256, 1)
+	return (t.UnixMilli() - scoreEpochMillis) / unit % 256
 }
 
 // withContent returns s with its touch kept and its published bit and

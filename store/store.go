@@ -10,6 +10,8 @@ import (
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/names"
+	"github.com/contstore/contstore/internal/redisconn"
+	"github.com/contstore/contstore/internal/storehooks"
 )
 
 // ErrInvalidRequest is fingerprint.ErrInvalidRequest: a body, output item,
@@ -69,9 +71,9 @@ type Reservation struct {
 	// Delta holds the request's own items after the matched prefix, when
 	// continuing.
 	Delta []json.RawMessage
-	// DeltaCount is how many input items go upstream: len(Delta) when
+	// UpstreamItems is how many input items go upstream: len(Delta) when
 	// continuing, else the request's full input length.
-	DeltaCount int
+	UpstreamItems int
 	// Origin is where the previous response lives; zero unless continuing.
 	Origin Socket
 	// Reason is ReasonNone exactly when continuing.
@@ -134,12 +136,12 @@ func (r *Reservation) FullContextRetry() *Reservation {
 		n = r.req.Len()
 	}
 	return &Reservation{
-		Owner:      r.Owner,
-		Turn:       r.Turn,
-		DeltaCount: n,
-		Reason:     ReasonFullContextRetry,
-		req:        r.req,
-		replica:    r.replica,
+		Owner:         r.Owner,
+		Turn:          r.Turn,
+		UpstreamItems: n,
+		Reason:        ReasonFullContextRetry,
+		req:           r.req,
+		replica:       r.replica,
 	}
 }
 
@@ -187,7 +189,8 @@ type State struct {
 	Items           int
 	TranscriptBytes int64
 	// UpdatedAt is when the state was last refreshed (server time on Redis):
-	// a reserve refreshes it once a sixteenth of the TTL has passed.
+	// a reserve refreshes it once 15/256 of the TTL have passed (counted in
+	// ticks of a 256th of it), within a sixteenth.
 	UpdatedAt time.Time
 }
 
@@ -202,11 +205,10 @@ func (st *State) setContinuation(c continuation) {
 // Store is a continuation store on Redis or in process. It is safe for
 // concurrent use.
 type Store struct {
-	opts     Options
-	backend  backend
-	breakers breakers
-	inline   bool   // the backend returns by the context's deadline: no goroutine per call
-	ref      string // the reference of opts.Replica (Socket)
+	opts    Options
+	backend backend
+	guard   *redisconn.Guard // the circuit breakers, and whether calls run on the caller's goroutine
+	ref     string           // the reference of opts.Replica (Socket)
 }
 
 // continuation is what a published turn leaves for the next one.
@@ -259,14 +261,21 @@ func newStore(opts Options, inline bool, open func(Options) (backend, error)) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, backend: b, inline: inline, breakers: newBreakers(opts), ref: replicaRef(opts.Replica)}, nil
+	return &Store{opts: opts, backend: b, guard: newGuard(opts, inline), ref: replicaRef(opts.Replica)}, nil
 }
 
-// WithReplica returns a store that shares s's state, options and circuit
+func init() {
+	storehooks.Set(func(o Options, now func() time.Time) Options {
+		o.now = now
+		return o
+	}, (*Store).withReplica)
+}
+
+// withReplica returns a store that shares s's state, options and circuit
 // breakers but names replica as the origin of responses recorded without
-// one. It lets one process host several gateway replicas over one
-// in-process backend.
-func (s *Store) WithReplica(replica string) *Store {
+// one, for one process that hosts several replicas over one in-process
+// backend (internal/storehooks).
+func (s *Store) withReplica(replica string) *Store {
 	c := *s
 	c.opts.Replica = replica
 	if replica == "" {
@@ -299,7 +308,7 @@ func (s *Store) partition(owner identity.Owner) int { return owner.Partition(s.o
 func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerprint.Request) *Reservation {
 	start := time.Now()
 	req = s.reparse(req)
-	res := &Reservation{Owner: owner, DeltaCount: req.Len(), req: req, replica: s.opts.Replica}
+	res := &Reservation{Owner: owner, UpstreamItems: req.Len(), req: req, replica: s.opts.Replica}
 	switch {
 	case s.opts.Disabled:
 		res.Reason = ReasonDisabled
@@ -334,7 +343,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		res.PreviousResponseID = prev.ResponseID
 		res.Origin = s.named(prev.Origin)
 		res.Delta = req.Items()[prev.Transcript.Items:]
-		res.DeltaCount = len(res.Delta)
+		res.UpstreamItems = len(res.Delta)
 	}
 	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
 	return res

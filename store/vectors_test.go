@@ -25,6 +25,7 @@ import (
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/redisconn"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/serverclock"
 	"github.com/contstore/contstore/internal/vectorfile"
@@ -274,7 +275,7 @@ func vecKeyNames(t *testing.T) []vecKeys {
 		p := c.owner.Partition(c.parts)
 		v := vecKeys{Namespace: c.ns, Partitions: c.parts, Session: c.owner.Session(), OwnerKey: c.owner.Key(),
 			Partition: p, Tag: k.tag(p), State: k.owner(p, c.owner), OwnerPrefix: k.ownerPrefix(p), LRUMember: c.owner.Key(),
-			AnswerPrefix: strings.TrimSuffix(k.answer(p, c.owner, "op"), lua.OpKey("op")), LRU: k.lru(p), Part: k.part(p), Meta: k.meta()}
+			AnswerPrefix: strings.TrimSuffix(k.answer(p, c.owner, "op"), lua.CallIDKey("op")), LRU: k.lru(p), Part: k.part(p), Meta: k.meta()}
 		require.Equal(t, v.State, v.OwnerPrefix+v.LRUMember)
 		if c.owner.IsAgent() {
 			v.Agent = vecStr(c.owner.AgentID())
@@ -492,7 +493,7 @@ func vecReserveRedis(t *testing.T, parts int, owner identity.Owner, prevSeq uint
 	mr.SetTime(now)
 	opts, err := Options{Namespace: "v", Partitions: parts, Replica: "r"}.withDefaults()
 	require.NoError(t, err)
-	b := newRedisBackend(goRedis{client: client}, opts)
+	b := newRedisBackend(redisconn.GoRedis(client), opts)
 	b.schema.running = true
 	b.servers.Seed(now.UnixMilli() - serverclock.EpochMillis)
 	p, keys := b.ownerKeys(owner)
@@ -530,7 +531,7 @@ func vecTurnTokens(t *testing.T) []vecTurnToken {
 		// At the turn epoch the clock term is 0: the partition's seq decides.
 		require.Equal(t, turn, vecReserveRedis(t, c.parts, owner, c.seq-1, 0, epoch))
 		// The in-process backend gives the same token.
-		m, err := NewMemory(Options{Partitions: c.parts, MaxOwners: c.parts, Now: func() time.Time { return epoch }})
+		m, err := NewMemory(Options{Partitions: c.parts, MaxOwners: c.parts, now: func() time.Time { return epoch }})
 		require.NoError(t, err)
 		mem := m.backend.(*memory)
 		mem.parts[c.part].seq = c.seq - 1
@@ -702,12 +703,12 @@ func vecScripts(t *testing.T) []vecScript {
 // [3], fields c and o of an owner state, the answer of a reserve that
 // consumed a continuation, and the ops of the calls that change state.
 var vecOpaque = vectorscenario.Opaque{
-	Arg:       func(script string, i int) bool { return script == "record" && i == 4 },
+	Arg:       func(script string, i int) bool { return script == "record" && i == 3 },
 	Reply:     map[string]int{"reserve": 3, "inspect": 2},
 	HashField: func(key, field string) bool { return (field == "c" || field == "o") && strings.Contains(key, "}:o:") },
 	String:    func(_, s string) bool { return vecConsumedAnswer.MatchString(s) },
-	Ops: map[string]vectorscenario.OpAt{"reserve": {Key: 3, Arg: 2}, "record": {Key: 3, Arg: 2},
-		"abort": {Key: 3, Arg: 2}, "clear": {Key: 3, Arg: 2}},
+	Ops: map[string]vectorscenario.OpAt{"reserve": {Key: 3, Arg: 1}, "record": {Key: 3, Arg: 1},
+		"abort": {Key: 3, Arg: 0}, "clear": {Key: 3, Arg: 0}},
 }
 
 // vecConsumedAnswer matches the answer of a reserve that consumed a
@@ -752,7 +753,7 @@ func (o *vecOpIDs) next(int64) string {
 }
 
 func vecReservation(r *Reservation) map[string]any {
-	out := map[string]any{"turn": vecTurn(r.Turn), "reason": string(r.Reason), "continues": r.Continues(), "delta_count": r.DeltaCount}
+	out := map[string]any{"turn": vecTurn(r.Turn), "reason": string(r.Reason), "continues": r.Continues(), "delta_count": r.UpstreamItems}
 	if r.Continues() {
 		out["previous_response_id"] = r.PreviousResponseID
 		out["origin_replica"] = r.Origin.Replica
@@ -774,11 +775,11 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		opts, err := o.withDefaults()
 		require.NoError(t, err)
 		ids := &vecOpIDs{n: &drawn, now: srv.Now}
-		rb := newRedisBackend(goRedis{client: srv.C}, opts)
-		rb.newOp = ids.next
+		rb := newRedisBackend(redisconn.GoRedis(srv.C), opts)
+		rb.newCallID = ids.next
 		rb.fp.Store(vecParser)
 		rb.schema.running = true // no background schema checks in the record
-		return &Store{opts: opts, backend: rb, inline: true, breakers: newBreakers(opts)}, rb, ids
+		return &Store{opts: opts, backend: rb, guard: newGuard(opts, true)}, rb, ids
 	}
 	base := Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1}
 	s, rb, ids := newStoreOn(base)
@@ -790,7 +791,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 		steps = append(steps, srv.Step(name, op, in, func() map[string]any {
 			out := fn()
 			if ids.last != "" {
-				in["op"] = lua.OpKey(ids.last)
+				in["op"] = lua.CallIDKey(ids.last)
 			}
 			return out
 		}))
@@ -866,7 +867,7 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	raw := func(name, op string, script *lua.Script, from vectorscenario.Step) {
 		call := from.Calls[0]
 		step(ids, name, op, map[string]any{"sent_again": from.Name}, func() map[string]any {
-			reply, err := rb.conn.eval(ctx, script, call.Keys, vectorscenario.Strings(t, call.Args))
+			reply, err := rb.conn.Eval(ctx, script, call.Keys, vectorscenario.Strings(t, call.Args))
 			require.NoError(t, err)
 			return map[string]any{"reply": vectorscenario.Reply(t, reply)}
 		})
@@ -1001,14 +1002,12 @@ func vecStoreScenario(t *testing.T) vecScenario {
 	reserve("reserve finds its own expired LRU entry: missing_state, counted as a TTL eviction", s3, r2)
 	reserve("s1 starts again", s1, r1)
 
-	// Owner limit: a store whose share is one owner per partition, and
-	// whose clock (Options.Now) the scripts take as "now".
-	small, _, smallIDs := newStoreOn(Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1, MaxOwners: 16,
-		Now: func() time.Time { return srv.Now() }})
+	// Owner limit: a store whose share is one owner per partition.
+	small, _, smallIDs := newStoreOn(Options{Namespace: "cont", Replica: "gw-a", BreakerFailures: -1, MaxOwners: 16})
 	later()
 	x := vecOwnerIn(t, "crowd-", 16, func(p int) bool { return p == p1 })
-	step(smallIDs, "a store with MaxOwners 16 (one per partition) and a clock of its own reserves a second owner in s1's partition: s1 is evicted", "reserve",
-		map[string]any{"owner": x.Key(), "request": r1, "max_owners": 16, "now_ms": srv.Now().UnixMilli()}, func() map[string]any {
+	step(smallIDs, "a store with MaxOwners 16 (one per partition) reserves a second owner in s1's partition: s1 is evicted", "reserve",
+		map[string]any{"owner": x.Key(), "request": r1, "max_owners": 16}, func() map[string]any {
 			res := small.Reserve(ctx, x, parse(r1))
 			require.NoError(t, res.Err)
 			return vecReservation(res)
@@ -1052,7 +1051,7 @@ func vecBuild(t *testing.T) vecFile {
 			ScoreEpochMillis: scoreEpochMillis, ScoreTimeUnit: scoreTimeUnit, ScorePublished: scorePublished, MaxStateBytes: maxStateBytes,
 			TurnEpochSeconds: turnEpochSeconds, SeqLimit: 1 << 53,
 			StateOverhead: stateOverhead, StateNameCost: stateNameCost, ContinuationFormat: continuationFormat,
-			OpBytes:        lua.OpSize,
+			OpBytes:        lua.CallIDSize,
 			EvictionBudget: evictionBudget, SchemaVersion: schemaVersion,
 			DefaultNamespace: defaultNamespace, DefaultPartitions: defaultPartitions, MaxPartitions: MaxPartitions,
 			DefaultTTLMillis: defaultTTL.Milliseconds(), DefaultMaxOwners: defaultMaxOwners,
@@ -1432,21 +1431,28 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			}
 			// The op: 5 bytes of id, then the low 32 bits of the deadline;
 			// its answer key ends in it in hex (6.6).
-			op := args[2]
+			// Reserve and record send the idle TTL first, abort and clear
+			// no clock argument at all (8.2).
+			opAt := 1
+			if call.Script == "abort" || call.Script == "clear" {
+				opAt = 0
+			}
+			op := args[opAt]
 			require.Len(t, op, c.OpBytes, st.Name)
 			opHex := hex.EncodeToString([]byte(op))
 			assert.Equal(t, base+"q:"+member+":"+opHex, call.Keys[3], "%s: answer key", st.Name)
-			assert.Contains(t, []string{"0", strconv.FormatInt(at.UnixMilli(), 10)}, args[0], "%s: now", st.Name)
-			assert.Equal(t, strconv.FormatInt(ttl, 10), args[1], st.Name)
+			if opAt == 1 {
+				assert.Equal(t, strconv.FormatInt(ttl, 10), args[0], st.Name)
+			}
 			limits := regexp.MustCompile(`^\d+:\d+:` + strconv.Itoa(c.EvictionBudget) + `$`)
 			switch call.Script {
 			case "reserve":
-				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[3], st.Name)
-				assert.Regexp(t, limits, args[4], "%s: limits", st.Name)
+				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[2], st.Name)
+				assert.Regexp(t, limits, args[3], "%s: limits", st.Name)
 			case "record":
-				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[5], st.Name)
-				assert.Regexp(t, limits, args[6], "%s: limits", st.Name)
-				_, ok := ruleDecode([]byte(args[4]))
+				assert.Equal(t, strconv.FormatInt(ruleStateBytes(c, state, member), 10), args[4], st.Name)
+				assert.Regexp(t, limits, args[5], "%s: limits", st.Name)
+				_, ok := ruleDecode([]byte(args[3]))
 				assert.True(t, ok, "%s: continuation", st.Name)
 			}
 			deadline := vectorscenario.Deadline(op, now)

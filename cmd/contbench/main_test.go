@@ -408,7 +408,7 @@ func (s skipsPromptCheck) Reserve(ctx context.Context, owner identity.Owner, req
 	forged.PreviousResponseID = last.id
 	forged.Origin = last.origin
 	forged.Delta = req.Items()[last.items:]
-	forged.DeltaCount = len(forged.Delta)
+	forged.UpstreamItems = len(forged.Delta)
 	return &forged
 }
 

@@ -123,10 +123,10 @@ func (c *oracle) checkReserve(o *owner, rep *replica, input []json.RawMessage, r
 		v.Kind, v.Expected = "wrong response", "continue from "+off.id
 	case !want.Continues():
 		v.Kind, v.Expected = violationKinds[want.Reason], string(want.Reason)
-	case res.DeltaCount != want.DeltaCount || !equalItems(res.Delta, input[want.Prefix:]):
+	case res.UpstreamItems != want.UpstreamItems || !equalItems(res.Delta, input[want.Prefix:]):
 		v.Kind, v.Expected = "wrong delta", fmt.Sprintf("continue from %s with the %d items after the first %d",
-			off.id, want.DeltaCount, want.Prefix)
-		v.Got += fmt.Sprintf(" (DeltaCount %d)", res.DeltaCount)
+			off.id, want.UpstreamItems, want.Prefix)
+		v.Got += fmt.Sprintf(" (UpstreamItems %d)", res.UpstreamItems)
 	default:
 		return true
 	}

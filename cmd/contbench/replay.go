@@ -411,7 +411,7 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 			t.Reason = reasonContinued
 		}
 		t.PreviousResponseID = res.PreviousResponseID
-		t.ItemsSent, t.ItemsFull = res.DeltaCount, req.Len()
+		t.ItemsSent, t.ItemsFull = res.UpstreamItems, req.Len()
 		t.BytesSent = len(res.UpstreamBody())
 		if later && !res.Continues() {
 			t.explain(prev, req)

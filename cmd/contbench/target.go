@@ -17,6 +17,7 @@ import (
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/embedded"
 	"github.com/contstore/contstore/internal/rediskeys"
+	"github.com/contstore/contstore/internal/storehooks"
 	"github.com/contstore/contstore/store"
 )
 
@@ -71,7 +72,7 @@ func openTarget(ctx context.Context, cfg *config) (*target, error) {
 		}
 		t := &target{desc: "in-process store shared by all replicas", state: base}
 		for i := range cfg.replicas {
-			t.stores = append(t.stores, base.WithReplica(replicaName(i)))
+			t.stores = append(t.stores, storehooks.WithReplica(base, replicaName(i)))
 		}
 		return t, nil
 	}

@@ -46,7 +46,7 @@ func (s faultyStore) Reserve(ctx context.Context, owner identity.Owner, req *fin
 	}
 	lost := *res // keeps the request, whose body goes upstream in full
 	lost.Turn, lost.PreviousResponseID, lost.Delta, lost.Origin = 0, "", nil, store.Socket{}
-	lost.DeltaCount = req.Len()
+	lost.UpstreamItems = req.Len()
 	lost.Reason, lost.Err = store.ReasonStoreUnavailable, errLostAnswer
 	return &lost
 }

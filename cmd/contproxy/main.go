@@ -176,12 +176,15 @@ Flags:
 		return err
 	})
 	fs.StringVar(&c.replica, "replica", "", "this replica's `id`, unique among the replicas (default <hostname>-<pid>)")
-	fs.IntVar(&c.sockets, "sockets", 16, "WebSocket transport: upstream sockets kept per client credential")
-	fs.IntVar(&c.maxCredentials, "max-credentials", 1024, "WebSocket transport: most client credentials whose upstream sockets are kept; a new one replaces the least recently used with no turn in flight, or waits while all have one")
-	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 5*time.Minute, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten")
-	fs.Int64Var(&c.maxBody, "max-body", 64<<20, "largest request body in `bytes` (413 above)")
-	fs.Int64Var(&c.maxBytesInFlight, "max-bytes-in-flight", 256<<20, "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413")
-	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 10*time.Minute, "bound on one turn upstream, streaming included")
+	// The flags whose usage ends in proxyDefault leave their default to
+	// package proxy: their 0 takes the default of the field it names.
+	proxyDefault := func(field string) string { return "; 0, the default, takes proxy." + field + "'s own default" }
+	fs.IntVar(&c.sockets, "sockets", 0, "WebSocket transport: upstream sockets kept per client credential"+proxyDefault("WebSocketOptions.Sockets"))
+	fs.IntVar(&c.maxCredentials, "max-credentials", 0, "WebSocket transport: most client credentials whose upstream sockets are kept; a new one replaces the least recently used with no turn in flight, or waits while all have one"+proxyDefault("WebSocketOptions.MaxCredentials"))
+	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 0, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten"+proxyDefault("WebSocketOptions.IdleTimeout"))
+	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
+	fs.Int64Var(&c.maxBytesInFlight, "max-bytes-in-flight", 0, "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413"+proxyDefault("Config.MaxBytesInFlight"))
+	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 0, "bound on one turn upstream, streaming included"+proxyDefault("Config.UpstreamTimeout"))
 	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
 	fs.StringVar(&c.advertise, "advertise", "", "`address` (host:port) the other replicas reach this one at, for forwarding (default: -listen, when it names a host)")
@@ -221,12 +224,12 @@ func (c *config) check() error {
 		return errors.New("-redis-client needs -redis or -redis-cluster")
 	case c.transport != "" && c.transport != "http" && c.transport != "websocket":
 		return fmt.Errorf("-transport %q: want http or websocket", c.transport)
-	case c.sockets < 1:
-		return fmt.Errorf("-sockets %d: need at least 1", c.sockets)
+	case c.sockets < 0:
+		return fmt.Errorf("-sockets %d: need 0 (the default) or more", c.sockets)
 	case c.maxConns < 1:
 		return fmt.Errorf("-max-conns %d: need at least 1", c.maxConns)
-	case c.maxBody < 1:
-		return fmt.Errorf("-max-body %d: need at least 1", c.maxBody)
+	case c.maxBody < 0:
+		return fmt.Errorf("-max-body %d: need 0 (the default) or more", c.maxBody)
 	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
 		return fmt.Errorf("-forward-secret has %d bytes, need at least 32", len(c.forwardSecret))
 	}

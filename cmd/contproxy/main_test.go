@@ -194,7 +194,8 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-fake-upstream", "-transport", "carrier-pigeon"},
 		{"-upstream", "https://up.example/v1", "-transport", "websocket"},
 		{"-upstream", "wss://up.example/v1", "-transport", "http"},
-		{"-fake-upstream", "-sockets", "0"},
+		{"-fake-upstream", "-sockets", "-1"},
+		{"-fake-upstream", "-max-body", "-1"},
 		{"-fake-upstream", "-max-conns", "0"},
 		{"-fake-upstream", "-body-timeout", "0s"},
 		{"-fake-upstream", "-idle-timeout", "-1s"},
@@ -205,6 +206,15 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		_, err := parse(args, noEnv, io.Discard)
 		assert.Error(t, err, "%q", args)
 	}
+}
+
+// A flag whose default is package proxy's takes 0 for it, as the proxy
+// does for a zero field.
+func TestZeroFlagsTakeTheProxyDefaults(t *testing.T) {
+	c, err := parse([]string{"-fake-upstream", "-sockets", "0", "-max-body", "0"}, noEnv, io.Discard)
+	require.NoError(t, err)
+	assert.Zero(t, c.sockets)
+	assert.Zero(t, c.maxBody)
 }
 
 // The store on go-redis reads -redis as go-redis does, whatever rueidis

@@ -16,23 +16,15 @@
 --          named by KEYS[1]'s partition prefix, the owner's LRU member and the
 --          op. Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of
 --          the keys above, so it is in their slot.
--- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
--- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  this call's op (oplog.lua): 9 bytes
--- ARGV[4]  the aborting turn's sequence number, decimal
+-- ARGV[1]  this call's op (oplog.lua): 9 bytes
+-- ARGV[2]  the aborting turn's sequence number, decimal
 --
 -- Reply: integer
 --   1  the turn was current: the owner's state is removed
 --   0  it was not (stale turn, or no live state): nothing changed
 
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
-local current = st[1] and math.abs(tonumber(st[1])) == tonumber(ARGV[4])
-local change = current and lru()
-local old = current and redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
-if old then
-  old = tonumber(old)
-  current = old >= change.idle(ARGV[1], ARGV[2])
-end
+local current = st[1] and math.abs(tonumber(st[1])) == tonumber(ARGV[2])
 if not current then
   -- nothing changes, unless an earlier run of this abort removed the state
   if redis.call('GET', KEYS[4]) then return 1 end
@@ -41,7 +33,8 @@ end
 local log = oplog()
 local server = log.now()
 if st[3] then spills().all(st[3], st[1], st[2], server) end
-local due = deadline(ARGV[3], 6, server)
+local due = deadline(ARGV[1], 6, server)
 if due > server then log.claim(4, 'A', due) end
-change.remove(old)
+local old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+lru().remove(old and tonumber(old))
 return 1

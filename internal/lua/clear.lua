@@ -17,15 +17,13 @@
 --          named by KEYS[1]'s partition prefix, the owner's LRU member and the
 --          op. Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of
 --          the keys above, so it is in their slot.
--- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
--- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  this call's op (oplog.lua): 9 bytes
+-- ARGV[1]  this call's op (oplog.lua): 9 bytes
 --
 -- Reply: integer
 --   1  the owner had live state and it is removed
 --   0  it had none: with neither state nor LRU entry only the answer is
---      written (the accounting is not touched); an idle state is removed
---      all the same
+--      written (the accounting is not touched); the entry of an expired
+--      state is removed all the same
 -- or, when no run of this call answered and its deadline has passed, the
 -- array {"expired", the server clock in milliseconds since 2025-01-01}:
 -- nothing changed.
@@ -34,13 +32,13 @@ local log = oplog()
 local server = log.now()
 local done = redis.call('GET', KEYS[4])
 if done then return done == 'C' and 1 or 0 end -- an earlier run's answer
-local due = deadline(ARGV[3], 6, server)
+local due = deadline(ARGV[1], 6, server)
 if due <= server then return {'expired', server} end
 local old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 if old then old = tonumber(old) end
 local change = lru()
-local live = st[1] and not (old and old < change.idle(ARGV[1], ARGV[2]))
+local live = st[1] and true or false
 -- The answer is kept whatever it is: no turn fences a clear, so a copy
 -- that found none would remove a turn reserved after the first run.
 log.claim(4, live and 'C' or '0', due)
@@ -50,7 +48,7 @@ if live then
   return 1
 end
 if old or st[1] then
-  -- an idle state and its entry go all the same
+  -- the entry of an expired state goes all the same
   change.remove(old)
 end
 return 0

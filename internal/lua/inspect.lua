@@ -1,12 +1,10 @@
 -- inspect.lua: read an owner's state and its LRU entry without changing
 -- anything.
 --
--- uses: lru
+-- uses: none
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)
--- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
--- ARGV[2]  idle TTL of an owner's state, milliseconds
 --
 -- Reply: array
 --   empty when the owner has no live state, else
@@ -18,8 +16,4 @@ local st = redis.call('HMGET', KEYS[1], 't', 'c')
 if not st[1] then
   return {}
 end
-local score = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
-if score and tonumber(score) < lru().idle(ARGV[1], ARGV[2]) then
-  return {}
-end
-return {score, st[1], st[2]}
+return {redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2])), st[1], st[2]}

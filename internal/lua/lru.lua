@@ -19,9 +19,10 @@
 -- consumed it, the one before), size is the state's stored-bytes estimate
 -- (clamped below 4096): the estimate the store sends for the state without
 -- its continuation, plus the length of c. Scores stay below 2^53 until
--- 2059. Ordering by score is ordering by last touch. A state whose touch is
--- older than the TTL is gone, whether or not Redis has expired its key yet:
--- the score still tells the bytes and the continuation to give back. As the
+-- 2059. Ordering by score is ordering by last touch, which is when the
+-- state's key was last given its TTL: a state whose touch is older than the
+-- TTL is gone, whether or not Redis has removed its key yet, and the score
+-- still tells the bytes and the continuation to give back. As the
 -- state's fields tell its entry's size and published bit, reserve and
 -- record read the entry only when they need its touch.
 --
@@ -35,6 +36,8 @@
 --   published  number of the LRU's entries with published = 1
 --   ev:ttl, ev:owners, ev:bytes  evictions by cause, since the namespace began
 
+-- the scripts' epoch in ms, as oplog.lua's EPOCH_MS (a shared file stands
+-- alone: it reads no other's names)
 local SCORE_EPOCH_MS = 1735689600000
 local TIME_UNIT = 8192
 local PUBLISHED = 4096
@@ -60,18 +63,17 @@ end
 -- LRU entry and the accounting, as a table: clock, idle, unpack_score,
 -- touch, settle, remove.
 local function lru()
-  -- clock returns the time in milliseconds: arg when the store passes one
-  -- (not "0"), else the server's.
-  local function clock(arg)
-    if arg ~= '0' then return arg + 0 end
+  -- clock returns the server's clock (TIME) in milliseconds since the
+  -- Unix epoch.
+  local function clock()
     local t = redis.call('TIME')
     return t[1] * 1000 + (t[2] - t[2] % 1000) / 1000
   end
 
   -- idle returns the score below which an entry is idle: touched longer
-  -- than ttl milliseconds before the clock (arg as clock takes it).
-  local function idle(arg, ttl)
-    return pack_score(clock(arg) - ttl, 0, 0)
+  -- than ttl milliseconds before the clock.
+  local function idle(ttl)
+    return pack_score(clock() - ttl, 0, 0)
   end
 
   -- unpack_score returns a score's size and published (0 or 1).

@@ -171,27 +171,28 @@ func count(re *regexp.Regexp, src string) int {
 	return n
 }
 
-// OpSize is the length of an op (oplog.lua).
-const OpSize = 9
+// CallIDSize is the length of a call id, which oplog.lua calls an op.
+const CallIDSize = 9
 
 // MaxDeadline is how long after a call starts its deadline may be at most
 // (oplog.lua): the scripts read a deadline further ahead as passed.
 const MaxDeadline = time.Hour
 
-// NewOp returns the op of a call that changes state (oplog.lua): 5 random
-// bytes, then the low 32 bits of the call's deadline, in milliseconds since
-// 2025-01-01T00:00:00Z on the server's clock, big-endian. A client that
-// re-sends the call re-sends the op, and the script answers the repeat as
-// its first run did.
-func NewOp(deadline int64) string {
-	var b [OpSize + 3]byte
+// NewCallID returns the id of a call that changes state (the scripts' op,
+// oplog.lua): 5 random bytes, then the low 32 bits of the call's deadline,
+// in milliseconds since 2025-01-01T00:00:00Z on the server's clock,
+// big-endian. A client that re-sends the call re-sends its id, and the
+// script answers the repeat as its first run did.
+func NewCallID(deadline int64) string {
+	var b [CallIDSize + 3]byte
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
 	binary.BigEndian.PutUint32(b[5:], uint32(deadline))
-	return string(b[:OpSize])
+	return string(b[:CallIDSize])
 }
 
-// OpKey returns op in lowercase hex, as the name of its answer key ends.
-func OpKey(op string) string { return hex.EncodeToString([]byte(op)) }
+// CallIDKey returns a call id in lowercase hex, as the name of the call's
+// answer key ends.
+func CallIDKey(id string) string { return hex.EncodeToString([]byte(id)) }
 
 // Hash returns the script's SHA1, as EVALSHA names it.
 func (s *Script) Hash() string { return s.script.Hash() }

@@ -352,9 +352,9 @@ func TestClearWithNothingToDeleteWritesOnlyItsAnswer(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer c.Close()
 	ctx := context.Background()
-	op := lua.NewOp(time.Now().Add(time.Minute).UnixMilli() - 1735689600000)
-	keys := []string{"ns:{ns:00}:o:m", "ns:{ns:00}:lru", "ns:{ns:00}:part", "ns:{ns:00}:q:m:" + lua.OpKey(op)}
-	args := []any{"0", "60000", op}
+	op := lua.NewCallID(time.Now().Add(time.Minute).UnixMilli() - 1735689600000)
+	keys := []string{"ns:{ns:00}:o:m", "ns:{ns:00}:lru", "ns:{ns:00}:part", "ns:{ns:00}:q:m:" + lua.CallIDKey(op)}
+	args := []any{op}
 	require.NoError(t, c.HSet(ctx, keys[2], "bytes", 7, "published", 1).Err())
 
 	n, err := c.Eval(ctx, lua.Clear.Source, keys, args...).Int()

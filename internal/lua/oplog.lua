@@ -1,7 +1,7 @@
 -- oplog.lua: how a call that changes state answers its copies as its first
--- run did. It defines local functions only; every script that changes state
--- names oplog in its header's uses line, and is sent with this file before
--- it (lua.go).
+-- run did, and the scripts' epoch. It defines local constants and functions
+-- only; every script that changes state or reads the clock names oplog in
+-- its header's uses line, and is sent with this file before it (lua.go).
 --
 -- A client may send a call more than once: go-redis re-sends a command
 -- whose reply was lost, and a delayed first copy may even run after the
@@ -33,6 +33,11 @@
 -- their first run moved on. Clear, which no turn fences, keeps its answer
 -- even when it changed nothing.
 
+-- The scripts' epoch, 2025-01-01T00:00:00Z, in seconds and in milliseconds
+-- since the Unix epoch: every clock value the scripts give counts from it.
+local EPOCH_S = 1735689600
+local EPOCH_MS = EPOCH_S * 1000
+
 -- deadline returns the deadline whose low 32 bits are the 4 bytes of s at
 -- position at, in milliseconds since 2025-01-01: the one no later than an
 -- hour after near (in the same unit) and less than 2^32 ms before that.
@@ -49,7 +54,7 @@ local function oplog()
   -- now returns the server clock in milliseconds since 2025-01-01.
   local function now()
     local t = redis.call('TIME')
-    return (t[1] - 1735689600) * 1000 + (t[2] - t[2] % 1000) / 1000
+    return (t[1] - EPOCH_S) * 1000 + (t[2] - t[2] % 1000) / 1000
   end
 
   -- claim stores answer as the answer of this call (its answer key
@@ -57,7 +62,7 @@ local function oplog()
   -- returns that earlier answer, or nil when this run is the first and goes
   -- on to change what answer says.
   local function claim(i, answer, due)
-    return redis.call('SET', KEYS[i], answer, 'NX', 'GET', 'PXAT', string.format('%d', due + 1735689600000)) or nil
+    return redis.call('SET', KEYS[i], answer, 'NX', 'GET', 'PXAT', string.format('%d', due + EPOCH_MS)) or nil
   end
 
   return {now = now, claim = claim}
@@ -77,7 +82,7 @@ local function spills()
     local due = deadline(s, at + 5, now)
     if due > now then
       redis.call('SET', prefix .. string.format('%02x%02x%02x%02x%02x%02x%02x%02x%02x', string.byte(s, at, at + 8)),
-        answer, 'PXAT', string.format('%d', due + 1735689600000))
+        answer, 'PXAT', string.format('%d', due + EPOCH_MS))
     end
   end
 

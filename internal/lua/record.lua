@@ -9,7 +9,7 @@
 --
 -- Publishing writes this call's op as the record's part of the state's o
 -- (reserve.lua, oplog.lua), so a copy answers "published" again. A copy can
--- only find the turn in flight (t = ARGV[4]) if no earlier run of it
+-- only find the turn in flight (t = ARGV[3]) if no earlier run of it
 -- published, which is why the record that publishes it need not look for
 -- an earlier answer, nor check its deadline: a late first run may still
 -- publish. The answer of the record it replaces goes to that call's answer
@@ -32,13 +32,12 @@
 --          by KEYS[1]'s partition prefix, the owner's LRU member and the op.
 --          Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of the
 --          keys above, so it is in their slot.
--- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
--- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  this call's op (oplog.lua): 9 bytes
--- ARGV[4]  the recording turn's sequence number, decimal
--- ARGV[5]  the continuation (opaque bytes)
--- ARGV[6]  stored-bytes estimate of the state without its continuation
--- ARGV[7]  limits (lru.lua prune): "<partition's owner limit>:<partition's
+-- ARGV[1]  idle TTL of an owner's state, milliseconds
+-- ARGV[2]  this call's op (oplog.lua): 9 bytes
+-- ARGV[3]  the recording turn's sequence number, decimal
+-- ARGV[4]  the continuation (opaque bytes)
+-- ARGV[5]  stored-bytes estimate of the state without its continuation
+-- ARGV[6]  limits (lru.lua prune): "<partition's owner limit>:<partition's
 --          stored-bytes limit>:<most evictions this call may make>"
 --
 -- Reply: array
@@ -52,68 +51,60 @@
 
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 local t, c, o = st[1], st[2], st[3]
-local op = ARGV[3]
+local op = ARGV[2]
 if o and string.sub(o, 12, 20) == op then
   return {'published', 0} -- this call's first run published
 end
 -- server is the server clock in ms since 2025-01-01, read when needed. A
 -- call that changes nothing answers "published" when an earlier run of it
--- published, as its answer key tells.
-local old, server
-if t and ARGV[1] ~= '0' then
-  -- With the store's clock a state is live while its entry is not idle; on
-  -- the server's, while its key is (reserve.lua).
-  old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
-  old = old and old + 0
-  if old and old < pack_score(ARGV[1] - ARGV[2], 0, 0) then t = nil end
-end
+-- published, as its answer key tells. A state is live while its key is
+-- (reserve.lua).
+local server
 if not t then return {redis.call('GET', KEYS[4]) and 'published' or 'gone', 0} end
-if t ~= ARGV[4] then
-  if t ~= '-' .. ARGV[4] then return {redis.call('GET', KEYS[4]) and 'published' or 'stale', 0} end
+if t ~= ARGV[3] then
+  if t ~= '-' .. ARGV[3] then return {redis.call('GET', KEYS[4]) and 'published' or 'stale', 0} end
   -- published already: by this call's first run, by another call with the
   -- same continuation (nothing to do) or by another record of the turn,
   -- which this one replaces unless it ran already
-  if c == ARGV[5] or redis.call('GET', KEYS[4]) then return {'published', 0} end
+  if c == ARGV[4] or redis.call('GET', KEYS[4]) then return {'published', 0} end
   server = oplog().now()
   if deadline(op, 6, server) <= server then return {'expired', server} end
 end
 
-local seq = ARGV[4]
+local seq = ARGV[3]
 local turn_ms = (seq - seq % 1000) / 1000 -- when the turn began, ms since 2025-01-01
 local slot = (o and string.sub(o, 1, 11) or string.rep('0', 11)) .. op
 if o and #o >= 20 and deadline(o, 17, turn_ms) > turn_ms then
   server = server or oplog().now()
   spills().record(o, server)
 end
-if c and #c == #ARGV[5] and ARGV[1] == '0' then
+if c and #c == #ARGV[4] then
   -- the entry's size and published bit stay (lru.lua)
-  redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[5], 'o', slot)
+  redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[4], 'o', slot)
   return {'published', 0}
 end
 
-if ARGV[1] == '0' then
-  old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
-  old = old and old + 0
-end
+local old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+old = old and old + 0
 local change, score
 if old then
   -- the touch stays; the size and the published bit may change
-  score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[6] + #ARGV[5])
+  score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[5] + #ARGV[4])
   if score == old then
-    redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[5], 'o', slot)
+    redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[4], 'o', slot)
     return {'published', 0}
   end
 else
   -- a state whose entry is lost is touched now, and o's refresh tick
   -- (reserve.lua) with it
   change = lru()
-  local ms = change.clock(ARGV[1])
-  slot = string.sub(slot, 1, 10) .. string.char(refresh_tick(ms, ARGV[2] + 0)) .. op
-  score = pack_score(ms, 1, ARGV[6] + #ARGV[5])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local ms = change.clock()
+  slot = string.sub(slot, 1, 10) .. string.char(refresh_tick(ms, ARGV[1] + 0)) .. op
+  score = pack_score(ms, 1, ARGV[5] + #ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
 local score_s = string.format('%d', score)
-redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[5], 'o', slot)
+redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[4], 'o', slot)
 change = change or lru()
 local member = string.sub(KEYS[1], #KEYS[2])
 local db, dp, count = change.touch(KEYS[2], member, old, score, score_s)
@@ -121,6 +112,6 @@ local bytes = change.settle(KEYS[3], db, dp)
 local evicted = 0
 if count or db > 0 then
   evicted = prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
-    change.idle(ARGV[1], ARGV[2]), ARGV[7], count, bytes, spills().releaser(server or oplog().now()))
+    change.idle(ARGV[1]), ARGV[6], count, bytes, spills().releaser(server or oplog().now()))
 end
 return {'published', evicted}

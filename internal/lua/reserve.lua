@@ -9,11 +9,10 @@
 --
 -- Refreshing is due once 15 ticks of a 256th of the TTL have passed since
 -- the last refresh, which the state's o records (its tick, modulo 256: a
--- live state was refreshed less than 256 ticks ago); with a clock the store
--- passes (ARGV[1]), when the entry was touched a sixteenth of the TTL ago or
--- earlier. Either way the entry and TTL were refreshed less than a
--- sixteenth of the TTL before the owner's last reserve. Record never
--- refreshes them.
+-- live state was refreshed less than 256 ticks ago), so the entry and TTL
+-- were refreshed less than a sixteenth of the TTL before the owner's last
+-- reserve. Record never refreshes them. Time is the server's (TIME): a
+-- state is live while its key is.
 --
 -- The sequence number is the largest of
 --   the partition's last sequence number + 1 (KEYS[5]),
@@ -51,11 +50,10 @@
 --          by KEYS[1]'s partition prefix, the owner's LRU member and the op.
 --          Safe in Redis Cluster: the name has the hash tag {<ns>:<pp>} of the
 --          keys above, so it is in their slot.
--- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
--- ARGV[2]  idle TTL of an owner's state, milliseconds
--- ARGV[3]  this call's op (oplog.lua): 9 bytes
--- ARGV[4]  stored-bytes estimate of the state without its continuation
--- ARGV[5]  limits (lru.lua prune): "<partition's owner limit>:<partition's
+-- ARGV[1]  idle TTL of an owner's state, milliseconds
+-- ARGV[2]  this call's op (oplog.lua): 9 bytes
+-- ARGV[3]  stored-bytes estimate of the state without its continuation
+-- ARGV[4]  limits (lru.lua prune): "<partition's owner limit>:<partition's
 --          stored-bytes limit>:<most evictions this call may make>"
 --
 -- Reply: array
@@ -71,8 +69,8 @@ local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 local now = redis.call('TIME')
 local sec, usec = now[1] + 0, now[2] + 0
 -- the server clock in ms since 2025-01-01
-local server = (sec - 1735689600) * 1000 + (usec - usec % 1000) / 1000
-local op = ARGV[3]
+local server = (sec - EPOCH_S) * 1000 + (usec - usec % 1000) / 1000
+local op = ARGV[2]
 local t, c, o = st[1], st[2], st[3]
 if o and string.sub(o, 1, 9) == op then
   -- this call's first run made the current turn; once the turn published
@@ -93,24 +91,22 @@ if deadline(op, 6, server) <= server then
   return {'expired', server} -- no run of this call reserved: none will
 end
 
--- The store's clock in milliseconds, as lru.lua's clock reads it: ARGV[1],
--- or this TIME when it is "0". On the server's clock a state is live while
--- its key is (its TTL and its entry's touch are refreshed together); with
--- the store's, while its entry is not idle.
-local ms = ARGV[1] == '0' and server + SCORE_EPOCH_MS or ARGV[1] + 0
-local ttl = ARGV[2] + 0
+-- A state is live while its key is: its TTL and its entry's touch are
+-- refreshed together. The entry of a state whose key expired stays until
+-- something prunes it.
+local ms = server + SCORE_EPOCH_MS
+local ttl = ARGV[1] + 0
 local tn = t and t + 0
 local live = t and true or false
 local old
-if not live or ARGV[1] ~= '0' then
+if not live then
   old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
   old = old and old + 0
-  if live and old and old < pack_score(ms - ttl, 0, 0) then live = false end
 end
 
 -- The clock: one SET in the common case, a second when the clock is behind
 -- the partition's or the owner's last number.
-local seq = (sec - 1735689600) * 1000000 + usec
+local seq = (sec - EPOCH_S) * 1000000 + usec
 local seq_s = string.format('%d', seq)
 local last = redis.call('SET', KEYS[5], seq_s, 'GET')
 local floor = (last or 0) + 1
@@ -132,13 +128,7 @@ if o then
 end
 local now_tick = refresh_tick(ms, ttl)
 if live then
-  local due
-  if ARGV[1] == '0' then
-    due = not o or (now_tick - string.byte(o, 11)) % 256 >= 15
-  else
-    due = not old or old < pack_score(ms - (ttl - ttl % 16) / 16 + 1, 0, 0)
-  end
-  if not due then
+  if o and (now_tick - string.byte(o, 11)) % 256 < 15 then
     -- the entry and the TTL stay until they are due for a refresh
     redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot .. string.sub(o, 11))
     return {seq, 1, 0, consumed or nil}
@@ -146,7 +136,7 @@ if live then
 end
 slot = slot .. string.char(now_tick) .. (live and o and string.sub(o, 12) or '')
 
-local size, published = ARGV[4] + 0, 0
+local size, published = ARGV[3] + 0, 0
 if live and c then
   size, published = size + #c, 1
 elseif c then
@@ -155,7 +145,7 @@ end
 local score = pack_score(ms, published, size)
 local score_s = string.format('%d', score)
 redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
 local member = string.sub(KEYS[1], #KEYS[2])
 local change = lru()
 -- A live state's entry has its size and published bit (lru.lua).
@@ -171,7 +161,7 @@ end
 if count or db > 0 or evicted > 0 then
   if db <= 0 then bytes = nil end -- the byte limit is checked only when they grew
   evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
-    pack_score(ms - ttl, 0, 0), ARGV[5], count, bytes, spills().releaser(server))
+    pack_score(ms - ttl, 0, 0), ARGV[4], count, bytes, spills().releaser(server))
 end
 
 return {seq, live and 1 or 0, evicted, consumed or nil}

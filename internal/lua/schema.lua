@@ -1,7 +1,7 @@
 -- schema.lua: record a namespace's schema the first time a store opens it,
 -- and return what is recorded.
 --
--- uses: none
+-- uses: oplog
 --
 -- KEYS[1]  <ns>:{<ns>}:meta  hash  the namespace's schema
 -- ARGV[1]  schema version of the opening store
@@ -19,5 +19,5 @@ if redis.call('HSETNX', KEYS[1], 'schema', ARGV[1]) == 1 then
 end
 local got = redis.call('HMGET', KEYS[1], 'schema', 'partitions', 'profile', 'key')
 local now = redis.call('TIME')
-got[5] = (now[1] - 1735689600) * 1000 + (now[2] - now[2] % 1000) / 1000
+got[5] = (now[1] - EPOCH_S) * 1000 + (now[2] - now[2] % 1000) / 1000
 return got

@@ -2,19 +2,16 @@
 --
 -- uses: none
 --
--- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n;
---                                        e when the writer's clock expires it (session_save.lua)
+-- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n
 -- KEYS[2]  <ns>:{<ns>:<id>}:log   list  the journal's messages, oldest first
--- ARGV[1]  now, milliseconds since the Unix epoch; "0" for the server's clock
 --
 -- Reply: array
---   empty when there is no head (or it has expired on the clock of ARGV[1]), else
+--   empty when there is no head, else
 --   [1] version  [2] snapshot document or nil  [3] journal header or nil
 --   [4] journal message count or nil  [5] array of the journal's messages
 
-local head = redis.call('HMGET', KEYS[1], 'v', 'd', 'h', 'n', 'e')
-local now = ARGV[1] + 0
-if not head[1] or (head[5] and now > 0 and now >= head[5] + 0) then
+local head = redis.call('HMGET', KEYS[1], 'v', 'd', 'h', 'n')
+if not head[1] then
   return {}
 end
 return {head[1], head[2], head[3], head[4], redis.call('LRANGE', KEYS[2], 0, -1)}

@@ -3,8 +3,7 @@
 --
 -- uses: oplog
 --
--- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n;
---                                        e when the writer's clock expires it
+-- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n
 -- KEYS[2]  <ns>:{<ns>:<id>}:log   list  the journal's messages, oldest first
 -- KEYS[3]  <ns>:{<ns>:<id>}:q:<op> string  this call's answer key (oplog.lua)
 -- ARGV[1]  expected head version, decimal ("0": no head yet)
@@ -14,12 +13,10 @@
 --          without messages (journal), JSON
 -- ARGV[5]  the journal's message count after this save ("0" for snapshot)
 -- ARGV[6]  this call's op (oplog.lua): 9 bytes
--- ARGV[7]  now, milliseconds since the Unix epoch; "0" for the server's clock
--- ARGV[8+] messages to push (append: the new ones; rewrite: all)
+-- ARGV[7+] messages to push (append: the new ones; rewrite: all)
 --
--- A head whose e (ARGV[7] plus the TTL, written by a save that passes its
--- clock) is at or before ARGV[7] has expired on the writer's clock: the
--- save finds no head, as Redis's key TTL makes it on the server's clock.
+-- A session expires on the server's clock: head and log carry the TTL, and
+-- a head Redis has expired is no head.
 --
 -- A save that publishes stores the version it wrote in its answer key until
 -- its deadline (oplog.lua), and a copy that finds it answers that version.
@@ -34,7 +31,7 @@
 --                             rewrite); nothing written
 --   {"expired", server clock} no run of this call published and its deadline
 --                             has passed: nothing written (the clock in ms
---                             since 2025-01-01, decimal)
+--                             since 2025-01-01, an integer)
 
 local log = oplog()
 local server = log.now()
@@ -42,20 +39,18 @@ local done = redis.call('GET', KEYS[3])
 if done then return {'ok', done} end -- an earlier run published
 local due = deadline(ARGV[6], 6, server)
 if due <= server then
-  return {'expired', string.format('%d', server)}
+  return {'expired', server}
 end
-local now = ARGV[7] + 0
-local head = redis.call('HMGET', KEYS[1], 'v', 'n', 'e')
-local expired = head[3] and now > 0 and now >= head[3] + 0
-local stored = (not expired and head[1]) or '0'
+local head = redis.call('HMGET', KEYS[1], 'v', 'n')
+local stored = head[1] or '0'
 if stored ~= ARGV[1] then
   return {'conflict', stored}
 end
 local mode = ARGV[2]
 local count = tonumber(ARGV[5])
-local pushed = #ARGV - 7
+local pushed = #ARGV - 6
 if mode == 'append' then
-  local have = expired and -1 or tonumber(head[2] or '-1')
+  local have = tonumber(head[2] or '-1')
   if have ~= count - pushed or redis.call('LLEN', KEYS[2]) ~= have then
     return {'rewrite', stored}
   end
@@ -66,7 +61,7 @@ if mode ~= 'append' then
   redis.call('DEL', KEYS[2])
 end
 -- Push in slices: unpack is bounded by the Lua stack.
-for first = 8, #ARGV, 1000 do
+for first = 7, #ARGV, 1000 do
   redis.call('RPUSH', KEYS[2], unpack(ARGV, first, math.min(first + 999, #ARGV)))
 end
 
@@ -76,11 +71,6 @@ if mode == 'snapshot' then
 else
   redis.call('HDEL', KEYS[1], 'd')
   redis.call('HSET', KEYS[1], 'v', version, 'h', ARGV[4], 'n', ARGV[5])
-end
-if now > 0 and ARGV[3] ~= '0' then
-  redis.call('HSET', KEYS[1], 'e', string.format('%.0f', now + ARGV[3]))
-elseif head[3] then
-  redis.call('HDEL', KEYS[1], 'e')
 end
 for i = 1, 2 do
   if ARGV[3] ~= '0' then

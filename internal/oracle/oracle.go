@@ -64,9 +64,9 @@ type Decision struct {
 	// transcript covers: the delta is the request's items from Prefix on.
 	// 0 unless continuing.
 	Prefix int
-	// DeltaCount is how many items go upstream: the delta's length when
+	// UpstreamItems is how many items go upstream: the delta's length when
 	// continuing, else the request's item count.
-	DeltaCount int
+	UpstreamItems int
 }
 
 // Continues reports whether the reservation continues.
@@ -83,7 +83,7 @@ func (d Decision) Continues() bool { return d.Reason == store.ReasonNone }
 //	transcript is the whole request                empty_delta
 //	otherwise                                      continue, with the items after the transcript
 func Reserve[I Item](prior Prior[I], req Request[I]) Decision {
-	full := Decision{DeltaCount: len(req.Items)}
+	full := Decision{UpstreamItems: len(req.Items)}
 	c := prior.Continuation
 	switch {
 	case !prior.Live:
@@ -98,7 +98,7 @@ func Reserve[I Item](prior Prior[I], req Request[I]) Decision {
 		full.Reason = store.ReasonEmptyDelta
 	default:
 		n := len(c.Transcript)
-		return Decision{ResponseID: c.ResponseID, Prefix: n, DeltaCount: len(req.Items) - n}
+		return Decision{ResponseID: c.ResponseID, Prefix: n, UpstreamItems: len(req.Items) - n}
 	}
 	return full
 }

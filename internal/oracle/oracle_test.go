@@ -41,33 +41,33 @@ func TestEveryReason(t *testing.T) {
 		want  oracle.Decision
 	}{
 		{"no state", none, request("p", "ab"),
-			oracle.Decision{Reason: store.ReasonMissingState, DeltaCount: 2}},
+			oracle.Decision{Reason: store.ReasonMissingState, UpstreamItems: 2}},
 		{"a continuation without live state is not offered", oracle.Prior[string]{Continuation: published("r1", "p", "a").Continuation}, request("p", "ab"),
-			oracle.Decision{Reason: store.ReasonMissingState, DeltaCount: 2}},
+			oracle.Decision{Reason: store.ReasonMissingState, UpstreamItems: 2}},
 		{"state without continuation", superseded, request("p", "ab"),
-			oracle.Decision{Reason: store.ReasonSupersededTurn, DeltaCount: 2}},
+			oracle.Decision{Reason: store.ReasonSupersededTurn, UpstreamItems: 2}},
 		{"prompt changed", published("r1", "p", "a"), request("q", "ab"),
-			oracle.Decision{Reason: store.ReasonPromptChanged, DeltaCount: 2}},
+			oracle.Decision{Reason: store.ReasonPromptChanged, UpstreamItems: 2}},
 		{"the prompt is checked before the items", published("r1", "p", "a"), request("q", "b"),
-			oracle.Decision{Reason: store.ReasonPromptChanged, DeltaCount: 1}},
+			oracle.Decision{Reason: store.ReasonPromptChanged, UpstreamItems: 1}},
 		{"an edited item", published("r1", "p", "ax"), request("p", "bxc"),
-			oracle.Decision{Reason: store.ReasonNotAppendOnly, DeltaCount: 3}},
+			oracle.Decision{Reason: store.ReasonNotAppendOnly, UpstreamItems: 3}},
 		{"an edited last item", published("r1", "p", "ax"), request("p", "ayc"),
-			oracle.Decision{Reason: store.ReasonNotAppendOnly, DeltaCount: 3}},
+			oracle.Decision{Reason: store.ReasonNotAppendOnly, UpstreamItems: 3}},
 		{"a shorter request", published("r1", "p", "axb"), request("p", "ax"),
-			oracle.Decision{Reason: store.ReasonNotAppendOnly, DeltaCount: 2}},
+			oracle.Decision{Reason: store.ReasonNotAppendOnly, UpstreamItems: 2}},
 		{"an empty request after a transcript", published("r1", "p", "a"), request("p", ""),
 			oracle.Decision{Reason: store.ReasonNotAppendOnly}},
 		{"the same items again", published("r1", "p", "ax"), request("p", "ax"),
-			oracle.Decision{Reason: store.ReasonEmptyDelta, DeltaCount: 2}},
+			oracle.Decision{Reason: store.ReasonEmptyDelta, UpstreamItems: 2}},
 		{"an empty transcript and an empty request", published("r1", "p", ""), request("p", ""),
 			oracle.Decision{Reason: store.ReasonEmptyDelta}},
 		{"one item appended", published("r1", "p", "ax"), request("p", "axb"),
-			oracle.Decision{ResponseID: "r1", Prefix: 2, DeltaCount: 1}},
+			oracle.Decision{ResponseID: "r1", Prefix: 2, UpstreamItems: 1}},
 		{"several items appended", published("r2", "p", "a"), request("p", "axbx"),
-			oracle.Decision{ResponseID: "r2", Prefix: 1, DeltaCount: 3}},
+			oracle.Decision{ResponseID: "r2", Prefix: 1, UpstreamItems: 3}},
 		{"an empty transcript continues with every item", published("r3", "p", ""), request("p", "ab"),
-			oracle.Decision{ResponseID: "r3", Prefix: 0, DeltaCount: 2}},
+			oracle.Decision{ResponseID: "r3", Prefix: 0, UpstreamItems: 2}},
 	} {
 		seen[c.want.Reason] = true
 		t.Run(c.name, func(t *testing.T) {
@@ -95,7 +95,7 @@ func TestByteItemsCompareByContent(t *testing.T) {
 	prior := oracle.Prior[json.RawMessage]{Live: true, Continuation: &oracle.Continuation[json.RawMessage]{
 		ResponseID: "r1", Prompt: "p", Transcript: raw(`{"a":1}`, `{"x":2}`)}}
 	req := oracle.Request[json.RawMessage]{Prompt: "p", Items: raw(`{"a":1}`, `{"x":2}`, `{"b":3}`)}
-	assert.Equal(t, oracle.Decision{ResponseID: "r1", Prefix: 2, DeltaCount: 1}, oracle.Reserve(prior, req))
+	assert.Equal(t, oracle.Decision{ResponseID: "r1", Prefix: 2, UpstreamItems: 1}, oracle.Reserve(prior, req))
 
 	edited := oracle.Request[json.RawMessage]{Prompt: "p", Items: raw(`{"a":1}`, `{"x": 2}`, `{"b":3}`)}
 	assert.Equal(t, store.ReasonNotAppendOnly, oracle.Reserve(prior, edited).Reason, "bytes are the identity here")

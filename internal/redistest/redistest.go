@@ -45,7 +45,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/contstore/contstore/internal/embedded"
 	"github.com/contstore/contstore/internal/rediskeys"
 )
 
@@ -308,12 +307,6 @@ func CleanupNamespace(t testing.TB, c redis.UniversalClient, ns string) {
 	})
 }
 
-// FollowRealTime keeps a miniredis clock (TIME and key expiry) moving with
-// the wall clock, as a real server's does, until the test ends.
-func FollowRealTime(t testing.TB, mr *miniredis.Miniredis) {
-	t.Cleanup(embedded.FollowRealTime(mr))
-}
-
 // errDown is what every command of a Failing client answers.
 var errDown = errors.New("redistest: redis down")
 
@@ -351,10 +344,20 @@ func (failHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipe
 type Clock struct {
 	mu  sync.Mutex
 	now time.Time
+	// server, when set, is a miniredis the clock moves with (ServerClock).
+	server *miniredis.Miniredis
 }
 
 // NewClock returns a Clock reading now.
 func NewClock(now time.Time) *Clock { return &Clock{now: now} }
+
+// ServerClock returns a Clock reading now that is also mr's: TIME answers
+// the clock's time, and keys expire as the clock moves past their TTL.
+// Scripts on mr then see time move as a server's does.
+func ServerClock(mr *miniredis.Miniredis, now time.Time) *Clock {
+	mr.SetTime(now)
+	return &Clock{now: now, server: mr}
+}
 
 // Now returns the clock's time.
 func (c *Clock) Now() time.Time {
@@ -367,13 +370,22 @@ func (c *Clock) Now() time.Time {
 func (c *Clock) Add(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
+	c.move(c.now.Add(d))
 }
 
-// Set moves the clock to t.
+// Set moves the clock to t, which must not be before its time when it
+// moves a server.
 func (c *Clock) Set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.move(t)
+}
+
+func (c *Clock) move(t time.Time) {
+	if c.server != nil {
+		c.server.SetTime(t)
+		c.server.FastForward(t.Sub(c.now))
+	}
 	c.now = t
 }
 

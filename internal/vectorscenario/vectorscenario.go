@@ -95,7 +95,7 @@ type Opaque struct {
 	HashField func(key, field string) bool
 	// String reports whether the string value of a key is opaque.
 	String func(key, value string) bool
-	// Ops gives, by script, where a call carries its op (lua.NewOp): the
+	// Ops gives, by script, where a call carries its op (lua.NewCallID): the
 	// index of its answer key, whose name ends in the op in hex, and of
 	// the argument that holds it (0-based, after the keys). The recorder
 	// replaces each op with the scenario's next (Op), the same for every
@@ -113,12 +113,12 @@ const OpDeadline = 200 * time.Millisecond
 
 // Op is the n-th op of a scenario, sent when the server's clock read now:
 // 5 bytes drawn from n, then the low 32 bits of its deadline (OpDeadline
-// later), as lua.NewOp makes them.
+// later), as lua.NewCallID makes them.
 func Op(n uint64, now time.Time) string {
 	var b [12]byte
 	binary.BigEndian.PutUint64(b[:], n*0x9e3779b97f4a7c15)
 	binary.BigEndian.PutUint32(b[5:], uint32(now.Add(OpDeadline).UnixMilli()-serverclock.EpochMillis))
-	return string(b[:lua.OpSize])
+	return string(b[:lua.CallIDSize])
 }
 
 // Deadline is the deadline of op, in milliseconds since 2025-01-01, as
@@ -193,7 +193,7 @@ func (r *recorder) fixOp(cmd redis.Cmder) {
 		r.opIDs[drawn], r.opIDs[op] = op, op
 	}
 	key := args[3+at.Key].(string) // "<…>:q:<op in hex>"
-	args[3+at.Key] = key[:len(key)-2*lua.OpSize] + lua.OpKey(op)
+	args[3+at.Key] = key[:len(key)-2*lua.CallIDSize] + lua.CallIDKey(op)
 	args[3+keys+at.Arg] = op
 }
 

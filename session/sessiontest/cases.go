@@ -17,12 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
-	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/session"
 )
 
 func testSavedSessionLoadsBackAsSaved(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	s := session.New("model-a", "high", "be brief")
 	s.Name, s.ParentSession = "name", "parent"
 	s.Messages = []json.RawMessage{msg("user", "hello <world> & more"), json.RawMessage(`{"role": "assistant",  "content": [{"type":"output_text","text":"hi"}]}`)}
@@ -57,7 +56,7 @@ func testModesLoadIdentically(t *testing.T, open Opener) {
 	s.Messages = messages(5, "line")
 	var loaded []*session.Session
 	for _, mode := range []session.Mode{session.Snapshot, session.Journal} {
-		st := open(t, session.StoreOptions{Mode: mode, Namespace: namespace()})
+		st := open(t, session.Options{Mode: mode, Namespace: namespace()})
 		c := s.Clone()
 		require.NoError(t, st.Save(ctx, c))
 		loaded = append(loaded, load(t, st, s.ID))
@@ -67,14 +66,14 @@ func testModesLoadIdentically(t *testing.T, open Opener) {
 }
 
 func testMissingSessionIsNotFound(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	_, err := st.Load(ctx, "no-such-session")
 	assert.ErrorIs(t, err, session.ErrNotFound)
 	assert.Contains(t, err.Error(), "no-such-session")
 }
 
 func testDeleteRemovesTheSession(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	s := session.New("m", "", "")
 	s.Messages = messages(3, "x")
 	require.NoError(t, st.Save(ctx, s))
@@ -85,7 +84,7 @@ func testDeleteRemovesTheSession(t *testing.T, open Opener) {
 }
 
 func testInvalidInputWritesNothing(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	s := session.New("m", "", "")
 	s.Messages = messages(2, "kept")
 	require.NoError(t, st.Save(ctx, s))
@@ -103,7 +102,7 @@ func testInvalidInputWritesNothing(t *testing.T, open Opener) {
 }
 
 func testOneOfTwoConcurrentHeadsWins(t *testing.T, open Opener) {
-	a, b := open(t, session.StoreOptions{}), open(t, session.StoreOptions{})
+	a, b := open(t, session.Options{}), open(t, session.Options{})
 	s := session.New("m", "", "")
 	s.Messages = messages(2, "base")
 	require.NoError(t, a.Save(ctx, s))
@@ -114,7 +113,7 @@ func testOneOfTwoConcurrentHeadsWins(t *testing.T, open Opener) {
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i, c := range []struct {
-		st session.Store
+		st *session.Store
 		s  *session.Session
 	}{{a, ra}, {b, rb}} {
 		wg.Go(func() { errs[i] = c.st.Save(ctx, c.s) })
@@ -151,7 +150,7 @@ const maxUnavailable = 10
 // another run beside it.)
 func testConcurrentWritersLoseNoUpdate(t *testing.T, open Opener) {
 	const writers, sessions, rounds = 8, 10, 100
-	stores := []session.Store{open(t, session.StoreOptions{}), open(t, session.StoreOptions{})}
+	stores := []*session.Store{open(t, session.Options{}), open(t, session.Options{})}
 	var conflicts, unavailable atomic.Int64
 	for i := range sessions {
 		writeConcurrently(t, stores, writers, rounds, &conflicts, &unavailable)
@@ -165,7 +164,7 @@ func testConcurrentWritersLoseNoUpdate(t *testing.T, open Opener) {
 
 // writeConcurrently saves a new session, has writers apply rounds updates
 // to it through stores, and checks that every update is in it once.
-func writeConcurrently(t *testing.T, stores []session.Store, writers, rounds int, conflicts, unavailableOps *atomic.Int64) {
+func writeConcurrently(t *testing.T, stores []*session.Store, writers, rounds int, conflicts, unavailableOps *atomic.Int64) {
 	t.Helper()
 	s := session.New("m", "", "")
 	s.Messages = messages(1, "start")
@@ -236,27 +235,25 @@ func writeConcurrently(t *testing.T, stores []session.Store, writers, rounds int
 	}
 }
 
-// A session not saved for its TTL is gone. The case moves the stores' own
-// clock (StoreOptions.Now) instead of waiting; its TTL is an hour, which
-// Redis's key expiry on the server's clock never reaches while it runs.
-func testIdleSessionExpires(t *testing.T, open Opener) {
+// A session not saved for its TTL is gone. The case moves the clock the
+// sessions expire on (advance) instead of waiting.
+func testIdleSessionExpires(t *testing.T, open Opener, advance func(time.Duration)) {
 	const ttl = time.Hour
-	clock := redistest.NewClock(time.UnixMilli(time.Now().UnixMilli()))
-	st := open(t, session.StoreOptions{TTL: ttl, Now: clock.Now})
+	st := open(t, session.Options{TTL: ttl})
 	s := session.New("m", "", "")
 	s.Messages = messages(2, "x")
 	require.NoError(t, st.Save(ctx, s))
-	clock.Add(ttl - time.Millisecond)
+	advance(ttl - time.Millisecond)
 	_, err := st.Load(ctx, s.ID)
 	require.NoError(t, err, "a millisecond before the TTL")
 
 	s.Messages = append(s.Messages, msg("user", "again"))
 	require.NoError(t, st.Save(ctx, s), "a save refreshes the TTL")
-	clock.Add(ttl - time.Millisecond)
+	advance(ttl - time.Millisecond)
 	got, err := st.Load(ctx, s.ID)
 	require.NoError(t, err, "a millisecond before the TTL of the second save")
 	assert.Equal(t, uint64(2), got.Version)
-	clock.Add(time.Millisecond)
+	advance(time.Millisecond)
 	_, err = st.Load(ctx, s.ID)
 	require.ErrorIs(t, err, session.ErrNotFound, "at the TTL")
 
@@ -273,7 +270,7 @@ func testIdleSessionExpires(t *testing.T, open Opener) {
 }
 
 func testPersistAcknowledgesOnlyAfterTheDurableWrite(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
 	candidate.Version = old.Version
@@ -315,7 +312,7 @@ func testPersistAcknowledgesOnlyAfterTheDurableWrite(t *testing.T, open Opener) 
 }
 
 func testIdentityMismatchNeverWritesOrAdopts(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
 	current := old.Clone()
@@ -340,7 +337,7 @@ func testIdentityMismatchNeverWritesOrAdopts(t *testing.T, open Opener) {
 }
 
 func testCacheTotalsSurviveSaveAndReload(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	s := session.New("synthetic-model", "low", "")
 	s.Messages = []json.RawMessage{msg("user", "q")}
 	conv := session.NewConversation(s, session.Deps{Store: st, Prices: session.Prices{"synthetic-model": {Input: 1, Output: 2, CacheRead: 0.1, CacheWrite5m: 1.25, CacheWrite1h: 2}}})
@@ -363,14 +360,14 @@ func testCacheTotalsSurviveSaveAndReload(t *testing.T, open Opener) {
 	assert.Equal(t, uint64(6_250), resumed.Session.KeepWarmTokens.CacheCreation, "clamped under its total")
 }
 
-func testLegacyAbortContextBecomesOneMarker(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
-	legacy := session.New("synthetic-model", "low", "")
-	legacy.Messages = []json.RawMessage{msg("user", "do X")}
-	legacy.AbortContext = "(System note — ABORT CONTEXT: …)"
-	require.NoError(t, st.Save(ctx, legacy))
+func testAbortContextBecomesOneMarker(t *testing.T, open Opener) {
+	st := open(t, session.Options{})
+	interrupted := session.New("synthetic-model", "low", "")
+	interrupted.Messages = []json.RawMessage{msg("user", "do X")}
+	interrupted.AbortContext = "(System note — ABORT CONTEXT: …)"
+	require.NoError(t, st.Save(ctx, interrupted))
 
-	conv := session.NewConversation(load(t, st, legacy.ID), session.Deps{Store: st})
+	conv := session.NewConversation(load(t, st, interrupted.ID), session.Deps{Store: st})
 	assert.Empty(t, conv.Session.AbortContext)
 	require.Len(t, conv.Session.Messages, 2)
 	var marker struct{ Role, Content string }
@@ -381,12 +378,12 @@ func testLegacyAbortContextBecomesOneMarker(t *testing.T, open Opener) {
 	assert.Equal(t, conv.Session.Messages, again.Session.Messages, "idempotent")
 	_, err := conv.Save(ctx)
 	require.NoError(t, err)
-	reloaded := session.NewConversation(load(t, st, legacy.ID), session.Deps{Store: st})
-	assert.Equal(t, conv.Session.Messages, reloaded.Session.Messages, "a saved migration is not repeated")
+	reloaded := session.NewConversation(load(t, st, interrupted.ID), session.Deps{Store: st})
+	assert.Equal(t, conv.Session.Messages, reloaded.Session.Messages, "a saved marker is not added again")
 }
 
 func testErrorAfterPublicationAdoptsAndLatches(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
 	candidate.Version = old.Version
@@ -416,7 +413,7 @@ func testErrorAfterPublicationAdoptsAndLatches(t *testing.T, open Opener) {
 }
 
 func testInterruptedSaveLatchesWithoutTouchingTheOldHead(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	old, candidate := fixture()
 	require.NoError(t, st.Save(ctx, old))
 	current := old.Clone()
@@ -455,7 +452,7 @@ func (c *clearRecorder) Clear(_ context.Context, o identity.Owner) error {
 }
 
 func testClearSavesAndStartsAFreshSession(t *testing.T, open Opener) {
-	st := open(t, session.StoreOptions{})
+	st := open(t, session.Options{})
 	cleared := &clearRecorder{}
 	conv := session.NewConversation(session.New("model-x", "high", "sys"), session.Deps{Store: st, Continuations: cleared})
 	conv.Session.Messages = messages(2, "hello")

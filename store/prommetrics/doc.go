@@ -37,8 +37,7 @@
 // this process's own and are exported even when Stats fails.
 //
 // The namespace ("contstore" by default) and subsystem are set by
-// [Options]. One Metrics serves one store (and the stores WithReplica
-// derives from it, which share its breakers); give each other store its own
+// [Options]. One Metrics serves one store; give each other store its own
 // Metrics, with ConstLabels telling them apart.
 //
 // # Redis client instrumentation

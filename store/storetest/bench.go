@@ -74,8 +74,8 @@ func BenchReserveRecord(b *testing.B, s *store.Store, owners []identity.Owner, p
 		if res.Err != nil {
 			b.Fatal(res.Err)
 		}
-		if k > 0 && (!res.Continues() || res.DeltaCount != DeltaItems) {
-			b.Fatalf("owner %d, turn %d: reason %q, delta %d; want a continuation with %d items", i, k, res.Reason, res.DeltaCount, DeltaItems)
+		if k > 0 && (!res.Continues() || res.UpstreamItems != DeltaItems) {
+			b.Fatalf("owner %d, turn %d: reason %q, delta %d; want a continuation with %d items", i, k, res.Reason, res.UpstreamItems, DeltaItems)
 		}
 		out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_bench_0123456789abcdef", Socket: store.Socket{ID: 1}})
 		if err != nil || out != store.OutcomePublished {

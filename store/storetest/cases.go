@@ -14,7 +14,6 @@ import (
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
-	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -27,7 +26,7 @@ func testDisabledAndMissingIdentity(t *testing.T, open Opener) {
 	disabled := open(t, store.Options{Disabled: true}).Reserve(ctx, owner, r)
 	assert.Equal(t, owner, disabled.Owner)
 	assert.Zero(t, disabled.Turn)
-	assert.Equal(t, 2, disabled.DeltaCount)
+	assert.Equal(t, 2, disabled.UpstreamItems)
 	assert.Equal(t, store.ReasonDisabled, disabled.Reason)
 	assert.False(t, disabled.Continues())
 
@@ -35,11 +34,11 @@ func testDisabledAndMissingIdentity(t *testing.T, open Opener) {
 	missing := s.Reserve(ctx, identity.Owner{}, r)
 	assert.True(t, missing.Owner.IsZero())
 	assert.Zero(t, missing.Turn)
-	assert.Equal(t, 2, missing.DeltaCount)
+	assert.Equal(t, 2, missing.UpstreamItems)
 	assert.Equal(t, store.ReasonMissingIdentity, missing.Reason)
 
 	nilReq := s.Reserve(ctx, identity.Owner{}, nil)
-	assert.Equal(t, 0, nilReq.DeltaCount)
+	assert.Equal(t, 0, nilReq.UpstreamItems)
 
 	first := s.Reserve(ctx, owner, r)
 	assert.Equal(t, store.ReasonMissingState, first.Reason, "the stateless calls left nothing behind")
@@ -234,7 +233,7 @@ func testAppendOnly(t *testing.T, open Opener) {
 	assert.Equal(t, store.ReasonNone, next.Reason)
 	assert.Equal(t, "resp_1", next.PreviousResponseID)
 	assert.Equal(t, remote(socket(7)), next.Origin)
-	assert.Equal(t, 2, next.DeltaCount)
+	assert.Equal(t, 2, next.UpstreamItems)
 	require.Len(t, next.Delta, 2)
 	assert.JSONEq(t, message("two"), string(next.Delta[0]))
 	assert.Equal(t, appended.Items()[3], next.Delta[1], "the delta is the request's own bytes")
@@ -247,7 +246,7 @@ func testAppendOnly(t *testing.T, open Opener) {
 	assert.Nil(t, retry.Delta)
 	assert.Zero(t, retry.Origin)
 	assert.Equal(t, store.ReasonFullContextRetry, retry.Reason)
-	assert.Equal(t, 4, retry.DeltaCount)
+	assert.Equal(t, 4, retry.UpstreamItems)
 	assert.False(t, retry.Continues())
 
 	out, err = s.Record(ctx, retry, store.Result{ResponseID: "resp_2", Socket: socket(8)})
@@ -266,7 +265,7 @@ func testPromptChanged(t *testing.T, open Opener) {
 			res := s.Reserve(ctx, owner, changed)
 			assert.Equal(t, store.ReasonPromptChanged, res.Reason)
 			assert.Empty(t, res.PreviousResponseID)
-			assert.Equal(t, 2, res.DeltaCount)
+			assert.Equal(t, 2, res.UpstreamItems)
 			assert.NotZero(t, res.Turn)
 			assert.False(t, hasContinuation(t, s, owner), "the continuation is consumed")
 		})
@@ -280,7 +279,7 @@ func testNotAppendOnlyAndEmptyDelta(t *testing.T, open Opener) {
 	publish(t, s, owner, req(t, "one", "two"), "resp_1")
 	edited := s.Reserve(ctx, owner, req(t, "one (edited)", "two", "three"))
 	assert.Equal(t, store.ReasonNotAppendOnly, edited.Reason)
-	assert.Equal(t, 3, edited.DeltaCount)
+	assert.Equal(t, 3, edited.UpstreamItems)
 
 	publish(t, s, owner, req(t, "one", "two"), "resp_2")
 	shorter := s.Reserve(ctx, owner, req(t, "one"))
@@ -289,10 +288,10 @@ func testNotAppendOnlyAndEmptyDelta(t *testing.T, open Opener) {
 	publish(t, s, owner, req(t, "one", "two"), "resp_3")
 	same := s.Reserve(ctx, owner, req(t, "one", "two"))
 	assert.Equal(t, store.ReasonEmptyDelta, same.Reason)
-	assert.Equal(t, 2, same.DeltaCount, "the full input goes upstream")
+	assert.Equal(t, 2, same.UpstreamItems, "the full input goes upstream")
 	assert.Empty(t, same.PreviousResponseID)
 	assert.NotZero(t, same.Turn)
-	assert.Equal(t, 2, same.FullContextRetry().DeltaCount)
+	assert.Equal(t, 2, same.FullContextRetry().UpstreamItems)
 }
 
 func testOwnerCap(t *testing.T, open Opener) {
@@ -314,10 +313,10 @@ func testOwnerCap(t *testing.T, open Opener) {
 	assert.False(t, st.Exists)
 }
 
-func testTTL(t *testing.T, open Opener) {
+func testTTL(t *testing.T, open Opener, clocked Clocked) {
 	const ttl = time.Hour
-	clock := redistest.NewClock(time.Now())
-	s := open(t, store.Options{TTL: ttl, Now: clock.Now})
+	opts, clock := clocked(t, store.Options{TTL: ttl})
+	s := open(t, opts)
 	owner, other := mainOwner(t, "session-idle"), mainOwner(t, "session-busy")
 	publish(t, s, owner, req(t, "one"), "resp_1")
 	publish(t, s, other, req(t, "one"), "resp_1")
@@ -332,11 +331,16 @@ func testTTL(t *testing.T, open Opener) {
 	assert.False(t, st.Exists)
 }
 
-func testRefreshEverySixteenthOfTheTTL(t *testing.T, open Opener) {
-	const ttl = 16 * time.Second // refreshes come a second apart
-	start := time.UnixMilli(time.Now().UnixMilli())
-	clock := redistest.NewClock(start)
-	s := open(t, store.Options{TTL: ttl, Now: clock.Now})
+// A reserve refreshes a state's touch and TTL once 15 ticks of a 256th of
+// the TTL have passed since they were (PROTOCOL 8.2), so within a
+// sixteenth of the TTL.
+func testRefreshWithinASixteenthOfTheTTL(t *testing.T, open Opener, clocked Clocked) {
+	const ttl = 25600 * time.Millisecond // a tick is 100ms
+	opts, clock := clocked(t, store.Options{TTL: ttl})
+	// start at a tick: the scripts count ticks from 2025-01-01
+	start := clock.Now().Truncate(100 * time.Millisecond).Add(100 * time.Millisecond)
+	clock.Set(start)
+	s := open(t, opts)
 	lazy, busy := mainOwner(t, "session-lazy"), mainOwner(t, "session-busy")
 	turn := func(o identity.Owner, id string) {
 		t.Helper()
@@ -356,13 +360,13 @@ func testRefreshEverySixteenthOfTheTTL(t *testing.T, open Opener) {
 	publish(t, s, lazy, req(t, "one"), "resp_0")
 	publish(t, s, busy, req(t, "one"), "resp_0")
 
-	clock.Add(ttl/16 - time.Millisecond)
+	clock.Add(15*ttl/256 - time.Millisecond)
 	turn(lazy, "resp_1")
 	turn(busy, "resp_1")
-	assert.Equal(t, start, touched(lazy), "a turn within a sixteenth of the TTL keeps the touch")
+	assert.Equal(t, start, touched(lazy), "a turn within 15 ticks keeps the touch")
 	clock.Add(time.Millisecond)
 	turn(busy, "resp_2")
-	assert.Equal(t, clock.Now(), touched(busy), "a turn a sixteenth of the TTL later refreshes it")
+	assert.Equal(t, clock.Now(), touched(busy), "a turn 15 ticks later refreshes it")
 
 	clock.Set(start.Add(ttl + time.Millisecond))
 	assert.False(t, exists(t, s, lazy), "the TTL runs from the last refresh")
@@ -384,7 +388,7 @@ func testCanonicalEquivalence(t *testing.T, open Opener) {
 	res := s.Reserve(ctx, owner, second)
 	require.True(t, res.Continues(), "reason %q", res.Reason)
 	assert.Equal(t, "resp_1", res.PreviousResponseID)
-	assert.Equal(t, 1, res.DeltaCount)
+	assert.Equal(t, 1, res.UpstreamItems)
 }
 
 func testClear(t *testing.T, open Opener) {
@@ -526,8 +530,8 @@ func testConcurrentTurns(t *testing.T, open Opener) {
 			case events[i-1].outcome != store.OutcomePublished:
 				problem("turn %v continues from turn %v, whose record was %q (aborted %v)",
 					ev.res.Turn, events[i-1].res.Turn, events[i-1].outcome, events[i-1].aborted)
-			case ev.res.DeltaCount != 1:
-				problem("turn %v continues with %d delta items, want 1", ev.res.Turn, ev.res.DeltaCount)
+			case ev.res.UpstreamItems != 1:
+				problem("turn %v continues with %d delta items, want 1", ev.res.Turn, ev.res.UpstreamItems)
 			}
 		}
 		if i+1 == len(events) || !events[i+1].reservedAt.Before(ev.recordStart) {
@@ -630,7 +634,7 @@ func testReferences(t *testing.T, open Opener) {
 			assert.Equal(t, tc.want, next.Reason)
 			if tc.want == store.ReasonNone {
 				assert.Equal(t, "resp_ref", next.PreviousResponseID)
-				assert.Equal(t, 1, next.DeltaCount, "only the call's output goes upstream")
+				assert.Equal(t, 1, next.UpstreamItems, "only the call's output goes upstream")
 			}
 		})
 	}
@@ -668,6 +672,6 @@ func testUpstreamBody(t *testing.T, open Opener) {
 	made := &store.Reservation{Owner: owner, Turn: res.Turn}
 	assert.Nil(t, made.Request(), "a reservation the store did not make has no request")
 	assert.Nil(t, made.UpstreamBody())
-	assert.Equal(t, 0, made.FullContextRetry().DeltaCount)
+	assert.Equal(t, 0, made.FullContextRetry().UpstreamItems)
 	assert.False(t, made.Local())
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contstore/contstore/identity"
-	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -68,9 +67,9 @@ func testEvictionKeepsMostRecent(t *testing.T, open Opener) {
 	assert.Equal(t, 100, st.OwnerLimit)
 }
 
-func testTouchMovesToTheBack(t *testing.T, open Opener) {
-	clock := redistest.NewClock(time.Now())
-	s := open(t, store.Options{Partitions: 1, MaxOwners: 3, Now: clock.Now})
+func testTouchMovesToTheBack(t *testing.T, open Opener, clocked Clocked) {
+	opts, clock := clocked(t, store.Options{Partitions: 1, MaxOwners: 3})
+	s := open(t, opts)
 	owners := numbered(t, "touch", 4)
 	r := req(t, "one")
 	publish(t, s, owners[0], r, "resp_0")
@@ -112,10 +111,10 @@ func testByteBudgetEvictsOldest(t *testing.T, open Opener) {
 	assert.LessOrEqual(t, st.Total.StoredBytes, st.ByteLimit)
 }
 
-func testSweepPrunesIdleStates(t *testing.T, open Opener) {
+func testSweepPrunesIdleStates(t *testing.T, open Opener, clocked Clocked) {
 	const ttl = time.Hour
-	clock := redistest.NewClock(time.Now())
-	s := open(t, store.Options{Partitions: 4, TTL: ttl, Now: clock.Now})
+	opts, clock := clocked(t, store.Options{Partitions: 4, TTL: ttl})
+	s := open(t, opts)
 	owners := numbered(t, "sweep", 20)
 	r := req(t, "one")
 	for _, o := range owners {
@@ -142,10 +141,10 @@ func testSweepPrunesIdleStates(t *testing.T, open Opener) {
 	assert.Zero(t, again.Total())
 }
 
-func testWritingPrunesIdleStates(t *testing.T, open Opener) {
+func testWritingPrunesIdleStates(t *testing.T, open Opener, clocked Clocked) {
 	const ttl = time.Hour
-	clock := redistest.NewClock(time.Now())
-	s := open(t, store.Options{Partitions: 1, TTL: ttl, Now: clock.Now})
+	opts, clock := clocked(t, store.Options{Partitions: 1, TTL: ttl})
+	s := open(t, opts)
 	owners := numbered(t, "idle", 5)
 	r := req(t, "one")
 	for _, o := range owners {

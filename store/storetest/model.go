@@ -12,24 +12,28 @@ import (
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/oracle"
+	"github.com/contstore/contstore/internal/serverclock"
+	"github.com/contstore/contstore/internal/storehooks"
 	"github.com/contstore/contstore/store"
 )
 
 // ModelConfig describes a backend checked against the in-process model.
 type ModelConfig struct {
-	// Options for both stores; Namespace and Now are set by CheckModel,
-	// and OpTimeout when it is zero (see Run).
+	// Options for both stores; Namespace is set by CheckModel, and
+	// OpTimeout when it is zero (see Run).
 	Options store.Options
 	// Open returns the store under test (t is the enclosing test, for
 	// cleanups).
 	Open func(t *testing.T, opts store.Options) *store.Store
-	// Advance, when not nil, moves the backend's own clock to now, d after
-	// the previous time. Both stores always run on the check's clock
-	// (Options.Now); Advance is for a backend that also keeps time of its
-	// own, such as miniredis expiring keys.
-	Advance func(now time.Time, d time.Duration)
+	// Clock, when not nil, gives the clock the store under test keeps its
+	// states on, which the check moves, and the model keeps its states on
+	// the same clock: then the states' touches must agree too. When nil,
+	// both keep real time and the check takes no time steps.
+	Clock Clocked
 	// Steps lists the clock steps an action may take; they must never add
-	// up to exactly the TTL. Default: 1ms, 3s, 6s, 20s, for a TTL of 10s.
+	// up to exactly the TTL. Default: 1ms, 570ms, 3s, 6s, 20s, for a TTL of
+	// 10s: 570ms is 14 or 15 refresh ticks (PROTOCOL 8.2) depending on
+	// where a touch falls in its tick.
 	Steps []time.Duration
 }
 
@@ -41,7 +45,7 @@ type ModelConfig struct {
 // both agree, their audits are clean and the limits hold.
 func CheckModel(t *testing.T, cfg ModelConfig) {
 	if cfg.Steps == nil {
-		cfg.Steps = []time.Duration{time.Millisecond, 3 * time.Second, 6 * time.Second, 20 * time.Second}
+		cfg.Steps = []time.Duration{time.Millisecond, 570 * time.Millisecond, 3 * time.Second, 6 * time.Second, 20 * time.Second}
 	}
 	owners := make([]identity.Owner, 8)
 	for i := range owners {
@@ -56,14 +60,18 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 		opts := cfg.Options
 		opts.Namespace = namespace()
 		patient(&opts)
-		clock := time.UnixMilli(1_800_000_000_000)
-		opts.Now = func() time.Time { return clock }
-		if cfg.Advance != nil {
-			cfg.Advance(clock, 0)
+		var clock Clock
+		modelOpts := opts
+		if cfg.Clock != nil {
+			opts, clock = cfg.Clock(t, opts)
+			modelOpts = storehooks.WithClock(modelOpts, clock.Now)
 		}
-		model, err := store.NewMemory(opts)
+		model, err := store.NewMemory(modelOpts)
 		if err != nil {
 			rt.Fatal(err)
+		}
+		if clock != nil {
+			clock.Set(cycleStart(clock.Now(), model.Options().TTL))
 		}
 		sut := cfg.Open(t, opts)
 		type pair struct {
@@ -87,8 +95,12 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 			if err != nil {
 				rt.Fatal(err)
 			}
-			return fmt.Sprintf("exists=%v continuation=%v response=%q origin=%v items=%d bytes=%d",
+			out := fmt.Sprintf("exists=%v continuation=%v response=%q origin=%v items=%d bytes=%d",
 				st.Exists, st.HasContinuation, st.ResponseID, st.Origin, st.Items, st.TranscriptBytes)
+			if clock != nil {
+				out += fmt.Sprintf(" touched=%v", st.UpdatedAt.UnixMilli())
+			}
+			return out
 		}
 		stats := func(s *store.Store) store.Stats {
 			st, err := s.Stats(ctx)
@@ -218,11 +230,10 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 				eq("inspect "+o.String(), inspect(model, o), inspect(sut, o))
 			},
 			"time": func(rt *rapid.T) {
-				d := rapid.SampledFrom(cfg.Steps).Draw(rt, "step")
-				clock = clock.Add(d)
-				if cfg.Advance != nil {
-					cfg.Advance(clock, d)
+				if clock == nil {
+					rt.Skip("real time")
 				}
+				clock.Add(rapid.SampledFrom(cfg.Steps).Draw(rt, "step"))
 			},
 			"": func(rt *rapid.T) {
 				eq("stats", stats(model).Total, stats(sut).Total)
@@ -252,10 +263,20 @@ func CheckModel(t *testing.T, cfg ModelConfig) {
 	})
 }
 
+// cycleStart returns the first instant from now on where the refresh ticks
+// of a TTL (PROTOCOL 8.2: 256ths of it, counted modulo 256 from the
+// scripts' epoch) start a cycle, so that every case of a check, and its
+// replay, meets the ticks at the same places.
+func cycleStart(now time.Time, ttl time.Duration) time.Time {
+	cycle := 256 * max(ttl.Milliseconds()/256, 1)
+	since := now.UnixMilli() - serverclock.EpochMillis
+	return time.UnixMilli(serverclock.EpochMillis + (since+cycle-1)/cycle*cycle)
+}
+
 // describe renders what a reservation decides, without its turn token
 // (backends draw tokens from different clocks).
 func describe(r *store.Reservation) string {
-	return fmt.Sprintf("reason=%q prev=%q delta=%d origin=%v turn=%v", r.Reason, r.PreviousResponseID, r.DeltaCount, r.Origin, r.Turn != 0)
+	return fmt.Sprintf("reason=%q prev=%q delta=%d origin=%v turn=%v", r.Reason, r.PreviousResponseID, r.UpstreamItems, r.Origin, r.Turn != 0)
 }
 
 // decided renders what reservation r of request q decides, as
@@ -270,11 +291,11 @@ func decided(r *store.Reservation, q modelRequest) string {
 				r.Reason, r.PreviousResponseID, len(r.Delta))
 		}
 	}
-	return fmt.Sprintf("reason=%q prev=%q prefix=%d delta=%d turn=%v", r.Reason, r.PreviousResponseID, prefix, r.DeltaCount, r.Turn != 0)
+	return fmt.Sprintf("reason=%q prev=%q prefix=%d delta=%d turn=%v", r.Reason, r.PreviousResponseID, prefix, r.UpstreamItems, r.Turn != 0)
 }
 
 func describeDecision(d oracle.Decision) string {
-	return fmt.Sprintf("reason=%q prev=%q prefix=%d delta=%d turn=true", d.Reason, d.ResponseID, d.Prefix, d.DeltaCount)
+	return fmt.Sprintf("reason=%q prev=%q prefix=%d delta=%d turn=true", d.Reason, d.ResponseID, d.Prefix, d.UpstreamItems)
 }
 
 func rawStrings(items []json.RawMessage) []string {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -27,16 +28,41 @@ import (
 // when t ends.
 type Opener func(t *testing.T, opts store.Options) *store.Store
 
-// Run runs every conformance test against the stores open returns.
-func Run(t *testing.T, open Opener) {
+// Clock is a clock a test moves: the one a backend keeps its states on.
+type Clock interface {
+	Now() time.Time
+	Add(d time.Duration)
+	Set(t time.Time)
+}
+
+// Clocked returns opts for stores that keep their states on a clock the
+// test moves, and that clock, which reads whole milliseconds and only moves
+// forward: on Redis the server's (redistest.ServerClock moves miniredis's),
+// in process the store's own (internal/storehooks). It may return the same
+// clock every time.
+type Clocked func(t *testing.T, opts store.Options) (store.Options, Clock)
+
+// Run runs every conformance test against the stores open returns. The
+// tests that move time run only when clocked is not nil: a real server's
+// clock does not move at a test's command, so they run on miniredis, which
+// runs the same scripts, and on the in-process store.
+func Run(t *testing.T, open Opener, clocked Clocked) {
 	for _, c := range cases {
+		if c.run == nil && clocked == nil {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			ns := namespace()
-			c.run(t, func(t *testing.T, opts store.Options) *store.Store {
+			open := func(t *testing.T, opts store.Options) *store.Store {
 				opts.Namespace = ns
 				patient(&opts)
 				return open(t, opts)
-			})
+			}
+			if c.run != nil {
+				c.run(t, open)
+			} else {
+				c.timed(t, open, clocked)
+			}
 		})
 	}
 }
@@ -56,34 +82,37 @@ func namespace() string {
 	return "st-" + hex.EncodeToString(b[:])
 }
 
+// cases are the conformance tests: run, or timed for those that move
+// time.
 var cases = []struct {
-	name string
-	run  func(*testing.T, Opener)
+	name  string
+	run   func(*testing.T, Opener)
+	timed func(*testing.T, Opener, Clocked)
 }{
-	{"DisabledAndMissingIdentityAreStateless", testDisabledAndMissingIdentity},
-	{"SiblingAgentsReserveAndPublishIndependently", testSiblingsIndependent},
-	{"AnotherOwnersTurnCannotInterfere", testOtherOwnerCannotInterfere},
-	{"MissingResponseIDDropsOnlyTheCurrentOwner", testMissingResponseIDDropsOnlyOwner},
-	{"ZeroSocketPublishesNothingReusable", testZeroSocket},
-	{"StaleTurnCannotPublishAbortOrCheck", testStaleTurn},
-	{"ZeroOwnerOrTurnIsAHardNoop", testZeroOwnerOrTurn},
-	{"AppendOnlyContinuation", testAppendOnly},
-	{"ChangedPromptIsNotContinued", testPromptChanged},
-	{"EditedHistoryAndEmptyDelta", testNotAppendOnlyAndEmptyDelta},
-	{"AnySocketContinuesOnEveryReplica", testAnySocket},
-	{"ReferencesStandForStoredOutputItems", testReferences},
-	{"UpstreamBodyCarriesTheDelta", testUpstreamBody},
-	{"TranscriptOverOwnerCapIsDropped", testOwnerCap},
-	{"IdleStateExpires", testTTL},
-	{"TouchRefreshesEverySixteenthOfTheTTL", testRefreshEverySixteenthOfTheTTL},
-	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence},
-	{"ClearRemovesStateWhateverTheTurn", testClear},
-	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns},
-	{"EvictionKeepsTheMostRecentlyTouched", testEvictionKeepsMostRecent},
-	{"TouchMovesAnOwnerToTheBack", testTouchMovesToTheBack},
-	{"ByteBudgetEvictsOldestFirst", testByteBudgetEvictsOldest},
-	{"SweepPrunesIdleStates", testSweepPrunesIdleStates},
-	{"WritingPrunesIdleStates", testWritingPrunesIdleStates},
+	{"DisabledAndMissingIdentityAreStateless", testDisabledAndMissingIdentity, nil},
+	{"SiblingAgentsReserveAndPublishIndependently", testSiblingsIndependent, nil},
+	{"AnotherOwnersTurnCannotInterfere", testOtherOwnerCannotInterfere, nil},
+	{"MissingResponseIDDropsOnlyTheCurrentOwner", testMissingResponseIDDropsOnlyOwner, nil},
+	{"ZeroSocketPublishesNothingReusable", testZeroSocket, nil},
+	{"StaleTurnCannotPublishAbortOrCheck", testStaleTurn, nil},
+	{"ZeroOwnerOrTurnIsAHardNoop", testZeroOwnerOrTurn, nil},
+	{"AppendOnlyContinuation", testAppendOnly, nil},
+	{"ChangedPromptIsNotContinued", testPromptChanged, nil},
+	{"EditedHistoryAndEmptyDelta", testNotAppendOnlyAndEmptyDelta, nil},
+	{"AnySocketContinuesOnEveryReplica", testAnySocket, nil},
+	{"ReferencesStandForStoredOutputItems", testReferences, nil},
+	{"UpstreamBodyCarriesTheDelta", testUpstreamBody, nil},
+	{"TranscriptOverOwnerCapIsDropped", testOwnerCap, nil},
+	{"IdleStateExpires", nil, testTTL},
+	{"TouchRefreshesWithinASixteenthOfTheTTL", nil, testRefreshWithinASixteenthOfTheTTL},
+	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence, nil},
+	{"ClearRemovesStateWhateverTheTurn", testClear, nil},
+	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns, nil},
+	{"EvictionKeepsTheMostRecentlyTouched", testEvictionKeepsMostRecent, nil},
+	{"TouchMovesAnOwnerToTheBack", nil, testTouchMovesToTheBack},
+	{"ByteBudgetEvictsOldestFirst", testByteBudgetEvictsOldest, nil},
+	{"SweepPrunesIdleStates", nil, testSweepPrunesIdleStates},
+	{"WritingPrunesIdleStates", nil, testWritingPrunesIdleStates},
 }
 
 // Request builders.

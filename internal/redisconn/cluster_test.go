@@ -1,4 +1,4 @@
-package store
+package redisconn
 
 import (
 	"bufio"
@@ -260,8 +260,9 @@ func TestStaleSlotMapClassifiesGoRedisErrors(t *testing.T) {
 		},
 		"closed client":   func(*testing.T) error { return redis.ErrClosed },
 		"pool timeout":    func(*testing.T) error { return redis.ErrPoolTimeout },
-		"schema mismatch": func(*testing.T) error { return fmt.Errorf("%w: other partitions", ErrSchemaMismatch) },
-		"bad reply":       func(*testing.T) error { return fmt.Errorf("%w: reserve: 3 elements", errBadReply) },
+		"schema mismatch": func(*testing.T) error { return errors.New("store: namespace schema mismatch: other partitions") },
+		"bad reply":       func(*testing.T) error { return errors.New("store: malformed reply: reserve: 3 elements") },
+		"past deadline":   func(*testing.T) error { return fmt.Errorf("%w (the server's clock read …)", ErrPastDeadline) },
 		"other":           func(*testing.T) error { return errors.New("lua: reserve takes 3 keys") },
 	}
 	for name, get := range stale {

@@ -1,0 +1,55 @@
+package store
+
+import (
+	"context"
+	"sync"
+
+	"github.com/contstore/contstore/identity"
+)
+
+// Sweep prunes every partition as operations do (idle states first, then
+// least recently touched while over a limit), until none has work left or
+// OpTimeout has passed, and returns what it evicted, also when it fails part
+// way. It prunes up to sweepConcurrency partitions at once, and returns
+// within OpTimeout like every operation: work left then waits for the next
+// Sweep (or for the operations' own pruning), and is no error. Run it from a
+// maintenance loop so idle partitions give their memory back.
+func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
+	sweepCtx, cancel := context.WithTimeout(ctx, s.opts.OpTimeout)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		out  Evictions
+		errs []error
+		wg   sync.WaitGroup
+	)
+	slots := make(chan struct{}, sweepConcurrency)
+	for p := range s.opts.Partitions {
+		wg.Go(func() {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+			for sweepCtx.Err() == nil {
+				ev, err := run(sweepCtx, s, OpSweep, identity.Owner{}, func(ctx context.Context) (Evictions, error) {
+					return s.backend.prune(ctx, p)
+				})
+				mu.Lock()
+				out.add(ev)
+				if err != nil && (ctx.Err() != nil || sweepCtx.Err() == nil) {
+					errs = append(errs, err) // not the sweep's own time running out
+				}
+				mu.Unlock()
+				if err != nil || ev.Total() < evictionBudget {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		return out, errs[0]
+	}
+	return out, ctx.Err()
+}
+
+// sweepConcurrency is how many partitions Sweep prunes at once.
+const sweepConcurrency = 16
