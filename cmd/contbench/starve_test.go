@@ -38,12 +38,13 @@ func TestStarvedEmbeddedRunHasNoViolation(t *testing.T) {
 // starved process does) lets late calls take turns: the checker sees the
 // violation, and the clock watch makes the run inconclusive rather than a
 // verdict on the store.
-// Whether a stalled call lands inside the lag is up to the scheduler, so
-// the control plays up to three runs to see a violation; every run is
-// inconclusive.
+// Whether a stalled call lands inside the lag is up to the scheduler, and
+// on a loaded machine most calls fail open before they reach the server
+// (a run then sees no violation about half the time), so the control
+// plays up to six runs to see a violation; every run is inconclusive.
 func TestStarvedRunOnALaggingClockShowsTheViolation(t *testing.T) {
 	var violations int64
-	for range 3 {
+	for range 6 {
 		b := runStarved(t, laggingClock)
 		require.Equal(t, exitInconclusive, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 		require.Positive(t, b.report.ClockLagMillis)
