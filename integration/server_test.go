@@ -55,14 +55,31 @@ func cpuOnline(cpu int) bool {
 
 func startPrivateServer(t testing.TB, cpu int) *redis.Client {
 	t.Helper()
+	var under []string
+	if cpu >= 0 {
+		taskset, err := exec.LookPath("taskset")
+		if err != nil {
+			t.Fatalf("pinning redis-server to CPU %d: %v", cpu, err)
+		}
+		under = []string{taskset, "-c", strconv.Itoa(cpu)}
+	}
+	c, _ := startServerUnder(t, under...)
+	return c
+}
+
+// startServerUnder starts a private redis-server as the last argument of
+// the command under (none: on its own), and returns a client of it and its
+// process id.
+func startServerUnder(t testing.TB, under ...string) (*redis.Client, int) {
+	t.Helper()
 	const attempts = 5
 	for range attempts {
-		if c := tryPrivateServer(t, cpu); c != nil {
-			return c
+		if c, pid := tryPrivateServer(t, under); c != nil {
+			return c, pid
 		}
 	}
 	t.Fatalf("redis-server did not start on a free port in %d attempts", attempts)
-	return nil
+	return nil, 0
 }
 
 // tryPrivateServer starts redis-server on a port that was free a moment
@@ -70,7 +87,7 @@ func startPrivateServer(t testing.TB, cpu int) *redis.Client {
 // port was taken meanwhile). The server that answers must be the one
 // started here: its process id is checked, so that a test never runs on
 // somebody else's server.
-func tryPrivateServer(t testing.TB, cpu int) *redis.Client {
+func tryPrivateServer(t testing.TB, under []string) (*redis.Client, int) {
 	t.Helper()
 	bin := redistest.ServerBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -83,13 +100,7 @@ func tryPrivateServer(t testing.TB, cpu int) *redis.Client {
 	args := []string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log")}
-	if cpu >= 0 {
-		taskset, err := exec.LookPath("taskset")
-		if err != nil {
-			t.Fatalf("pinning redis-server to CPU %d: %v", cpu, err)
-		}
-		args = append([]string{taskset, "-c", strconv.Itoa(cpu)}, args...)
-	}
+	args = append(slices.Clone(under), args...)
 	cmd := exec.Command(args[0], args[1:]...)
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", bin, err)
@@ -99,13 +110,13 @@ func tryPrivateServer(t testing.TB, cpu int) *redis.Client {
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port)})
 	t.Cleanup(func() { _ = c.Close() })
-	ours := "process_id:" + strconv.Itoa(cmd.Process.Pid) // taskset execs redis-server: same pid
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	ours := "process_id:" + strconv.Itoa(cmd.Process.Pid) // taskset execs redis-server, valgrind runs it: same pid
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		select {
 		case <-exited:
 			t.Logf("redis-server on port %d exited at once (the port was taken?); starting again", port)
 			_ = c.Close()
-			return nil
+			return nil, 0
 		default:
 		}
 		if info, err := c.Info(context.Background(), "server").Result(); err == nil {
@@ -113,12 +124,12 @@ func tryPrivateServer(t testing.TB, cpu int) *redis.Client {
 				t.Logf("another server (not %s) answers on port %d; starting again", ours, port)
 				_ = cmd.Process.Kill()
 				_ = c.Close()
-				return nil
+				return nil, 0
 			}
-			return c
+			return c, cmd.Process.Pid
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("redis-server on port %d did not answer within 10s", port)
+			t.Fatalf("redis-server on port %d did not answer within 30s", port)
 		}
 	}
 }

@@ -1,0 +1,146 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/store"
+	"github.com/contstore/contstore/store/storetest"
+)
+
+// BenchmarkTurnInstructions counts the instructions redis-server executes
+// for a store turn, under callgrind (valgrind), which counts them
+// deterministically: 1,000 owners holding a continuation each take a turn
+// that continues (a reserve, then a record), one after another, further
+// apart than OpTimeout from the owner's last call (so no answer leaves a
+// state). The floor is the bare commands such a turn needs, sent to the
+// same keys: HGETALL, HSET of t and o, PEXPIRE, ZADD, ZADD, each in a
+// round trip of its own ("bare"), and in the fewest round trips a client
+// without scripts needs ("bare-pipelined": HGETALL; HSET, PEXPIRE and ZADD
+// once the state is read; ZADD for the record), and from two scripts that
+// do nothing else, in the store's two calls ("bare-scripted"). It reports
+// the counts per turn and the ratios (see BENCHMARKS.md). Run it with
+// -benchtime 1x; it needs valgrind.
+func BenchmarkTurnInstructions(b *testing.B) {
+	valgrind, err := exec.LookPath("valgrind")
+	if err != nil {
+		b.Fatalf("this benchmark runs redis-server under valgrind (Debian: apt-get install valgrind): %v", err)
+	}
+	control, err := exec.LookPath("callgrind_control")
+	require.NoError(b, err)
+	ctx := context.Background()
+	const n = 1000
+	owners := storetest.Owners(b, n)
+	for b.Loop() {
+		out := filepath.Join(b.TempDir(), "callgrind.out")
+		c, pid := startServerUnder(b, valgrind, "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file="+out)
+		s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40})
+		require.NoError(b, err)
+		turn := storetest.NewTurn(b, s, 32)
+		fill(b, s, owners, turn)
+		time.Sleep(400 * time.Millisecond) // twice OpTimeout: the fill's calls are past their deadlines
+		// instructions runs f with the server's instrumentation on and
+		// returns what the server executed meanwhile.
+		dumps := 0
+		instructions := func(f func()) float64 {
+			for _, cmd := range [][]string{{"-z"}, {"-i", "on"}} {
+				require.NoError(b, exec.Command(control, append(cmd, strconv.Itoa(pid))...).Run())
+			}
+			f()
+			for _, cmd := range [][]string{{"-d"}, {"-i", "off"}} {
+				require.NoError(b, exec.Command(control, append(cmd, strconv.Itoa(pid))...).Run())
+			}
+			dumps++
+			return callgrindTotal(b, out+"."+strconv.Itoa(dumps))
+		}
+		turns := instructions(func() {
+			for _, o := range owners {
+				res := s.Reserve(ctx, o, turn.Next)
+				require.True(b, res.Continues(), "%s %v", res.Reason, res.Err)
+				got, err := s.Record(ctx, res, store.Result{ResponseID: "resp_0123456789abcdef0123456789", Socket: store.Socket{Replica: "replica-1", ID: 17}})
+				require.NoError(b, err)
+				require.Equal(b, store.OutcomePublished, got)
+			}
+		})
+		states := stateKeys(b, c)
+		require.Len(b, states, n)
+		bare := instructions(func() {
+			for i, k := range states {
+				cut := strings.Index(k, "}:o:") + 2
+				lru, member := k[:cut]+"lru", k[cut+2:]
+				score := strconv.Itoa(1<<40 + i)
+				require.NoError(b, c.HGetAll(ctx, k).Err())
+				require.NoError(b, c.HSet(ctx, k, "t", score, "o", "0123456789abcdefghij").Err())
+				require.NoError(b, c.PExpire(ctx, k, 30*time.Minute).Err())
+				require.NoError(b, c.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i), Member: member}).Err())
+				require.NoError(b, c.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i + 1), Member: member}).Err())
+			}
+		})
+		reserveLike := redis.NewScript(`redis.call('HGETALL', KEYS[1]); redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[2]); ` +
+			`redis.call('PEXPIRE', KEYS[1], ARGV[3]); return redis.call('ZADD', KEYS[2], ARGV[1], ARGV[4])`)
+		recordLike := redis.NewScript(`return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])`)
+		scripted := instructions(func() {
+			for i, k := range states {
+				cut := strings.Index(k, "}:o:") + 2
+				lru, member := k[:cut]+"lru", k[cut+2:]
+				score := strconv.Itoa(1<<40 + i)
+				require.NoError(b, reserveLike.Run(ctx, c, []string{k, lru}, score, "0123456789abcdefghij", 1800000, member).Err())
+				require.NoError(b, recordLike.Run(ctx, c, []string{lru}, score, member).Err())
+			}
+		})
+		pipelined := instructions(func() {
+			for i, k := range states {
+				cut := strings.Index(k, "}:o:") + 2
+				lru, member := k[:cut]+"lru", k[cut+2:]
+				score := strconv.Itoa(1<<40 + i)
+				require.NoError(b, c.HGetAll(ctx, k).Err())
+				_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+					p.HSet(ctx, k, "t", "-"+score, "o", "0123456789abcdefghij")
+					p.PExpire(ctx, k, 30*time.Minute)
+					p.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i), Member: member})
+					return nil
+				})
+				require.NoError(b, err)
+				require.NoError(b, c.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i + 1), Member: member}).Err())
+			}
+		})
+		b.ReportMetric(turns/n, "instructions/turn")
+		b.ReportMetric(bare/n, "instructions/bare")
+		b.ReportMetric(pipelined/n, "instructions/bare-pipelined")
+		b.ReportMetric(turns/bare, "turn/bare")
+		b.ReportMetric(turns/pipelined, "turn/bare-pipelined")
+		b.ReportMetric(scripted/n, "instructions/bare-scripted")
+		b.ReportMetric(turns/scripted, "turn/bare-scripted")
+	}
+}
+
+// stateKeys returns the names of the owner states on c's server.
+func stateKeys(b *testing.B, c *redis.Client) []string {
+	keys, err := c.Keys(context.Background(), "*}:o:*").Result()
+	require.NoError(b, err)
+	return keys
+}
+
+// callgrindTotal reads the instruction count of a callgrind dump.
+func callgrindTotal(b *testing.B, file string) float64 {
+	data, err := os.ReadFile(file)
+	require.NoError(b, err)
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, "summary: "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			require.NoError(b, err)
+			return n
+		}
+	}
+	b.Fatalf("%s: no summary line", file)
+	return 0
+}
