@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/rediskeys"
 	"github.com/contstore/contstore/store"
 	"github.com/contstore/contstore/store/storetest"
 )
@@ -71,18 +73,18 @@ func BenchmarkTurnInstructions(b *testing.B) {
 				require.Equal(b, store.OutcomePublished, got)
 			}
 		})
-		states := stateKeys(b, c)
-		require.Len(b, states, n)
+		states := ownerKeys(s.Options(), owners)
+		for _, k := range states {
+			require.Equal(b, int64(1), c.Exists(ctx, k.state).Val(), "state %s", k.state)
+		}
 		bare := instructions(func() {
 			for i, k := range states {
-				cut := strings.Index(k, "}:o:") + 2
-				lru, member := k[:cut]+"lru", k[cut+2:]
 				score := strconv.Itoa(1<<40 + i)
-				require.NoError(b, c.HGetAll(ctx, k).Err())
-				require.NoError(b, c.HSet(ctx, k, "t", score, "o", "0123456789abcdefghij").Err())
-				require.NoError(b, c.PExpire(ctx, k, 30*time.Minute).Err())
-				require.NoError(b, c.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i), Member: member}).Err())
-				require.NoError(b, c.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i + 1), Member: member}).Err())
+				require.NoError(b, c.HGetAll(ctx, k.state).Err())
+				require.NoError(b, c.HSet(ctx, k.state, "t", score, "o", "0123456789abcdefghij").Err())
+				require.NoError(b, c.PExpire(ctx, k.state, 30*time.Minute).Err())
+				require.NoError(b, c.ZAdd(ctx, k.lru, redis.Z{Score: float64(1<<40 + i), Member: k.member}).Err())
+				require.NoError(b, c.ZAdd(ctx, k.lru, redis.Z{Score: float64(1<<40 + i + 1), Member: k.member}).Err())
 			}
 		})
 		reserveLike := redis.NewScript(`redis.call('HGETALL', KEYS[1]); redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[2]); ` +
@@ -90,27 +92,23 @@ func BenchmarkTurnInstructions(b *testing.B) {
 		recordLike := redis.NewScript(`return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])`)
 		scripted := instructions(func() {
 			for i, k := range states {
-				cut := strings.Index(k, "}:o:") + 2
-				lru, member := k[:cut]+"lru", k[cut+2:]
 				score := strconv.Itoa(1<<40 + i)
-				require.NoError(b, reserveLike.Run(ctx, c, []string{k, lru}, score, "0123456789abcdefghij", 1800000, member).Err())
-				require.NoError(b, recordLike.Run(ctx, c, []string{lru}, score, member).Err())
+				require.NoError(b, reserveLike.Run(ctx, c, []string{k.state, k.lru}, score, "0123456789abcdefghij", 1800000, k.member).Err())
+				require.NoError(b, recordLike.Run(ctx, c, []string{k.lru}, score, k.member).Err())
 			}
 		})
 		pipelined := instructions(func() {
 			for i, k := range states {
-				cut := strings.Index(k, "}:o:") + 2
-				lru, member := k[:cut]+"lru", k[cut+2:]
 				score := strconv.Itoa(1<<40 + i)
-				require.NoError(b, c.HGetAll(ctx, k).Err())
+				require.NoError(b, c.HGetAll(ctx, k.state).Err())
 				_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-					p.HSet(ctx, k, "t", "-"+score, "o", "0123456789abcdefghij")
-					p.PExpire(ctx, k, 30*time.Minute)
-					p.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i), Member: member})
+					p.HSet(ctx, k.state, "t", "-"+score, "o", "0123456789abcdefghij")
+					p.PExpire(ctx, k.state, 30*time.Minute)
+					p.ZAdd(ctx, k.lru, redis.Z{Score: float64(1<<40 + i), Member: k.member})
 					return nil
 				})
 				require.NoError(b, err)
-				require.NoError(b, c.ZAdd(ctx, lru, redis.Z{Score: float64(1<<40 + i + 1), Member: member}).Err())
+				require.NoError(b, c.ZAdd(ctx, k.lru, redis.Z{Score: float64(1<<40 + i + 1), Member: k.member}).Err())
 			}
 		})
 		b.ReportMetric(turns/n, "instructions/turn")
@@ -123,11 +121,19 @@ func BenchmarkTurnInstructions(b *testing.B) {
 	}
 }
 
-// stateKeys returns the names of the owner states on c's server.
-func stateKeys(b *testing.B, c *redis.Client) []string {
-	keys, err := c.Keys(context.Background(), "*}:o:*").Result()
-	require.NoError(b, err)
-	return keys
+// ownerKey names an owner's state key, its partition's LRU and its member
+// there (PROTOCOL.md 6.1).
+type ownerKey struct{ state, lru, member string }
+
+// ownerKeys returns the keys of owners in the namespace of opts.
+func ownerKeys(opts store.Options, owners []identity.Owner) []ownerKey {
+	ns := rediskeys.Namespace(opts.Namespace)
+	out := make([]ownerKey, len(owners))
+	for i, o := range owners {
+		slot := ns.Slot(rediskeys.Partition(o.Partition(opts.Partitions)))
+		out[i] = ownerKey{state: slot + rediskeys.StatePrefix + o.Key(), lru: slot + "lru", member: o.Key()}
+	}
+	return out
 }
 
 // callgrindTotal reads the instruction count of a callgrind dump.

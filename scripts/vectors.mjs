@@ -646,6 +646,10 @@ function itemsOf(body) {
   }
 }
 
+// stateOfEntry returns the state key of member, an entry of the LRU lru
+// (PROTOCOL.md 6.1: both keys share the partition's prefix).
+const stateOfEntry = (lru, member) => lru.slice(0, -'lru'.length) + 'o:' + member.toString();
+
 class Scenario {
   constructor(redis, v, fpv, shas, counts, stretch) {
     this.redis = redis;
@@ -738,7 +742,7 @@ class Scenario {
       for (let i = 0; i < c.length; i += 2) {
         const score = Number(c[i + 1].toString()) - ms * 8192;
         await this.redis.ok('ZADD', k, String(score), c[i]);
-        touched.set(k.slice(0, -'lru'.length) + 'o:' + c[i].toString(), Math.floor(score / 8192));
+        touched.set(stateOfEntry(k, c[i]), Math.floor(score / 8192));
       }
     }
     for (const k of names) {
@@ -770,6 +774,12 @@ class Scenario {
     const t = this.touches.find((x) => x.lo <= at && at <= x.hi);
     if (!t) mismatch(where, `touch ${stored} written outside every step`);
     return t.vec;
+  }
+
+  // scoreBack maps an LRU score stored by this run to the vectors': its
+  // touch mapped back (touchBack), its size and published bit kept.
+  scoreBack(where, score) {
+    return this.touchBack(where, Math.floor(score / 8192)) * 8192 + (score % 8192);
   }
 
   // realOp maps an op of the vectors to the op this run sends: the same
@@ -948,7 +958,7 @@ class Scenario {
         let score = reply[0];
         if (score !== null) {
           const n = Number(score.toString());
-          score = utf8(String(this.touchBack(where, Math.floor(n / 8192)) * 8192 + (n % 8192)));
+          score = utf8(String(this.scoreBack(where, n)));
         }
         return [score, utf8(`${neg ? '-' : ''}${v}`), reply[2]];
       }
@@ -1076,7 +1086,7 @@ class Scenario {
       if (String(meta[i][0]) !== 'zset') continue;
       const c = content[i];
       for (let k = 0; k < c.length; k += 2) {
-        touched.set(key.slice(0, -'lru'.length) + 'o:' + c[k].toString(), Math.floor(Number(c[k + 1].toString()) / 8192));
+        touched.set(stateOfEntry(key, c[k]), Math.floor(Number(c[k + 1].toString()) / 8192));
       }
     }
     for (const [i, key] of names.entries()) {
@@ -1121,7 +1131,7 @@ class Scenario {
         st.zset = [];
         for (let k = 0; k < c.length; k += 2) {
           const score = Number(c[k + 1].toString());
-          st.zset.push({ member: c[k], score: this.touchBack(where, Math.floor(score / 8192)) * 8192 + (score % 8192) });
+          st.zset.push({ member: c[k], score: this.scoreBack(where, score) });
         }
       } else if (type === 'list') {
         st.list = c;

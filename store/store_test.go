@@ -97,7 +97,7 @@ const refreshRuleChanged = "CONTSTORE_CHANGED_REFRESH_RULE"
 func TestTheModelCatchesAChangedRefreshRule(t *testing.T) {
 	if os.Getenv(refreshRuleChanged) == "1" {
 		mr, c := redistest.Miniredis(t)
-		c.AddHook(swapScript{hash: lua.Reserve.Hash(), source: changedRefreshRule(t)})
+		c.AddHook(swapScript{from: lua.Reserve, source: changedRefreshRule(t)})
 		storetest.CheckModel(t, modelOnMiniredis(mr, c))
 		return
 	}
@@ -119,8 +119,11 @@ func changedRefreshRule(t *testing.T) string {
 }
 
 // swapScript is a go-redis hook that runs source wherever a command runs
-// the script whose SHA1 is hash.
-type swapScript struct{ hash, source string }
+// the script from (EVALSHA of its SHA1, or EVAL of its source).
+type swapScript struct {
+	from   *lua.Script
+	source string
+}
 
 func (swapScript) DialHook(next redis.DialHook) redis.DialHook { return next }
 
@@ -142,7 +145,7 @@ func (h swapScript) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 
 func (h swapScript) swap(cmd redis.Cmder) {
 	args := cmd.Args()
-	if len(args) > 1 && (args[1] == h.hash || args[1] == lua.Reserve.Source) {
+	if len(args) > 1 && (args[1] == h.from.Hash() || args[1] == h.from.Source) {
 		args[0], args[1] = "eval", h.source
 	}
 }
