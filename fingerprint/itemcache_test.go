@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -171,4 +173,48 @@ func TestScannersOfManyItemsAreNotKept(t *testing.T) {
 		}
 		break
 	}
+}
+
+// An item the cache holds gives the chain digest it gave where it was put
+// only after the same chain digest: found again after other items, at
+// other positions, or in another order, by goroutines at once, it gives
+// what a parser without a cache gives.
+func TestItemCacheChainLinks(t *testing.T) {
+	items := make([]string, 8)
+	for i := range items {
+		items[i] = fmt.Sprintf(`{"role":"user","content":"message %d"}`, i)
+	}
+	body := func(order ...int) []byte {
+		var parts []string
+		for _, i := range order {
+			parts = append(parts, items[i])
+		}
+		return []byte(`{"input":[` + strings.Join(parts, ",") + `]}`)
+	}
+	bodies := [][]byte{
+		body(0, 1, 2, 3), body(0, 1, 2, 3, 4, 5), body(1, 2, 3), body(3, 2, 1, 0),
+		body(0, 0, 0, 0), body(4, 0, 1, 2, 3), body(0, 1, 5, 2, 3), body(2),
+	}
+	plain := mustParser(V2(), testKey)
+	plain.items = nil
+	want := make([][]uint64, len(bodies))
+	for i, b := range bodies {
+		r, err := plain.Parse(b)
+		require.NoError(t, err)
+		want[i] = r.prefix
+	}
+	cached := mustParser(V2(), testKey)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for n := range 50 {
+				k := (g + n) % len(bodies)
+				r, err := cached.Parse(bodies[k])
+				if assert.NoError(t, err) {
+					assert.Equal(t, want[k], r.prefix, "body %d", k)
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

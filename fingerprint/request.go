@@ -90,6 +90,7 @@ type Request struct {
 	bytes     int64
 	input     span // the input member's value
 	previous  span // the previous_response_id member's value
+	skipped   bool // the input was not read (InputSkipped)
 	top       []topMember
 }
 
@@ -192,6 +193,7 @@ func (p *Parser) Parse(body []byte) (*Request, error) {
 		bytes:     s.itemBytes,
 		input:     span{s.inputStart, s.inputEnd},
 		previous:  span{s.prevStart, s.prevEnd},
+		skipped:   s.inputSkipped,
 		top:       slices.Clone(s.top),
 	}
 	hashes := make([]uint64, 2*n+1)
@@ -199,11 +201,9 @@ func (p *Parser) Parse(body []byte) (*Request, error) {
 	copy(r.digests, s.itemDigest)
 	r.prefix = hashes[n:]
 	r.prefix[0] = p.seed
+	copy(r.prefix[1:], s.itemChain)
 	if slices.Contains(s.itemRef, true) {
 		r.refs = slices.Clone(s.itemRef)
-	}
-	for i, d := range r.digests {
-		r.prefix[i+1] = p.next(r.prefix[i], d)
 	}
 	return r, nil
 }
@@ -223,6 +223,12 @@ func (r *Request) Member(name string) (json.RawMessage, bool) {
 
 // ParsedBy reports whether p parsed r.
 func (r *Request) ParsedBy(p *Parser) bool { return r.parser == p }
+
+// InputSkipped reports whether Parse passed over the input without reading
+// it, because a member before it, a previous_response_id or conversation
+// that is not null, says the upstream holds the conversation: there is
+// nothing to fingerprint, and the request has no items (Len is 0).
+func (r *Request) InputSkipped() bool { return r.skipped }
 
 // Body returns the body as parsed. It must not be modified.
 func (r *Request) Body() []byte { return r.body }

@@ -123,7 +123,8 @@ type scanner struct {
 	itemOut    []byte
 	itemRaw    []json.RawMessage
 	itemDigest []uint64
-	itemRef    []bool // whether each item is an item_reference
+	itemChain  []uint64 // h(k) of each item k
+	itemRef    []bool   // whether each item is an item_reference
 	itemBytes  int64
 	misses     int // items in a row the item cache did not hold
 	inputStart int // span of the body's input value; -1 when absent
@@ -131,6 +132,8 @@ type scanner struct {
 	prevStart  int // span of the body's previous_response_id value; -1 when absent
 	prevEnd    int
 	top        []topMember // the body's members
+	// inputSkipped tells that the input was passed over (skipInput).
+	inputSkipped bool
 
 	errOff  int
 	errMsg  string
@@ -174,7 +177,9 @@ func putScanner(p *scanner) {
 	p.parser = nil
 	clear(p.members[:cap(p.members)])
 	clear(p.path[:cap(p.path)])
-	clear(p.itemRaw[:cap(p.itemRaw)])
+	// Items are only appended between two resets, so those beyond its
+	// length were cleared when the scanner was last put back.
+	clear(p.itemRaw)
 	if size <= cacheMaxBuffer {
 		select {
 		case scannerCache <- p:
@@ -191,7 +196,7 @@ func putScanner(p *scanner) {
 func (p *scanner) retained() int {
 	return cap(p.out) + cap(p.itemOut) + cap(p.scratch) + cap(p.keys) + cap(p.argDecoded) + cap(p.argOut) +
 		cap(p.formOut) + cap(p.itemID) +
-		cap(p.itemRaw)*int(unsafe.Sizeof(json.RawMessage{})) + cap(p.itemDigest)*8 + cap(p.itemRef) +
+		cap(p.itemRaw)*int(unsafe.Sizeof(json.RawMessage{})) + cap(p.itemDigest)*8 + cap(p.itemChain)*8 + cap(p.itemRef) +
 		cap(p.members)*int(unsafe.Sizeof(member{})) + cap(p.path)*int(unsafe.Sizeof(frame{})) +
 		cap(p.top)*int(unsafe.Sizeof(topMember{}))
 }
@@ -206,9 +211,11 @@ func (p *scanner) reset(data []byte) {
 	p.path = p.path[:0]
 	p.itemRaw = p.itemRaw[:0]
 	p.itemDigest = p.itemDigest[:0]
+	p.itemChain = p.itemChain[:0]
 	p.itemRef = p.itemRef[:0]
 	p.itemBytes, p.misses = 0, 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
+	p.inputSkipped = false
 	p.top = p.top[:0]
 	p.errOff, p.errMsg, p.errChar = 0, "", false
 }
@@ -481,6 +488,40 @@ func (p *scanner) input() bool {
 	return ok
 }
 
+// upstreamHolds reports whether a member of the body read so far says the
+// upstream holds the conversation: a previous_response_id or conversation
+// that is not null.
+func (p *scanner) upstreamHolds() bool {
+	for _, m := range p.top {
+		switch string(m.key) {
+		case "previous_response_id", "conversation":
+			if m.end > m.start && string(p.data[m.start:m.end]) != "null" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// skipInput passes over the body's input value, an array or a string,
+// without reading its items: neither validated nor fingerprinted.
+func (p *scanner) skipInput() bool {
+	end := -1
+	switch c := p.data[p.pos]; c {
+	case '[':
+		end = skipObject(p.data, p.pos)
+	case '"':
+		end = skipString(p.data, p.pos+1)
+	default:
+		return p.fail(p.pos, "input must be an array or a string")
+	}
+	if end < 0 {
+		return p.fail(len(p.data), "unexpected end of input")
+	}
+	p.inputStart, p.inputEnd, p.pos, p.inputSkipped = p.pos, end, end, true
+	return true
+}
+
 // itemValue parses the item at p.pos and appends its canonical form to
 // p.out. An item_reference names the item it stands for by its id, so when
 // the profile dropped a member of one, the item is parsed again keeping all.
@@ -528,8 +569,7 @@ func (p *scanner) item() bool {
 		p.itemBytes += int64(len(canon))
 		return true
 	}
-	it := cachedItem{digest: p.parser.sum(canon), canonical: int64(len(canon)), reference: p.reference}
-	p.record(start, it)
+	it := p.record(start, cachedItem{digest: p.parser.sum(canon), canonical: int64(len(canon)), reference: p.reference})
 	if cache != nil {
 		if end != p.pos {
 			key = cache.hash(p.data[start:p.pos])
@@ -553,12 +593,23 @@ func (p *scanner) itemCache() *itemCache {
 	return p.parser.items
 }
 
-// record records the item that starts at start and ends at p.pos.
-func (p *scanner) record(start int, it cachedItem) {
+// record records the item that starts at start and ends at p.pos, and
+// returns it linked to the chain. An item linked before at h(k-1) gives
+// the h(k) it gave then, the same function of the same input.
+func (p *scanner) record(start int, it cachedItem) cachedItem {
+	prev := p.parser.seed
+	if n := len(p.itemChain); n > 0 {
+		prev = p.itemChain[n-1]
+	}
+	if !it.linked || it.prev != prev {
+		it.linked, it.prev, it.next = true, prev, p.parser.next(prev, it.digest)
+	}
 	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
 	p.itemDigest = append(p.itemDigest, it.digest)
+	p.itemChain = append(p.itemChain, it.next)
 	p.itemRef = append(p.itemRef, it.reference)
 	p.itemBytes += it.canonical
+	return it
 }
 
 // object parses the object at p.pos at place pl.
@@ -627,7 +678,11 @@ func (p *scanner) object(pl place) bool {
 			}
 			if pl == placeBody && string(key) == "input" {
 				p.out = p.out[:commaAt]
-				if !p.input() {
+				if p.upstreamHolds() {
+					if !p.skipInput() {
+						return false
+					}
+				} else if !p.input() {
 					return false
 				}
 				m.start = -1
@@ -643,9 +698,12 @@ func (p *scanner) object(pl place) bool {
 					ok = p.value(pl.child(key))
 				case typeIdx >= 0 && p.members[typeIdx].start >= 0 && string(p.out[p.members[typeIdx].val:p.members[typeIdx].end]) == `"function_call"`:
 					ok = p.callArguments() // the type is known: one pass
-				default: // the type may follow: decided at the end
-					argsIdx, argsTok = len(p.members), p.pos
-					ok = p.value(pl.child(key))
+				default: // the type may follow
+					var call bool
+					tok := p.pos
+					if call, ok = p.untypedArguments(typeIdx < 0); !call {
+						argsIdx, argsTok = len(p.members), tok // decided at the end
+					}
 				}
 				if !ok {
 					return false
@@ -853,14 +911,20 @@ func (p *scanner) rebuild(body int, ms []member, repl []byte, replVal int) {
 }
 
 // callArguments writes the arguments string of a function call at p.pos by
-// the function_call rule: the decoded content's canonical form when it is
-// a JSON document, else the content.
+// the function_call rule.
 func (p *scanner) callArguments() bool {
 	var ok bool
 	p.argDecoded, ok = p.scanString(p.argDecoded[:0], false)
-	if !ok {
-		return false
+	if ok {
+		p.writeCallArguments()
 	}
+	return ok
+}
+
+// writeCallArguments writes the decoded arguments p.argDecoded by the
+// function_call rule: the content's canonical form when it is a JSON
+// document, else the content.
+func (p *scanner) writeCallArguments() {
 	content := p.argDecoded
 	sub := getScanner(p.argDecoded, nil)
 	defer putScanner(sub)
@@ -870,7 +934,72 @@ func (p *scanner) callArguments() bool {
 	p.out = append(p.out, '"')
 	p.out = appendContent(p.out, content)
 	p.out = append(p.out, '"')
-	return true
+}
+
+// untypedArguments writes the arguments string at p.pos of an item whose
+// type has not been read: by the function_call rule when the type that
+// follows is function_call as callFollows reads it (and the type member
+// is kept), else as any string, its canonical encoding being that of its
+// decoded content. It reports whether it applied the rule; when it did
+// not, the type decides at the end of the item (arguments). typeUnread
+// is false when a type was read and was not function_call.
+func (p *scanner) untypedArguments(typeUnread bool) (call, ok bool) {
+	if p.argDecoded, ok = p.scanString(p.argDecoded[:0], false); !ok {
+		return false, false
+	}
+	if typeUnread && (p.rules == nil || p.keepMembers || !p.rules.item.has(typeKey)) && p.callFollows() {
+		p.writeCallArguments()
+		return true, true
+	}
+	p.out = append(p.out, '"')
+	p.out = appendContent(p.out, p.argDecoded)
+	p.out = append(p.out, '"')
+	return false, true
+}
+
+// callFollows reports whether the rest of the object, from p.pos, has the
+// member "type":"function_call" written without escapes. It reads only
+// brackets and strings and validates nothing: the object is parsed in
+// full afterwards, and a duplicate type is refused then.
+func (p *scanner) callFollows() bool {
+	data := p.data
+	depth := 0
+	for i := p.pos; i < len(data); i++ {
+		switch data[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return false
+			}
+			depth--
+		case '"':
+			end := skipString(data, i+1)
+			if end < 0 {
+				return false
+			}
+			if depth == 0 && string(data[i:end]) == `"type"` {
+				j := skipSpace(data, end)
+				if j < len(data) && data[j] == ':' {
+					return bytes.HasPrefix(data[skipSpace(data, j+1):], functionCallType)
+				}
+			}
+			i = end - 1
+		}
+	}
+	return false
+}
+
+// functionCallType is the canonical type of a function call.
+var functionCallType = []byte(`"function_call"`)
+
+// skipSpace returns the position of the first byte from data[i] on that
+// is not JSON whitespace.
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // arguments applies the function_call rule to the string token at tok. It
@@ -961,9 +1090,313 @@ func (p *scanner) number() bool {
 
 // scanString scans the string whose opening quote is at p.pos, appends its
 // content to dst and leaves p.pos after the closing quote. With canon set the
-// content is written in canonical encoding, otherwise decoded. p.escaped
-// reports whether the string contained any escape.
+// content is written in canonical encoding, otherwise decoded (by
+// decodeString). p.escaped reports whether the string contained any escape.
+//
+// scanRun passes over what needs only validating; content is copied where
+// an escape changes it and at the end. Whatever is invalid, and a string
+// that ends within eight bytes of the end of the input, is handed to
+// scanStringSlow, from the start of the string, for the error it reports.
 func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
+	if !canon {
+		return p.decodeString(dst)
+	}
+	data := p.data
+	dst0 := len(dst)
+	i := p.pos + 1
+	start := i
+	escaped := false
+	var state uint64 // of utf8DFA; 0 between characters
+	for {
+		var esc bool
+		i, state, esc = scanRun(data, i, state)
+		escaped = escaped || esc
+		if state != utf8Accept || i >= len(data) {
+			break
+		}
+		c := data[i]
+		if c == '"' {
+			p.escaped = escaped
+			p.pos = i + 1
+			return append(dst, data[start:i]...), true
+		}
+		if c != '\\' || i+1 >= len(data) {
+			break // a control character, the end of the input, or fewer than eight bytes before it
+		}
+		escaped = true
+		c = data[i+1]
+		if keptEscape[c] {
+			i += 2 // its canonical encoding is itself
+			continue
+		}
+		dst = append(dst, data[start:i]...)
+		if c == '/' {
+			dst = append(dst, c)
+			i += 2
+		} else if r, ok := hex4(data, i+2); c == 'u' && ok && (r >= 0x20 && r < 0xD800 && r != '"' && r != '\\' || r >= 0xE000) {
+			dst = utf8.AppendRune(dst, r)
+			i += 6
+		} else {
+			if dst, i, ok = p.escape(dst, i, true); !ok {
+				p.escaped = true
+				return dst, false
+			}
+		}
+		start = i
+	}
+	return p.scanStringSlow(dst[:dst0], true)
+}
+
+// decodeString is scanString without canon: it copies the content eight
+// bytes at a time as decodeRun reads it, and decodes the escapes that
+// decodeRun does not.
+func (p *scanner) decodeString(dst []byte) ([]byte, bool) {
+	data := p.data
+	dst0 := len(dst)
+	buf := dst[:cap(dst)] // written up to o; never longer than the input
+	o := dst0
+	i := p.pos + 1
+	escaped := false
+	var state uint64 // of utf8DFA; 0 between characters
+	for {
+		var esc bool
+		i, o, state, esc = decodeRun(data, buf, i, o, state)
+		escaped = escaped || esc
+		if len(buf)-o < 16 {
+			buf = slices.Grow(buf[:o], 16)
+			buf = buf[:cap(buf)]
+			continue
+		}
+		if i >= len(data) {
+			break
+		}
+		c := data[i]
+		if c >= 0x20 && c != '"' && c != '\\' { // fewer than eight bytes before the end
+			state = utf8DFA[c] >> (state & 63) & 63
+			buf[o] = c
+			i++
+			o++
+			continue
+		}
+		if state != utf8Accept {
+			break
+		}
+		if c == '"' {
+			p.escaped = escaped
+			p.pos = i + 1
+			return buf[:o], true
+		}
+		if c != '\\' || i+1 >= len(data) {
+			break // a control character, or a backslash that ends the input
+		}
+		escaped = true
+		if d := unescaped[data[i+1]]; d != 0 {
+			buf[o] = d
+			i += 2
+			o++
+			continue
+		}
+		if r, ok := hex4(data, i+2); data[i+1] == 'u' && ok && (r < 0xD800 || r >= 0xE000) {
+			o += utf8.EncodeRune(buf[o:], r)
+			i += 6
+			continue
+		}
+		var ok bool
+		if dst, i, ok = p.escape(buf[:o], i, false); !ok {
+			p.escaped = true
+			return dst, false
+		}
+		buf, o = dst[:cap(dst)], len(dst)
+	}
+	return p.scanStringSlow(buf[:dst0], false)
+}
+
+// decodeRun copies string content from data[i:] to buf[o:], eight bytes
+// at a time, validating it with utf8DFA from state and decoding the short
+// escapes, and returns where it stopped in both, the state there, and
+// whether it decoded an escape. It stops at a quote, at a control
+// character, at a backslash other than that of a short escape, and where
+// fewer than eight bytes of data or sixteen of buf are left.
+func decodeRun(data, buf []byte, i, o int, state uint64) (int, int, uint64, bool) {
+	escaped := false
+	for i <= len(data)-8 && o <= len(buf)-16 {
+		x := binary.LittleEndian.Uint64(data[i:])
+		binary.LittleEndian.PutUint64(buf[o:], x)
+		m := attention(x)
+		if y := x & ((m&-m)>>7 - 1); y&highs|state != 0 {
+			state = utf8Four(utf8Four(state, uint32(y)), uint32(y>>32)) & 63
+		}
+		if m == 0 {
+			i += 8
+			o += 8
+			continue
+		}
+		k := bits.TrailingZeros64(m) &^ 7
+		i += k >> 3
+		o += k >> 3
+		// An escape that starts in the last byte stops it: x>>64 is 0.
+		d := unescaped[byte(x>>(k+8))]
+		if byte(x>>k) != '\\' || d == 0 || state != utf8Accept {
+			break
+		}
+		escaped = true
+		buf[o] = d
+		i += 2
+		o++
+	}
+	return i, o, state, escaped
+}
+
+// scanRun passes over string content from data[i], eight bytes at a time,
+// validating it with utf8DFA from state, and returns where it stopped, the
+// state there, and whether it passed over an escape. It stops at a quote,
+// a backslash or a control character, except at an escape that is its own
+// canonical encoding; and where fewer than eight bytes are left.
+func scanRun(data []byte, i int, state uint64) (int, uint64, bool) {
+	escaped := false
+	for i <= len(data)-8 {
+		x := binary.LittleEndian.Uint64(data[i:])
+		m := attention(x)
+		if m|x&highs|state == 0 {
+			i += 8
+			continue
+		}
+		// Pass over escapes that are their own canonical encoding. An
+		// escape that starts in the last byte is not passed over: x>>64 is
+		// 0, which is not one.
+		for m != 0 {
+			k := bits.TrailingZeros64(m) &^ 7
+			if byte(x>>k) != '\\' || !keptEscape[byte(x>>(k+8))] {
+				break
+			}
+			escaped = true
+			m &^= 0x8080 << k // the backslash and what it escapes
+		}
+		// Validate the bytes before the first that needs attention; the
+		// others are masked to NUL, which leaves an accepting state as it
+		// is, and so do the escapes passed over, which are ASCII.
+		if y := x & ((m&-m)>>7 - 1); y&highs|state != 0 {
+			state = utf8Four(utf8Four(state, uint32(y)), uint32(y>>32)) & 63
+		}
+		if m != 0 {
+			return i + bits.TrailingZeros64(m)>>3, state, escaped
+		}
+		i += 8
+	}
+	return i, state, escaped
+}
+
+// Constants of the eight-byte string scan.
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+	lows  = 0x7f7f7f7f7f7f7f7f
+)
+
+// attention returns the mask of the high bits of the bytes of x that end
+// or interrupt a run of string content: '"', '\\' and those below 0x20.
+// Unlike a borrow-based test it is exact for every byte, so bytes >= 0x80
+// are never marked and a byte's mark does not depend on its neighbours.
+func attention(x uint64) uint64 {
+	low := x & lows
+	notControl := low + ones*(0x80-0x20)
+	notQuote := (low ^ ones*'"') + lows
+	notBackslash := (low ^ ones*'\\') + lows
+	return ^(notControl&notQuote&notBackslash | x) & highs
+}
+
+// unescaped gives the character each short escape stands for, 0 for \u
+// and for what is not an escape.
+var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// States of utf8DFA: each is the shift that selects its transitions from
+// an entry of the table.
+const (
+	utf8Accept = 0     // between characters
+	utf8Reject = 6 * 1 // sticky: invalid UTF-8 was seen
+	utf8Tail1  = 6 * 2 // one continuation byte to go
+	utf8Tail2  = 6 * 3 // two to go
+	utf8Tail3  = 6 * 4 // three to go
+	utf8E0     = 6 * 5 // after E0: A0..BF, then one more
+	utf8ED     = 6 * 6 // after ED: 80..9F (no surrogates), then one more
+	utf8F0     = 6 * 7 // after F0: 90..BF, then two more
+	utf8F4     = 6 * 8 // after F4: 80..8F (up to U+10FFFF), then two more
+)
+
+// utf8DFA is a shift-based automaton that accepts exactly valid UTF-8:
+// from state s, byte c leads to state utf8DFA[c]>>s&63. Only the low six
+// bits of a state are meaningful, so a run needs no masking between steps.
+var utf8DFA = func() (t [256]uint64) {
+	for c := 0; c < 256; c++ {
+		next := func(s uint64) uint64 {
+			in := func(lo, hi int) bool { return c >= lo && c <= hi }
+			switch s {
+			case utf8Accept:
+				switch {
+				case c < 0x80:
+					return utf8Accept
+				case in(0xC2, 0xDF):
+					return utf8Tail1
+				case c == 0xE0:
+					return utf8E0
+				case c == 0xED:
+					return utf8ED
+				case in(0xE1, 0xEF):
+					return utf8Tail2
+				case c == 0xF0:
+					return utf8F0
+				case c == 0xF4:
+					return utf8F4
+				case in(0xF1, 0xF3):
+					return utf8Tail3
+				}
+			case utf8Tail1:
+				if in(0x80, 0xBF) {
+					return utf8Accept
+				}
+			case utf8Tail2, utf8Tail3:
+				if in(0x80, 0xBF) {
+					return s - 6
+				}
+			case utf8E0:
+				if in(0xA0, 0xBF) {
+					return utf8Tail1
+				}
+			case utf8ED:
+				if in(0x80, 0x9F) {
+					return utf8Tail1
+				}
+			case utf8F0:
+				if in(0x90, 0xBF) {
+					return utf8Tail2
+				}
+			case utf8F4:
+				if in(0x80, 0x8F) {
+					return utf8Tail2
+				}
+			}
+			return utf8Reject
+		}
+		for s := uint64(0); s <= utf8F4; s += 6 {
+			t[c] |= next(s) << s
+		}
+	}
+	return t
+}()
+
+// utf8Four runs utf8DFA from state over the four bytes of x, lowest
+// first.
+func utf8Four(state uint64, x uint32) uint64 {
+	state = utf8DFA[byte(x)] >> (state & 63)
+	state = utf8DFA[byte(x>>8)] >> (state & 63)
+	state = utf8DFA[byte(x>>16)] >> (state & 63)
+	return utf8DFA[byte(x>>24)] >> (state & 63)
+}
+
+// scanStringSlow is scanString one character at a time: the reference for
+// its fast path, which hands a string over to it to report what is wrong
+// with it.
+func (p *scanner) scanStringSlow(dst []byte, canon bool) ([]byte, bool) {
 	data := p.data
 	i := p.pos + 1
 	start := i
@@ -975,7 +1408,6 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 		// set bit marks the first byte that needs attention.
 		for i+8 <= len(data) {
 			x := binary.LittleEndian.Uint64(data[i:])
-			const ones, highs = 0x0101010101010101, 0x8080808080808080
 			q := x ^ (ones * '"')
 			b := x ^ (ones * '\\')
 			if m := (x | (x - ones*0x20) | (q - ones) | (b - ones)) & highs; m != 0 {
@@ -1127,26 +1559,34 @@ func (p *scanner) escape(dst []byte, i int, canon bool) ([]byte, int, bool) {
 	return append(dst, dec), i + 2, true
 }
 
+// hex4 returns the value of the four hexadecimal digits at data[i], and
+// false when there are not four.
 func hex4(data []byte, i int) (rune, bool) {
 	if i+4 > len(data) {
 		return 0, false
 	}
-	var r rune
-	for _, c := range data[i : i+4] {
+	d := data[i : i+4]
+	r := hexValue[d[0]]<<12 | hexValue[d[1]]<<8 | hexValue[d[2]]<<4 | hexValue[d[3]]
+	return r, r >= 0
+}
+
+// hexValue gives the value of each hexadecimal digit, -1 for the other
+// bytes, which makes negative any combination of values it is in.
+var hexValue = func() (t [256]rune) {
+	for c := range t {
 		switch {
 		case c >= '0' && c <= '9':
-			c -= '0'
+			t[c] = rune(c - '0')
 		case c >= 'a' && c <= 'f':
-			c = c - 'a' + 10
+			t[c] = rune(c - 'a' + 10)
 		case c >= 'A' && c <= 'F':
-			c = c - 'A' + 10
+			t[c] = rune(c - 'A' + 10)
 		default:
-			return 0, false
+			t[c] = -1
 		}
-		r = r<<4 | rune(c)
 	}
-	return r, true
-}
+	return t
+}()
 
 const hexDigits = "0123456789abcdef"
 
@@ -1184,8 +1624,18 @@ func appendControl(dst []byte, c byte) []byte {
 // of s, which must be valid UTF-8.
 func appendContent(dst, s []byte) []byte {
 	start := 0
-	for i, c := range s {
+	for i := 0; i < len(s); {
+		if i+8 <= len(s) {
+			m := attention(binary.LittleEndian.Uint64(s[i:]))
+			if m == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(m) >> 3
+		}
+		c := s[i]
 		if c >= 0x20 && c != '"' && c != '\\' {
+			i++
 			continue
 		}
 		dst = append(dst, s[start:i]...)
@@ -1194,7 +1644,8 @@ func appendContent(dst, s []byte) []byte {
 		} else {
 			dst = append(dst, '\\', c)
 		}
-		start = i + 1
+		i++
+		start = i
 	}
 	return append(dst, s[start:]...)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/tidwall/gjson"
 
+	"github.com/contstore/contstore/internal/agentchat"
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -237,7 +238,7 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 
 	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	defer client.CloseIdleConnections()
-	history := gatewayHistory(items - 1) // the first request adds a user message
+	history := agentchat.History(items - 1) // the first request adds a user message
 	for round := range convs {
 		for k := range targets {
 			tg := targets[(round+k)%len(targets)]
@@ -350,9 +351,9 @@ func (c *gatewayConversation) fail(format string, args ...any) {
 func (c *gatewayConversation) turn() time.Duration {
 	c.user++
 	c.items = append(c.items, fmt.Appendf(nil, `{"role":"user","content":%q}`,
-		fmt.Sprintf("Now look at step %d of %s: %s", c.user, c.session, gatewayText[:120])))
+		fmt.Sprintf("Now look at step %d of %s: %s", c.user, c.session, agentchat.Text[:120])))
 	c.body = fmt.Appendf(c.body[:0], `{"model":"gpt-5.1","store":true,"stream":%t,"prompt_cache_key":%q,`+
-		`"instructions":"You are a coding agent. Be terse.","tools":%s,"input":[`, c.stream, c.session, gatewayTools)
+		`"instructions":"You are a coding agent. Be terse.","tools":%s,"input":[`, c.stream, c.session, agentchat.Tools)
 	for i, it := range c.items {
 		if i > 0 {
 			c.body = append(c.body, ',')
@@ -401,37 +402,4 @@ func (c *gatewayConversation) turn() time.Duration {
 		c.fail("%s: an answer without output items: %.300s", c.url, answer)
 	}
 	return took
-}
-
-// gatewayText is filler for the items' texts.
-const gatewayText = "The build failed in the storage layer because the retry loop reads the " +
-	"deadline before the lock is taken; moving the read inside the critical section " +
-	"fixes the race, and the tests in the package pass again with the race detector on."
-
-// gatewayTools are the request's tools.
-const gatewayTools = `[{"type":"function","name":"run_command","description":"Run a shell command in the workspace.",` +
-	`"parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}]`
-
-// gatewayHistory is a conversation of n items, in turns of four: a user
-// message, a function call, its output and an assistant message, from
-// about 150 to 450 bytes each.
-func gatewayHistory(n int) [][]byte {
-	items := make([][]byte, 0, n)
-	for i := 0; len(items) < n; i++ {
-		call := fmt.Sprintf("call_%024d", i)
-		for _, it := range []string{
-			fmt.Sprintf(`{"role":"user","content":%q}`, fmt.Sprintf("Step %d: %s", i, gatewayText[:100])),
-			fmt.Sprintf(`{"type":"function_call","id":"fc_%040d","call_id":%q,"name":"run_command","arguments":%q}`,
-				i, call, fmt.Sprintf(`{"command":"go test ./store/... -run TestRetry%d -count=1"}`, i)),
-			fmt.Sprintf(`{"type":"function_call_output","call_id":%q,"output":%q}`,
-				call, fmt.Sprintf("--- FAIL: TestRetry%d (0.01s)\n    retry_test.go:%d: %s\nFAIL\nexit status 1", i, 40+i%100, gatewayText)),
-			fmt.Sprintf(`{"type":"message","id":"msg_%040d","role":"assistant","status":"completed",`+
-				`"content":[{"type":"output_text","annotations":[],"text":%q}]}`, i, gatewayText[:200]),
-		} {
-			if len(items) < n {
-				items = append(items, []byte(it))
-			}
-		}
-	}
-	return items
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/contstore/contstore/internal/agentchat"
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -114,7 +115,7 @@ func runBusy(b *testing.B, name, upURL string, st *store.Store, obs *failOpenCou
 	client := &http.Client{Transport: tr}
 	defer client.CloseIdleConnections()
 
-	history := gatewayHistory(busyItems - 1)
+	history := agentchat.History(busyItems - 1)
 	var measured atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()

@@ -473,6 +473,31 @@ func TestPassthroughRequestsSkipTheStore(t *testing.T) {
 	assert.Equal(t, int64(1), r.proxy.Stats().Passthrough)
 }
 
+// A request that names its previous response before its input takes no
+// decision, and its input is not read: an item the scanner would refuse
+// (a duplicate key, which JSON decoders accept) goes upstream as received,
+// and no item is counted.
+func TestPassthroughRequestsAreNotFingerprinted(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	first := post(t, r.url, nil, map[string]any{"model": "m", "input": "hi"})
+	require.Equal(t, http.StatusOK, first.status)
+	var id string
+	require.NoError(t, json.Unmarshal(first.response["id"], &id))
+	items := `[{"role":"user","content":"again","content":"again"}]`
+	status, _, _, err := postBytes(t.Context(), r.url, "s1", []byte(`{"model":"m","previous_response_id":"`+id+`","input":`+items+`}`))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status)
+	s := r.proxy.Stats()
+	assert.Equal(t, int64(1), s.Passthrough)
+	assert.Equal(t, int64(1), s.ItemsReceived, "the first turn's item only")
+
+	// Named after the input, the previous response comes too late: the
+	// input was read, and refused.
+	status, _, _, err = postBytes(t.Context(), r.url, "s1", []byte(`{"model":"m","input":`+items+`,"previous_response_id":"`+id+`"}`))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusBadRequest, status)
+}
+
 func TestNewRejectsInvalidConfig(t *testing.T) {
 	st, err := store.NewMemory(store.Options{})
 	require.NoError(t, err)

@@ -304,18 +304,25 @@ func (s *Store) partition(owner identity.Owner) int { return owner.Partition(s.o
 // gives ReasonStoreUnavailable with Err set and no turn. req comes from
 // ParseRequest (a request parsed otherwise is parsed again, from its body,
 // under the namespace's profile and key); a nil req counts as an empty
-// request.
+// request. A request whose input Parse skipped (InputSkipped: the upstream
+// holds its conversation) reserves nothing, as one without owner.
 func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerprint.Request) *Reservation {
 	start := time.Now()
-	req = s.reparse(req)
-	res := &Reservation{Owner: owner, UpstreamItems: req.Len(), req: req, replica: s.opts.Replica}
+	res := &Reservation{Owner: owner, replica: s.opts.Replica}
 	switch {
 	case s.opts.Disabled:
 		res.Reason = ReasonDisabled
-		return res
-	case owner.IsZero():
+	case owner.IsZero() || req != nil && req.InputSkipped():
 		res.Reason = ReasonMissingIdentity
-		return res
+	default:
+		req = s.reparse(req)
+	}
+	if req == nil {
+		req = s.reparse(nil)
+	}
+	res.req, res.UpstreamItems = req, req.Len()
+	if res.Reason != ReasonNone {
+		return res // nothing to reserve: the request goes as received
 	}
 	got, err := call(ctx, s, s.partition(owner), func(ctx context.Context) (reserved, error) {
 		return s.backend.reserve(ctx, owner)

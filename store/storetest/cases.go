@@ -40,6 +40,15 @@ func testDisabledAndMissingIdentity(t *testing.T, open Opener) {
 	nilReq := s.Reserve(ctx, identity.Owner{}, nil)
 	assert.Equal(t, 0, nilReq.UpstreamItems)
 
+	// The upstream holds this one's conversation: its input was not read,
+	// and it reserves nothing, whoever owns it.
+	upstream := parse(t, `{"model":"gpt-test","previous_response_id":"resp_1","input":[`+message("three")+`]}`)
+	require.True(t, upstream.InputSkipped())
+	held := s.Reserve(ctx, owner, upstream)
+	assert.Zero(t, held.Turn)
+	assert.Equal(t, store.ReasonMissingIdentity, held.Reason)
+	assert.Same(t, upstream, held.Request(), "sent as received")
+
 	first := s.Reserve(ctx, owner, r)
 	assert.Equal(t, store.ReasonMissingState, first.Reason, "the stateless calls left nothing behind")
 }
