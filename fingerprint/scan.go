@@ -1094,8 +1094,7 @@ func (p *scanner) number() bool {
 // decodeString). p.escaped reports whether the string contained any escape.
 //
 // scanRun passes over what needs only validating; content is copied where
-// an escape changes it and at the end. Whatever is invalid, and a string
-// that ends within eight bytes of the end of the input, is handed to
+// an escape changes it and at the end. Whatever is invalid is handed to
 // scanStringSlow, from the start of the string, for the error it reports.
 func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 	if !canon {
@@ -1111,17 +1110,25 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 		var esc bool
 		i, state, esc = scanRun(data, i, state)
 		escaped = escaped || esc
-		if state != utf8Accept || i >= len(data) {
+		if i >= len(data) {
 			break
 		}
 		c := data[i]
+		if c >= 0x20 && c != '"' && c != '\\' { // fewer than eight bytes before the end
+			state = utf8DFA[c] >> (state & 63) & 63
+			i++
+			continue
+		}
+		if state != utf8Accept {
+			break
+		}
 		if c == '"' {
 			p.escaped = escaped
 			p.pos = i + 1
 			return append(dst, data[start:i]...), true
 		}
 		if c != '\\' || i+1 >= len(data) {
-			break // a control character, the end of the input, or fewer than eight bytes before it
+			break // a control character, or a backslash that ends the input
 		}
 		escaped = true
 		c = data[i+1]
