@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
@@ -57,6 +58,15 @@ func parallelFor(n, workers int, op func(i int)) {
 // with ContextTimeoutEnabled (the store calls the client on the caller's
 // goroutine) and without (a goroutine per call); rueidis (NewRueidis)
 // last. Run on the other CPU with -benchtime 1x (see BENCHMARKS.md).
+//
+// It also reports the process's CPU time (user and system, getrusage) per
+// operation: noop-cpu-µs/op over the ceiling rounds (the mean of the two
+// around each store round), store-cpu-µs/op over the store rounds, and
+// store-layer-cpu-µs/op, the median of their differences: what a store
+// operation costs the client process beyond a no-op EVALSHA through the
+// same client. It includes encoding the store's larger keys and arguments,
+// so it overstates the store's own layer slightly. The server runs on
+// another CPU, so the process's time is the client's.
 func BenchmarkStoreThroughput(b *testing.B) {
 	const callers, ops = 64, 100_000
 	ctx := context.Background()
@@ -98,14 +108,17 @@ func BenchmarkStoreThroughput(b *testing.B) {
 			owners := storetest.Owners(b, 10_000)
 			for b.Loop() {
 				require.NoError(b, noop())
-				ceiling := func() float64 {
-					start := time.Now()
+				// ceiling returns the no-op calls per second and the
+				// process's CPU per call, in µs.
+				ceiling := func() (float64, float64) {
+					cpu, start := processCPU(b), time.Now()
 					parallelFor(ops, callers, func(int) {
 						if err := noop(); err != nil {
 							b.Error(err)
 						}
 					})
-					return float64(ops) / time.Since(start).Seconds()
+					took := time.Since(start).Seconds()
+					return float64(ops) / took, perOp(processCPU(b)-cpu, ops)
 				}
 
 				s, err := open(store.Options{Namespace: redistest.Namespace(b), MaxOwners: 20_000})
@@ -116,11 +129,11 @@ func BenchmarkStoreThroughput(b *testing.B) {
 				// against the mean of the ceilings just before and after
 				// it, as the machine's speed drifts within seconds.
 				const rounds = 3
-				var ceilings, stores, busy, ratios []float64
+				var ceilings, stores, busy, ratios, noopCPU, storeCPU, layerCPU []float64
 				var stopped atomic.Int64
-				before := ceiling()
+				before, beforeCPU := ceiling()
 				for r := range rounds {
-					cpu := serverCPU(b, srv)
+					cpu, ownCPU := serverCPU(b, srv), processCPU(b)
 					start := time.Now()
 					parallelFor(ops/2, callers, func(i int) {
 						o := owners[i%len(owners)]
@@ -144,19 +157,37 @@ func BenchmarkStoreThroughput(b *testing.B) {
 						}
 					})
 					took := time.Since(start).Seconds()
+					storeOpCPU := perOp(processCPU(b)-ownCPU, ops)
 					require.Zero(b, stopped.Load(), "turns that should have continued and did not, round %d", r+1)
 					busy = append(busy, (serverCPU(b, srv)-cpu)/took)
 					storeOps := float64(ops) / took
-					after := ceiling()
-					around := (before + after) / 2
+					after, afterCPU := ceiling()
+					around, aroundCPU := (before+after)/2, (beforeCPU+afterCPU)/2
 					ceilings, stores, ratios = append(ceilings, around), append(stores, storeOps), append(ratios, storeOps/around)
-					before = after
+					noopCPU, storeCPU, layerCPU = append(noopCPU, aroundCPU), append(storeCPU, storeOpCPU), append(layerCPU, storeOpCPU-aroundCPU)
+					before, beforeCPU = after, afterCPU
 				}
 				b.ReportMetric(median(busy), "server-busy")
 				b.ReportMetric(median(ceilings), "noop-evalsha/s")
 				b.ReportMetric(median(stores), "store-ops/s")
 				b.ReportMetric(median(ratios), "store/ceiling")
+				b.ReportMetric(median(noopCPU), "noop-cpu-µs/op")
+				b.ReportMetric(median(storeCPU), "store-cpu-µs/op")
+				b.ReportMetric(median(layerCPU), "store-layer-cpu-µs/op")
 			}
 		})
 	}
+}
+
+// processCPU returns the CPU time this process has used, user and system
+// (getrusage RUSAGE_SELF).
+func processCPU(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	require.NoError(b, unix.Getrusage(unix.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// perOp returns cpu spread over ops operations, in µs.
+func perOp(cpu time.Duration, ops int) float64 {
+	return float64(cpu.Nanoseconds()) / 1e3 / float64(ops)
 }

@@ -45,11 +45,16 @@ const responseIDPrefix = "resp_"
 // The replica's digest keeps the state within Redis's compact hash
 // encoding (values of at most 64 bytes) whatever the replica's name.
 func encodeContinuation(c continuation) []byte {
-	format, id := continuationFormat, []byte(c.ResponseID)
-	if packed, ok := packResponseID(c.ResponseID); ok {
-		format, id = continuationHexFormat, packed
+	return appendContinuation(make([]byte, 0, 1+3*binary.MaxVarintLen64+16+len(c.ResponseID)+8), c)
+}
+
+// appendContinuation appends encodeContinuation's encoding of c to b.
+func appendContinuation(b []byte, c continuation) []byte {
+	start := len(b)
+	format, id := continuationFormat, c.ResponseID
+	if digits, ok := packedResponseID(c.ResponseID); ok {
+		format, id = continuationHexFormat, digits
 	}
-	b := make([]byte, 0, 1+3*binary.MaxVarintLen64+16+len(id)+8)
 	b = append(b, byte(format))
 	b = binary.AppendUvarint(b, uint64(c.Transcript.Items))
 	b = binary.AppendUvarint(b, uint64(c.Transcript.Bytes))
@@ -60,14 +65,21 @@ func encodeContinuation(c continuation) []byte {
 		sock = 0
 	}
 	b = binary.AppendUvarint(b, sock)
-	b = binary.AppendUvarint(b, uint64(len(id)))
-	b = append(b, id...)
+	if format == continuationHexFormat {
+		b = binary.AppendUvarint(b, uint64(len(id)/2))
+		for i := 0; i < len(id); i += 2 {
+			b = append(b, unhex(id[i])<<4|unhex(id[i+1]))
+		}
+	} else {
+		b = binary.AppendUvarint(b, uint64(len(id)))
+		b = append(b, id...)
+	}
 	if sock != 0 {
 		return binary.BigEndian.AppendUint64(b, names.ReplicaDigest(c.Origin.Replica))
 	}
 	for _, r := range c.Transcript.References {
 		back := uint64(c.Transcript.Items - r.Item)
-		if len(b)+uvarintLen(back)+8 > compactValue {
+		if len(b)-start+uvarintLen(back)+8 > compactValue {
 			break
 		}
 		b = binary.AppendUvarint(b, back)
@@ -87,16 +99,28 @@ func uvarintLen(x uint64) int {
 	return binary.PutUvarint(b[:], x)
 }
 
-// packResponseID returns the bytes the hex digits of an id "resp_<hex>"
-// spell, when the digits are lowercase and even in number, so that
-// hex.EncodeToString gives them back exactly.
-func packResponseID(id string) ([]byte, bool) {
+// packedResponseID returns the hex digits of an id "resp_<hex>" when they
+// are lowercase and even in number, so that hex.EncodeToString gives back
+// exactly what they spell.
+func packedResponseID(id string) (string, bool) {
 	digits, ok := strings.CutPrefix(id, responseIDPrefix)
-	if !ok || digits == "" || len(digits)%2 != 0 || strings.ToLower(digits) != digits {
-		return nil, false
+	if !ok || digits == "" || len(digits)%2 != 0 {
+		return "", false
 	}
-	b, err := hex.DecodeString(digits)
-	return b, err == nil
+	for i := range len(digits) {
+		if c := digits[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return "", false
+		}
+	}
+	return digits, true
+}
+
+// unhex returns the value of a lowercase hex digit.
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
 }
 
 // decodeReferences reads the references of a transcript of items items:
@@ -155,7 +179,8 @@ func decodeContinuation(b []byte) (continuation, error) {
 	}
 	b = b[n:]
 	if format == continuationHexFormat || format == continuationNamedHexFormat {
-		c.ResponseID = responseIDPrefix + hex.EncodeToString(b[:size])
+		var buf [128]byte
+		c.ResponseID = string(hex.AppendEncode(append(buf[:0], responseIDPrefix...), b[:size]))
 	} else {
 		c.ResponseID = string(b[:size])
 	}

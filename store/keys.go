@@ -1,10 +1,10 @@
 package store
 
 import (
+	"encoding/hex"
 	"errors"
 
 	"github.com/contstore/contstore/identity"
-	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/rediskeys"
 )
 
@@ -56,10 +56,19 @@ func (k keyspace) ownerPrefix(p int) string { return k.parts[p].prefix }
 // owner returns the key of an owner's state hash in its partition p.
 func (k keyspace) owner(p int, o identity.Owner) string { return k.parts[p].prefix + o.Key() }
 
+// appendOwner appends the key of an owner's state hash in its partition p
+// to b.
+func (k keyspace) appendOwner(b []byte, p int, o identity.Owner) []byte {
+	return append(append(b, k.parts[p].prefix...), o.Key()...)
+}
+
 // answer returns the answer key of the call of op on owner o in its
-// partition p (internal/lua/oplog.lua).
+// partition p (internal/lua/oplog.lua): op in hex, as lua.CallIDKey spells
+// it.
 func (k keyspace) answer(p int, o identity.Owner, op string) string {
-	return k.parts[p].answers + o.Key() + ":" + lua.CallIDKey(op)
+	var buf [128]byte
+	b := append(append(append(buf[:0], k.parts[p].answers...), o.Key()...), ':')
+	return string(hex.AppendEncode(b, []byte(op)))
 }
 
 // lru returns the key of partition p's LRU.

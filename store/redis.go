@@ -106,6 +106,9 @@ type schemaGuard struct {
 	tried    time.Time // last check started
 	running  bool
 	mismatch error // the last check's ErrSchemaMismatch, or nil
+	// passed is passedAt while mismatch is nil, else nil: schemaError
+	// reads it without mu.
+	passed atomic.Pointer[time.Time]
 }
 
 // checkSchema records or compares the namespace's schema now.
@@ -143,8 +146,11 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 	r.schema.mu.Lock()
 	defer r.schema.mu.Unlock()
 	r.schema.mismatch = mismatch
+	r.schema.passed.Store(nil)
 	if mismatch == nil {
-		r.schema.passedAt = time.Now()
+		at := time.Now()
+		r.schema.passedAt = at
+		r.schema.passed.Store(&at)
 	}
 	return mismatch
 }
@@ -154,6 +160,9 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 // it: while Redis cannot be reached for the check, they proceed.
 func (r *redisBackend) schemaError() error {
 	g := &r.schema
+	if at := g.passed.Load(); at != nil && time.Since(*at) < schemaRecheck {
+		return nil // fresh, matched: no check due
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := time.Now()
@@ -210,41 +219,43 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 	return p, []string{r.keys.owner(p, owner), r.keys.lru(p), r.keys.part(p)}
 }
 
-// change returns the keys of a call that changes the state of owner (of
-// partition p, whose keys ownerKeys gave), the op it carries and its
-// deadline: those keys and the answer key of a fresh op
-// (internal/lua/oplog.lua). A client that re-sends the call re-sends both.
-// The deadline is ctx's (at most OpTimeout from now) on the clock of the
-// partition's server, in milliseconds since the scripts' epoch.
-func (r *redisBackend) change(ctx context.Context, p int, owner identity.Owner, keys []string) ([]string, string, int64) {
-	deadline := r.servers.Deadline(ctx, p, r.opts.OpTimeout)
-	op := r.newCallID(deadline)
-	return append(keys[:3:3], r.keys.answer(p, owner, op)), op, deadline
+// change runs script, a call that changes the state of owner (of
+// partition p), with keys and args: keys begin with the owner's keys
+// (ownerKeys) and a place for the answer key of the call's id, and args
+// hold a place for the id at index op (internal/lua/oplog.lua). Each send
+// draws a new id, with ctx's deadline (at most OpTimeout from now) on the
+// clock of the partition's server, and fills both places; a client that
+// re-sends the call re-sends both. The call is sent once more, as a new
+// one, when Redis refused it for its deadline and the refusal allows it
+// (redisconn.ResendExpired).
+func (r *redisBackend) change(ctx context.Context, script *lua.Script, p int, owner identity.Owner, keys, args []string, op int) (any, error) {
+	return redisconn.ResendExpired(ctx, r.servers, p, r.opts.OpTimeout, func() (any, int64, error) {
+		deadline := r.servers.Deadline(ctx, p, r.opts.OpTimeout)
+		id := r.newCallID(deadline)
+		keys[3], args[op] = r.keys.answer(p, owner, id), id
+		reply, err := r.run(ctx, script, keys, args...)
+		return reply, deadline, err
+	})
 }
 
-// seqArg returns turn's sequence number as the scripts compare it: "0",
-// which no state holds, for a token of another partition.
-func (r *redisBackend) seqArg(turn Turn, p int) string {
+// seqArg appends turn's sequence number to b as the scripts compare it:
+// 0, which no state holds, for a token of another partition.
+func (r *redisBackend) seqArg(b []byte, turn Turn, p int) []byte {
 	seq, _ := seqOf(turn, r.opts.Partitions, p)
-	return strconv.FormatUint(seq, 10)
+	return strconv.AppendUint(b, seq, 10)
 }
 
-// resendExpired runs call, a call of partition p that changes state, which
-// draws its call id and returns its reply and deadline, and sends it once
-// more as a new call when Redis refused it for its deadline and the refusal
-// allows it (redisconn.ResendExpired).
-func (r *redisBackend) resendExpired(ctx context.Context, p int, call func() (any, int64, error)) (any, error) {
-	return redisconn.ResendExpired(ctx, r.servers, p, r.opts.OpTimeout, call)
-}
+// The calls below build their own strings (the owner's key, its stored
+// bytes, ...) in one allocation, and cut them out of it.
 
 func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reserved, error) {
-	p, keys := r.ownerKeys(owner)
-	tail := []string{strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
-	reply, err := slice(r.resendExpired(ctx, p, func() (any, int64, error) {
-		keys, op, deadline := r.change(ctx, p, owner, keys)
-		reply, err := r.run(ctx, lua.Reserve, append(keys, r.keys.seq(p)), append([]string{r.ttl, op}, tail...)...)
-		return reply, deadline, err
-	}))
+	p := owner.Partition(r.opts.Partitions)
+	var buf [128]byte
+	b := r.keys.appendOwner(buf[:0], p, owner)
+	key := len(b)
+	s := string(strconv.AppendInt(b, r.keys.stateBytes(p, owner), 10))
+	a := []string{s[:key], r.keys.lru(p), r.keys.part(p), "", r.keys.seq(p), r.ttl, "", s[key:], r.limits}
+	reply, err := slice(r.change(ctx, lua.Reserve, p, owner, a[:5:5], a[5:], 1))
 	if err != nil {
 		return reserved{}, err
 	}
@@ -258,13 +269,17 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 }
 
 func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn Turn, c continuation) (published, error) {
-	p, keys := r.ownerKeys(owner)
-	tail := []string{r.seqArg(turn, p), string(encodeContinuation(c)), strconv.FormatInt(r.keys.stateBytes(p, owner), 10), r.limits}
-	reply, err := slice(r.resendExpired(ctx, p, func() (any, int64, error) {
-		keys, op, deadline := r.change(ctx, p, owner, keys)
-		reply, err := r.run(ctx, lua.Record, keys, append([]string{r.ttl, op}, tail...)...)
-		return reply, deadline, err
-	}))
+	p := owner.Partition(r.opts.Partitions)
+	var buf [256]byte
+	b := r.keys.appendOwner(buf[:0], p, owner)
+	key := len(b)
+	b = strconv.AppendInt(b, r.keys.stateBytes(p, owner), 10)
+	size := len(b)
+	b = r.seqArg(b, turn, p)
+	seq := len(b)
+	s := string(appendContinuation(b, c))
+	a := []string{s[:key], r.keys.lru(p), r.keys.part(p), "", r.ttl, "", s[size:seq], s[seq:], s[key:size], r.limits}
+	reply, err := slice(r.change(ctx, lua.Record, p, owner, a[:4:4], a[4:], 1))
 	if err != nil {
 		return published{}, err
 	}
@@ -272,9 +287,13 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 }
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
-	p, keys := r.ownerKeys(owner)
-	keys, op, _ := r.change(ctx, p, owner, keys)
-	n, err := integer(r.run(ctx, lua.Abort, keys, op, r.seqArg(turn, p)))
+	p := owner.Partition(r.opts.Partitions)
+	var buf [128]byte
+	b := r.keys.appendOwner(buf[:0], p, owner)
+	key := len(b)
+	s := string(r.seqArg(b, turn, p))
+	a := []string{s[:key], r.keys.lru(p), r.keys.part(p), "", "", s[key:]}
+	n, err := integer(r.change(ctx, lua.Abort, p, owner, a[:4:4], a[4:], 0))
 	return n == 1, err
 }
 
@@ -285,11 +304,7 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
 	p, keys := r.ownerKeys(owner)
-	n, err := integer(r.resendExpired(ctx, p, func() (any, int64, error) {
-		keys, op, deadline := r.change(ctx, p, owner, keys)
-		reply, err := r.run(ctx, lua.Clear, keys, op)
-		return reply, deadline, err
-	}))
+	n, err := integer(r.change(ctx, lua.Clear, p, owner, append(keys, ""), []string{""}, 0))
 	return n == 1, err
 }
 

@@ -37,6 +37,7 @@ type Guard struct {
 	inline   bool
 	open     error
 	breakers []*breaker
+	ticks    *ticks // the calls' deadlines (withTimeout)
 }
 
 // NewGuard returns a guard with one breaker for each of partitions
@@ -44,7 +45,7 @@ type Guard struct {
 // deadline (in process; go-redis with HonoursDeadlines): Call then runs
 // calls on the caller's goroutine.
 func NewGuard(partitions int, inline bool, o Breakers) *Guard {
-	g := &Guard{inline: inline, open: o.Open, breakers: make([]*breaker, partitions)}
+	g := &Guard{inline: inline, open: o.Open, breakers: make([]*breaker, partitions), ticks: newTicks(time.Millisecond, 2048)}
 	for p := range g.breakers {
 		g.breakers[p] = newBreaker(p, o)
 	}
@@ -72,9 +73,11 @@ func (g *Guard) Statuses() []BreakerStatus {
 
 // Call runs fn against partition p of g's backend through that partition's
 // breaker (through none when p < 0), and returns within timeout whatever fn
-// does: unless g's backend returns by its context's deadline, fn runs on its
-// own goroutine, so that a client that ignores context deadlines or retries
-// cannot hold the caller; the goroutine finishes in the background.
+// does: unless g's backend returns by its context's deadline, fn runs on a
+// goroutine of its own (spawn), so that a client that ignores context
+// deadlines or retries cannot hold the caller; the goroutine finishes in the
+// background. fn's context ends at the timeout, or up to a millisecond
+// before it (Guard.withTimeout).
 //
 // An error of fn counts as a failure of the backend, unless the caller gave
 // up first or the process was too busy to read the answer in time
@@ -89,8 +92,10 @@ func Call[T any](ctx context.Context, g *Guard, p int, timeout time.Duration, fn
 	if !ok {
 		return zero, g.open
 	}
-	opCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	opCtx, cancel := g.withTimeout(ctx, timeout)
+	if cancel != nil {
+		defer cancel()
+	}
 	type result struct {
 		v   T
 		err error
@@ -100,10 +105,10 @@ func Call[T any](ctx context.Context, g *Guard, p int, timeout time.Duration, fn
 		r.v, r.err = fn(opCtx)
 	} else {
 		done := make(chan result, 1)
-		go func() {
+		spawn(func() {
 			v, err := fn(opCtx)
 			done <- result{v, err}
-		}()
+		})
 		select {
 		case r = <-done:
 		case <-opCtx.Done():
@@ -126,6 +131,42 @@ func Call[T any](ctx context.Context, g *Guard, p int, timeout time.Duration, fn
 		b.tell()
 	}
 	return r.v, r.err
+}
+
+// handoff passes a function to a worker waiting for one (spawn).
+var handoff = make(chan func())
+
+// workerTicks times the workers' idleness.
+var workerTicks = newTicks(250*time.Millisecond, 16)
+
+// workerIdle is how long a worker waits for another function before it
+// ends, give or take a quarter of a second.
+const workerIdle = 2 * time.Second
+
+// spawn runs f on a goroutine of its own: a worker that ran an earlier
+// function and waits for another, or a new one. A worker's stack has
+// grown to what the client's calls need, which a new goroutine's would
+// have to do again for every call.
+func spawn(f func()) {
+	select {
+	case handoff <- f:
+	default:
+		go work(f)
+	}
+}
+
+// work runs f, then the functions spawn hands it, until none came for
+// workerIdle.
+func work(f func()) {
+	for {
+		f()
+		_, idle := workerTicks.before(workerIdle)
+		select {
+		case f = <-handoff:
+		case <-idle:
+			return
+		}
+	}
 }
 
 // starved tells whether err says more about this process than about the

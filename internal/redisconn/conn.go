@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -83,9 +84,44 @@ func (g goRedis) Eval(ctx context.Context, s *lua.Script, keys, args []string) (
 	return g.eval(ctx, g.client, s, keys, args)
 }
 
-func (g goRedis) eval(ctx context.Context, c redis.Scripter, s *lua.Script, keys, args []string) (any, error) {
-	v, err := s.Run(ctx, c, keys, anys(args)...).Result()
-	return g.reply(v, err)
+// processor is what eval needs of a go-redis client or connection.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// eval sends EVALSHA, then EVAL when the server lacks the script, as
+// go-redis's Script.Run does, with the keys and args boxed in the command's
+// own slice.
+func (g goRedis) eval(ctx context.Context, c processor, s *lua.Script, keys, args []string) (any, error) {
+	if err := s.Check(len(keys), len(args)); err != nil {
+		return nil, err
+	}
+	cmdArgs := make([]any, 3+len(keys)+len(args))
+	cmdArgs[0], cmdArgs[1], cmdArgs[2] = "evalsha", s.Hash(), len(keys)
+	for i, k := range keys {
+		cmdArgs[3+i] = k
+	}
+	for i, a := range args {
+		cmdArgs[3+len(keys)+i] = a
+	}
+	cmd := evalCmd(ctx, cmdArgs, len(keys))
+	if _ = c.Process(ctx, cmd); redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmdArgs = slices.Clone(cmdArgs) // the first command's, which hooks may keep
+		cmdArgs[0], cmdArgs[1] = "eval", s.Source
+		cmd = evalCmd(ctx, cmdArgs, len(keys))
+		_ = c.Process(ctx, cmd)
+	}
+	return g.reply(cmd.Result())
+}
+
+// evalCmd returns the command of an EVAL or EVALSHA with args, routed on a
+// cluster by its first key when it has keys.
+func evalCmd(ctx context.Context, args []any, keys int) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, args...)
+	if keys > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
 }
 
 // Do sends each node's commands in one pipeline. On a cluster it sends
