@@ -3,6 +3,10 @@
 package proxy
 
 import (
+	"bufio"
+	"net"
+	"os/exec"
+
 	"bytes"
 	"fmt"
 	"io"
@@ -42,7 +46,7 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 
 // BenchmarkGateway sends the same full-context Responses requests, one at
 // a time, to four targets in front of one fake upstream
-// (internal/fakeupstream over httptest, HTTP, store=true):
+// (internal/fakeupstream over HTTP, store=true, in a process of its own):
 //
 //   - direct: the fake upstream itself;
 //   - rproxy: a plain httputil.ReverseProxy, the floor of any gateway
@@ -62,20 +66,22 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 // order that rotates from round to round, so that every target sees the
 // same machine.
 //
-// Client, gateway and fake upstream run in one process, and a turn that
-// contproxy continues costs the fake upstream less than a full-context one
-// (it parses two input items instead of the whole history), so what the
-// process spends more than direct understates what contproxy itself
-// costs. Its upstream handler is measured apart and put back. Metrics, per
+// Client and gateways run in the benchmark's process; the fake upstream
+// runs in a child process (the test binary again, serving it: see
+// serveGatewayFake), so that its decoding of full-context bodies and its
+// garbage share neither the gateways' CPU accounting nor their garbage
+// collector, as a real upstream does not. A turn that contproxy continues
+// costs the upstream less than a full-context one (it parses two input
+// items instead of the whole history); the upstream's handler is measured
+// apart, in the child, and left out of the gateway's figures. Metrics, per
 // turn (T is a target):
 //
-//   - T-cpu-µs/turn: the process's user+system CPU (getrusage) over T's
-//     measured turns.
-//   - T-added-cpu-µs/turn: the same minus direct's.
+//   - T-cpu-µs/turn: the benchmark process's user+system CPU (getrusage)
+//     over T's measured turns: the client's and T's.
+//   - T-gateway-cpu-µs/turn: the same minus direct's (the client's
+//     alone): what the gateway itself costs.
 //   - T-upstream-cpu-µs/turn: the CPU of the fake upstream's handler
 //     goroutine, on a locked thread (RUSAGE_THREAD).
-//   - T-gateway-cpu-µs/turn: what the gateway itself costs: the added CPU
-//     with the upstream's difference from direct put back.
 //   - T-upstream-kB/turn: request bytes that reached the fake upstream.
 //   - direct-p50-µs, direct-p99-µs, T-added-p50-µs, T-added-p99-µs: the
 //     request's latency, from sending it to the answer read to its end,
@@ -90,6 +96,10 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 // p99 is over convs×turns requests per target (100 at 5,000 items). Linux
 // only (RUSAGE_THREAD). Run with -benchtime 1x; see BENCHMARKS.md.
 func BenchmarkGateway(b *testing.B) {
+	if os.Getenv(gatewayFakeEnv) != "" {
+		serveGatewayFake(b)
+		return
+	}
 	rc := gatewayRedis(b)
 	for _, size := range gatewaySizes {
 		for _, stream := range []bool{false, true} {
@@ -104,6 +114,88 @@ func BenchmarkGateway(b *testing.B) {
 			})
 		}
 	}
+}
+
+// gatewayFakeEnv, set, makes BenchmarkGateway serve the fake upstream
+// instead of measuring (serveGatewayFake): how the benchmark starts its
+// child process.
+const gatewayFakeEnv = "CONTSTORE_GATEWAY_FAKE"
+
+// gatewayFakeReady starts the line on which the child names the address
+// it serves on.
+const gatewayFakeReady = "fake upstream on "
+
+// serveGatewayFake serves the fake upstream on a port of its own, and its
+// meter on GET /meter ("<cpu ns> <wall ns> <request bytes>" of its
+// handlers so far), until its standard input ends.
+func serveGatewayFake(b *testing.B) {
+	fake := &meteredUpstream{h: fakeupstream.New(fakeupstream.Options{})}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", fake)
+	mux.HandleFunc("GET /meter", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "%d %d %d", fake.cpu.Load(), fake.wall.Load(), fake.bytes.Load())
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	fmt.Printf("%s%s\n", gatewayFakeReady, ln.Addr())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// gatewayFake is the fake upstream's child process, as its parent sees it.
+type gatewayFake struct {
+	url    string
+	client *http.Client
+}
+
+// startGatewayFake starts the fake upstream's child process, ended when b
+// is.
+func startGatewayFake(b *testing.B) *gatewayFake {
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^BenchmarkGateway$", "-test.benchtime=1x")
+	cmd.Env = append(os.Environ(), gatewayFakeEnv+"=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	})
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		if addr, ok := strings.CutPrefix(lines.Text(), gatewayFakeReady); ok {
+			go func() { _, _ = io.Copy(io.Discard, stdout) }()
+			return &gatewayFake{url: "http://" + addr, client: &http.Client{}}
+		}
+	}
+	b.Fatalf("the fake upstream's process ended before it served: %v", lines.Err())
+	return nil
+}
+
+// meter returns the CPU and wall time the fake upstream's handlers took
+// so far, and the request bytes they read.
+func (f *gatewayFake) meter(b *testing.B) (cpu, wall time.Duration, bytes int64) {
+	resp, err := f.client.Get(f.url + "/meter")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := fmt.Fscan(resp.Body, &cpu, &wall, &bytes); err != nil {
+		b.Fatal(err)
+	}
+	return cpu, wall, bytes
 }
 
 // gatewayRedis returns a client of the standalone Redis, or nil when there
@@ -190,25 +282,34 @@ func cpuTime(who int) time.Duration {
 // runGatewayBench sets the targets up in front of a fresh fake upstream,
 // plays the conversations and reports the metrics.
 func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, stream bool) {
-	fake := &meteredUpstream{h: fakeupstream.New(fakeupstream.Options{})}
-	up := httptest.NewServer(fake)
-	defer up.Close()
-	upURL, err := url.Parse(up.URL)
+	up := startGatewayFake(b)
+	upURL, err := url.Parse(up.url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	targets := []*gatewayTarget{{name: "direct", url: up.URL + "/v1/responses"}}
+	targets := []*gatewayTarget{{name: "direct", url: up.url + "/v1/responses"}}
 
 	rp := &httputil.ReverseProxy{
-		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(upURL) },
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upURL)
+			// Exactly the body's bytes: after them the Transport reads
+			// the body once more, for its end, and once the proxy has
+			// flushed an event stream's first bytes to the client, the
+			// server may have closed the body by then, and the stream
+			// is dropped ("use of closed network connection").
+			if pr.In.ContentLength > 0 {
+				pr.Out.Body = io.NopCloser(io.LimitReader(pr.In.Body, pr.In.ContentLength))
+			}
+		},
 		Transport: http.DefaultTransport.(*http.Transport).Clone(),
 	}
 	rps := httptest.NewServer(rp)
 	defer rps.Close()
 	targets = append(targets, &gatewayTarget{name: "rproxy", url: rps.URL + "/v1/responses"})
+	b.Logf("TMP up=%s rproxy=%s", up.url, rps.URL)
 
 	addProxy := func(name string, st *store.Store) {
-		hu, err := NewHTTPUpstream(up.URL+"/v1", nil)
+		hu, err := NewHTTPUpstream(up.url+"/v1", nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -251,17 +352,21 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 			if tg.proxy != nil {
 				tg.measured0 = tg.proxy.Stats().Continued
 			}
-			up0, bytes0 := fake.cpu.Load(), fake.bytes.Load()
-			cpu0 := cpuTime(syscall.RUSAGE_SELF)
+			up0, _, bytes0 := up.meter(b)
+			var cpu time.Duration
 			for range turns {
-				w := fake.wall.Load()
+				_, w0, _ := up.meter(b)
+				cpu0 := cpuTime(syscall.RUSAGE_SELF)
 				lat := c.turn()
+				cpu += cpuTime(syscall.RUSAGE_SELF) - cpu0
+				_, w1, _ := up.meter(b)
 				tg.latencies = append(tg.latencies, lat)
-				tg.outside = append(tg.outside, lat-time.Duration(fake.wall.Load()-w))
+				tg.outside = append(tg.outside, lat-(w1-w0))
 			}
-			tg.cpu += cpuTime(syscall.RUSAGE_SELF) - cpu0
-			tg.upstreamCPU += time.Duration(fake.cpu.Load() - up0)
-			tg.upstreamBytes += fake.bytes.Load() - bytes0
+			up1, _, bytes1 := up.meter(b)
+			tg.cpu += cpu
+			tg.upstreamCPU += up1 - up0
+			tg.upstreamBytes += bytes1 - bytes0
 			tg.turns += turns
 			if tg.proxy != nil {
 				tg.continued += tg.proxy.Stats().Continued - tg.measured0
@@ -292,10 +397,9 @@ func reportGateway(b *testing.B, targets []*gatewayTarget) {
 	byName := map[string]gateway{}
 	for _, tg := range targets[1:] {
 		cpu, up := perTurn(tg.cpu, tg), perTurn(tg.upstreamCPU, tg)
-		g := gateway{cpu: cpu - dCPU + dUp - up, p50: pct(tg.outside, 0.50) - o50}
+		g := gateway{cpu: cpu - dCPU, p50: pct(tg.outside, 0.50) - o50}
 		byName[tg.name] = g
 		b.ReportMetric(cpu, tg.name+"-cpu-µs/turn")
-		b.ReportMetric(cpu-dCPU, tg.name+"-added-cpu-µs/turn")
 		b.ReportMetric(up, tg.name+"-upstream-cpu-µs/turn")
 		b.ReportMetric(g.cpu, tg.name+"-gateway-cpu-µs/turn")
 		b.ReportMetric(float64(tg.upstreamBytes)/1e3/float64(tg.turns), tg.name+"-upstream-kB/turn")
@@ -363,20 +467,20 @@ func (c *gatewayConversation) turn() time.Duration {
 	c.body = append(c.body, "]}"...)
 	req, err := http.NewRequest(http.MethodPost, c.url, bytes.NewReader(c.body))
 	if err != nil {
-		c.fail("%v", err)
+		c.fail("%s (%s, turn %d): %v", c.url, c.session, c.user, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer sk-bench")
 	start := time.Now()
 	resp, err := c.client.Do(req)
 	if err != nil {
-		c.fail("%v", err)
+		c.fail("%s (%s, turn %d): %v", c.url, c.session, c.user, err)
 	}
 	answer, err := io.ReadAll(resp.Body)
 	took := time.Since(start)
 	_ = resp.Body.Close()
 	if err != nil {
-		c.fail("%v", err)
+		c.fail("%s (%s, turn %d): %v", c.url, c.session, c.user, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		c.fail("%s: status %d: %.300s", c.url, resp.StatusCode, answer)
