@@ -28,8 +28,9 @@ import (
 // set of itemCacheWays slots and its home in the set. The item takes its
 // home when it is free, else a free slot, else, when all are taken, its
 // home, and the item there moves to another slot; a lookup reads the item
-// at its home first, so that it usually reads one item. The slots are allocated at the first item put, so that
-// a Parser that parses nothing costs nothing.
+// at its home first, so that it usually reads one item. The slots are
+// allocated at the first item put, so that a Parser that parses nothing
+// costs nothing.
 type itemCache struct {
 	key  [32]byte
 	sets atomic.Pointer[[itemCacheSets][itemCacheWays]atomic.Pointer[cachedItem]]
@@ -182,8 +183,7 @@ func skipString(data []byte, i int) int {
 // the first byte of x, in little-endian order, that is a quote or a
 // backslash, or 0 when there is none.
 func quoteOrBackslash(x uint64) uint64 {
-	const ones = 0x0101010101010101
 	q := x ^ ones*'"'
 	b := x ^ ones*'\\'
-	return ((q-ones)&^q | (b-ones)&^b) & (ones << 7)
+	return ((q-ones)&^q | (b-ones)&^b) & highs
 }

@@ -353,16 +353,7 @@ func (p *scanner) failChar(msg string) bool {
 	return false
 }
 
-func (p *scanner) skipWS() {
-	for p.pos < len(p.data) {
-		switch p.data[p.pos] {
-		case ' ', '\t', '\n', '\r':
-			p.pos++
-		default:
-			return
-		}
-	}
-}
+func (p *scanner) skipWS() { p.pos = skipSpace(p.data, p.pos) }
 
 // document parses one complete JSON text.
 func (p *scanner) document(pl place) bool {
@@ -931,8 +922,14 @@ func (p *scanner) writeCallArguments() {
 	if sub.document(placeExact) {
 		content = sub.out
 	}
+	p.writeString(content)
+}
+
+// writeString writes the string of content s, valid UTF-8, in canonical
+// encoding.
+func (p *scanner) writeString(s []byte) {
 	p.out = append(p.out, '"')
-	p.out = appendContent(p.out, content)
+	p.out = appendContent(p.out, s)
 	p.out = append(p.out, '"')
 }
 
@@ -951,9 +948,7 @@ func (p *scanner) untypedArguments(typeUnread bool) (call, ok bool) {
 		p.writeCallArguments()
 		return true, true
 	}
-	p.out = append(p.out, '"')
-	p.out = appendContent(p.out, p.argDecoded)
-	p.out = append(p.out, '"')
+	p.writeString(p.argDecoded)
 	return false, true
 }
 
@@ -1409,15 +1404,11 @@ func (p *scanner) scanStringSlow(dst []byte, canon bool) ([]byte, bool) {
 	start := i
 	p.escaped = false
 	for {
-		// Skip plain ASCII eight bytes at a time. A byte of the mask has its
-		// high bit set where x has a byte >= 0x80, < 0x20, '"' or '\\'; false
-		// positives from borrows only occur above a true one, so the lowest
-		// set bit marks the first byte that needs attention.
+		// Skip plain ASCII eight bytes at a time: the mask marks a byte >=
+		// 0x80 and those attention marks.
 		for i+8 <= len(data) {
 			x := binary.LittleEndian.Uint64(data[i:])
-			q := x ^ (ones * '"')
-			b := x ^ (ones * '\\')
-			if m := (x | (x - ones*0x20) | (q - ones) | (b - ones)) & highs; m != 0 {
+			if m := attention(x) | x&highs; m != 0 {
 				i += bits.TrailingZeros64(m) >> 3
 				break
 			}
