@@ -1,10 +1,10 @@
 package store
 
 import (
-	"encoding/hex"
 	"errors"
 
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/rediskeys"
 )
 
@@ -63,12 +63,11 @@ func (k keyspace) appendOwner(b []byte, p int, o identity.Owner) []byte {
 }
 
 // answer returns the answer key of the call of op on owner o in its
-// partition p (internal/lua/oplog.lua): op in hex, as lua.CallIDKey spells
-// it.
+// partition p (internal/lua/oplog.lua).
 func (k keyspace) answer(p int, o identity.Owner, op string) string {
 	var buf [128]byte
 	b := append(append(append(buf[:0], k.parts[p].answers...), o.Key()...), ':')
-	return string(hex.AppendEncode(b, []byte(op)))
+	return string(lua.AppendCallIDKey(b, op))
 }
 
 // lru returns the key of partition p's LRU.

@@ -192,7 +192,10 @@ func NewCallID(deadline int64) string {
 
 // CallIDKey returns a call id in lowercase hex, as the name of the call's
 // answer key ends.
-func CallIDKey(id string) string { return hex.EncodeToString([]byte(id)) }
+func CallIDKey(id string) string { return string(AppendCallIDKey(nil, id)) }
+
+// AppendCallIDKey appends CallIDKey(id) to b.
+func AppendCallIDKey(b []byte, id string) []byte { return hex.AppendEncode(b, []byte(id)) }
 
 // Hash returns the script's SHA1, as EVALSHA names it.
 func (s *Script) Hash() string { return s.script.Hash() }
