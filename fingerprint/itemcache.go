@@ -28,16 +28,18 @@ import (
 // set of itemCacheWays slots and its home in the set. The item takes its
 // home when it is free, else a free slot, else, when all are taken, its
 // home, and the item there moves to another slot; a lookup reads the item
-// at its home first, so that it usually reads one item. The slots are
-// allocated at the first item put, so that a Parser that parses nothing
-// costs nothing.
+// at its home first, so that it usually reads one item. A slot holds its
+// item in place, under a sequence number (a seqlock), so that the cache
+// holds no pointers for the garbage collector to follow and a put
+// allocates nothing. The slots are allocated at the first item put, so
+// that a Parser that parses nothing costs nothing.
 type itemCache struct {
 	key  [32]byte
-	sets atomic.Pointer[[itemCacheSets][itemCacheWays]atomic.Pointer[cachedItem]]
+	sets atomic.Pointer[[itemCacheSets][itemCacheWays]cacheSlot]
 }
 
-// The cache holds itemCacheSets × itemCacheWays items at most (about 64
-// bytes each, and 8 a slot).
+// The cache holds itemCacheSets × itemCacheWays items at most (a 64-byte
+// slot each: 8 MiB).
 const (
 	itemCacheSets = 1 << 13
 	itemCacheWays = 16
@@ -53,6 +55,77 @@ type cachedItem struct {
 	linked     bool  // prev and next are set
 	prev, next uint64
 }
+
+// cacheSlot holds one cachedItem. seq is even while the slot is stable
+// (0 while it has never held an item) and odd while a put writes it: a
+// reader that sees it change, or odd, reads nothing.
+type cacheSlot struct {
+	seq atomic.Uint64
+	// key[0], key[1], digest, the canonical length with the flags in its
+	// low bits (slotReference, slotLinked), prev, next.
+	w [6]atomic.Uint64
+	_ uint64 // a slot fills a 64-byte cache line
+}
+
+const (
+	slotReference = 1 << iota
+	slotLinked
+	slotFlags = 2
+)
+
+// find returns the slot's item if it holds one whose key is h.
+func (s *cacheSlot) find(h [2]uint64) (cachedItem, bool) {
+	if s.w[0].Load() != h[0] {
+		return cachedItem{}, false
+	}
+	it, ok := s.load()
+	return it, ok && it.key == h
+}
+
+// load returns the slot's item, read whole, and whether it holds one.
+func (s *cacheSlot) load() (cachedItem, bool) {
+	seq := s.seq.Load()
+	if seq == 0 || seq&1 != 0 {
+		return cachedItem{}, false
+	}
+	meta := s.w[3].Load()
+	it := cachedItem{
+		key:       [2]uint64{s.w[0].Load(), s.w[1].Load()},
+		digest:    s.w[2].Load(),
+		canonical: int64(meta >> slotFlags),
+		reference: meta&slotReference != 0,
+		linked:    meta&slotLinked != 0,
+		prev:      s.w[4].Load(),
+		next:      s.w[5].Load(),
+	}
+	return it, s.seq.Load() == seq
+}
+
+// store writes it into the slot, unless another put is writing it (a
+// cache may drop what it is given).
+func (s *cacheSlot) store(it cachedItem) {
+	seq := s.seq.Load()
+	if seq&1 != 0 || !s.seq.CompareAndSwap(seq, seq+1) {
+		return
+	}
+	meta := uint64(it.canonical) << slotFlags
+	if it.reference {
+		meta |= slotReference
+	}
+	if it.linked {
+		meta |= slotLinked
+	}
+	s.w[0].Store(it.key[0])
+	s.w[1].Store(it.key[1])
+	s.w[2].Store(it.digest)
+	s.w[3].Store(meta)
+	s.w[4].Store(it.prev)
+	s.w[5].Store(it.next)
+	s.seq.Store(seq + 2)
+}
+
+// free reports whether the slot has never held an item.
+func (s *cacheSlot) free() bool { return s.seq.Load() == 0 }
 
 func newItemCache() *itemCache {
 	c := &itemCache{}
@@ -80,12 +153,12 @@ func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
 	}
 	s, home := slot(h)
 	set := &sets[s]
-	if it := set[home].Load(); it != nil && it.key == h {
-		return *it, true
+	if it, ok := set[home].find(h); ok {
+		return it, true
 	}
 	for i := range set {
-		if it := set[i].Load(); it != nil && it.key == h {
-			return *it, true
+		if it, ok := set[i].find(h); ok {
+			return it, true
 		}
 	}
 	return cachedItem{}, false
@@ -95,17 +168,19 @@ func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
 func (c *itemCache) put(h [2]uint64, it cachedItem) {
 	sets := c.sets.Load()
 	if sets == nil {
-		c.sets.CompareAndSwap(nil, new([itemCacheSets][itemCacheWays]atomic.Pointer[cachedItem]))
+		c.sets.CompareAndSwap(nil, new([itemCacheSets][itemCacheWays]cacheSlot))
 		sets = c.sets.Load()
 	}
 	it.key = h
 	s, home := slot(h)
 	set := &sets[s]
-	if set[home].CompareAndSwap(nil, &it) {
+	if set[home].free() {
+		set[home].store(it)
 		return
 	}
 	for i := range set {
-		if set[i].Load() == nil && set[i].CompareAndSwap(nil, &it) {
+		if set[i].free() {
+			set[i].store(it)
 			return
 		}
 	}
@@ -113,8 +188,10 @@ func (c *itemCache) put(h [2]uint64, it cachedItem) {
 	// another slot, named by the rest of the key, so that two items of one
 	// conversation with the same home do not evict each other turn after
 	// turn.
-	if old := set[home].Swap(&it); old != nil {
-		set[(home+1+h[1]%(itemCacheWays-1))%itemCacheWays].Store(old)
+	old, ok := set[home].load()
+	set[home].store(it)
+	if ok {
+		set[(home+1+h[1]%(itemCacheWays-1))%itemCacheWays].store(old)
 	}
 }
 

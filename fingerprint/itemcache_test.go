@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -77,7 +78,7 @@ func TestItemCacheNeverChangesAResult(t *testing.T) {
 	for _, profile := range []Profile{V2(), V3()} {
 		cached := mustParser(profile, testKey)
 		plain := mustParser(profile, testKey)
-		plain.items = nil
+		plain.items, plain.runs = nil, nil
 		hits := 0
 		for i, body := range bodies {
 			want, wantErr := plain.Parse(body)
@@ -142,7 +143,7 @@ func TestItemCacheHoldsWhatFitsAndStaysBounded(t *testing.T) {
 	sets := c.sets.Load()
 	for i := range sets {
 		for j := range sets[i] {
-			if sets[i][j].Load() != nil {
+			if !sets[i][j].free() {
 				held++
 			}
 		}
@@ -205,7 +206,7 @@ func TestItemCacheChainLinks(t *testing.T) {
 		body(0, 0, 0, 0), body(4, 0, 1, 2, 3), body(0, 1, 5, 2, 3), body(2),
 	}
 	plain := mustParser(V2(), testKey)
-	plain.items = nil
+	plain.items, plain.runs = nil, nil
 	want := make([][]uint64, len(bodies))
 	for i, b := range bodies {
 		r, err := plain.Parse(b)
@@ -226,4 +227,40 @@ func TestItemCacheChainLinks(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// Puts and gets at once on one set never give an item made of two: every
+// item found is whole, each of its words a function of its key.
+func TestItemCacheNeverGivesATornItem(t *testing.T) {
+	c := newItemCache()
+	c.put([2]uint64{}, cachedItem{}) // allocates the slots
+	whole := func(k uint64) cachedItem {
+		return cachedItem{digest: k * 3, canonical: int64(k % 1000), reference: k%2 == 0, linked: true, prev: k * 5, next: k * 7}
+	}
+	// Keys of one set, with many homes: they displace one another.
+	key := func(k uint64) [2]uint64 { return [2]uint64{k * itemCacheSets, k} }
+	var wg sync.WaitGroup
+	var found atomic.Int64
+	for g := range 4 {
+		wg.Go(func() {
+			for n := range 300_000 {
+				k := uint64(1 + (n*7+g)%64)
+				if g%2 == 0 {
+					c.put(key(k), whole(k))
+					continue
+				}
+				if it, ok := c.get(key(k)); ok {
+					found.Add(1)
+					want := whole(k)
+					want.key = key(k)
+					if it != want {
+						t.Errorf("key %d gave %+v", k, it)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Positive(t, found.Load())
 }

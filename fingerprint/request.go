@@ -36,6 +36,7 @@ type Parser struct {
 	key   [KeySize]byte
 	seed  uint64     // h(0)
 	items *itemCache // what items seen before gave (itemcache.go)
+	runs  *runCache  // what input arrays seen before gave (runcache.go)
 }
 
 // New returns a parser for profile and key. An invalid profile gives an
@@ -45,7 +46,7 @@ func New(profile Profile, key Key) (*Parser, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Parser{id: profile.ID(), rules: r, key: key, items: newItemCache()}
+	p := &Parser{id: profile.ID(), rules: r, key: key, items: newItemCache(), runs: newRunCache()}
 	p.seed = p.sum([]byte(ChainSeedText))
 	return p, nil
 }
@@ -168,11 +169,12 @@ func (t Transcript) PrefixOf(r *Request) bool {
 // the digest of the canonical body without input and the profile's prompt
 // members ("{}" when nothing is left).
 //
-// Parse keeps its own copy of body, so the caller may reuse body
-// afterwards. Errors wrap ErrInvalidRequest and name the byte offset and,
-// where known, the path of the problem, such as input[3].content[0].
+// The Request refers to body rather than copying it: the caller must not
+// modify body while it uses the Request or anything taken from it.
+// Errors wrap ErrInvalidRequest and name the byte offset and, where
+// known, the path of the problem, such as input[3].content[0].
 func (p *Parser) Parse(body []byte) (*Request, error) {
-	buf := slices.Clone(body)
+	buf := body
 	s := getScanner(buf, p.rules)
 	defer putScanner(s)
 	s.parser = p
@@ -205,6 +207,7 @@ func (p *Parser) Parse(body []byte) (*Request, error) {
 	if slices.Contains(s.itemRef, true) {
 		r.refs = slices.Clone(s.itemRef)
 	}
+	s.keepRun(r)
 	return r, nil
 }
 
@@ -318,7 +321,11 @@ func (r *Request) ContinuedBody(previousResponseID string, from int) ([]byte, er
 		edits = append(edits, edit{open, open, slices.Concat([]byte(`"previous_response_id":`), id, []byte{','})})
 	}
 	slices.SortFunc(edits, func(a, b edit) int { return a.at - b.at })
-	out := make([]byte, 0, len(r.body)+len(id)+32)
+	size := len(r.body)
+	for _, e := range edits {
+		size += len(e.val) - (e.end - e.at)
+	}
+	out := make([]byte, 0, size)
 	last := 0
 	for _, e := range edits {
 		out = append(out, r.body[last:e.at]...)

@@ -135,11 +135,8 @@ func TestInputReturnsOriginalBytes(t *testing.T) {
 		got[i] = string(raw)
 	}
 	assert.Equal(t, want, got)
+	assert.Same(t, &body[0], &r.Body()[0], "the request refers to the body, uncopied")
 
-	for i := range body {
-		body[i] = 'X'
-	}
-	assert.Equal(t, want[0], string(r.Items()[0]), "the request keeps its own copy of the body")
 	items := r.Items()
 	_ = append(items[0], "tail"...)
 	assert.Equal(t, `"x\/y"`, string(r.Items()[1]), "appending to an item does not overwrite the next one")

@@ -125,6 +125,7 @@ type scanner struct {
 	itemDigest []uint64
 	itemChain  []uint64 // h(k) of each item k
 	itemRef    []bool   // whether each item is an item_reference
+	itemSpans  []uint32 // each item's start and end, from inputStart
 	itemBytes  int64
 	misses     int // items in a row the item cache did not hold
 	inputStart int // span of the body's input value; -1 when absent
@@ -134,6 +135,11 @@ type scanner struct {
 	top        []topMember // the body's members
 	// inputSkipped tells that the input was passed over (skipInput).
 	inputSkipped bool
+	// The run the input array resumed from (runcache.go), the head of its
+	// array, and the hash of its bytes so far.
+	run     *run
+	runHead [2]uint64
+	hasher  runHasher
 
 	errOff  int
 	errMsg  string
@@ -175,6 +181,7 @@ func putScanner(p *scanner) {
 	p.data = nil
 	p.rules = nil
 	p.parser = nil
+	p.run = nil
 	clear(p.members[:cap(p.members)])
 	clear(p.path[:cap(p.path)])
 	// Items are only appended between two resets, so those beyond its
@@ -196,7 +203,7 @@ func putScanner(p *scanner) {
 func (p *scanner) retained() int {
 	return cap(p.out) + cap(p.itemOut) + cap(p.scratch) + cap(p.keys) + cap(p.argDecoded) + cap(p.argOut) +
 		cap(p.formOut) + cap(p.itemID) +
-		cap(p.itemRaw)*int(unsafe.Sizeof(json.RawMessage{})) + cap(p.itemDigest)*8 + cap(p.itemChain)*8 + cap(p.itemRef) +
+		cap(p.itemRaw)*int(unsafe.Sizeof(json.RawMessage{})) + cap(p.itemDigest)*8 + cap(p.itemChain)*8 + cap(p.itemRef) + cap(p.itemSpans)*4 +
 		cap(p.members)*int(unsafe.Sizeof(member{})) + cap(p.path)*int(unsafe.Sizeof(frame{})) +
 		cap(p.top)*int(unsafe.Sizeof(topMember{}))
 }
@@ -213,6 +220,7 @@ func (p *scanner) reset(data []byte) {
 	p.itemDigest = p.itemDigest[:0]
 	p.itemChain = p.itemChain[:0]
 	p.itemRef = p.itemRef[:0]
+	p.itemSpans = p.itemSpans[:0]
 	p.itemBytes, p.misses = 0, 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
 	p.inputSkipped = false
@@ -423,16 +431,22 @@ func (p *scanner) array(elem place) bool {
 	if p.pos < len(p.data) && p.data[p.pos] == ']' {
 		p.pos++
 	} else {
-		for i := 0; ; i++ {
+		resumed := 0 // items the run cache gave, p.pos after the last
+		if items {
+			resumed = p.resume()
+		}
+		for i := max(resumed-1, 0); ; i++ {
 			p.path[f].index = i
-			var ok bool
-			if items {
-				ok = p.item()
-			} else {
-				ok = p.value(elem)
-			}
-			if !ok {
-				return false
+			if i >= resumed {
+				var ok bool
+				if items {
+					ok = p.item()
+				} else {
+					ok = p.value(elem)
+				}
+				if !ok {
+					return false
+				}
 			}
 			p.skipWS()
 			if p.pos < len(p.data) {
@@ -596,6 +610,7 @@ func (p *scanner) record(start int, it cachedItem) cachedItem {
 		it.linked, it.prev, it.next = true, prev, p.parser.next(prev, it.digest)
 	}
 	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
+	p.itemSpans = append(p.itemSpans, uint32(start-p.inputStart), uint32(p.pos-p.inputStart))
 	p.itemDigest = append(p.itemDigest, it.digest)
 	p.itemChain = append(p.itemChain, it.next)
 	p.itemRef = append(p.itemRef, it.reference)
