@@ -200,8 +200,7 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 		return nil, fmt.Errorf("replica %s refused the turn: %d %s", c.origin.Replica, resp.StatusCode,
 			gjson.GetBytes(b, "error.message").String())
 	}
-	return &reply{status: resp.StatusCode, header: resp.Header, next: sseReader(resp.Body),
-		done: func() { _ = resp.Body.Close() }}, nil
+	return eventReply(resp), nil
 }
 
 // serveForwarded runs a turn another replica handed over: on the socket it

@@ -713,7 +713,19 @@ func startEvents(w http.ResponseWriter) {
 // seal is relay's.
 func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err error, seal func(outcome)) outcome {
 	var col collector
-	flusher, _ := w.(http.Flusher)
+	flush := func() {}
+	if f, ok := w.(http.Flusher); ok {
+		flush = f.Flush
+	}
+	// Events the upstream sent together go out together: what was written
+	// is flushed before the relay reads more of the upstream's stream, and
+	// after the last event. An upstream that hands over events one by one
+	// has each flushed.
+	together := rep.stream != nil
+	if together {
+		rep.stream.wait = flush
+		defer func() { rep.stream.wait = nil }()
+	}
 	gone := false
 	var buf bytes.Buffer
 	for ; err == nil; ev, err = rep.next() {
@@ -730,8 +742,8 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 			buf.WriteString("\n\n")
 			if _, werr := w.Write(buf.Bytes()); werr != nil {
 				gone = true // keep reading: the turn ends when the upstream's does
-			} else if flusher != nil {
-				flusher.Flush()
+			} else if !together || done {
+				flush()
 			}
 		}
 		if done {
@@ -804,7 +816,7 @@ func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
 
 // hideID shows the member at path as null when it holds id.
 func hideID(data []byte, path, id string) []byte {
-	if id == "" || gjson.GetBytes(data, path).String() != id {
+	if id == "" || absent(data, id) || gjson.GetBytes(data, path).String() != id {
 		return data
 	}
 	out, err := sjson.SetRawBytes(data, path, []byte("null"))
@@ -812,6 +824,12 @@ func hideID(data []byte, path, id string) []byte {
 		return data
 	}
 	return out
+}
+
+// absent reports whether data, JSON, certainly has no string s: s is
+// not in it, and no escape could spell it otherwise.
+func absent(data []byte, s string) bool {
+	return !bytes.Contains(data, []byte(s)) && bytes.IndexByte(data, '\\') < 0
 }
 
 // rawArray returns the elements of a JSON array.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -577,5 +578,74 @@ func TestTheNextTurnSentAtTheTerminalEventContinues(t *testing.T) {
 			st := r.proxy.Stats()
 			assert.Equal(t, st.Turns-1, st.Continued, "every turn after the first continues")
 		})
+	}
+}
+
+// Events that the upstream sends together reach the client together; an
+// event after which the upstream waits reaches the client before the
+// upstream goes on.
+func TestEventsReachTheClientBeforeTheUpstreamGoesOn(t *testing.T) {
+	release := make(chan struct{})
+	let := sync.OnceFunc(func() { close(release) })
+	events := func(w io.Writer, evs ...string) {
+		for _, ev := range evs {
+			fmt.Fprintf(w, "event: %s\ndata: %s\n\n", gjson.Get(ev, "type").String(), ev)
+		}
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		events(w,
+			`{"type":"response.created","response":{"id":"resp_1","status":"in_progress","output":[]}}`,
+			`{"type":"response.in_progress","response":{"id":"resp_1","status":"in_progress","output":[]}}`)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release: // the client has read both
+		case <-time.After(10 * time.Second):
+			return
+		}
+		item := `{"type":"message","id":"msg_1","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}`
+		events(w,
+			`{"type":"response.output_item.done","output_index":0,"item":`+item+`}`,
+			`{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[`+item+`]}}`)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(let)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, overHTTP, st, up.URL+"/v1"))
+	t.Cleanup(srv.Close)
+
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses",
+		strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+	require.NoError(t, err)
+	req.Header.Set("X-Session-Id", "s1")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var seen []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if typ, ok := strings.CutPrefix(sc.Text(), "event: "); ok {
+			seen = append(seen, typ)
+			if typ == "response.in_progress" {
+				let()
+			}
+		}
+	}
+	assert.Equal(t, []string{"response.created", "response.in_progress", "response.output_item.done", "response.completed"}, seen)
+}
+
+// The previous_response_id the proxy sent shows as null in the events,
+// however the upstream spells it; other ids, and events without it, pass
+// unchanged.
+func TestHideIDHoweverSpelled(t *testing.T) {
+	for data, want := range map[string]string{
+		`{"response":{"id":"resp_2","previous_response_id":"resp_1"}}`:      `{"response":{"id":"resp_2","previous_response_id":null}}`,
+		`{"response":{"id":"resp_2","previous_response_id":"resp\u005f1"}}`: `{"response":{"id":"resp_2","previous_response_id":null}}`,
+		`{"response":{"id":"resp_2","previous_response_id":"resp_9"}}`:      `{"response":{"id":"resp_2","previous_response_id":"resp_9"}}`,
+		`{"type":"response.output_text.delta","delta":"resp_1"}`:            `{"type":"response.output_text.delta","delta":"resp_1"}`,
+	} {
+		assert.Equal(t, want, string(hideID([]byte(data), "response.previous_response_id", "resp_1")), data)
 	}
 }

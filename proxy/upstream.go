@@ -60,6 +60,10 @@ type reply struct {
 	body []byte
 	// next returns the next event; io.EOF after the last one.
 	next func() (event, error)
+	// stream is the answer's event stream when next reads one over HTTP:
+	// the relay sets its wait, to flush what it wrote before next reads
+	// more of the stream.
+	stream *waitReader
 	// done releases what the reply holds; it may be nil.
 	done func()
 }
@@ -188,11 +192,10 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	if err != nil {
 		return nil, err
 	}
-	rep := &reply{status: resp.StatusCode, header: resp.Header}
 	if stream && resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		rep.next, rep.done = sseReader(resp.Body), func() { _ = resp.Body.Close() }
-		return rep, nil
+		return eventReply(resp), nil
 	}
+	rep := &reply{status: resp.StatusCode, header: resp.Header}
 	defer resp.Body.Close()
 	if rep.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody+1)); err != nil {
 		return nil, fmt.Errorf("reading the upstream's answer: %w", err)
@@ -201,6 +204,14 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 		return nil, fmt.Errorf("the upstream's answer is larger than %d bytes", maxUpstreamBody)
 	}
 	return rep, nil
+}
+
+// eventReply returns the reply that reads resp's event stream.
+func eventReply(resp *http.Response) *reply {
+	rep := &reply{status: resp.StatusCode, header: resp.Header, stream: &waitReader{r: resp.Body},
+		done: func() { _ = resp.Body.Close() }}
+	rep.next = sseReader(rep.stream)
+	return rep
 }
 
 // newPost returns a POST of a create-response body to url carrying the
@@ -234,7 +245,10 @@ func sseReader(r io.Reader) func() (event, error) {
 				if data == nil {
 					continue // blank lines between events, or a comment-only block
 				}
-				ev.data = bytes.Join(data, []byte("\n"))
+				ev.data = data[0]
+				if len(data) > 1 {
+					ev.data = bytes.Join(data, []byte("\n"))
+				}
 				if ev.typ == "" {
 					ev.typ = eventType(ev.data)
 				}
@@ -257,6 +271,20 @@ func sseReader(r io.Reader) func() (event, error) {
 		}
 		return event{}, io.EOF
 	}
+}
+
+// waitReader reads r, calling wait, when set, before each read: the point
+// where its reader may wait for more of r.
+type waitReader struct {
+	r    io.Reader
+	wait func()
+}
+
+func (w *waitReader) Read(p []byte) (int, error) {
+	if w.wait != nil {
+		w.wait()
+	}
+	return w.r.Read(p)
 }
 
 // hopHeaders are the hop-by-hop headers a proxy does not forward (RFC 9110
