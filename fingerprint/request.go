@@ -173,11 +173,21 @@ func (t Transcript) PrefixOf(r *Request) bool {
 // modify body while it uses the Request or anything taken from it.
 // Errors wrap ErrInvalidRequest and name the byte offset and, where
 // known, the path of the problem, such as input[3].content[0].
-func (p *Parser) Parse(body []byte) (*Request, error) {
+func (p *Parser) Parse(body []byte) (*Request, error) { return p.parse(body, false) }
+
+// Skim parses body as Parse does, but passes over its input unread, as
+// Parse does when the upstream holds the conversation (InputSkipped): for
+// a gateway that reads a request's members and decides nothing for it,
+// such as one that never continues. The request has no items.
+func (p *Parser) Skim(body []byte) (*Request, error) { return p.parse(body, true) }
+
+// parse is Parse, or Skim when skim is set.
+func (p *Parser) parse(body []byte, skim bool) (*Request, error) {
 	buf := body
 	s := getScanner(buf, p.rules)
 	defer putScanner(s)
 	s.parser = p
+	s.skim = skim
 	s.skipWS()
 	if s.pos >= len(buf) || buf[s.pos] != '{' {
 		s.fail(s.pos, "body is not a JSON object")

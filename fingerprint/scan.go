@@ -133,8 +133,9 @@ type scanner struct {
 	prevStart  int // span of the body's previous_response_id value; -1 when absent
 	prevEnd    int
 	top        []topMember // the body's members
-	// inputSkipped tells that the input was passed over (skipInput).
-	inputSkipped bool
+	// inputSkipped tells that the input was passed over (skipInput),
+	// which skim asks for every body.
+	inputSkipped, skim bool
 	// The run the input array resumed from (runcache.go), the head of its
 	// array, and the hash of its bytes so far.
 	run     *run
@@ -223,7 +224,7 @@ func (p *scanner) reset(data []byte) {
 	p.itemSpans = p.itemSpans[:0]
 	p.itemBytes, p.misses = 0, 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
-	p.inputSkipped = false
+	p.inputSkipped, p.skim = false, false
 	p.top = p.top[:0]
 	p.errOff, p.errMsg, p.errChar = 0, "", false
 }
@@ -684,7 +685,7 @@ func (p *scanner) object(pl place) bool {
 			}
 			if pl == placeBody && string(key) == "input" {
 				p.out = p.out[:commaAt]
-				if p.upstreamHolds() {
+				if p.skim || p.upstreamHolds() {
 					if !p.skipInput() {
 						return false
 					}

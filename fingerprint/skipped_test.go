@@ -46,3 +46,30 @@ func TestParseSkipsTheInputTheUpstreamHolds(t *testing.T) {
 		assert.ErrorIs(t, err, ErrInvalidRequest, body)
 	}
 }
+
+// Skim passes over every body's input, wherever it stands, as Parse does
+// over one the upstream holds; the rest of the body is parsed as always.
+func TestSkimPassesOverTheInput(t *testing.T) {
+	const refused = `[{"role":"user","content":"a","content":"b"}]` // a duplicate key
+	for _, body := range []string{
+		`{"model":"m","input":` + refused + `,"stream":true}`,
+		`{"input":"a","previous_response_id":null}`,
+		`{"model":"m"}`,
+	} {
+		r, err := testParser.Skim([]byte(body))
+		require.NoError(t, err, body)
+		assert.Zero(t, r.Len(), body)
+		in, ok := r.Member("input")
+		assert.Equal(t, ok, r.InputSkipped(), body)
+		if ok {
+			assert.Contains(t, body, `"input":`+string(in), body)
+		}
+	}
+	for _, body := range []string{`{"model":"m","input":` + refused[:20], `{"model":"m","model":"n","input":[]}`, `[]`} {
+		_, err := testParser.Skim([]byte(body))
+		assert.ErrorIs(t, err, ErrInvalidRequest, body)
+	}
+	r, err := testParser.Parse([]byte(`{"input":"a"}`))
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Len(), "a skim leaves nothing behind for the next parse")
+}

@@ -332,7 +332,9 @@ func TestAProbeAcceptedResumesContinuing(t *testing.T) {
 }
 
 // With NoContinuation nothing continues, even in front of an upstream
-// that could, and the store is not used.
+// that could, and the store is not used. The input is not read: an item
+// with a duplicate key, which the fingerprint scanner refuses and JSON
+// decoders accept, goes upstream as received, and no item is counted.
 func TestNoContinuationNeverContinues(t *testing.T) {
 	for _, tr := range []transport{overHTTP, overWebSocket} {
 		t.Run(string(tr), func(t *testing.T) {
@@ -348,9 +350,13 @@ func TestNoContinuationNeverContinues(t *testing.T) {
 			assert.Zero(t, st.Continued)
 			assert.Zero(t, st.FullContextRetries)
 			assert.Zero(t, st.ContinuationsPaused)
-			assert.Positive(t, st.ItemsReceived)
-			assert.Equal(t, st.ItemsReceived, st.ItemsSent)
+			assert.Zero(t, st.ItemsReceived, "the input is not read")
+			assert.Zero(t, st.ItemsSent)
 			assert.Equal(t, st.BytesReceived, st.BytesSent)
+			status, _, _, err := postBytes(t.Context(), r.url, "s1",
+				[]byte(`{"model":"gpt-test","input":[{"role":"user","content":"again","content":"again"}]}`))
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, status)
 			ss, err := r.store.Stats(t.Context())
 			require.NoError(t, err)
 			assert.Zero(t, ss.Total.Owners, "nothing reserved")

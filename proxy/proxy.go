@@ -237,8 +237,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer h.release()
 	// The body is parsed once, by the fingerprint scanner: every member the
-	// proxy reads comes from that pass (Request.Member).
-	req, err := p.cfg.Store.ParseRequest(body)
+	// proxy reads comes from that pass (Request.Member). NoContinuation
+	// decides nothing, so the input is not even read.
+	parse := p.cfg.Store.ParseRequest
+	if p.cfg.NoContinuation {
+		parse = p.cfg.Store.SkimRequest
+	}
+	req, err := parse(body)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
 		return

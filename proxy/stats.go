@@ -27,7 +27,9 @@ type Stats struct {
 	// carried for others.
 	Forwarded, ForwardFailures, ForwardedIn int64
 	// ItemsReceived and ItemsSent count input items in client requests
-	// and in upstream requests (retries included).
+	// and in upstream requests (retries included); the input of a request
+	// that keeps its conversation upstream, or of any under
+	// NoContinuation, is not read and counts none.
 	ItemsReceived, ItemsSent int64
 	// BytesReceived and BytesSent count request body bytes from clients
 	// and to the upstream (retries included).

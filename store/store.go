@@ -287,9 +287,17 @@ func (s *Store) withReplica(replica string) *Store {
 
 // ParseRequest parses a request body under the namespace's fingerprint
 // profile and key; errors wrap ErrInvalidRequest and name the problem's path
-// and offset (see package fingerprint).
+// and offset (see package fingerprint). The request refers to body, which
+// the caller must not modify while it uses the request.
 func (s *Store) ParseRequest(body []byte) (*fingerprint.Request, error) {
 	return s.backend.parser().Parse(body)
+}
+
+// SkimRequest parses a request body as ParseRequest does, but passes over
+// its input unread (fingerprint.Parser.Skim): for a gateway that never
+// continues. Reserve reserves nothing for it.
+func (s *Store) SkimRequest(body []byte) (*fingerprint.Request, error) {
+	return s.backend.parser().Skim(body)
 }
 
 // Options returns the store's options with defaults filled in.
