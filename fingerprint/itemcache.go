@@ -34,8 +34,16 @@ import (
 // allocates nothing. The slots are allocated at the first item put, so
 // that a Parser that parses nothing costs nothing.
 type itemCache struct {
-	key  [32]byte
-	sets atomic.Pointer[[itemCacheSets][itemCacheWays]cacheSlot]
+	key   [32]byte
+	slots atomic.Pointer[cacheSlots]
+}
+
+// cacheSlots are the cache's sets, and which of them are full: a set,
+// once full, stays full (an item only ever replaces another), so that a
+// put into it need not look at every slot for a free one.
+type cacheSlots struct {
+	sets [itemCacheSets][itemCacheWays]cacheSlot
+	full [itemCacheSets]atomic.Bool
 }
 
 // The cache holds itemCacheSets × itemCacheWays items at most (a 64-byte
@@ -147,12 +155,12 @@ func slot(h [2]uint64) (set, home uint64) {
 
 // get returns the item of cache key h, if the cache holds it.
 func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
-	sets := c.sets.Load()
-	if sets == nil {
+	slots := c.slots.Load()
+	if slots == nil {
 		return cachedItem{}, false
 	}
 	s, home := slot(h)
-	set := &sets[s]
+	set := &slots.sets[s]
 	if it, ok := set[home].find(h); ok {
 		return it, true
 	}
@@ -166,23 +174,26 @@ func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
 
 // put stores it under cache key h.
 func (c *itemCache) put(h [2]uint64, it cachedItem) {
-	sets := c.sets.Load()
-	if sets == nil {
-		c.sets.CompareAndSwap(nil, new([itemCacheSets][itemCacheWays]cacheSlot))
-		sets = c.sets.Load()
+	slots := c.slots.Load()
+	if slots == nil {
+		c.slots.CompareAndSwap(nil, new(cacheSlots))
+		slots = c.slots.Load()
 	}
 	it.key = h
 	s, home := slot(h)
-	set := &sets[s]
-	if set[home].free() {
-		set[home].store(it)
-		return
-	}
-	for i := range set {
-		if set[i].free() {
-			set[i].store(it)
+	set := &slots.sets[s]
+	if !slots.full[s].Load() {
+		if set[home].free() {
+			set[home].store(it)
 			return
 		}
+		for i := range set {
+			if set[i].free() {
+				set[i].store(it)
+				return
+			}
+		}
+		slots.full[s].Store(true)
 	}
 	// The set is full: the item takes its home, and the one it displaces
 	// another slot, named by the rest of the key, so that two items of one

@@ -140,7 +140,7 @@ func TestItemCacheHoldsWhatFitsAndStaysBounded(t *testing.T) {
 		put[s]++
 	}
 	held, fits := 0, 0
-	sets := c.sets.Load()
+	sets := &c.slots.Load().sets
 	for i := range sets {
 		for j := range sets[i] {
 			if !sets[i][j].free() {
