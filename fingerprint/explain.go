@@ -39,7 +39,7 @@ func Explain(prev *Request, output []json.RawMessage, next *Request) (Mismatch, 
 		return m, err
 	}
 	m.Prompt = differing(a, b)
-	transcript := slices.Concat(prev.items, output)
+	transcript := slices.Concat(prev.Items(), output)
 	for i, item := range transcript {
 		if i >= next.Len() {
 			m.Item = i
@@ -49,7 +49,7 @@ func Explain(prev *Request, output []json.RawMessage, next *Request) (Mismatch, 
 		if err != nil {
 			return m, err
 		}
-		y, _ := canonical(next.items[i], p.rules, placeItem)
+		y, _ := canonical(next.item(i), p.rules, placeItem)
 		if string(x) == string(y) {
 			continue
 		}

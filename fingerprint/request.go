@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/minio/highwayhash"
 )
@@ -83,10 +84,11 @@ func (p *Parser) next(prev, digest uint64) uint64 {
 type Request struct {
 	parser    *Parser
 	body      []byte
-	items     []json.RawMessage
-	digests   []uint64 // d_1..d_n
-	prefix    []uint64 // h(0)..h(n)
-	refs      []bool   // whether each item is an item_reference; nil when none is
+	spans     []uint32                          // item i is body[input.start+spans[2i] : input.start+spans[2i+1]]
+	items     atomic.Pointer[[]json.RawMessage] // Items, once asked for
+	digests   []uint64                          // d_1..d_n
+	prefix    []uint64                          // h(0)..h(n)
+	refs      []bool                            // whether each item is an item_reference; nil when none is
 	signature uint64
 	bytes     int64
 	input     span // the input member's value
@@ -127,7 +129,7 @@ type Reference struct {
 // item_reference to it. r must come from the parser whose Transcript made
 // t.
 func (t Transcript) PrefixOf(r *Request) bool {
-	if t.Items > len(r.items) {
+	if t.Items > r.Len() {
 		return false
 	}
 	if r.prefix[t.Items] == t.Digest {
@@ -173,21 +175,23 @@ func (t Transcript) PrefixOf(r *Request) bool {
 // modify body while it uses the Request or anything taken from it.
 // Errors wrap ErrInvalidRequest and name the byte offset and, where
 // known, the path of the problem, such as input[3].content[0].
-func (p *Parser) Parse(body []byte) (*Request, error) { return p.parse(body, false) }
+func (p *Parser) Parse(body []byte) (*Request, error) { return p.parse(body, false, nil) }
 
 // Skim parses body as Parse does, but passes over its input unread, as
 // Parse does when the upstream holds the conversation (InputSkipped): for
 // a gateway that reads a request's members and decides nothing for it,
 // such as one that never continues. The request has no items.
-func (p *Parser) Skim(body []byte) (*Request, error) { return p.parse(body, true) }
+func (p *Parser) Skim(body []byte) (*Request, error) { return p.parse(body, true, nil) }
 
-// parse is Parse, or Skim when skim is set.
-func (p *Parser) parse(body []byte, skim bool) (*Request, error) {
+// parse is Parse, or Skim when skim is set; a is what the body's arrival
+// learnt (ReadRequest), or nil.
+func (p *Parser) parse(body []byte, skim bool, a *arrival) (*Request, error) {
 	buf := body
 	s := getScanner(buf, p.rules)
 	defer putScanner(s)
 	s.parser = p
 	s.skim = skim
+	s.arrival = a
 	s.skipWS()
 	if s.pos >= len(buf) || buf[s.pos] != '{' {
 		s.fail(s.pos, "body is not a JSON object")
@@ -196,11 +200,11 @@ func (p *Parser) parse(body []byte, skim bool) (*Request, error) {
 	if !s.document(placeBody) {
 		return nil, s.error("invalid request", "")
 	}
-	n := len(s.itemRaw)
+	n := len(s.itemSpans) / 2
 	r := &Request{
 		parser:    p,
 		body:      buf,
-		items:     slices.Clone(s.itemRaw),
+		spans:     slices.Clone(s.itemSpans),
 		signature: p.sum(s.out),
 		bytes:     s.itemBytes,
 		input:     span{s.inputStart, s.inputEnd},
@@ -247,16 +251,30 @@ func (r *Request) InputSkipped() bool { return r.skipped }
 func (r *Request) Body() []byte { return r.body }
 
 // Len returns the number of input items.
-func (r *Request) Len() int { return len(r.items) }
+func (r *Request) Len() int { return len(r.spans) / 2 }
 
 // Items returns the input items exactly as they appear in the body, without
 // surrounding whitespace. For a string input it returns the string token,
 // quotes included. The returned slice and its contents must not be modified.
 func (r *Request) Items() []json.RawMessage {
-	if len(r.items) == 0 {
+	if r.Len() == 0 {
 		return nil
 	}
-	return r.items[:len(r.items):len(r.items)]
+	if items := r.items.Load(); items != nil {
+		return *items
+	}
+	items := make([]json.RawMessage, r.Len())
+	for i := range items {
+		items[i] = r.item(i)
+	}
+	r.items.CompareAndSwap(nil, &items)
+	return *r.items.Load()
+}
+
+// item returns input item i as it appears in the body.
+func (r *Request) item(i int) json.RawMessage {
+	start, end := r.input.start+int(r.spans[2*i]), r.input.start+int(r.spans[2*i+1])
+	return r.body[start:end:end]
 }
 
 // Signature returns the prompt signature.
@@ -273,7 +291,7 @@ func (r *Request) Prefix(n int) uint64 { return r.prefix[n] }
 // is not valid JSON yields an error wrapping ErrInvalidRequest that names
 // it as output[i], with the offset inside that item.
 func (r *Request) Transcript(output []json.RawMessage) (Transcript, error) {
-	t := Transcript{Items: len(r.items), Digest: r.prefix[len(r.items)], Bytes: r.bytes}
+	t := Transcript{Items: r.Len(), Digest: r.prefix[r.Len()], Bytes: r.bytes}
 	if len(output) == 0 {
 		return t, nil
 	}
@@ -307,16 +325,16 @@ func (r *Request) ContinuedBody(previousResponseID string, from int) ([]byte, er
 	if previousResponseID == "" {
 		return nil, errorf("empty previous response id")
 	}
-	if from < 1 || from >= len(r.items) || r.input.start < 0 {
-		return nil, errorf("continuing from item %d of %d leaves no delta", from, len(r.items))
+	if from < 1 || from >= r.Len() || r.input.start < 0 {
+		return nil, errorf("continuing from item %d of %d leaves no delta", from, r.Len())
 	}
 	id := append(appendContent([]byte{'"'}, []byte(previousResponseID)), '"')
 	input := []byte{'['}
-	for i, it := range r.items[from:] {
-		if i > 0 {
+	for i := from; i < r.Len(); i++ {
+		if i > from {
 			input = append(input, ',')
 		}
-		input = append(input, it...)
+		input = append(input, r.item(i)...)
 	}
 	input = append(input, ']')
 	type edit struct {

@@ -25,10 +25,12 @@ import (
 // gives.
 //
 // A run is found by its head, a hash of its first runHead bytes. One head
-// names up to runWays runs (conversations that open alike), told apart by
-// their tails, a hash of their last runHead bytes, before the whole is
-// hashed. The cache holds runCacheItems items in all: the oldest runs go
-// first, and a run goes as soon as a run that extends it comes.
+// names up to runWays runs (conversations that open alike); an array's
+// bytes are hashed once, from its '[' on, and each run under its head is
+// checked as the hash passes its end (runMatch), so that a body can be
+// checked while it arrives (Parser.ReadRequest). The cache holds
+// runCacheItems items in all: the oldest runs go first, and a run goes as
+// soon as a run that extends it comes.
 type runCache struct {
 	key   [32]byte
 	mu    sync.Mutex
@@ -39,7 +41,7 @@ type runCache struct {
 }
 
 const (
-	runHead       = 256     // bytes hashed for a run's head and tail
+	runHead       = 256     // bytes hashed for a run's head
 	runWays       = 8       // runs a head names at most
 	runCacheItems = 1 << 19 // items held at most, 24 bytes each
 	runMinItems   = 8       // fewer items parse faster than a run is kept
@@ -48,13 +50,13 @@ const (
 // run is what the items of one input array gave, from its '[' to the end
 // of its last item.
 type run struct {
-	head, tail, sum [2]uint64
-	size            int      // bytes, from the '[' to the end of the last item
-	spans           []uint32 // item i is [spans[2i], spans[2i+1]) from the '['
-	digests, chain  []uint64 // chain[i] is h(i+1)
-	refs            []bool   // nil when no item is an item_reference
-	canonical       int64    // the items' canonical bytes
-	at              *list.Element
+	head, sum      [2]uint64
+	size           int      // bytes, from the '[' to the end of the last item
+	spans          []uint32 // item i is [spans[2i], spans[2i+1]) from the '['
+	digests, chain []uint64 // chain[i] is h(i+1)
+	refs           []bool   // nil when no item is an item_reference
+	canonical      int64    // the items' canonical bytes
+	at             *list.Element
 }
 
 func newRunCache() *runCache {
@@ -69,27 +71,13 @@ func (c *runCache) sum128(b []byte) [2]uint64 {
 	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
 }
 
-// candidate returns the longest run under head whose bytes could begin
-// arr, an input array from its '[': it fits, an item's end may follow it,
-// and its tail matches. The caller checks the whole.
-func (c *runCache) candidate(head [2]uint64, arr []byte) *run {
-	var fit [runWays]*run
-	n := 0
+// under returns the runs under head, by size.
+func (c *runCache) under(head [2]uint64) []*run {
 	c.mu.Lock()
-	for _, r := range c.heads[head] {
-		if r.size < len(arr) && endsItem(arr[r.size]) && n < len(fit) {
-			fit[n] = r
-			n++
-		}
-	}
+	runs := slices.Clone(c.heads[head])
 	c.mu.Unlock()
-	slices.SortFunc(fit[:n], func(a, b *run) int { return b.size - a.size })
-	for _, r := range fit[:n] {
-		if c.sum128(arr[r.size-runHead:r.size]) == r.tail {
-			return r // else another conversation that opens alike
-		}
-	}
-	return nil
+	slices.SortFunc(runs, func(a, b *run) int { return a.size - b.size })
+	return runs
 }
 
 // endsItem reports whether c may follow an item of an array.
@@ -154,34 +142,73 @@ func (h *runHasher) start(key *[32]byte) {
 	h.hashed = 0
 }
 
-// sum returns the hash of arr[:n], n at least what was hashed before.
-func (h *runHasher) sum(arr []byte, n int) [2]uint64 {
+// write hashes arr[:n], n at least what was hashed before.
+func (h *runHasher) write(arr []byte, n int) {
 	_, _ = h.h.Write(arr[h.hashed:n])
 	h.hashed = n
+}
+
+// sum returns the hash of arr[:n], n at least what was hashed before.
+func (h *runHasher) sum(arr []byte, n int) [2]uint64 {
+	h.write(arr, n)
 	s := h.h.Sum(h.buf[:0])
 	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
+}
+
+// runMatch finds the longest run whose bytes begin an input array, as the
+// array's bytes come: once its head is in, the head's runs are checked in
+// order of size, each when the byte after its end is in, on one hash of
+// the array's bytes.
+type runMatch struct {
+	started bool
+	head    [2]uint64
+	waiting []*run // the head's runs not yet checked, by size
+	found   *run
+	hasher  runHasher
+}
+
+// feed takes arr, the array's bytes so far from its '['.
+func (m *runMatch) feed(c *runCache, arr []byte) {
+	if !m.started {
+		if len(arr) <= runHead {
+			return
+		}
+		m.started = true
+		m.head = c.sum128(arr[:runHead])
+		m.waiting = c.under(m.head)
+		m.hasher.start(&c.key)
+	}
+	for len(m.waiting) > 0 && m.waiting[0].size < len(arr) {
+		r := m.waiting[0]
+		m.waiting = m.waiting[1:]
+		if endsItem(arr[r.size]) && m.hasher.sum(arr, r.size) == r.sum {
+			m.found = r
+		}
+	}
+	if len(m.waiting) > 0 {
+		m.hasher.write(arr, len(arr))
+	}
 }
 
 // resume takes the first items of the input array that opens at
 // p.inputStart from the run cache, when a run's bytes begin it: it records
 // them as item would have, moves p.pos after the last, and returns how
-// many it took (0 when none).
+// many it took (0 when none). A match the body's arrival settled
+// (Parser.ReadRequest) is taken as it is.
 func (p *scanner) resume() int {
-	p.run = nil
-	if p.parser == nil || p.parser.runs == nil || len(p.data)-p.inputStart <= runHead {
+	if p.parser == nil || p.parser.runs == nil {
 		return 0
 	}
-	c, arr := p.parser.runs, p.data[p.inputStart:]
-	p.hasher.start(&c.key)
-	p.runHead = c.sum128(arr[:runHead])
-	r := c.candidate(p.runHead, arr)
-	if r == nil || p.hasher.sum(arr, r.size) != r.sum {
-		return 0
+	arr := p.data[p.inputStart:]
+	m := &p.match
+	if a := p.arrival; a != nil && a.input == p.inputStart {
+		*m = a.match
 	}
-	p.run = r
-	for i := range r.digests {
-		start, end := p.inputStart+int(r.spans[2*i]), p.inputStart+int(r.spans[2*i+1])
-		p.itemRaw = append(p.itemRaw, p.data[start:end:end])
+	m.feed(p.parser.runs, arr)
+	m.waiting = nil // the whole array is in
+	r := m.found
+	if r == nil {
+		return 0
 	}
 	p.itemSpans = append(p.itemSpans, r.spans...)
 	p.itemDigest = append(p.itemDigest, r.digests...)
@@ -201,7 +228,7 @@ func (p *scanner) resume() int {
 
 // keepRun keeps the input array that req, just parsed from p, has as a
 // run, in place of the run that the parse resumed from. The array was
-// resumed (resume started the hash) unless it is too short to be kept.
+// resumed (its match started) unless it is too short to be kept.
 func (p *scanner) keepRun(req *Request) {
 	c := p.parser.runs
 	n := len(req.digests)
@@ -210,19 +237,22 @@ func (p *scanner) keepRun(req *Request) {
 	}
 	arr := p.data[p.inputStart:]
 	size := int(p.itemSpans[2*n-1])
-	if size <= runHead || size >= len(arr) {
+	m := &p.match
+	if size <= runHead || size >= len(arr) || !m.started {
 		return
 	}
+	if m.hasher.hashed > size { // a run checked ran past the last item
+		m.hasher.start(&c.key)
+	}
 	r := &run{
-		head:      p.runHead,
-		tail:      c.sum128(arr[size-runHead : size]),
-		sum:       p.hasher.sum(arr, size),
+		head:      m.head,
+		sum:       m.hasher.sum(arr, size),
 		size:      size,
-		spans:     slices.Clone(p.itemSpans),
+		spans:     req.spans,
 		digests:   req.digests,
 		chain:     req.prefix[1:],
 		refs:      req.refs,
 		canonical: req.bytes,
 	}
-	c.add(r, p.run)
+	c.add(r, m.found)
 }

@@ -3,7 +3,6 @@ package fingerprint
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"math/bits"
 	"runtime"
 	"slices"
@@ -121,7 +120,6 @@ type scanner struct {
 	// Request parsing.
 	parser     *Parser
 	itemOut    []byte
-	itemRaw    []json.RawMessage
 	itemDigest []uint64
 	itemChain  []uint64 // h(k) of each item k
 	itemRef    []bool   // whether each item is an item_reference
@@ -136,11 +134,10 @@ type scanner struct {
 	// inputSkipped tells that the input was passed over (skipInput),
 	// which skim asks for every body.
 	inputSkipped, skim bool
-	// The run the input array resumed from (runcache.go), the head of its
-	// array, and the hash of its bytes so far.
-	run     *run
-	runHead [2]uint64
-	hasher  runHasher
+	// The run the input array resumed from (runcache.go), and what the
+	// body's arrival learnt of it (Parser.ReadRequest), if it was read so.
+	match   runMatch
+	arrival *arrival
 
 	errOff  int
 	errMsg  string
@@ -182,12 +179,12 @@ func putScanner(p *scanner) {
 	p.data = nil
 	p.rules = nil
 	p.parser = nil
-	p.run = nil
+	p.match = runMatch{hasher: p.match.hasher}
+	p.arrival = nil
 	clear(p.members[:cap(p.members)])
 	clear(p.path[:cap(p.path)])
 	// Items are only appended between two resets, so those beyond its
 	// length were cleared when the scanner was last put back.
-	clear(p.itemRaw)
 	if size <= cacheMaxBuffer {
 		select {
 		case scannerCache <- p:
@@ -204,7 +201,7 @@ func putScanner(p *scanner) {
 func (p *scanner) retained() int {
 	return cap(p.out) + cap(p.itemOut) + cap(p.scratch) + cap(p.keys) + cap(p.argDecoded) + cap(p.argOut) +
 		cap(p.formOut) + cap(p.itemID) +
-		cap(p.itemRaw)*int(unsafe.Sizeof(json.RawMessage{})) + cap(p.itemDigest)*8 + cap(p.itemChain)*8 + cap(p.itemRef) + cap(p.itemSpans)*4 +
+		cap(p.itemDigest)*8 + cap(p.itemChain)*8 + cap(p.itemRef) + cap(p.itemSpans)*4 +
 		cap(p.members)*int(unsafe.Sizeof(member{})) + cap(p.path)*int(unsafe.Sizeof(frame{})) +
 		cap(p.top)*int(unsafe.Sizeof(topMember{}))
 }
@@ -217,7 +214,6 @@ func (p *scanner) reset(data []byte) {
 	p.members = p.members[:0]
 	p.keys = p.keys[:0]
 	p.path = p.path[:0]
-	p.itemRaw = p.itemRaw[:0]
 	p.itemDigest = p.itemDigest[:0]
 	p.itemChain = p.itemChain[:0]
 	p.itemRef = p.itemRef[:0]
@@ -225,6 +221,7 @@ func (p *scanner) reset(data []byte) {
 	p.itemBytes, p.misses = 0, 0
 	p.inputStart, p.inputEnd, p.prevStart, p.prevEnd = -1, -1, -1, -1
 	p.inputSkipped, p.skim = false, false
+	p.match = runMatch{hasher: p.match.hasher}
 	p.top = p.top[:0]
 	p.errOff, p.errMsg, p.errChar = 0, "", false
 }
@@ -571,7 +568,6 @@ func (p *scanner) item() bool {
 		return false
 	}
 	if p.parser == nil {
-		p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
 		p.itemBytes += int64(len(canon))
 		return true
 	}
@@ -610,7 +606,6 @@ func (p *scanner) record(start int, it cachedItem) cachedItem {
 	if !it.linked || it.prev != prev {
 		it.linked, it.prev, it.next = true, prev, p.parser.next(prev, it.digest)
 	}
-	p.itemRaw = append(p.itemRaw, json.RawMessage(p.data[start:p.pos:p.pos]))
 	p.itemSpans = append(p.itemSpans, uint32(start-p.inputStart), uint32(p.pos-p.inputStart))
 	p.itemDigest = append(p.itemDigest, it.digest)
 	p.itemChain = append(p.itemChain, it.next)

@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/contstore/contstore/fingerprint"
+	"github.com/contstore/contstore/store"
 )
 
 // The budget bounds the memory that requests read in full hold at once
@@ -17,13 +20,14 @@ import (
 // a WebSocket message from the moment it is read until it is answered.
 //
 // A body holds its weight: twice its bytes, for the body and one full
-// copy of it (the parse's canonical copy, or the message a WebSocket
-// upstream is sent), and 80 bytes an input item, what the parse keeps for
-// each whatever its size (76 measured). A multiple of the bytes alone
-// would not do: the parse keeps 3 times a body of 30-byte items, and 26
-// times one of {} items. Before the parse the items are counted at most,
-// as the body's commas plus one; after it, exactly. A 31 MB body of 1 M
-// small items weighs 142 MB; one that is a single 30 MB string, 60 MB.
+// copy of it (the message a WebSocket upstream is sent), and 80 bytes an
+// input item, a bound on what the parse keeps for each whatever its size
+// (76 measured when it also kept each item's slice; 24 fewer since). A
+// multiple of the bytes alone would not do: the parse keeps several times
+// a body of 30-byte items, and many times one of {} items. Before the
+// parse the items are counted at most, as the body's commas plus one, held
+// as the body arrives; after it, exactly. A 31 MB body of 1 M small items
+// weighs 142 MB; one that is a single 30 MB string, 60 MB.
 //
 // A WebSocket message weighs twice the body it stands for: the message,
 // its items and that body live beside the body its turn reads and parses,
@@ -153,20 +157,6 @@ func (h *hold) trim(n int64) {
 // release gives back the whole hold.
 func (h *hold) release() { h.trim(0) }
 
-// read reads a body of n bytes (-1 when unknown) and holds its bytes'
-// weight: at once when n is known, else step by step as it is read.
-func (h *hold) read(ctx context.Context, body io.Reader, n int64) ([]byte, error) {
-	if n < 0 {
-		return io.ReadAll(&stepReader{ctx: ctx, r: body, h: h})
-	}
-	if err := h.grow(ctx, weight(n, 0)); err != nil {
-		return nil, err
-	}
-	b := make([]byte, n)
-	_, err := io.ReadFull(body, b)
-	return b, err
-}
-
 // stepReader reads a body of unknown length, holding each step of it
 // before it reads it.
 type stepReader struct {
@@ -192,26 +182,81 @@ func (s *stepReader) Read(p []byte) (int, error) {
 // message's hold covers it.
 type socketTurn struct{}
 
-// holdBody reads a turn's body, bounded by MaxBodyBytes, and holds its
-// weight, its items counted at most, until the caller releases it.
-func (p *Proxy) holdBody(w http.ResponseWriter, r *http.Request) ([]byte, *hold, error) {
+// readTurn reads and parses a turn's body, bounded by MaxBodyBytes, and
+// holds its weight, its items counted at most as they arrive, until the
+// caller releases it. Under NoContinuation the input is not read
+// (Store.SkimRequest). An invalid body gives an error wrapping
+// fingerprint.ErrInvalidRequest; the others are the budget's and the
+// read's.
+func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.Request, *hold, error) {
 	n := r.ContentLength
 	if n == 0 && r.Body != nil && r.Body != http.NoBody {
 		n = -1 // a request made in the process without its length
 	}
+	ctx := r.Context()
 	h := &hold{b: p.budget}
-	if r.Context().Value(socketTurn{}) != nil {
+	if ctx.Value(socketTurn{}) != nil {
 		h.b = nil
 	}
-	body, err := h.read(r.Context(), http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes), n)
+	var in io.Reader = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	err := h.grow(ctx, itemBytes) // the first item, which follows no comma
+	switch {
+	case err != nil:
+	case n < 0:
+		in = &stepReader{ctx: ctx, r: in, h: h}
+	default:
+		err = h.grow(ctx, weight(n, 0))
+	}
+	var req *fingerprint.Request
 	if err == nil {
-		err = h.grow(r.Context(), itemBytes*itemsAtMost(body))
+		in = &commaReader{ctx: ctx, r: in, h: h}
+		if p.cfg.NoContinuation {
+			req, err = skimRequest(p.cfg.Store, in, int(n))
+		} else {
+			req, err = p.cfg.Store.ReadRequest(in, int(n))
+		}
 	}
 	if err != nil {
 		h.release()
 		return nil, nil, err
 	}
-	return body, h, nil
+	return req, h, nil
+}
+
+// skimRequest reads a body of n bytes (-1 when unknown) from r and skims
+// it (Store.SkimRequest).
+func skimRequest(st *store.Store, r io.Reader, n int) (*fingerprint.Request, error) {
+	var body []byte
+	var err error
+	if n < 0 {
+		body, err = io.ReadAll(r)
+	} else {
+		body = make([]byte, n)
+		_, err = io.ReadFull(r, body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return st.SkimRequest(body)
+}
+
+// commaReader holds, as a body is read, an item's weight for each comma
+// in it: before the parse, a body's items are counted at most, as its
+// commas plus one.
+type commaReader struct {
+	ctx context.Context
+	r   io.Reader
+	h   *hold
+}
+
+func (c *commaReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if k := bytes.Count(p[:n], []byte{','}); k > 0 {
+		if herr := c.h.grow(c.ctx, itemBytes*int64(k)); herr != nil {
+			return 0, herr
+		}
+	}
+	return n, err
 }
 
 // holdMessage holds a WebSocket message's weight, twice its body's, its

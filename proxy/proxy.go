@@ -64,6 +64,7 @@ import (
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/route"
 	"github.com/contstore/contstore/store"
@@ -231,23 +232,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.serveEndpoint(w, r) {
 		return // not a turn
 	}
-	body, h, ok := p.readBody(w, r)
+	// The body is parsed once, by the fingerprint scanner, as it arrives:
+	// every member the proxy reads comes from that pass (Request.Member).
+	req, h, ok := p.readRequest(w, r)
 	if !ok {
 		return
 	}
 	defer h.release()
-	// The body is parsed once, by the fingerprint scanner: every member the
-	// proxy reads comes from that pass (Request.Member). NoContinuation
-	// decides nothing, so the input is not even read.
-	parse := p.cfg.Store.ParseRequest
-	if p.cfg.NoContinuation {
-		parse = p.cfg.Store.SkimRequest
-	}
-	req, err := parse(body)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
-		return
-	}
+	body := req.Body()
 	h.trim(weight(int64(len(body)), int64(req.Len())))
 	if r.Header.Get(forwardHeader) != "" {
 		p.serveForwarded(w, r, req)
@@ -260,6 +252,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// NoContinuation, has no owner: the store reserves nothing, and the
 	// body goes upstream as received, by the same path as every turn.
 	var who identity.Owner
+	var err error
 	switch {
 	case passthrough(req):
 		p.stats.add(cPassthrough, 1)
@@ -280,20 +273,24 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.run(w, r, t, who)
 }
 
-// readBody reads a turn's body, bounded by MaxBodyBytes, and holds its
+// readRequest reads and parses a turn's body (readTurn) and holds its
 // weight in the budget (budget.go) until the caller releases the hold; or
 // answers the error and reports false.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *hold, bool) {
+func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprint.Request, *hold, bool) {
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		p.tooLarge(w) // unread
 		return nil, nil, false
 	}
-	body, h, err := p.holdBody(w, r)
-	if err != nil {
+	req, h, err := p.readTurn(w, r)
+	switch {
+	case errors.Is(err, fingerprint.ErrInvalidRequest):
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
+	case err != nil:
 		p.refuseBody(w, err)
-		return nil, nil, false
+	default:
+		return req, h, true
 	}
-	return body, h, true
+	return nil, nil, false
 }
 
 // run sends a turn upstream, relays the answer and ends the turn: every

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -291,6 +292,14 @@ func (s *Store) withReplica(replica string) *Store {
 // the caller must not modify while it uses the request.
 func (s *Store) ParseRequest(body []byte) (*fingerprint.Request, error) {
 	return s.backend.parser().Parse(body)
+}
+
+// ReadRequest reads a request body of size bytes from r (to its end when
+// size is negative) and parses it as ParseRequest does, doing what it can
+// while the body arrives (fingerprint.Parser.ReadRequest). Errors reading
+// r are returned as they are.
+func (s *Store) ReadRequest(r io.Reader, size int) (*fingerprint.Request, error) {
+	return s.backend.parser().ReadRequest(r, size)
 }
 
 // SkimRequest parses a request body as ParseRequest does, but passes over
