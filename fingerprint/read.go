@@ -48,16 +48,21 @@ type arrival struct {
 	at    int  // where the walk stands: after '{', or after a member
 	input int  // the input array's '[', -1 until found
 	done  bool // the walk found no input array to match, or the body is not one
-	match runMatch
+	// The body's bytes when the walk last stopped inside a member: it goes
+	// on once they have doubled, so that a long member is walked over a
+	// few times, not once a read.
+	stopped int
+	match   runMatch
 }
 
 // take takes data, the body's bytes so far.
 func (a *arrival) take(c *runCache, data []byte) {
-	if a.input < 0 && !a.done {
+	if a.input < 0 && !a.done && len(data) >= 2*a.stopped {
 		a.walk(data)
+		a.stopped = len(data)
 	}
 	if a.input >= 0 {
-		a.match.feed(c, data[a.input:])
+		a.match.feed(c, data[a.input:], false)
 	}
 }
 

@@ -119,3 +119,24 @@ func TestReadRequestErrors(t *testing.T) {
 	_, err = testParser.ReadRequest(bytes.NewReader([]byte(`{"input":[}`)), -1)
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 }
+
+// A long member before the input is walked again only once the body's
+// bytes have doubled since the walk last stopped in it, not at every read:
+// a body read a few bytes at a time costs a few walks.
+func TestArrivalWalksALongMemberAFewTimes(t *testing.T) {
+	body := []byte(`{"tools":[` + strings.Repeat(`{"type":"function","name":"f"},`, 10_000) + `{}],"input":[]}`)
+	p := mustParser(V3(), testKey)
+	a := arrival{input: -1}
+	walks, stopped := 0, 0
+	for n := 1; n <= len(body); n += 64 {
+		a.take(p.runs, body[:n])
+		if a.stopped != stopped {
+			walks++
+			stopped = a.stopped
+		}
+	}
+	assert.Less(t, walks, 30, "about log2 of the body's length")
+	whole := arrival{input: -1}
+	whole.take(p.runs, body)
+	assert.Equal(t, bytes.LastIndexByte(body, '['), whole.input, "read at once, the walk reaches the input")
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -164,10 +165,11 @@ func (t Transcript) PrefixOf(r *Request) bool {
 
 // Parse parses and validates a request body.
 //
-// The body must be one JSON object, valid as the package documentation
-// describes. Its input member is either an array, each element of which is
-// one item, or a string, which is a single item; a missing input means no
-// items, and any other input (null included) is rejected. The signature is
+// The body must be one JSON object of at most 4 GiB, valid as the package
+// documentation describes. Its input member is either an array, each
+// element of which is one item, or a string, which is a single item; a
+// missing input means no items, and any other input (null included) is
+// rejected. The signature is
 // the digest of the canonical body without input and the profile's prompt
 // members ("{}" when nothing is left).
 //
@@ -186,6 +188,9 @@ func (p *Parser) Skim(body []byte) (*Request, error) { return p.parse(body, true
 // parse is Parse, or Skim when skim is set; a is what the body's arrival
 // learnt (ReadRequest), or nil.
 func (p *Parser) parse(body []byte, skim bool, a *arrival) (*Request, error) {
+	if uint64(len(body)) > math.MaxUint32 {
+		return nil, errorf("a body of %d bytes is larger than 4 GiB", len(body)) // spans are 32-bit
+	}
 	buf := body
 	s := getScanner(buf, p.rules)
 	defer putScanner(s)
@@ -241,10 +246,11 @@ func (r *Request) Member(name string) (json.RawMessage, bool) {
 // ParsedBy reports whether p parsed r.
 func (r *Request) ParsedBy(p *Parser) bool { return r.parser == p }
 
-// InputSkipped reports whether Parse passed over the input without reading
-// it, because a member before it, a previous_response_id or conversation
-// that is not null, says the upstream holds the conversation: there is
-// nothing to fingerprint, and the request has no items (Len is 0).
+// InputSkipped reports whether the input was passed over without being
+// read: by Skim, or by Parse because a member before it, a
+// previous_response_id or conversation that is not null, says the
+// upstream holds the conversation. There is nothing to fingerprint, and
+// the request has no items (Len is 0).
 func (r *Request) InputSkipped() bool { return r.skipped }
 
 // Body returns the body as parsed. It must not be modified.

@@ -126,16 +126,16 @@ func (c *runCache) remove(r *run) {
 // pass.
 type runHasher struct {
 	h      hash.Hash
-	key    *[32]byte
-	hashed int // bytes written
+	key    [32]byte // h's key (a copy: a pooled scanner keeps no cache alive)
+	hashed int      // bytes written
 	buf    [16]byte
 }
 
 // start starts a hash under key.
 func (h *runHasher) start(key *[32]byte) {
-	if h.key != key {
+	if h.h == nil || h.key != *key {
 		h.h, _ = highwayhash.New128(key[:]) // the key is 32 bytes
-		h.key = key
+		h.key = *key
 	} else {
 		h.h.Reset()
 	}
@@ -167,8 +167,9 @@ type runMatch struct {
 	hasher  runHasher
 }
 
-// feed takes arr, the array's bytes so far from its '['.
-func (m *runMatch) feed(c *runCache, arr []byte) {
+// feed takes arr, the array's bytes so far from its '[', all of them when
+// whole is set.
+func (m *runMatch) feed(c *runCache, arr []byte, whole bool) {
 	if !m.started {
 		if len(arr) <= runHead {
 			return
@@ -185,8 +186,11 @@ func (m *runMatch) feed(c *runCache, arr []byte) {
 			m.found = r
 		}
 	}
-	if len(m.waiting) > 0 {
-		m.hasher.write(arr, len(arr))
+	if whole {
+		m.waiting = nil // the rest are longer than the array
+	}
+	if len(m.waiting) > 0 { // hashed no further than the longest needs
+		m.hasher.write(arr, min(len(arr), m.waiting[len(m.waiting)-1].size))
 	}
 }
 
@@ -203,9 +207,10 @@ func (p *scanner) resume() int {
 	m := &p.match
 	if a := p.arrival; a != nil && a.input == p.inputStart {
 		*m = a.match
+	} else {
+		*m = runMatch{hasher: m.hasher} // a second input array, refused later, matches afresh
 	}
-	m.feed(p.parser.runs, arr)
-	m.waiting = nil // the whole array is in
+	m.feed(p.parser.runs, arr, true)
 	r := m.found
 	if r == nil {
 		return 0
@@ -238,8 +243,8 @@ func (p *scanner) keepRun(req *Request) {
 	arr := p.data[p.inputStart:]
 	size := int(p.itemSpans[2*n-1])
 	m := &p.match
-	if size <= runHead || size >= len(arr) || !m.started {
-		return
+	if size <= runHead || size >= len(arr) || !m.started || n > c.limit/8 {
+		return // too short, or so long that it would empty the cache
 	}
 	if m.hasher.hashed > size { // a run checked ran past the last item
 		m.hasher.start(&c.key)

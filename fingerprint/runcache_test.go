@@ -46,6 +46,10 @@ func runBodies() [][]byte {
 		[]byte(`{"input":[`+strings.Join(items[:26], " ,\n")+` }`), // no item after
 		[]byte(`{"input":[`+strings.Join(items[:26], " ,\n")+`,`),  // no end
 		body(",", items[:24]...),                                   // other separators
+
+		// A second input array, which the parse refuses when the body
+		// ends, after a first that a run matches.
+		[]byte(`{"model":"m","input":[`+strings.Join(items[:24], ",")+`],"stream":true,"input":[{"a":1},{"b":2}]}`),
 	)
 	// The same first and last bytes, another middle of the same length.
 	middle := slices.Clone(items[:30])
@@ -134,13 +138,18 @@ func TestRunCacheStaysBounded(t *testing.T) {
 	assert.Equal(t, 1, c.order.Len(), "one run for one conversation")
 	assert.Equal(t, 61, c.items)
 
-	c.limit = 100
+	c.limit = 300
 	for k := range 20 {
 		_, err := p.Parse(body(fmt.Sprintf(`"conversation %d"`, k), 30))
 		require.NoError(t, err)
 		assert.LessOrEqual(t, c.items, c.limit)
 	}
-	assert.Equal(t, 3, c.order.Len(), "the latest runs that fit")
+	assert.Equal(t, 9, c.order.Len(), "the latest runs that fit, 31 items each")
+	// A run of more than an eighth of the cache is not kept: it would
+	// empty it.
+	_, err := p.Parse(body(`"a long conversation"`, 60))
+	require.NoError(t, err)
+	assert.Equal(t, 9, c.order.Len())
 	// Conversations that open alike share a head.
 	c.limit = runCacheItems
 	long := strings.Repeat("x", 2*runHead)

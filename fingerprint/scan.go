@@ -183,8 +183,6 @@ func putScanner(p *scanner) {
 	p.arrival = nil
 	clear(p.members[:cap(p.members)])
 	clear(p.path[:cap(p.path)])
-	// Items are only appended between two resets, so those beyond its
-	// length were cleared when the scanner was last put back.
 	if size <= cacheMaxBuffer {
 		select {
 		case scannerCache <- p:

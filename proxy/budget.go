@@ -22,7 +22,7 @@ import (
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an
 // input item, a bound on what the parse keeps for each whatever its size
-// (76 measured when it also kept each item's slice; 24 fewer since). A
+// (76 measured when a request also kept a slice of each item). A
 // multiple of the bytes alone would not do: the parse keeps several times
 // a body of 30-byte items, and many times one of {} items. Before the
 // parse the items are counted at most, as the body's commas plus one, held

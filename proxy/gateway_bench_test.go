@@ -306,7 +306,6 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 	rps := httptest.NewServer(rp)
 	defer rps.Close()
 	targets = append(targets, &gatewayTarget{name: "rproxy", url: rps.URL + "/v1/responses"})
-	b.Logf("TMP up=%s rproxy=%s", up.url, rps.URL)
 
 	addProxy := func(name string, st *store.Store) {
 		hu, err := NewHTTPUpstream(up.url+"/v1", nil)

@@ -232,8 +232,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if p.serveEndpoint(w, r) {
 		return // not a turn
 	}
-	// The body is parsed once, by the fingerprint scanner, as it arrives:
-	// every member the proxy reads comes from that pass (Request.Member).
+	// The body is parsed once, by the fingerprint scanner, once it is in
+	// (its input array matched to a recent one as it arrives): every
+	// member the proxy reads comes from that pass (Request.Member).
 	req, h, ok := p.readRequest(w, r)
 	if !ok {
 		return
@@ -720,9 +721,9 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		flush = f.Flush
 	}
 	// Events the upstream sent together go out together: what was written
-	// is flushed before the relay reads more of the upstream's stream, and
-	// after the last event. An upstream that hands over events one by one
-	// has each flushed.
+	// is flushed before the relay reads more of the upstream's stream,
+	// before the turn is recorded, and after the last event. An upstream
+	// that hands over events one by one has each flushed.
 	together := rep.stream != nil
 	if together {
 		rep.stream.wait = flush
@@ -733,6 +734,7 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	for ; err == nil; ev, err = rep.next() {
 		done := col.see(ev)
 		if done && !gone && seal != nil && col.terminal == "response.completed" {
+			flush() // what came before the end, while the turn is recorded
 			seal(col.outcome(http.StatusOK))
 		}
 		if !gone {
@@ -744,13 +746,16 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 			buf.WriteString("\n\n")
 			if _, werr := w.Write(buf.Bytes()); werr != nil {
 				gone = true // keep reading: the turn ends when the upstream's does
-			} else if !together || done {
+			} else if !together {
 				flush()
 			}
 		}
 		if done {
 			break
 		}
+	}
+	if !gone {
+		flush() // events that came with the stream's end or error
 	}
 	out := col.outcome(http.StatusOK)
 	out.clientGone = gone

@@ -649,3 +649,46 @@ func TestHideIDHoweverSpelled(t *testing.T) {
 		assert.Equal(t, want, string(hideID([]byte(data), "response.previous_response_id", "resp_1")), data)
 	}
 }
+
+// flushRecorder records what a handler wrote and what of it was flushed.
+type flushRecorder struct {
+	*httptest.ResponseRecorder
+	flushed string
+}
+
+func (f *flushRecorder) Flush() { f.flushed = f.Body.String() }
+
+// Events that came together with the stream's end, or before its terminal
+// event, reach the client before the turn is recorded and before a cut
+// stream ends: none waits in the relay's buffer.
+func TestEventsAreFlushedBeforeTheRecordAndTheCut(t *testing.T) {
+	events := func(evs ...event) *reply {
+		rep := &reply{stream: &waitReader{r: strings.NewReader("")}}
+		rep.next = func() (event, error) {
+			if len(evs) == 0 {
+				return event{}, io.ErrUnexpectedEOF // came with the last events: no read waits
+			}
+			ev := evs[0]
+			evs = evs[1:]
+			return ev, nil
+		}
+		return rep
+	}
+	delta := event{typ: "response.output_text.delta", data: []byte(`{"type":"response.output_text.delta","delta":"hi"}`)}
+	completed := event{typ: "response.completed", data: []byte(`{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[]}}`)}
+
+	w := &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
+	rep := events(delta, delta)
+	ev, err := rep.next()
+	out := writeEvents(w, rep, "", ev, err, nil)
+	assert.True(t, out.cut)
+	assert.Equal(t, 2, strings.Count(w.flushed, "event: response.output_text.delta"), "both events before the cut")
+
+	w = &flushRecorder{ResponseRecorder: httptest.NewRecorder()}
+	rep = events(delta, completed)
+	ev, err = rep.next()
+	var atSeal string
+	writeEvents(w, rep, "", ev, err, func(outcome) { atSeal = w.flushed })
+	assert.Contains(t, atSeal, "event: response.output_text.delta", "the delta reached the client before the record")
+	assert.Contains(t, w.flushed, "event: response.completed")
+}
