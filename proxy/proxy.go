@@ -757,6 +757,9 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	if !gone {
 		flush() // events that came with the stream's end or error
 	}
+	if err == nil {
+		rep.drain() // after the terminal event, the stream's end
+	}
 	out := col.outcome(http.StatusOK)
 	out.clientGone = gone
 	if err != nil && !errors.Is(err, io.EOF) {

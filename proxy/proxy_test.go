@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -691,4 +692,61 @@ func TestEventsAreFlushedBeforeTheRecordAndTheCut(t *testing.T) {
 	writeEvents(w, rep, "", ev, err, func(outcome) { atSeal = w.flushed })
 	assert.Contains(t, atSeal, "event: response.output_text.delta", "the delta reached the client before the record")
 	assert.Contains(t, w.flushed, "event: response.completed")
+}
+
+// A streamed turn reads the upstream's stream to its end, after the
+// terminal event, so that the next turn finds the connection idle rather
+// than dialing; an upstream that keeps the stream open after its terminal
+// event does not hold the client's turn beyond a moment.
+func TestStreamedTurnsKeepTheirUpstreamConnection(t *testing.T) {
+	var conns atomic.Int64
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	var holdOpen atomic.Bool
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		item := `{"type":"message","id":"msg_1","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}`
+		fmt.Fprintf(w, "event: response.completed\ndata: %s\n\n",
+			`{"type":"response.completed","response":{"id":"resp_1","status":"completed","output":[`+item+`]}}`)
+		w.(http.Flusher).Flush()
+		if holdOpen.Load() {
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // the stream's end comes after its last event
+	}))
+	up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	up.Start()
+	t.Cleanup(up.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, overHTTP, st, up.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	turn := func() {
+		t.Helper()
+		status, _, _, err := postBytes(t.Context(), srv.URL+"/v1/responses", "s1", []byte(`{"model":"m","stream":true,"input":"hi"}`))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, status)
+	}
+	for range 5 {
+		turn()
+	}
+	assert.Equal(t, int64(1), conns.Load(), "five streamed turns on one connection")
+
+	holdOpen.Store(true)
+	done := make(chan struct{})
+	go func() { defer close(done); turn() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a stream kept open after its terminal event held the turn")
+	}
 }

@@ -68,6 +68,27 @@ type reply struct {
 	done func()
 }
 
+// drainWait bounds how long a relay waits, after a stream's terminal
+// event, for the stream's end: a stream read to its end leaves its
+// connection to the next turn, where one closed early is closed.
+const drainWait = 250 * time.Millisecond
+
+// drain reads the rest of an event stream after its terminal event, up to
+// its end, so that the connection it came on serves another turn. A stream
+// that does not end within drainWait, or goes on with events, is closed.
+func (r *reply) drain() {
+	if r.stream == nil || r.done == nil {
+		return
+	}
+	t := time.AfterFunc(drainWait, r.done) // ends a read that waits
+	defer t.Stop()
+	for range 4 {
+		if _, err := r.next(); err != nil {
+			return
+		}
+	}
+}
+
 // event is one streaming event: its type and its JSON object.
 type event struct {
 	typ  string
