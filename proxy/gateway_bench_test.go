@@ -4,17 +4,15 @@ package proxy
 
 import (
 	"bufio"
-	"net"
-	"os/exec"
-
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
@@ -66,20 +64,20 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 // order that rotates from round to round, so that every target sees the
 // same machine.
 //
-// Client and gateways run in the benchmark's process; the fake upstream
-// runs in a child process (the test binary again, serving it: see
-// serveGatewayFake), so that its decoding of full-context bodies and its
-// garbage share neither the gateways' CPU accounting nor their garbage
-// collector, as a real upstream does not. A turn that contproxy continues
-// costs the upstream less than a full-context one (it parses two input
-// items instead of the whole history); the upstream's handler is measured
-// apart, in the child, and left out of the gateway's figures. Metrics, per
-// turn (T is a target):
+// The client runs in the benchmark's process; the fake upstream and each
+// gateway run in a child process of their own (the test binary again,
+// serving it: see serveGatewayChild), so that a target's CPU is its
+// process's alone (getrusage, read through the child's meter), and the
+// fake's decoding of full-context bodies and its garbage share neither a
+// gateway's CPU nor its collector, as a real upstream does not. A turn
+// that contproxy continues costs the upstream less than a full-context one
+// (it parses two input items instead of the whole history); the
+// upstream's handler is measured apart, in its child, and left out of the
+// gateways' figures. Metrics, per turn (T is a target):
 //
-//   - T-cpu-µs/turn: the benchmark process's user+system CPU (getrusage)
-//     over T's measured turns: the client's and T's.
-//   - T-gateway-cpu-µs/turn: the same minus direct's (the client's
-//     alone): what the gateway itself costs.
+//   - T-gateway-cpu-µs/turn: the user+system CPU of T's process over T's
+//     measured turns, less what reading its meter costs: what the gateway
+//     costs, its garbage collector and scheduler included.
 //   - T-upstream-cpu-µs/turn: the CPU of the fake upstream's handler
 //     goroutine, on a locked thread (RUSAGE_THREAD).
 //   - T-upstream-kB/turn: request bytes that reached the fake upstream.
@@ -96,8 +94,8 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 // p99 is over convs×turns requests per target (100 at 5,000 items). Linux
 // only (RUSAGE_THREAD). Run with -benchtime 1x; see BENCHMARKS.md.
 func BenchmarkGateway(b *testing.B) {
-	if os.Getenv(gatewayFakeEnv) != "" {
-		serveGatewayFake(b)
+	if role := os.Getenv(gatewayChildEnv); role != "" {
+		serveGatewayChild(b, role)
 		return
 	}
 	rc := gatewayRedis(b)
@@ -116,25 +114,47 @@ func BenchmarkGateway(b *testing.B) {
 	}
 }
 
-// gatewayFakeEnv, set, makes BenchmarkGateway serve the fake upstream
-// instead of measuring (serveGatewayFake): how the benchmark starts its
-// child process.
-const gatewayFakeEnv = "CONTSTORE_GATEWAY_FAKE"
+// gatewayChildEnv, set, makes BenchmarkGateway serve one target in a
+// process of its own instead of measuring (serveGatewayChild): the fake
+// upstream ("fake"), or a gateway in front of the fake at
+// gatewayUpstreamEnv ("rproxy", "contproxy", and "contproxy-redis" on the
+// standalone Redis under the namespace gatewayNamespaceEnv). That is how
+// the benchmark starts its child processes (startGatewayChild).
+const (
+	gatewayChildEnv     = "CONTSTORE_GATEWAY_CHILD"
+	gatewayUpstreamEnv  = "CONTSTORE_GATEWAY_UPSTREAM"
+	gatewayNamespaceEnv = "CONTSTORE_GATEWAY_NAMESPACE"
+)
 
-// gatewayFakeReady starts the line on which the child names the address
-// it serves on.
-const gatewayFakeReady = "fake upstream on "
+// gatewayChildReady starts the line on which a child names the address it
+// serves on.
+const gatewayChildReady = "serving on "
 
-// serveGatewayFake serves the fake upstream on a port of its own, and its
-// meter on GET /meter ("<cpu ns> <wall ns> <request bytes>" of its
-// handlers so far), until its standard input ends.
-func serveGatewayFake(b *testing.B) {
-	fake := &meteredUpstream{h: fakeupstream.New(fakeupstream.Options{})}
+// serveGatewayChild serves role on a port of its own, and its meter on GET
+// /meter, until its standard input ends. The fake's meter is "<cpu ns>
+// <wall ns> <request bytes>" of its handlers so far; a gateway's is
+// "<cpu ns> 0 <turns continued>", its process's CPU (getrusage).
+func serveGatewayChild(b *testing.B, role string) {
+	var h http.Handler
+	var meter func() string
+	switch role {
+	case "fake":
+		fake := &meteredUpstream{h: fakeupstream.New(fakeupstream.Options{})}
+		h = fake
+		meter = func() string { return fmt.Sprintf("%d %d %d", fake.cpu.Load(), fake.wall.Load(), fake.bytes.Load()) }
+	case "rproxy":
+		h = reverseProxy(b, os.Getenv(gatewayUpstreamEnv))
+		meter = func() string { return fmt.Sprintf("%d 0 0", cpuTime(syscall.RUSAGE_SELF)) }
+	case "contproxy", "contproxy-redis":
+		p := gatewayProxy(b, role)
+		h = p
+		meter = func() string { return fmt.Sprintf("%d 0 %d", cpuTime(syscall.RUSAGE_SELF), p.Stats().Continued) }
+	default:
+		b.Fatalf("%s=%q: no such target", gatewayChildEnv, role)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", fake)
-	mux.HandleFunc("GET /meter", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintf(w, "%d %d %d", fake.cpu.Load(), fake.wall.Load(), fake.bytes.Load())
-	})
+	mux.Handle("/v1/", h)
+	mux.HandleFunc("GET /meter", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, meter()) })
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
@@ -142,21 +162,71 @@ func serveGatewayFake(b *testing.B) {
 	srv := &http.Server{Handler: mux}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	fmt.Printf("%s%s\n", gatewayFakeReady, ln.Addr())
+	fmt.Printf("%s%s\n", gatewayChildReady, ln.Addr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
-// gatewayFake is the fake upstream's child process, as its parent sees it.
-type gatewayFake struct {
-	url    string
-	client *http.Client
+// reverseProxy returns a plain httputil.ReverseProxy to upstream: the
+// floor of any gateway (reads the body once, writes it once).
+func reverseProxy(b *testing.B, upstream string) http.Handler {
+	u, err := url.Parse(upstream)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			// Exactly the body's bytes: after them the Transport reads
+			// the body once more, for its end, and once the proxy has
+			// flushed an event stream's first bytes to the client, the
+			// server may have closed the body by then, and the stream
+			// is dropped ("use of closed network connection").
+			if pr.In.ContentLength > 0 {
+				pr.Out.Body = io.NopCloser(io.LimitReader(pr.In.Body, pr.In.ContentLength))
+			}
+		},
+		Transport: http.DefaultTransport.(*http.Transport).Clone(),
+	}
 }
 
-// startGatewayFake starts the fake upstream's child process, ended when b
-// is.
-func startGatewayFake(b *testing.B) *gatewayFake {
+// gatewayProxy returns this package's Proxy in front of the fake upstream
+// at gatewayUpstreamEnv: on the in-process store (contproxy) or on the
+// standalone Redis (contproxy-redis).
+func gatewayProxy(b *testing.B, role string) *Proxy {
+	st, err := store.NewMemory(store.Options{Replica: "bench"})
+	if role == "contproxy-redis" {
+		rc := redis.NewClient(&redis.Options{Addr: os.Getenv(redistest.EnvAddr)})
+		st, err = store.NewRedis(rc, store.Options{Namespace: os.Getenv(gatewayNamespaceEnv), Replica: "bench"})
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	hu, err := NewHTTPUpstream(os.Getenv(gatewayUpstreamEnv)+"/v1", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := New(Config{Store: st, Upstream: hu})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// gatewayChild is a child process serving one target, as its parent sees
+// it.
+type gatewayChild struct {
+	url    string
+	client *http.Client
+	// meterCost is the CPU a call of the meter costs the child, taken
+	// out of what it measures.
+	meterCost time.Duration
+}
+
+// startGatewayChild starts a child process serving role (with env added
+// to its environment), ended when b is.
+func startGatewayChild(b *testing.B, role string, env ...string) *gatewayChild {
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^BenchmarkGateway$", "-test.benchtime=1x")
-	cmd.Env = append(os.Environ(), gatewayFakeEnv+"=1")
+	cmd.Env = append(append(os.Environ(), gatewayChildEnv+"="+role), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -175,27 +245,38 @@ func startGatewayFake(b *testing.B) *gatewayFake {
 	})
 	lines := bufio.NewScanner(stdout)
 	for lines.Scan() {
-		if addr, ok := strings.CutPrefix(lines.Text(), gatewayFakeReady); ok {
+		if addr, ok := strings.CutPrefix(lines.Text(), gatewayChildReady); ok {
 			go func() { _, _ = io.Copy(io.Discard, stdout) }()
-			return &gatewayFake{url: "http://" + addr, client: &http.Client{}}
+			c := &gatewayChild{url: "http://" + addr, client: &http.Client{}}
+			if role != "fake" {
+				const calls = 20
+				first, _, _ := c.meter(b)
+				for range calls - 1 {
+					c.meter(b)
+				}
+				last, _, _ := c.meter(b)
+				c.meterCost = (last - first) / calls
+			}
+			return c
 		}
 	}
-	b.Fatalf("the fake upstream's process ended before it served: %v", lines.Err())
+	b.Fatalf("the %s process ended before it served: %v", role, lines.Err())
 	return nil
 }
 
-// meter returns the CPU and wall time the fake upstream's handlers took
-// so far, and the request bytes they read.
-func (f *gatewayFake) meter(b *testing.B) (cpu, wall time.Duration, bytes int64) {
-	resp, err := f.client.Get(f.url + "/meter")
+// meter returns the child's meter: for the fake, the CPU and wall time its
+// handlers took so far and the request bytes they read; for a gateway,
+// its process's CPU and the turns it continued.
+func (c *gatewayChild) meter(b *testing.B) (cpu, wall time.Duration, n int64) {
+	resp, err := c.client.Get(c.url + "/meter")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if _, err := fmt.Fscan(resp.Body, &cpu, &wall, &bytes); err != nil {
+	if _, err := fmt.Fscan(resp.Body, &cpu, &wall, &n); err != nil {
 		b.Fatal(err)
 	}
-	return cpu, wall, bytes
+	return cpu, wall, n
 }
 
 // gatewayRedis returns a client of the standalone Redis, or nil when there
@@ -226,15 +307,15 @@ func gatewayRedis(b *testing.B) *redis.Client {
 type gatewayTarget struct {
 	name  string
 	url   string
-	proxy *Proxy // nil but for contproxy targets
+	child *gatewayChild // nil for direct
 
 	turns            int
 	cpu, upstreamCPU time.Duration
 	upstreamBytes    int64
 	latencies        []time.Duration
 	// outside are the latencies less the upstream handler's time.
-	outside              []time.Duration
-	continued, measured0 int64
+	outside   []time.Duration
+	continued int64
 }
 
 // meteredUpstream is the fake upstream's handler, with the CPU and the
@@ -282,58 +363,21 @@ func cpuTime(who int) time.Duration {
 // runGatewayBench sets the targets up in front of a fresh fake upstream,
 // plays the conversations and reports the metrics.
 func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, stream bool) {
-	up := startGatewayFake(b)
-	upURL, err := url.Parse(up.url)
-	if err != nil {
-		b.Fatal(err)
-	}
+	up := startGatewayChild(b, "fake")
 	targets := []*gatewayTarget{{name: "direct", url: up.url + "/v1/responses"}}
-
-	rp := &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(upURL)
-			// Exactly the body's bytes: after them the Transport reads
-			// the body once more, for its end, and once the proxy has
-			// flushed an event stream's first bytes to the client, the
-			// server may have closed the body by then, and the stream
-			// is dropped ("use of closed network connection").
-			if pr.In.ContentLength > 0 {
-				pr.Out.Body = io.NopCloser(io.LimitReader(pr.In.Body, pr.In.ContentLength))
-			}
-		},
-		Transport: http.DefaultTransport.(*http.Transport).Clone(),
-	}
-	rps := httptest.NewServer(rp)
-	defer rps.Close()
-	targets = append(targets, &gatewayTarget{name: "rproxy", url: rps.URL + "/v1/responses"})
-
-	addProxy := func(name string, st *store.Store) {
-		hu, err := NewHTTPUpstream(up.url+"/v1", nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		p, err := New(Config{Store: st, Upstream: hu})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = p.Close() })
-		srv := httptest.NewServer(p)
-		b.Cleanup(srv.Close)
-		targets = append(targets, &gatewayTarget{name: name, url: srv.URL + "/v1/responses", proxy: p})
-	}
-	mem, err := store.NewMemory(store.Options{Replica: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	addProxy("contproxy", mem)
+	roles := []string{"rproxy", "contproxy"}
 	if rc != nil {
-		ns := redistest.Namespace(b)
-		redistest.CleanupNamespace(b, rc, ns)
-		rs, err := store.NewRedis(rc, store.Options{Namespace: ns, Replica: "bench"})
-		if err != nil {
-			b.Fatal(err)
+		roles = append(roles, "contproxy-redis")
+	}
+	for _, role := range roles {
+		env := []string{gatewayUpstreamEnv + "=" + up.url}
+		if role == "contproxy-redis" {
+			ns := redistest.Namespace(b)
+			redistest.CleanupNamespace(b, rc, ns)
+			env = append(env, gatewayNamespaceEnv+"="+ns)
 		}
-		addProxy("contproxy-redis", rs)
+		c := startGatewayChild(b, role, env...)
+		targets = append(targets, &gatewayTarget{name: role, url: c.url + "/v1/responses", child: c})
 	}
 
 	client := &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
@@ -348,28 +392,28 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 				items:   slices.Clone(history),
 			}
 			c.turn() // not measured: the conversation's opening request
-			if tg.proxy != nil {
-				tg.measured0 = tg.proxy.Stats().Continued
+			var cpu0 time.Duration
+			var continued0 int64
+			if tg.child != nil {
+				cpu0, _, continued0 = tg.child.meter(b)
 			}
 			up0, _, bytes0 := up.meter(b)
-			var cpu time.Duration
 			for range turns {
 				_, w0, _ := up.meter(b)
-				cpu0 := cpuTime(syscall.RUSAGE_SELF)
 				lat := c.turn()
-				cpu += cpuTime(syscall.RUSAGE_SELF) - cpu0
 				_, w1, _ := up.meter(b)
 				tg.latencies = append(tg.latencies, lat)
 				tg.outside = append(tg.outside, lat-(w1-w0))
 			}
 			up1, _, bytes1 := up.meter(b)
-			tg.cpu += cpu
+			if tg.child != nil {
+				cpu1, _, continued1 := tg.child.meter(b)
+				tg.cpu += cpu1 - cpu0 - tg.child.meterCost
+				tg.continued += continued1 - continued0
+			}
 			tg.upstreamCPU += up1 - up0
 			tg.upstreamBytes += bytes1 - bytes0
 			tg.turns += turns
-			if tg.proxy != nil {
-				tg.continued += tg.proxy.Stats().Continued - tg.measured0
-			}
 		}
 	}
 	reportGateway(b, targets)
@@ -384,10 +428,9 @@ func reportGateway(b *testing.B, targets []*gatewayTarget) {
 		return us(l[min(len(l)-1, int(q*float64(len(l))))])
 	}
 	direct := targets[0]
-	dCPU, dUp := perTurn(direct.cpu, direct), perTurn(direct.upstreamCPU, direct)
+	dUp := perTurn(direct.upstreamCPU, direct)
 	d50, d99 := pct(direct.latencies, 0.50), pct(direct.latencies, 0.99)
 	o50, o99 := pct(direct.outside, 0.50), pct(direct.outside, 0.99)
-	b.ReportMetric(dCPU, "direct-cpu-µs/turn")
 	b.ReportMetric(dUp, "direct-upstream-cpu-µs/turn")
 	b.ReportMetric(float64(direct.upstreamBytes)/1e3/float64(direct.turns), "direct-upstream-kB/turn")
 	b.ReportMetric(d50, "direct-p50-µs")
@@ -395,18 +438,16 @@ func reportGateway(b *testing.B, targets []*gatewayTarget) {
 	type gateway struct{ cpu, p50 float64 }
 	byName := map[string]gateway{}
 	for _, tg := range targets[1:] {
-		cpu, up := perTurn(tg.cpu, tg), perTurn(tg.upstreamCPU, tg)
-		g := gateway{cpu: cpu - dCPU, p50: pct(tg.outside, 0.50) - o50}
+		g := gateway{cpu: perTurn(tg.cpu, tg), p50: pct(tg.outside, 0.50) - o50}
 		byName[tg.name] = g
-		b.ReportMetric(cpu, tg.name+"-cpu-µs/turn")
-		b.ReportMetric(up, tg.name+"-upstream-cpu-µs/turn")
+		b.ReportMetric(perTurn(tg.upstreamCPU, tg), tg.name+"-upstream-cpu-µs/turn")
 		b.ReportMetric(g.cpu, tg.name+"-gateway-cpu-µs/turn")
 		b.ReportMetric(float64(tg.upstreamBytes)/1e3/float64(tg.turns), tg.name+"-upstream-kB/turn")
 		b.ReportMetric(pct(tg.latencies, 0.50)-d50, tg.name+"-added-p50-µs")
 		b.ReportMetric(pct(tg.latencies, 0.99)-d99, tg.name+"-added-p99-µs")
 		b.ReportMetric(g.p50, tg.name+"-gateway-p50-µs")
 		b.ReportMetric(pct(tg.outside, 0.99)-o99, tg.name+"-gateway-p99-µs")
-		if tg.proxy != nil {
+		if strings.HasPrefix(tg.name, "contproxy") {
 			share := float64(tg.continued) / float64(tg.turns)
 			b.ReportMetric(share, tg.name+"-continued")
 			if tg.name == "contproxy" && share != 1 {
