@@ -415,12 +415,21 @@ func TestClusterRefresherReloadsWithoutBlocking(t *testing.T) {
 		"the client asked for the slot map; commands seen: %v", node.received())
 
 	// The next reload hangs in the client (no answer for 5s): observe must
-	// not wait for it.
-	clk.Add(clusterReloadInterval)
-	start := time.Now()
-	r.observe(io.EOF)
-	took := time.Since(start)
-	assert.Less(t, took, 2500*time.Millisecond, "observe waited for the reload (5 s)") // a loaded machine stalls up to ~1 s
-	require.Eventually(t, func() bool { return slots() == 2 }, 5*time.Second, 5*time.Millisecond)
-	assert.EqualValues(t, 2, r.reloads.Load())
+	// not wait for it. go-redis drops a reload asked for while its last
+	// one is still being applied (it clears its pending flag when that one
+	// completes), after the node has seen that one's CLUSTER SLOTS: on a
+	// loaded machine the second request can fall there, so it is asked
+	// again until the node sees it.
+	for try := 0; slots() < 2; try++ {
+		require.Less(t, try, 10, "the client never asked for the slot map again; commands seen: %v", node.received())
+		clk.Add(clusterReloadInterval)
+		start := time.Now()
+		r.observe(io.EOF)
+		took := time.Since(start)
+		assert.Less(t, took, 2500*time.Millisecond, "observe waited for the reload (5 s)") // a loaded machine stalls up to ~1 s
+		for wait := time.Now().Add(2 * time.Second); slots() < 2 && time.Now().Before(wait); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	assert.GreaterOrEqual(t, r.reloads.Load(), int64(2))
 }
