@@ -49,7 +49,7 @@ func Explain(prev *Request, output []json.RawMessage, next *Request) (Mismatch, 
 		if err != nil {
 			return m, err
 		}
-		y, _ := canonical(next.item(i), p.rules, placeItem)
+		y, _ := canonical(next.Item(i), p.rules, placeItem)
 		if string(x) == string(y) {
 			continue
 		}

@@ -271,14 +271,16 @@ func (r *Request) Items() []json.RawMessage {
 	}
 	items := make([]json.RawMessage, r.Len())
 	for i := range items {
-		items[i] = r.item(i)
+		items[i] = r.Item(i)
 	}
 	r.items.CompareAndSwap(nil, &items)
 	return *r.items.Load()
 }
 
-// item returns input item i as it appears in the body.
-func (r *Request) item(i int) json.RawMessage {
+// Item returns input item i exactly as it appears in the body, as
+// Items()[i] does, without building Items. It panics if i is out of the
+// range [0, Len()). The returned bytes must not be modified.
+func (r *Request) Item(i int) json.RawMessage {
 	start, end := r.input.start+int(r.spans[2*i]), r.input.start+int(r.spans[2*i+1])
 	return r.body[start:end:end]
 }
@@ -340,7 +342,7 @@ func (r *Request) ContinuedBody(previousResponseID string, from int) ([]byte, er
 		if i > from {
 			input = append(input, ',')
 		}
-		input = append(input, r.item(i)...)
+		input = append(input, r.Item(i)...)
 	}
 	input = append(input, ']')
 	type edit struct {

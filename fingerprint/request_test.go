@@ -136,6 +136,10 @@ func TestInputReturnsOriginalBytes(t *testing.T) {
 	}
 	assert.Equal(t, want, got)
 	assert.Same(t, &body[0], &r.Body()[0], "the request refers to the body, uncopied")
+	for i := range want {
+		assert.Equal(t, want[i], string(r.Item(i)))
+	}
+	assert.Panics(t, func() { r.Item(len(want)) })
 
 	items := r.Items()
 	_ = append(items[0], "tail"...)

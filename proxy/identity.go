@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -147,7 +146,7 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 	case session == "" && agent != "":
 		return identity.Owner{}, fmt.Errorf("%w: %s names an agent but no source names a session", errInvalidIdentity, agentFrom)
 	case session == "":
-		k := firstUserMessage(req.Items())
+		k := firstUserMessage(req)
 		if k < 0 {
 			return identity.Owner{}, nil
 		}
@@ -215,10 +214,11 @@ func derivedID(req *fingerprint.Request, msg []byte) string {
 }
 
 // firstUserMessage returns the index of the first user message among
-// items, or -1: a string item, or an object whose "role" is "user" and
+// req's items, or -1: a string item, or an object whose "role" is "user" and
 // whose "type" is absent, null or "message".
-func firstUserMessage(items []json.RawMessage) int {
-	for k, raw := range items {
+func firstUserMessage(req *fingerprint.Request) int {
+	for k := range req.Len() {
+		raw := req.Item(k)
 		if len(raw) == 0 {
 			continue
 		}

@@ -366,7 +366,10 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 	default:
 		res.PreviousResponseID = prev.ResponseID
 		res.Origin = s.named(prev.Origin)
-		res.Delta = req.Items()[prev.Transcript.Items:]
+		res.Delta = make([]json.RawMessage, 0, req.Len()-prev.Transcript.Items)
+		for i := prev.Transcript.Items; i < req.Len(); i++ {
+			res.Delta = append(res.Delta, req.Item(i))
+		}
 		res.UpstreamItems = len(res.Delta)
 	}
 	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
