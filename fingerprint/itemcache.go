@@ -142,8 +142,16 @@ func newItemCache() *itemCache {
 }
 
 // hash returns the cache key of raw.
-func (c *itemCache) hash(raw []byte) [2]uint64 {
-	s := highwayhash.Sum128(raw, c.key[:])
+func (c *itemCache) hash(raw []byte) [2]uint64 { return sum128(&c.key, raw) }
+
+// sum128 returns the HighwayHash-128 of b under key, as two words.
+func sum128(key *[32]byte, b []byte) [2]uint64 {
+	s := highwayhash.Sum128(b, key[:])
+	return words128(s[:])
+}
+
+// words128 reads a 128-bit hash as two little-endian words.
+func words128(s []byte) [2]uint64 {
 	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
 }
 

@@ -3,7 +3,6 @@ package fingerprint
 import (
 	"container/list"
 	"crypto/rand"
-	"encoding/binary"
 	"hash"
 	"slices"
 	"sync"
@@ -63,12 +62,6 @@ func newRunCache() *runCache {
 	c := &runCache{heads: map[[2]uint64][]*run{}, limit: runCacheItems}
 	_, _ = rand.Read(c.key[:]) // never fails on the platforms Go supports
 	return c
-}
-
-// sum128 returns the keyed hash of b.
-func (c *runCache) sum128(b []byte) [2]uint64 {
-	s := highwayhash.Sum128(b, c.key[:])
-	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
 }
 
 // under returns the runs under head, by size.
@@ -152,7 +145,7 @@ func (h *runHasher) write(arr []byte, n int) {
 func (h *runHasher) sum(arr []byte, n int) [2]uint64 {
 	h.write(arr, n)
 	s := h.h.Sum(h.buf[:0])
-	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
+	return words128(s)
 }
 
 // runMatch finds the longest run whose bytes begin an input array, as the
@@ -175,7 +168,7 @@ func (m *runMatch) feed(c *runCache, arr []byte, whole bool) {
 			return
 		}
 		m.started = true
-		m.head = c.sum128(arr[:runHead])
+		m.head = sum128(&c.key, arr[:runHead])
 		m.waiting = c.under(m.head)
 		m.hasher.start(&c.key)
 	}
