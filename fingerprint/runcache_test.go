@@ -70,18 +70,7 @@ func TestRunCacheNeverChangesAResult(t *testing.T) {
 		for i, b := range bodies {
 			want, wantErr := plain.Parse(b)
 			got, err := cached.Parse(b)
-			if wantErr != nil {
-				require.Error(t, err, "body %d", i)
-				assert.Equal(t, wantErr.Error(), err.Error(), "body %d", i)
-				continue
-			}
-			require.NoError(t, err, "body %d", i)
-			assert.Equal(t, want.Items(), got.Items(), "body %d", i)
-			assert.Equal(t, want.digests, got.digests, "body %d", i)
-			assert.Equal(t, want.prefix, got.prefix, "body %d", i)
-			assert.Equal(t, want.refs, got.refs, "body %d", i)
-			assert.Equal(t, want.bytes, got.bytes, "body %d", i)
-			assert.Equal(t, want.signature, got.signature, "body %d", i)
+			assertParsedAlike(t, want, wantErr, got, err, fmt.Sprintf("body %d", i))
 		}
 	}
 }

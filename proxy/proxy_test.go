@@ -463,12 +463,20 @@ func TestClientHangingUpAbortsTheTurn(t *testing.T) {
 	c.say("again")
 }
 
-func TestPassthroughRequestsSkipTheStore(t *testing.T) {
-	r := newRig(t, overHTTP, nil)
+// firstResponse answers a first request without a session through r and
+// returns its response's id.
+func (r *rig) firstResponse(t *testing.T) string {
+	t.Helper()
 	first := post(t, r.url, nil, map[string]any{"model": "m", "input": "hi"})
 	require.Equal(t, http.StatusOK, first.status)
 	var id string
 	require.NoError(t, json.Unmarshal(first.response["id"], &id))
+	return id
+}
+
+func TestPassthroughRequestsSkipTheStore(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	id := r.firstResponse(t)
 	a := post(t, r.url, nil, map[string]any{"model": "m", "input": "again", "previous_response_id": id})
 	require.Equal(t, http.StatusOK, a.status)
 	assert.Equal(t, `"`+id+`"`, string(a.response["previous_response_id"]), "the client's own id is shown")
@@ -481,10 +489,7 @@ func TestPassthroughRequestsSkipTheStore(t *testing.T) {
 // and no item is counted.
 func TestPassthroughRequestsAreNotFingerprinted(t *testing.T) {
 	r := newRig(t, overHTTP, nil)
-	first := post(t, r.url, nil, map[string]any{"model": "m", "input": "hi"})
-	require.Equal(t, http.StatusOK, first.status)
-	var id string
-	require.NoError(t, json.Unmarshal(first.response["id"], &id))
+	id := r.firstResponse(t)
 	items := `[{"role":"user","content":"again","content":"again"}]`
 	status, _, _, err := postBytes(t.Context(), r.url, "s1", []byte(`{"model":"m","previous_response_id":"`+id+`","input":`+items+`}`))
 	require.NoError(t, err)
