@@ -85,7 +85,8 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //     request's latency, from sending it to the answer read to its end,
 //     and what T adds to it.
 //   - T-gateway-p50-µs, T-gateway-p99-µs: the same for the latency less
-//     the upstream handler's time.
+//     the upstream handler's time after it read the request
+//     (meteredUpstream).
 //   - contproxy/rproxy-gateway-cpu, contproxy/rproxy-gateway-p50 (and
 //     contproxy-redis/…): the ratios of what the two gateways cost.
 //   - contproxy-continued, contproxy-redis-continued: the share of
@@ -313,13 +314,18 @@ type gatewayTarget struct {
 	cpu, upstreamCPU time.Duration
 	upstreamBytes    int64
 	latencies        []time.Duration
-	// outside are the latencies less the upstream handler's time.
+	// outside are the latencies less the upstream handler's time after
+	// it read the request.
 	outside   []time.Duration
 	continued int64
 }
 
-// meteredUpstream is the fake upstream's handler, with the CPU and the
-// request bytes of its calls counted.
+// meteredUpstream is the fake upstream's handler, with the CPU, the time
+// and the request bytes of its calls counted. Its time starts once it has
+// read the whole request: the body's arrival is the client's and the
+// gateway's to pay, as it is a real upstream's; what the handler does
+// with the body, which the fake does more slowly than a real upstream and
+// which a continued turn makes smaller, is left out.
 type meteredUpstream struct {
 	h                http.Handler
 	cpu, wall, bytes atomic.Int64
@@ -333,21 +339,35 @@ func (m *meteredUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// CPU that thread's usage counts.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	start, before := time.Now(), cpuTime(rusageThread)
-	r.Body = &countingBody{ReadCloser: r.Body, n: &m.bytes}
+	before := cpuTime(rusageThread)
+	body := &countingBody{ReadCloser: r.Body, n: &m.bytes, left: r.ContentLength, read: time.Now()}
+	r.Body = body
 	m.h.ServeHTTP(w, r)
 	m.cpu.Add(int64(cpuTime(rusageThread) - before))
-	m.wall.Add(int64(time.Since(start)))
+	m.wall.Add(int64(time.Since(body.read)))
 }
 
+// countingBody counts a request body's bytes, and notes when its last
+// byte was read.
 type countingBody struct {
 	io.ReadCloser
 	n *atomic.Int64
+	// left is how many bytes are still to come (-1: not known); read is
+	// when the last came, once done (when the handler began until then).
+	left int64
+	read time.Time
+	done bool
 }
 
 func (c *countingBody) Read(p []byte) (int, error) {
 	n, err := c.ReadCloser.Read(p)
 	c.n.Add(int64(n))
+	if c.left > 0 {
+		c.left -= int64(n)
+	}
+	if !c.done && (c.left == 0 || err == io.EOF) {
+		c.read, c.done = time.Now(), true
+	}
 	return n, err
 }
 
