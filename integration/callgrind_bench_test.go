@@ -29,7 +29,9 @@ import (
 // round trip of its own ("bare"), and in the fewest round trips a client
 // without scripts needs ("bare-pipelined": HGETALL; HSET, PEXPIRE and ZADD
 // once the state is read; ZADD for the record), and from two scripts that
-// do nothing else, in the store's two calls ("bare-scripted"). It reports
+// do nothing else, in the store's two calls ("bare-scripted"), and from
+// two such functions, as the store calls its scripts on Redis 7
+// ("bare-functions"). It reports
 // the counts per turn and the ratios (see BENCHMARKS.md). Run it with
 // -benchtime 1x; it needs valgrind.
 func BenchmarkTurnInstructions(b *testing.B) {
@@ -87,14 +89,25 @@ func BenchmarkTurnInstructions(b *testing.B) {
 				require.NoError(b, c.ZAdd(ctx, k.lru, redis.Z{Score: float64(1<<40 + i + 1), Member: k.member}).Err())
 			}
 		})
-		reserveLike := redis.NewScript(`redis.call('HGETALL', KEYS[1]); redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[2]); ` +
-			`redis.call('PEXPIRE', KEYS[1], ARGV[3]); return redis.call('ZADD', KEYS[2], ARGV[1], ARGV[4])`)
-		recordLike := redis.NewScript(`return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])`)
+		const reserveBody = `redis.call('HGETALL', KEYS[1]); redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[2]); ` +
+			`redis.call('PEXPIRE', KEYS[1], ARGV[3]); return redis.call('ZADD', KEYS[2], ARGV[1], ARGV[4])`
+		const recordBody = `return redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])`
+		reserveLike, recordLike := redis.NewScript(reserveBody), redis.NewScript(recordBody)
 		scripted := instructions(func() {
 			for i, k := range states {
 				score := strconv.Itoa(1<<40 + i)
 				require.NoError(b, reserveLike.Run(ctx, c, []string{k.state, k.lru}, score, "0123456789abcdefghij", 1800000, k.member).Err())
 				require.NoError(b, recordLike.Run(ctx, c, []string{k.lru}, score, k.member).Err())
+			}
+		})
+		require.NoError(b, c.FunctionLoad(ctx, "#!lua name=floor\n"+
+			"redis.register_function('floor_reserve', function(KEYS, ARGV) "+reserveBody+" end)\n"+
+			"redis.register_function('floor_record', function(KEYS, ARGV) "+recordBody+" end)\n").Err())
+		functions := instructions(func() {
+			for i, k := range states {
+				score := strconv.Itoa(1<<40 + i)
+				require.NoError(b, c.FCall(ctx, "floor_reserve", []string{k.state, k.lru}, score, "0123456789abcdefghij", 1800000, k.member).Err())
+				require.NoError(b, c.FCall(ctx, "floor_record", []string{k.lru}, score, k.member).Err())
 			}
 		})
 		pipelined := instructions(func() {
@@ -118,6 +131,8 @@ func BenchmarkTurnInstructions(b *testing.B) {
 		b.ReportMetric(turns/pipelined, "turn/bare-pipelined")
 		b.ReportMetric(scripted/n, "instructions/bare-scripted")
 		b.ReportMetric(turns/scripted, "turn/bare-scripted")
+		b.ReportMetric(functions/n, "instructions/bare-functions")
+		b.ReportMetric(turns/functions, "turn/bare-functions")
 	}
 }
 

@@ -691,7 +691,8 @@ func linCheck(t *testing.T, newClient func(testing.TB, *redistest.ReplyLoss) red
 			l.Lose(math.MaxInt, func(cmd []byte) bool {
 				mu.Lock()
 				defer mu.Unlock()
-				if !bytes.Contains(cmd, []byte("evalsha")) || lost[string(cmd)] || rand.Float64() >= loss {
+				script := bytes.Contains(cmd, []byte("fcall")) || bytes.Contains(cmd, []byte("evalsha"))
+				if !script || lost[string(cmd)] || rand.Float64() >= loss {
 					return false
 				}
 				lost[string(cmd)] = true

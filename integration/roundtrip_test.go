@@ -26,7 +26,8 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 	r, err := s.ParseRequest([]byte(`{"model":"m","input":["one"]}`))
 	require.NoError(t, err)
 
-	// Warm up: the first call of each script loads it (NOSCRIPT, then EVAL).
+	// Warm up: the first call loads the scripts' library (FCALL answers
+	// Function not found, then FUNCTION LOAD).
 	res := s.Reserve(ctx, owner, r)
 	require.NoError(t, res.Err)
 	_, err = s.Record(ctx, res, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
@@ -44,19 +45,19 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 		want map[string]int64 // top-level commands the client sent
 	}{
 		{"reserve", func() { res2 = s.Reserve(ctx, owner, r); require.NoError(t, res2.Err) },
-			map[string]int64{"evalsha": 1}},
+			map[string]int64{"fcall": 1}},
 		{"record", func() {
 			_, err := s.Record(ctx, res2, store.Result{ResponseID: "resp", Socket: store.Socket{ID: 1}})
 			require.NoError(t, err)
-		}, map[string]int64{"evalsha": 1}},
+		}, map[string]int64{"fcall": 1}},
 		{"is-current", func() { _, err := s.IsCurrent(ctx, res2); require.NoError(t, err) },
-			map[string]int64{"evalsha": 1}}, // inspect.lua
+			map[string]int64{"fcall": 1}}, // inspect.lua
 		{"inspect", func() { _, err := s.Inspect(ctx, owner); require.NoError(t, err) },
-			map[string]int64{"evalsha": 1}},
+			map[string]int64{"fcall": 1}},
 		{"abort", func() { _, err := s.Abort(ctx, res2); require.NoError(t, err) },
-			map[string]int64{"evalsha": 1}},
+			map[string]int64{"fcall": 1}},
 		{"clear", func() { require.NoError(t, s.Clear(ctx, owner)) },
-			map[string]int64{"evalsha": 1}},
+			map[string]int64{"fcall": 1}},
 	}
 	for _, op := range ops {
 		t.Run(op.name, func(t *testing.T) {
@@ -65,7 +66,7 @@ func TestEachOperationIsOneCommand(t *testing.T) {
 			after := commandStats(t, c)
 			// Commands that scripts call internally are counted too, so an
 			// operation is checked on the script calls alone.
-			for _, cmd := range []string{"evalsha", "eval"} {
+			for _, cmd := range []string{"fcall", "evalsha", "eval", "function|load"} {
 				assert.Equal(t, op.want[cmd], after[cmd].calls-before[cmd].calls, "%s calls", cmd)
 			}
 			assert.Equal(t, int64(1), after["info"].calls-before["info"].calls, "nothing else ran")

@@ -194,7 +194,7 @@ func BenchmarkTurnServerTime(b *testing.B) {
 					require.NoError(b, c.ConfigResetStat(ctx).Err())
 					parallelFor(calls, 8, op)
 					all := commandStats(b, c)
-					st := all["evalsha"]
+					st := all["fcall"]
 					// The store may recheck the namespace's schema (one
 					// script) in a phase.
 					require.True(b, st.calls >= int64(calls) && st.calls <= int64(calls)+2, "%d script calls, want %d", st.calls, calls)

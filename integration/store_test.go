@@ -50,24 +50,28 @@ func rueidisOpener(newClient func(t testing.TB) redis.UniversalClient) storetest
 // newRueidis returns a rueidis client of the servers at addrs, with the
 // client cache off as the store wants it, closed when the test ends.
 func newRueidis(t testing.TB, addrs ...string) rueidis.Client {
+	return newRueidisAs(t, "", "", addrs...)
+}
+
+// newRueidisAs is newRueidis for the user username.
+func newRueidisAs(t testing.TB, username, password string, addrs ...string) rueidis.Client {
 	t.Helper()
-	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true})
+	c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: addrs, DisableCache: true, Username: username, Password: password})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return c
 }
 
-// rueidisOf returns a rueidis client of the servers c reaches, closed when
-// t ends.
+// rueidisOf returns a rueidis client of the servers c reaches, as c's
+// user, closed when t ends.
 func rueidisOf(t testing.TB, c redis.UniversalClient) rueidis.Client {
-	var addrs []string
 	switch c := c.(type) {
 	case *redis.Client:
-		addrs = []string{c.Options().Addr}
+		return newRueidisAs(t, c.Options().Username, c.Options().Password, c.Options().Addr)
 	case *redis.ClusterClient:
-		addrs = c.Options().Addrs
+		return newRueidisAs(t, c.Options().Username, c.Options().Password, c.Options().Addrs...)
 	}
-	return newRueidis(t, addrs...)
+	return newRueidis(t)
 }
 
 // onRealServers runs f in parallel subtests on a standalone server and on

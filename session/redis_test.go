@@ -135,7 +135,7 @@ func TestLostSaveReplyAnswersTheVersionWritten(t *testing.T) {
 			s.Messages = append(s.Messages, json.RawMessage(`{"role":"user","content":"one"}`))
 			require.NoError(t, a.Save(ctx, s))
 			s.Messages = append(s.Messages, json.RawMessage(`{"role":"user","content":"two"}`))
-			loss.Lose(1, redistest.Containing(lua.SessionSave.Hash()), func() {
+			loss.Lose(1, redistest.Calling(lua.SessionSave), func() {
 				other, err := b.Load(ctx, s.ID)
 				require.NoError(t, err)
 				other.Messages = append(other.Messages, json.RawMessage(`{"role":"user","content":"three"}`))

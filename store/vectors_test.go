@@ -52,6 +52,7 @@ type vecFile struct {
 	Sequences     []vecSequence     `json:"sequences"`
 	StoredBytes   []vecStoredBytes  `json:"stored_bytes"`
 	Scripts       []vecScript       `json:"scripts"`
+	Library       vecLibrary        `json:"function_library"`
 	Scenario      vecScenario       `json:"store_scenario"`
 }
 
@@ -696,6 +697,61 @@ func vecScripts(t *testing.T) []vecScript {
 	return vs
 }
 
+// vecLibrary is the scripts' function library (PROTOCOL.md 8.1).
+type vecLibrary struct {
+	Name      string   `json:"name"`
+	Functions []string `json:"functions"`
+	SourceLen int      `json:"source_bytes"`
+	SHA1      string   `json:"sha1"`
+}
+
+func vecFunctionLibrary() vecLibrary {
+	sum := sha1.Sum([]byte(lua.Library.Source))
+	v := vecLibrary{Name: lua.Library.Name, SourceLen: len(lua.Library.Source), SHA1: hex.EncodeToString(sum[:])}
+	for _, s := range lua.All() {
+		v.Functions = append(v.Functions, s.Function())
+	}
+	return v
+}
+
+// ruleFunctionLibrary composes the function library from the files the
+// scripts list, as PROTOCOL.md 8.1 says, and checks it against v.
+func ruleFunctionLibrary(t *testing.T, scripts []vecScript, v vecLibrary) {
+	var shared []string
+	for _, s := range scripts {
+		for _, lib := range s.Libraries {
+			if !slices.Contains(shared, lib) {
+				shared = append(shared, lib)
+			}
+		}
+	}
+	compose := func(name string) string {
+		text := "local KEYS, ARGV\n"
+		for _, lib := range shared {
+			b, err := os.ReadFile(filepath.Join("..", lib))
+			require.NoError(t, err)
+			text += string(b) + "\n"
+		}
+		for _, s := range scripts {
+			b, err := os.ReadFile(filepath.Join("..", s.File))
+			require.NoError(t, err)
+			text += "redis.register_function('" + name + "_" + s.Name + "', function(keys, args)\nKEYS, ARGV = keys, args\n" +
+				string(b) + "end)\n"
+		}
+		return text
+	}
+	sum := sha1.Sum([]byte(compose("contstore_0000000000000000")))
+	name := "contstore_" + hex.EncodeToString(sum[:8])
+	src := "#!lua name=" + name + "\n" + compose(name)
+	sum = sha1.Sum([]byte(src))
+	assert.Equal(t, name, v.Name)
+	assert.Equal(t, len(src), v.SourceLen)
+	assert.Equal(t, hex.EncodeToString(sum[:]), v.SHA1)
+	for i, s := range scripts {
+		assert.Equal(t, name+"_"+s.Name, v.Functions[i])
+	}
+}
+
 // ---- Redis scenarios ----
 
 // vecOpaque names the opaque bytes of the store scenario: record's ARGV[5]
@@ -1067,6 +1123,7 @@ func vecBuild(t *testing.T) vecFile {
 		Sequences:     vecSequences(t),
 		StoredBytes:   vecStoredBytesCases(t),
 		Scripts:       vecScripts(t),
+		Library:       vecFunctionLibrary(),
 		Scenario:      vecStoreScenario(t),
 	}
 }
@@ -1365,6 +1422,7 @@ func TestVectorsFollowTheDocumentedRules(t *testing.T) {
 		assert.Equal(t, hex.EncodeToString(sum[:]), v.SHA1, v.Name)
 		assert.Equal(t, len(src), v.SourceLen, v.Name)
 	}
+	ruleFunctionLibrary(t, f.Scripts, f.Library)
 
 	ruleScenario(t, c, f.Scenario)
 }

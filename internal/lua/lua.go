@@ -13,11 +13,14 @@
 //	-- uses: oplog, lru
 //
 // ("-- uses: none" for none), and is sent to Redis as those files, in that
-// order, each followed by "\n", then the script's own file.
+// order, each followed by "\n", then the script's own file. [Library]
+// holds every script as a function of one Redis function library, which
+// defines the shared files once.
 package lua
 
 import (
 	"context"
+	"crypto/sha1"
 	"embed"
 	"encoding/binary"
 	"encoding/hex"
@@ -33,6 +36,53 @@ import (
 
 //go:embed *.lua
 var files embed.FS
+
+// Library is every script as a function of one Redis function library
+// (Redis 7 and later: FUNCTION LOAD once, then FCALL), which defines the
+// shared files once, when it is loaded, instead of in every call.
+var Library = newLibrary()
+
+// FunctionLibrary is a Redis function library: its name and its text.
+type FunctionLibrary struct {
+	// Name is "contstore_" followed by 16 hexadecimal digits: the first
+	// of the SHA1 of the text after its first line as it reads with
+	// sixteen zeros in their place. A library whose scripts differ has
+	// another name, and so have its functions.
+	Name string
+	// Source is the text FUNCTION LOAD takes: the line
+	// "#!lua name=<Name>", the line "local KEYS, ARGV", each shared file
+	// followed by "\n", then, for each script in the order of All, the
+	// line "redis.register_function('<Name>_<script>', function(keys,
+	// args)", the line "KEYS, ARGV = keys, args", the script's file and
+	// the line "end)". The scripts read KEYS and ARGV as under EVAL.
+	Source string
+}
+
+// newLibrary composes Library and names each script's function in it.
+func newLibrary() FunctionLibrary {
+	const unnamed = "contstore_0000000000000000"
+	var b strings.Builder
+	b.WriteString("local KEYS, ARGV\n")
+	var shared []string
+	for _, s := range All() {
+		for _, lib := range s.Uses {
+			if !slices.Contains(shared, lib) {
+				shared = append(shared, lib)
+				b.WriteString(read(lib) + "\n")
+			}
+		}
+	}
+	for _, s := range All() {
+		fmt.Fprintf(&b, "redis.register_function('%s_%s', function(keys, args)\nKEYS, ARGV = keys, args\n%send)\n",
+			unnamed, s.Name, s.File)
+	}
+	sum := sha1.Sum([]byte(b.String()))
+	name := "contstore_" + hex.EncodeToString(sum[:8])
+	for _, s := range All() {
+		s.function = name + "_" + s.Name
+	}
+	return FunctionLibrary{Name: name, Source: "#!lua name=" + name + "\n" + strings.ReplaceAll(b.String(), unnamed, name)}
+}
 
 // Script is one embedded script with the argument counts its header declares.
 type Script struct {
@@ -52,7 +102,8 @@ type Script struct {
 	// File is the script file's own text, header first.
 	File string
 
-	script *redis.Script
+	script   *redis.Script
+	function string // in Library
 }
 
 // The store's scripts.
@@ -196,6 +247,10 @@ func CallIDKey(id string) string { return string(AppendCallIDKey(nil, id)) }
 
 // AppendCallIDKey appends CallIDKey(id) to b.
 func AppendCallIDKey(b []byte, id string) []byte { return hex.AppendEncode(b, []byte(id)) }
+
+// Function returns the name of the script's function in Library, as
+// FCALL names it.
+func (s *Script) Function() string { return s.function }
 
 // Hash returns the script's SHA1, as EVALSHA names it.
 func (s *Script) Hash() string { return s.script.Hash() }

@@ -370,3 +370,26 @@ func TestClearWithNothingToDeleteWritesOnlyItsAnswer(t *testing.T) {
 	assert.Equal(t, 0, n, "a copy answers as the first run")
 	assert.True(t, mr.Exists(keys[0]), "and leaves the turn reserved since alone")
 }
+
+// The function library holds every script once, under its function's
+// name, after the shared files, and assigns no global.
+func TestLibraryHoldsEveryScript(t *testing.T) {
+	first, body, _ := strings.Cut(lua.Library.Source, "\n")
+	require.Regexp(t, `^contstore_[0-9a-f]{16}$`, lua.Library.Name)
+	require.Equal(t, "#!lua name="+lua.Library.Name, first)
+	names := map[string]bool{}
+	for _, s := range lua.All() {
+		require.True(t, strings.HasSuffix(s.File, "\n"), s.Name)
+		require.Equal(t, lua.Library.Name+"_"+s.Name, s.Function())
+		fn := "redis.register_function('" + s.Function() + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + s.File + "end)\n"
+		require.Equal(t, 1, strings.Count(body, fn), s.Name)
+		for _, shared := range s.Uses {
+			require.Less(t, strings.Index(body, "\n-- "+shared+".lua: "), strings.Index(body, fn), "%s before %s", shared, s.Name)
+		}
+		names[s.Function()] = true
+	}
+	require.Len(t, names, len(lua.All()))
+	globals, err := globalAssignments(body)
+	require.NoError(t, err)
+	require.Empty(t, globals)
+}

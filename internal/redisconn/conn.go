@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,10 +21,13 @@ import (
 
 // Evaluator runs scripts.
 type Evaluator interface {
-	// Eval runs s with EVALSHA, or with EVAL when the server lacks it,
-	// after checking the counts of keys and args against its header. The
-	// reply is int64, string, float64, nil or []any of them (the scripts
-	// give no others); a nil reply is nil, not an error.
+	// Eval runs s as its function in lua.Library with FCALL, loading the
+	// library where the server lacks it; on servers without functions
+	// (before Redis 7), or that refuse to load them, it runs s with
+	// EVALSHA, or with EVAL when the server lacks the script. It checks
+	// the counts of keys and args against s's header first. The reply is
+	// int64, string, float64, nil or []any of them (the scripts give no
+	// others); a nil reply is nil, not an error.
 	Eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error)
 }
 
@@ -54,7 +58,7 @@ type Pinned interface {
 // *redis.ClusterClient; Pin needs one of the two). On a cluster it reloads
 // the client's slot map after errors that say it may be stale.
 func GoRedis(client redis.UniversalClient) Conn {
-	return goRedis{client: client, refresh: newClusterRefresher(client)}
+	return goRedis{client: client, refresh: newClusterRefresher(client), functions: new(functions)}
 }
 
 // HonoursDeadlines reports whether client ends every command at its
@@ -77,7 +81,8 @@ type goRedis struct {
 	client redis.UniversalClient
 	// refresh reloads a cluster client's slot map after errors that say
 	// it may be stale (nil for a client of one server).
-	refresh *clusterRefresher
+	refresh   *clusterRefresher
+	functions *functions
 }
 
 func (g goRedis) Eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error) {
@@ -89,29 +94,67 @@ type processor interface {
 	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
-// eval sends EVALSHA, then EVAL when the server lacks the script, as
-// go-redis's Script.Run does, with the keys and args boxed in the command's
-// own slice.
+// eval sends FCALL, loading lua.Library where the server lacks it (on a
+// cluster, on every master), or EVALSHA, then EVAL when the server lacks
+// the script, as go-redis's Script.Run does, with the keys and args boxed
+// in the command's own slice.
 func (g goRedis) eval(ctx context.Context, c processor, s *lua.Script, keys, args []string) (any, error) {
 	if err := s.Check(len(keys), len(args)); err != nil {
 		return nil, err
 	}
 	cmdArgs := make([]any, 3+len(keys)+len(args))
-	cmdArgs[0], cmdArgs[1], cmdArgs[2] = "evalsha", s.Hash(), len(keys)
+	cmdArgs[2] = len(keys)
 	for i, k := range keys {
 		cmdArgs[3+i] = k
 	}
 	for i, a := range args {
 		cmdArgs[3+len(keys)+i] = a
 	}
+	if g.functions.on() {
+		cmdArgs[0], cmdArgs[1] = "fcall", s.Function()
+		cmd := evalCmd(ctx, cmdArgs, len(keys))
+		_ = c.Process(ctx, cmd)
+		switch g.functions.after(cmd.Err()) {
+		case reload:
+			if err := g.functions.loaded(g.load(ctx, c, keys[0])); err != nil {
+				return g.reply(nil, err)
+			}
+			if !g.functions.on() {
+				break // the server refused the library: EVALSHA
+			}
+			cmdArgs = slices.Clone(cmdArgs) // the first command's, which hooks may keep
+			cmd = evalCmd(ctx, cmdArgs, len(keys))
+			_ = c.Process(ctx, cmd)
+			return g.reply(cmd.Result())
+		case answered:
+			return g.reply(cmd.Result())
+		}
+		cmdArgs = slices.Clone(cmdArgs)
+	}
+	cmdArgs[0], cmdArgs[1] = "evalsha", s.Hash()
 	cmd := evalCmd(ctx, cmdArgs, len(keys))
 	if _ = c.Process(ctx, cmd); redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmdArgs = slices.Clone(cmdArgs) // the first command's, which hooks may keep
+		cmdArgs = slices.Clone(cmdArgs)
 		cmdArgs[0], cmdArgs[1] = "eval", s.Source
 		cmd = evalCmd(ctx, cmdArgs, len(keys))
 		_ = c.Process(ctx, cmd)
 	}
 	return g.reply(cmd.Result())
+}
+
+// load loads lua.Library through c: on a cluster, on the master that
+// serves key, else on c's server.
+func (g goRedis) load(ctx context.Context, c processor, key string) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		c = node
+	}
+	cmd := redis.NewStringCmd(ctx, "function", "load", lua.Library.Source)
+	_ = c.Process(ctx, cmd)
+	return loadError(cmd.Err())
 }
 
 // evalCmd returns the command of an EVAL or EVALSHA with args, routed on a
@@ -219,7 +262,7 @@ func anys(args []string) []any {
 // waiting for another caller's dial does not watch its own): run them
 // through Call with inline false.
 func Rueidis(client rueidis.Client) Conn {
-	c := rueidisConn{client: client, scripts: map[*lua.Script]*rueidis.Lua{}}
+	c := rueidisConn{client: client, scripts: map[*lua.Script]*rueidis.Lua{}, functions: new(functions)}
 	for _, s := range lua.All() {
 		c.scripts[s] = rueidis.NewLuaScript(s.Source)
 	}
@@ -228,15 +271,45 @@ func Rueidis(client rueidis.Client) Conn {
 
 // rueidisConn is a Conn on a rueidis client.
 type rueidisConn struct {
-	client  rueidis.Client
-	scripts map[*lua.Script]*rueidis.Lua // read-only after Rueidis
+	client    rueidis.Client
+	scripts   map[*lua.Script]*rueidis.Lua // read-only after Rueidis
+	functions *functions
 }
 
 func (c rueidisConn) Eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error) {
 	if err := s.Check(len(keys), len(args)); err != nil {
 		return nil, err
 	}
+	if v, done, err := c.functions.rueidisCall(ctx, c.client.Do, c.client.B(), s, keys, args, func() error { return c.load(ctx) }); done {
+		return v, err
+	}
 	return anyOf(c.scripts[s].Exec(ctx, c.client, keys, args))
+}
+
+// load loads lua.Library on every node the client knows: a replica
+// refuses it (READONLY) and has it from its master. It fails only when no
+// node took it: a node that is down does not keep the others from
+// running the scripts.
+func (c rueidisConn) load(ctx context.Context) error {
+	var first error
+	took := false
+	for _, node := range c.client.Nodes() {
+		err := loadError(node.Do(ctx, node.B().FunctionLoad().FunctionCode(lua.Library.Source).Build()).Error())
+		took = took || err == nil
+		if err != nil && !rueidisReadOnly(err) && first == nil {
+			first = err
+		}
+	}
+	if took {
+		return nil
+	}
+	return first
+}
+
+// rueidisReadOnly reports whether err is a replica's refusal to write.
+func rueidisReadOnly(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	return ok && strings.HasPrefix(re.Error(), "READONLY")
 }
 
 func (c rueidisConn) Do(ctx context.Context, cmds ...[]string) ([]any, error) {
@@ -259,17 +332,26 @@ func (c rueidisConn) Do(ctx context.Context, cmds ...[]string) ([]any, error) {
 // slot of the first command with a key, which Pinned.Eval sends.
 func (c rueidisConn) Pin(ctx context.Context, key string, fn func(Pinned) error) error {
 	return c.client.Dedicated(func(d rueidis.DedicatedClient) error {
-		return fn(rueidisPinned{d})
+		return fn(rueidisPinned{c: d, functions: c.functions})
 	})
 }
 
 // rueidisPinned is a Pinned on a rueidis dedicated connection, which
 // rueidis.Lua cannot run scripts on: Eval sends EVALSHA and EVAL itself.
-type rueidisPinned struct{ c rueidis.DedicatedClient }
+type rueidisPinned struct {
+	c         rueidis.DedicatedClient
+	functions *functions
+}
 
 func (p rueidisPinned) Eval(ctx context.Context, s *lua.Script, keys, args []string) (any, error) {
 	if err := s.Check(len(keys), len(args)); err != nil {
 		return nil, err
+	}
+	load := func() error {
+		return loadError(p.c.Do(ctx, p.c.B().FunctionLoad().FunctionCode(lua.Library.Source).Build()).Error())
+	}
+	if v, done, err := p.functions.rueidisCall(ctx, p.c.Do, p.c.B(), s, keys, args, load); done {
+		return v, err
 	}
 	r := p.c.Do(ctx, p.c.B().Evalsha().Sha1(s.Hash()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if err, ok := rueidis.IsRedisErr(r.Error()); ok && err.IsNoScript() {

@@ -7,6 +7,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/contstore/contstore/internal/lua"
 )
 
 // ReplyLoss makes connections lose the reply of chosen commands after the
@@ -32,10 +34,12 @@ func (l *ReplyLoss) Lose(n int, match func(cmd []byte) bool, then func()) {
 	l.match, l.then, l.left = match, then, n
 }
 
-// Containing returns a matcher for commands whose bytes contain s, such as
-// a script's SHA1.
-func Containing(s string) func(cmd []byte) bool {
-	return func(cmd []byte) bool { return bytes.Contains(cmd, []byte(s)) }
+// Calling returns a matcher for the calls of s: by FCALL, which names its
+// function, or by EVALSHA, which names its SHA1.
+func Calling(s *lua.Script) func(cmd []byte) bool {
+	return func(cmd []byte) bool {
+		return bytes.Contains(cmd, []byte(s.Function())) || bytes.Contains(cmd, []byte(s.Hash()))
+	}
 }
 
 // Lost returns how many replies were lost so far.

@@ -158,11 +158,19 @@ func (r *recorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		r.fixOp(cmd)
 		err := next(ctx, cmd)
-		if r.on {
+		if r.on && !unknownCommand(err) {
 			r.record(cmd)
 		}
 		return err
 	}
+}
+
+// unknownCommand reports whether err is the server's refusal of a
+// command it does not have: the FCALL that finds a server without
+// functions, which then runs the scripts by EVALSHA, is not part of a
+// step.
+func unknownCommand(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "ERR unknown command")
 }
 
 // script returns the name of the script cmd runs, or "".

@@ -1,0 +1,131 @@
+package redisconn
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/rueidis"
+
+	"github.com/contstore/contstore/internal/lua"
+)
+
+// functions is whether a Conn's servers run the scripts as the functions
+// of lua.Library, shared by the Conn's copies: until a server shows it
+// cannot (it has no FCALL, or refuses to load the library), every call
+// goes by FCALL; after that, by EVALSHA.
+type functions struct{ off atomic.Bool }
+
+func (f *functions) on() bool { return !f.off.Load() }
+
+// rueidisCall calls s as its function through do, a rueidis client's or
+// dedicated connection's Do with b its builder, loading the library with
+// load where the server lacks it, and returns the reply as Eval does. It
+// returns done false when the call is to go by EVALSHA instead.
+func (f *functions) rueidisCall(ctx context.Context, do func(context.Context, rueidis.Completed) rueidis.RedisResult,
+	b rueidis.Builder, s *lua.Script, keys, args []string, load func() error) (v any, done bool, err error) {
+	if !f.on() {
+		return nil, false, nil
+	}
+	fcall := func() rueidis.RedisResult {
+		return do(ctx, b.Fcall().Function(s.Function()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	}
+	r := fcall()
+	switch f.after(r.Error()) {
+	case reload:
+		if err := f.loaded(load()); err != nil {
+			return nil, true, err
+		}
+		if !f.on() {
+			return nil, false, nil // the server refused the library
+		}
+		r = fcall()
+	case fallback:
+		return nil, false, nil
+	}
+	v, err = anyOf(r)
+	return v, true, err
+}
+
+// fcallAfter is what the error of an FCALL calls for.
+type fcallAfter int
+
+const (
+	// answered: the server ran the function, or failed the call for a
+	// reason of its own; the reply stands.
+	answered fcallAfter = iota
+	// reload: the server lacks the library (it restarted without it, or
+	// a new master never had it): load it and call again.
+	reload
+	// fallback: the server has no functions; the call goes by EVALSHA.
+	fallback
+)
+
+// after returns what err, an FCALL's error, calls for, and turns
+// functions off on a server that has none.
+func (f *functions) after(err error) fcallAfter {
+	msg, ok := serverError(err)
+	switch {
+	case !ok:
+		return answered
+	case strings.HasPrefix(msg, "Function not found"):
+		return reload
+	case strings.HasPrefix(msg, "unknown command"):
+		f.off.Store(true)
+		return fallback
+	}
+	return answered
+}
+
+// loaded takes the error of loading the library (loadError) and returns
+// the one to fail the call with: none when the library was loaded, or
+// when the server refused it for good (it has no FUNCTION, the user may
+// not load functions, it cannot compile the library), which turns
+// functions off; the error itself when it may pass (a network error, a
+// server loading its data or out of memory, a stale slot map).
+func (f *functions) loaded(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg, ok := serverError(err)
+	if !ok {
+		return err
+	}
+	for _, passing := range []string{"LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK"} {
+		if strings.HasPrefix(msg, passing+" ") {
+			return err
+		}
+	}
+	f.off.Store(true)
+	return nil
+}
+
+// loadError returns the error of FUNCTION LOAD, nil when the server
+// already had the library.
+func loadError(err error) error {
+	if msg, ok := serverError(err); ok && strings.HasPrefix(msg, "Library ") && strings.HasSuffix(msg, " already exists") {
+		return nil
+	}
+	return err
+}
+
+// serverError returns the message of an error reply from the server,
+// without the "ERR " that some clients keep and others do not, and false
+// for any other error.
+func serverError(err error) (string, bool) {
+	if err == nil {
+		return "", false
+	}
+	msg := ""
+	var gr redis.Error
+	if rr, ok := rueidis.IsRedisErr(err); ok && !rr.IsNil() {
+		msg = rr.Error()
+	} else if errors.As(err, &gr) && !errors.Is(err, redis.Nil) {
+		msg = gr.Error()
+	} else {
+		return "", false
+	}
+	return strings.TrimPrefix(msg, "ERR "), true
+}
