@@ -6,8 +6,9 @@
 // EVALSHA, decodes the replies as PROTOCOL.md says, and compares calls,
 // replies, decisions and every key afterwards with the vectors. It also
 // checks the vectors a client needs to compose and decode those calls
-// (scripts, owners, keys, scores, turn tokens, sequences, stored bytes,
-// continuations).
+// (scripts, the function library, owners, keys, scores, turn tokens,
+// sequences, stored bytes, continuations), and that the server loads the
+// library it composes under the name the vectors give.
 //
 // Usage: scripts/redis-env.sh node scripts/vectors.mjs
 //
@@ -445,6 +446,25 @@ function compose(file) {
   return { libs, source: Buffer.concat(parts) };
 }
 
+// composeLibrary is the function library PROTOCOL.md 8.1 composes from
+// the scripts in the vectors' order: its name and its text.
+function composeLibrary(scripts) {
+  const shared = [];
+  for (const s of scripts) for (const lib of compose(s.file).libs) if (!shared.includes(lib)) shared.push(lib);
+  const text = (name) => {
+    const parts = [Buffer.from('local KEYS, ARGV\n')];
+    for (const lib of shared) parts.push(readFileSync(path.join(ROOT, lib)), Buffer.from('\n'));
+    for (const s of scripts) {
+      parts.push(Buffer.from(`redis.register_function('${name}_${s.name}', function(keys, args)\nKEYS, ARGV = keys, args\n`));
+      parts.push(readFileSync(path.join(ROOT, s.file)), Buffer.from('end)\n'));
+    }
+    return Buffer.concat(parts);
+  };
+  const digest = createHash('sha1').update(text('contstore_0000000000000000')).digest('hex');
+  const name = `contstore_${digest.slice(0, 16)}`;
+  return { name, source: Buffer.concat([Buffer.from(`#!lua name=${name}\n`), text(name)]) };
+}
+
 // ---- the static vectors ---------------------------------------------------------
 
 const bytesOf = (c, field) => (c[`${field}_hex`] !== undefined ? Buffer.from(c[`${field}_hex`], 'hex') : c[field] === undefined ? undefined : utf8(c[field]));
@@ -464,6 +484,12 @@ function checkStatic(v, fpv, counts) {
     expectSame(where, 'variadic', variadic, Boolean(s.variadic));
     counts.static++;
   }
+  const lib = composeLibrary(v.scripts);
+  expectSame('function_library', 'name', lib.name, v.function_library.name);
+  expectSame('function_library', 'functions', v.scripts.map((s) => `${lib.name}_${s.name}`), v.function_library.functions);
+  expectSame('function_library', 'length', lib.source.length, v.function_library.source_bytes);
+  expectSame('function_library', 'SHA1', createHash('sha1').update(lib.source).digest('hex'), v.function_library.sha1);
+  counts.static++;
   for (const o of v.owners) {
     const where = `owners: ${o.name}`;
     const s = bytesOf(o, 'session'), a = bytesOf(o, 'agent');
@@ -1255,6 +1281,8 @@ async function main() {
       expectSame(`scripts: ${s.name}`, 'SHA1 from SCRIPT LOAD', sha, s.sha1);
       shas[s.name] = sha;
     }
+    const lib = composeLibrary(v.scripts);
+    expectSame('function_library', 'name from FUNCTION LOAD', (await redis.ok('FUNCTION', 'LOAD', 'REPLACE', lib.source)).toString(), lib.name);
     let partial;
     counts.jumps = 0;
     for (let attempt = 1; ; attempt++) {

@@ -60,7 +60,7 @@ type redisStats struct {
 }
 
 // scriptTime is the server time spent in script calls (INFO commandstats
-// of EVALSHA and EVAL).
+// of FCALL, EVALSHA and EVAL).
 type scriptTime struct {
 	Calls       int64   `json:"calls"`
 	Usec        int64   `json:"usec"`

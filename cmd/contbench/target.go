@@ -311,13 +311,13 @@ func redactURL(u string) string {
 
 // serverSample is what INFO says at one moment, summed over masters.
 type serverSample struct {
-	// usedMemory is used_memory; scriptMemory is used_memory_scripts_eval,
-	// the part of it that cached scripts take.
+	// usedMemory is used_memory; scriptMemory is used_memory_scripts,
+	// the part of it that cached scripts and function libraries take.
 	usedMemory, scriptMemory int64
 	// clients is connected_clients.
 	clients int64
-	// scriptCalls and scriptUsec count EVALSHA and EVAL calls and the
-	// microseconds the server spent in them.
+	// scriptCalls and scriptUsec count FCALL, EVALSHA and EVAL calls and
+	// the microseconds the server spent in them.
 	scriptCalls, scriptUsec int64
 }
 
@@ -364,11 +364,11 @@ func (s *serverSample) parseInfo(info string) {
 		switch name {
 		case "used_memory":
 			s.usedMemory += n
-		case "used_memory_scripts_eval":
+		case "used_memory_scripts":
 			s.scriptMemory += n
 		case "connected_clients":
 			s.clients += n
-		case "cmdstat_evalsha", "cmdstat_eval":
+		case "cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval":
 			for field := range strings.SplitSeq(value, ",") {
 				k, v, _ := strings.Cut(field, "=")
 				n, _ := strconv.ParseInt(v, 10, 64)
@@ -383,7 +383,7 @@ func (s *serverSample) parseInfo(info string) {
 	}
 }
 
-// dataMemory is used memory less the script cache.
+// dataMemory is used memory less the scripts'.
 func (s serverSample) dataMemory() int64 { return s.usedMemory - s.scriptMemory }
 
 // scriptsSince returns the script time spent between an earlier sample
