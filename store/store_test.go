@@ -102,8 +102,12 @@ func TestTheModelCatchesAChangedRefreshRule(t *testing.T) {
 		return
 	}
 	changedRefreshRule(t) // the rule is where the child changes it
+	// A fixed seed: the check draws its sequences from it and steps a
+	// clock of its own, so the run is the same every time. Drawn at
+	// random, a run now and then passes all 2,000 sequences without one
+	// that shows the change; this seed shows it after 267.
 	cmd := exec.Command(os.Args[0], "-test.run=^TestTheModelCatchesAChangedRefreshRule$", "-test.count=1",
-		"-rapid.checks=2000", "-rapid.shrinktime=5s", "-rapid.nofailfile")
+		"-rapid.checks=2000", "-rapid.shrinktime=5s", "-rapid.nofailfile", "-rapid.seed=1")
 	cmd.Env = append(os.Environ(), refreshRuleChanged+"=1")
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, "the model check passed scripts that refresh a tick early:\n%s", out)
