@@ -64,7 +64,8 @@ const (
 )
 
 // after returns what err, an FCALL's error, calls for, and turns
-// functions off on a server that has none.
+// functions off on a server that has none or will not let the user call
+// them.
 func (f *functions) after(err error) fcallAfter {
 	msg, ok := serverError(err)
 	switch {
@@ -72,8 +73,8 @@ func (f *functions) after(err error) fcallAfter {
 		return answered
 	case strings.HasPrefix(msg, "Function not found"):
 		return reload
-	case strings.HasPrefix(msg, "unknown command"):
-		f.off.Store(true)
+	case strings.HasPrefix(msg, "unknown command"), strings.HasPrefix(msg, "NOPERM"):
+		f.off.Store(true) // no FCALL, or not for this user
 		return fallback
 	}
 	return answered

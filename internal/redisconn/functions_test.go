@@ -29,6 +29,7 @@ func TestFunctionsFollowTheServersAnswer(t *testing.T) {
 		{"the server lacks the library", notFound, "$4\r\nname\r\n", false, "fcall function fcall", "fcall"},
 		{"another client loaded it meanwhile", notFound, "-ERR Library 'x' already exists\r\n", false, "fcall function fcall", "fcall"},
 		{"the server has no FCALL", "-ERR unknown command 'fcall', with args beginning with: \r\n", "", false, "fcall evalsha", "evalsha"},
+		{"the user may not call functions", "-NOPERM this user has no permissions to run the 'fcall' command\r\n", "", false, "fcall evalsha", "evalsha"},
 		{"the server has no FUNCTION", notFound, "-ERR unknown command 'function', with args beginning with: \r\n", false, "fcall function evalsha", "evalsha"},
 		{"the user may not load functions", notFound, "-NOPERM this user has no permissions to run the 'function|load' command\r\n", false, "fcall function evalsha", "evalsha"},
 		{"the server cannot compile it", notFound, "-ERR Error compiling function: user_function:1: '=' expected\r\n", false, "fcall function evalsha", "evalsha"},
