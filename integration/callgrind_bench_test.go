@@ -47,11 +47,14 @@ func BenchmarkTurnInstructions(b *testing.B) {
 	for b.Loop() {
 		out := filepath.Join(b.TempDir(), "callgrind.out")
 		c, pid := startServerUnder(b, valgrind, "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file="+out)
-		s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40})
+		// A server under valgrind is slow, and slower on a busy machine:
+		// calls get two seconds where the default gives them 200 ms.
+		const opTimeout = 2 * time.Second
+		s, err := store.NewRedis(c, store.Options{MaxOwners: 2 * n, MaxTotalBytes: 1 << 40, OpTimeout: opTimeout})
 		require.NoError(b, err)
 		turn := storetest.NewTurn(b, s, 32)
 		fill(b, s, owners, turn)
-		time.Sleep(400 * time.Millisecond) // twice OpTimeout: the fill's calls are past their deadlines
+		time.Sleep(2 * opTimeout) // the fill's calls are past their deadlines
 		// instructions runs f with the server's instrumentation on and
 		// returns what the server executed meanwhile.
 		dumps := 0

@@ -421,8 +421,8 @@ function makeOp(id, deadline) {
 // SCRIPTS is the table of PROTOCOL.md 8.2: each script's KEYS and ARGV, by
 // role. A trailing '...' marks a variadic tail.
 const SCRIPTS = {
-  reserve: { keys: ['state', 'lru', 'part', 'answer', 'seq'], args: ['ttl', 'op', 'estimate', 'limits'] },
-  record: { keys: ['state', 'lru', 'part', 'answer'], args: ['ttl', 'op', 'seq', 'continuation', 'estimate', 'limits'] },
+  reserve: { keys: ['state', 'answer', 'seq'], args: ['ttl', 'op', 'estimate', 'limits'] },
+  record: { keys: ['state'], args: ['ttl', 'op', 'seq', 'continuation', 'estimate', 'limits'] },
   abort: { keys: ['state', 'lru', 'part', 'answer'], args: ['op', 'seq'] },
   clear: { keys: ['state', 'lru', 'part', 'answer'], args: ['op'] },
   inspect: { keys: ['state', 'lru'], args: [] },
@@ -867,10 +867,12 @@ class Scenario {
   // ownerCall composes a call of an owner script in the vectors' namespace.
   ownerCall(script, owner, op, extra) {
     const p = partitionOf(owner, this.P), k = this.vk;
-    const keys = [k.state(p, owner), k.lru(p)];
-    if (script !== 'inspect') keys.push(k.part(p));
-    if (op) keys.push(k.answer(p, owner, op));
-    if (script === 'reserve') keys.push(k.seq(p));
+    // 8.2: reserve and record name the partition's LRU and accounting
+    // themselves, and record its answer key too
+    const keys = [k.state(p, owner)];
+    if (script === 'reserve') keys.push(k.answer(p, owner, op), k.seq(p));
+    else if (script !== 'record') keys.push(k.lru(p));
+    if (script === 'abort' || script === 'clear') keys.push(k.part(p), k.answer(p, owner, op));
     const args = script === 'reserve' || script === 'record' ? [String(this.o.ttl_ms)] : [];
     if (op) args.push(op);
     return { script, p, owner, keys, args: [...args, ...extra] };

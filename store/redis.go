@@ -220,19 +220,22 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 }
 
 // change runs script, a call that changes the state of owner (of
-// partition p), with keys and args: keys begin with the owner's keys
-// (ownerKeys) and a place for the answer key of the call's id, and args
-// hold a place for the id at index op (internal/lua/oplog.lua). Each send
-// draws a new id, with ctx's deadline (at most OpTimeout from now) on the
-// clock of the partition's server, and fills both places; a client that
-// re-sends the call re-sends both. The call is sent once more, as a new
-// one, when Redis refused it for its deadline and the refusal allows it
-// (redisconn.ResendExpired).
-func (r *redisBackend) change(ctx context.Context, script *lua.Script, p int, owner identity.Owner, keys, args []string, op int) (any, error) {
+// partition p), with keys and args: keys hold a place for the answer key
+// of the call's id at index answer (none when answer is -1: the script
+// names it), and args a place for the id at index op
+// (internal/lua/oplog.lua). Each send draws a new id, with ctx's deadline
+// (at most OpTimeout from now) on the clock of the partition's server,
+// and fills both places; a client that re-sends the call re-sends both.
+// The call is sent once more, as a new one, when Redis refused it for its
+// deadline and the refusal allows it (redisconn.ResendExpired).
+func (r *redisBackend) change(ctx context.Context, script *lua.Script, p int, owner identity.Owner, keys, args []string, answer, op int) (any, error) {
 	return redisconn.ResendExpired(ctx, r.servers, p, r.opts.OpTimeout, func() (any, int64, error) {
 		deadline := r.servers.Deadline(ctx, p, r.opts.OpTimeout)
 		id := r.newCallID(deadline)
-		keys[3], args[op] = r.keys.answer(p, owner, id), id
+		if answer >= 0 {
+			keys[answer] = r.keys.answer(p, owner, id)
+		}
+		args[op] = id
 		reply, err := r.run(ctx, script, keys, args...)
 		return reply, deadline, err
 	})
@@ -254,8 +257,8 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 	b := r.keys.appendOwner(buf[:0], p, owner)
 	key := len(b)
 	s := string(strconv.AppendInt(b, r.keys.stateBytes(p, owner), 10))
-	a := []string{s[:key], r.keys.lru(p), r.keys.part(p), "", r.keys.seq(p), r.ttl, "", s[key:], r.limits}
-	reply, err := slice(r.change(ctx, lua.Reserve, p, owner, a[:5:5], a[5:], 1))
+	a := []string{s[:key], "", r.keys.seq(p), r.ttl, "", s[key:], r.limits}
+	reply, err := slice(r.change(ctx, lua.Reserve, p, owner, a[:3:3], a[3:], 1, 1))
 	if err != nil {
 		return reserved{}, err
 	}
@@ -278,8 +281,8 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 	b = r.seqArg(b, turn, p)
 	seq := len(b)
 	s := string(appendContinuation(b, c))
-	a := []string{s[:key], r.keys.lru(p), r.keys.part(p), "", r.ttl, "", s[size:seq], s[seq:], s[key:size], r.limits}
-	reply, err := slice(r.change(ctx, lua.Record, p, owner, a[:4:4], a[4:], 1))
+	a := []string{s[:key], r.ttl, "", s[size:seq], s[seq:], s[key:size], r.limits}
+	reply, err := slice(r.change(ctx, lua.Record, p, owner, a[:1:1], a[1:], -1, 1))
 	if err != nil {
 		return published{}, err
 	}
@@ -293,7 +296,7 @@ func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Tur
 	key := len(b)
 	s := string(r.seqArg(b, turn, p))
 	a := []string{s[:key], r.keys.lru(p), r.keys.part(p), "", "", s[key:]}
-	n, err := integer(r.change(ctx, lua.Abort, p, owner, a[:4:4], a[4:], 0))
+	n, err := integer(r.change(ctx, lua.Abort, p, owner, a[:4:4], a[4:], 3, 0))
 	return n == 1, err
 }
 
@@ -304,7 +307,7 @@ func (r *redisBackend) isCurrent(ctx context.Context, owner identity.Owner, turn
 
 func (r *redisBackend) clear(ctx context.Context, owner identity.Owner) (bool, error) {
 	p, keys := r.ownerKeys(owner)
-	n, err := integer(r.change(ctx, lua.Clear, p, owner, append(keys, ""), []string{""}, 0))
+	n, err := integer(r.change(ctx, lua.Clear, p, owner, append(keys, ""), []string{""}, 3, 0))
 	return n == 1, err
 }
 

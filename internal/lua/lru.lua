@@ -1,6 +1,6 @@
 -- lru.lua: the clock, accounting and eviction shared by the scripts that
--- change or read an owner. It defines local constants and four functions,
--- pack_score, refresh_tick, lru and prune; a script that uses them names lru in its
+-- change or read an owner. It defines local constants and five functions,
+-- pack_score, partition_key, refresh_tick, lru and prune; a script that uses them names lru in its
 -- header's uses line, and is sent with this file before it (lua.go). Each
 -- function a script defines costs time on every run, whether it is called or
 -- not, so the others are made by lru(), which a script calls only on the
@@ -26,10 +26,12 @@
 -- state's fields tell its entry's size and published bit, reserve and
 -- record read the entry only when they need its touch.
 --
--- The owner scripts, whose KEYS[1] is the state and KEYS[2] the LRU, read
--- the member from their keys: the prefix "<ns>:{<ns>:<pp>}:o:" is one byte
--- shorter than the LRU's name "<ns>:{<ns>:<pp>}:lru", so the member is
--- string.sub(KEYS[1], #KEYS[2]).
+-- The owner scripts, whose KEYS[1] is the state, read the member from it:
+-- the prefix "<ns>:{<ns>:<pp>}:o:" is one byte shorter than the LRU's name
+-- "<ns>:{<ns>:<pp>}:lru", so the member is string.sub(KEYS[1], #lru),
+-- where lru is the LRU's name: KEYS[2] of abort, clear and inspect;
+-- partition_key(KEYS[1], 'lru') in reserve and record, which are not sent
+-- the partition's keys.
 --
 -- The partition's hash holds:
 --   bytes      sum of the sizes of the LRU's entries
@@ -46,6 +48,14 @@ local PUBLISHED = 4096
 local function pack_score(ms, published, size)
   if size > PUBLISHED - 1 then size = PUBLISHED - 1 end
   return (ms - SCORE_EPOCH_MS) * TIME_UNIT + published * PUBLISHED + size
+end
+
+-- partition_key returns the name of the partition's key kind ('lru',
+-- 'part') for the owner whose state key is state: the state's partition
+-- prefix "<ns>:{<ns>:<pp>}:" followed by kind. A namespace holds no '}',
+-- so the prefix ends at the first "}:o:".
+local function partition_key(state, kind)
+  return string.sub(state, 1, string.find(state, '}:o:', 1, true) + 1) .. kind
 end
 
 -- refresh_tick returns the tick of ms (milliseconds since the Unix epoch)

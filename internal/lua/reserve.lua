@@ -15,7 +15,7 @@
 -- state is live while its key is.
 --
 -- The sequence number is the largest of
---   the partition's last sequence number + 1 (KEYS[5]),
+--   the partition's last sequence number + 1 (KEYS[3]),
 --   the server clock in microseconds since 2025-01-01T00:00:00Z,
 --   the owner's current sequence number + 1.
 -- One reserve takes longer than a microsecond of server time, so the
@@ -36,10 +36,13 @@
 -- uses: oplog, lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c, o
--- KEYS[2]  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:part             hash    the partition's accounting
--- KEYS[4]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
--- KEYS[5]  <ns>:{<ns>:<pp>}:seq              string  the partition's last sequence number
+-- KEYS[2]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
+-- KEYS[3]  <ns>:{<ns>:<pp>}:seq              string  the partition's last sequence number
+-- CHANGES  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua) and
+--          <ns>:{<ns>:<pp>}:part             hash    its accounting, when the owner's
+--          entry changes, not in KEYS (most calls change no entry, and a key
+--          sent costs every call): named by KEYS[1]'s partition prefix (lru.lua
+--          partition_key), so in its hash tag and Redis Cluster slot.
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
 --          followed by the owner's LRU member. Safe in Redis Cluster: the name
@@ -79,7 +82,7 @@ if o and string.sub(o, 1, 9) == op then
   local flags = string.byte(o, 10) - 48
   return {math.abs(t + 0), (flags - flags % 2) / 2, 0, flags % 2 == 1 and t + 0 > 0 and c or nil}
 end
-local done = redis.call('GET', KEYS[4])
+local done = redis.call('GET', KEYS[2])
 if done then
   -- its first run's answer, moved out of the state by a later call
   local colon = string.find(done, ':', 1, true)
@@ -98,9 +101,10 @@ local ms = server + SCORE_EPOCH_MS
 local ttl = ARGV[1] + 0
 local tn = t and t + 0
 local live = t and true or false
-local old
+local old, lru_key
 if not live then
-  old = redis.call('ZSCORE', KEYS[2], string.sub(KEYS[1], #KEYS[2]))
+  lru_key = partition_key(KEYS[1], 'lru')
+  old = redis.call('ZSCORE', lru_key, string.sub(KEYS[1], #lru_key))
   old = old and old + 0
 end
 
@@ -108,13 +112,13 @@ end
 -- the partition's or the owner's last number.
 local seq = (sec - EPOCH_S) * 1000000 + usec
 local seq_s = string.format('%d', seq)
-local last = redis.call('SET', KEYS[5], seq_s, 'GET')
+local last = redis.call('SET', KEYS[3], seq_s, 'GET')
 local floor = (last or 0) + 1
 if tn and tn >= floor then floor = tn + 1 elseif tn and -tn >= floor then floor = 1 - tn end
 if floor > seq then
   seq = floor
   seq_s = string.format('%d', seq)
-  redis.call('SET', KEYS[5], seq_s)
+  redis.call('SET', KEYS[3], seq_s)
 end
 
 -- t < 0: the state holds the continuation its last turn published
@@ -123,8 +127,9 @@ local slot = op .. (consumed and '3' or live and '2' or '0')
 if o then
   -- the answers of the calls this one replaces go to their answer keys
   -- while those calls may be re-sent
-  if deadline(o, 6, server) > server then spills().reserve(o, t, c, server) end
-  if not live and #o >= 20 and deadline(o, 17, server) > server then spills().record(o, server) end
+  local prefix = string.sub(KEYS[2], 1, #KEYS[2] - 18)
+  if deadline(o, 6, server) > server then spills().reserve(o, t, c, server, prefix) end
+  if not live and #o >= 20 and deadline(o, 17, server) > server then spills().record(o, server, prefix) end
 end
 local now_tick = refresh_tick(ms, ttl)
 if live then
@@ -146,21 +151,23 @@ local score = pack_score(ms, published, size)
 local score_s = string.format('%d', score)
 redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-local member = string.sub(KEYS[1], #KEYS[2])
+lru_key = lru_key or partition_key(KEYS[1], 'lru')
+local part_key = partition_key(KEYS[1], 'part')
+local member = string.sub(KEYS[1], #lru_key)
 local change = lru()
 -- A live state's entry has its size and published bit (lru.lua).
-local db, dp, count = change.touch(KEYS[2], member, live and (old or pack_score(SCORE_EPOCH_MS, published, size)) or old,
+local db, dp, count = change.touch(lru_key, member, live and (old or pack_score(SCORE_EPOCH_MS, published, size)) or old,
   score, score_s)
-local bytes = change.settle(KEYS[3], db, dp)
+local bytes = change.settle(part_key, db, dp)
 local evicted = 0
 if old and not live then
   -- idle: it had expired before anything pruned it, and others may have
-  redis.call('HINCRBY', KEYS[3], 'ev:ttl', 1)
+  redis.call('HINCRBY', part_key, 'ev:ttl', 1)
   evicted = 1
 end
 if count or db > 0 or evicted > 0 then
   if db <= 0 then bytes = nil end -- the byte limit is checked only when they grew
-  evicted = evicted + prune(KEYS[2], KEYS[3], string.sub(KEYS[1], 1, #KEYS[2] - 1), member,
+  evicted = evicted + prune(lru_key, part_key, string.sub(KEYS[1], 1, #lru_key - 1), member,
     pack_score(ms - ttl, 0, 0), ARGV[4], count, bytes, spills().releaser(server))
 end
 
