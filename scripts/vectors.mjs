@@ -422,7 +422,7 @@ function makeOp(id, deadline) {
 // role. A trailing '...' marks a variadic tail.
 const SCRIPTS = {
   reserve: { keys: ['state', 'answer', 'seq'], args: ['ttl', 'op', 'estimate', 'limits'] },
-  record: { keys: ['state'], args: ['ttl', 'op', 'seq', 'continuation', 'estimate', 'limits'] },
+  record: { keys: ['state', 'answer'], args: ['ttl', 'op', 'seq', 'continuation', 'estimate', 'limits'] },
   abort: { keys: ['state', 'lru', 'part', 'answer'], args: ['op', 'seq'] },
   clear: { keys: ['state', 'lru', 'part', 'answer'], args: ['op'] },
   inspect: { keys: ['state', 'lru'], args: [] },
@@ -455,8 +455,11 @@ function composeLibrary(scripts) {
     const parts = [Buffer.from('local KEYS, ARGV\n')];
     for (const lib of shared) parts.push(readFileSync(path.join(ROOT, lib)), Buffer.from('\n'));
     for (const s of scripts) {
-      parts.push(Buffer.from(`redis.register_function('${name}_${s.name}', function(keys, args)\nKEYS, ARGV = keys, args\n`));
-      parts.push(readFileSync(path.join(ROOT, s.file)), Buffer.from('end)\n'));
+      const file = readFileSync(path.join(ROOT, s.file));
+      const flags = /^-- flags: (.*)$/m.exec(file.toString('utf8'));
+      const quoted = flags ? flags[1].split(',').map((f) => `'${f.trim()}'`).join(', ') : '';
+      parts.push(Buffer.from(`redis.register_function{function_name = '${name}_${s.name}', flags = {${quoted}}, callback = function(keys, args)\nKEYS, ARGV = keys, args\n`));
+      parts.push(file, Buffer.from('end}\n'));
     }
     return Buffer.concat(parts);
   };
@@ -868,10 +871,11 @@ class Scenario {
   ownerCall(script, owner, op, extra) {
     const p = partitionOf(owner, this.P), k = this.vk;
     // 8.2: reserve and record name the partition's LRU and accounting
-    // themselves, and record its answer key too
+    // themselves
     const keys = [k.state(p, owner)];
     if (script === 'reserve') keys.push(k.answer(p, owner, op), k.seq(p));
-    else if (script !== 'record') keys.push(k.lru(p));
+    else if (script === 'record') keys.push(k.answer(p, owner, op));
+    else keys.push(k.lru(p));
     if (script === 'abort' || script === 'clear') keys.push(k.part(p), k.answer(p, owner, op));
     const args = script === 'reserve' || script === 'record' ? [String(this.o.ttl_ms)] : [];
     if (op) args.push(op);

@@ -221,9 +221,8 @@ func (r *redisBackend) ownerKeys(owner identity.Owner) (int, []string) {
 
 // change runs script, a call that changes the state of owner (of
 // partition p), with keys and args: keys hold a place for the answer key
-// of the call's id at index answer (none when answer is -1: the script
-// names it), and args a place for the id at index op
-// (internal/lua/oplog.lua). Each send draws a new id, with ctx's deadline
+// of the call's id at index answer, and args a place for the id at index
+// op (internal/lua/oplog.lua). Each send draws a new id, with ctx's deadline
 // (at most OpTimeout from now) on the clock of the partition's server,
 // and fills both places; a client that re-sends the call re-sends both.
 // The call is sent once more, as a new one, when Redis refused it for its
@@ -232,10 +231,7 @@ func (r *redisBackend) change(ctx context.Context, script *lua.Script, p int, ow
 	return redisconn.ResendExpired(ctx, r.servers, p, r.opts.OpTimeout, func() (any, int64, error) {
 		deadline := r.servers.Deadline(ctx, p, r.opts.OpTimeout)
 		id := r.newCallID(deadline)
-		if answer >= 0 {
-			keys[answer] = r.keys.answer(p, owner, id)
-		}
-		args[op] = id
+		keys[answer], args[op] = r.keys.answer(p, owner, id), id
 		reply, err := r.run(ctx, script, keys, args...)
 		return reply, deadline, err
 	})
@@ -281,8 +277,8 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 	b = r.seqArg(b, turn, p)
 	seq := len(b)
 	s := string(appendContinuation(b, c))
-	a := []string{s[:key], r.ttl, "", s[size:seq], s[seq:], s[key:size], r.limits}
-	reply, err := slice(r.change(ctx, lua.Record, p, owner, a[:1:1], a[1:], -1, 1))
+	a := []string{s[:key], "", r.ttl, "", s[size:seq], s[seq:], s[key:size], r.limits}
+	reply, err := slice(r.change(ctx, lua.Record, p, owner, a[:2:2], a[2:], 1, 1))
 	if err != nil {
 		return published{}, err
 	}

@@ -732,11 +732,18 @@ func ruleFunctionLibrary(t *testing.T, scripts []vecScript, v vecLibrary) {
 			require.NoError(t, err)
 			text += string(b) + "\n"
 		}
+		flagsLine := regexp.MustCompile(`(?m)^-- flags: (.*)$`)
 		for _, s := range scripts {
 			b, err := os.ReadFile(filepath.Join("..", s.File))
 			require.NoError(t, err)
-			text += "redis.register_function('" + name + "_" + s.Name + "', function(keys, args)\nKEYS, ARGV = keys, args\n" +
-				string(b) + "end)\n"
+			var flags []string
+			if m := flagsLine.FindSubmatch(b); m != nil {
+				for _, f := range strings.Split(string(m[1]), ",") {
+					flags = append(flags, "'"+strings.TrimSpace(f)+"'")
+				}
+			}
+			text += "redis.register_function{function_name = '" + name + "_" + s.Name + "', flags = {" + strings.Join(flags, ", ") +
+				"}, callback = function(keys, args)\nKEYS, ARGV = keys, args\n" + string(b) + "end}\n"
 		}
 		return text
 	}
@@ -763,7 +770,7 @@ var vecOpaque = vectorscenario.Opaque{
 	Reply:     map[string]int{"reserve": 3, "inspect": 2},
 	HashField: func(key, field string) bool { return (field == "c" || field == "o") && strings.Contains(key, "}:o:") },
 	String:    func(_, s string) bool { return vecConsumedAnswer.MatchString(s) },
-	Ops: map[string]vectorscenario.OpAt{"reserve": {Key: 1, Arg: 1}, "record": {Key: -1, Arg: 1},
+	Ops: map[string]vectorscenario.OpAt{"reserve": {Key: 1, Arg: 1}, "record": {Key: 1, Arg: 1},
 		"abort": {Key: 3, Arg: 0}, "clear": {Key: 3, Arg: 0}},
 }
 
@@ -1472,9 +1479,9 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			args := vectorscenario.Strings(t, call.Args)
 			// The owner scripts' keys and common arguments (8.2): reserve
 			// sends the state, its answer key and the partition's clock,
-			// record the state alone, abort and clear the state, the LRU,
-			// the accounting and the answer key.
-			keys := map[string]int{"reserve": 3, "record": 1, "abort": 4, "clear": 4}[call.Script]
+			// record the state and its answer key, abort and clear the
+			// state, the LRU, the accounting and the answer key.
+			keys := map[string]int{"reserve": 3, "record": 2, "abort": 4, "clear": 4}[call.Script]
 			require.Len(t, call.Keys, keys, st.Name)
 			// The partition's prefix ends at the state key's first "}:o:";
 			// the member is the state key after it, and the LRU's name is
@@ -1484,11 +1491,13 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			require.Positive(t, end, "%s: state %q", st.Name, state)
 			base, member := state[:end+2], state[end+4:]
 			require.True(t, member != "" && member == state[len(base+"lru")-1:], "%s: state %q", st.Name, state)
-			answer := ""
+			var answer string
 			switch call.Script {
 			case "reserve":
 				answer = call.Keys[1]
 				assert.Equal(t, base+"seq", call.Keys[2], st.Name)
+			case "record":
+				answer = call.Keys[1]
 			case "abort", "clear":
 				assert.Equal(t, base+"lru", call.Keys[1], st.Name)
 				assert.Equal(t, base+"part", call.Keys[2], st.Name)
@@ -1505,9 +1514,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			op := args[opAt]
 			require.Len(t, op, c.OpBytes, st.Name)
 			opHex := hex.EncodeToString([]byte(op))
-			if answer != "" {
-				assert.Equal(t, base+"q:"+member+":"+opHex, answer, "%s: answer key", st.Name)
-			}
+			assert.Equal(t, base+"q:"+member+":"+opHex, answer, "%s: answer key", st.Name)
 			if opAt == 1 {
 				assert.Equal(t, strconv.FormatInt(ttl, 10), args[0], st.Name)
 			}

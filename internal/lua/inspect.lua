@@ -2,6 +2,8 @@
 -- anything.
 --
 -- uses: none
+-- flags: no-writes
+--   (as a Redis function: it reads only, so it runs when the server is out of memory)
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>  hash  the owner's state (reserve.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:lru        zset  the partition's LRU (lru.lua)

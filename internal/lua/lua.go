@@ -52,9 +52,11 @@ type FunctionLibrary struct {
 	// Source is the text FUNCTION LOAD takes: the line
 	// "#!lua name=<Name>", the line "local KEYS, ARGV", each shared file
 	// followed by "\n", then, for each script in the order of All, the
-	// line "redis.register_function('<Name>_<script>', function(keys,
-	// args)", the line "KEYS, ARGV = keys, args", the script's file and
-	// the line "end)". The scripts read KEYS and ARGV as under EVAL.
+	// line "redis.register_function{function_name = '<Name>_<script>',
+	// flags = {<its Flags, each quoted in ', joined by ", ">}, callback =
+	// function(keys, args)", the line "KEYS, ARGV = keys, args", the
+	// script's file and the line "end}". The scripts read KEYS and ARGV
+	// as under EVAL.
 	Source string
 }
 
@@ -73,8 +75,12 @@ func newLibrary() FunctionLibrary {
 		}
 	}
 	for _, s := range All() {
-		fmt.Fprintf(&b, "redis.register_function('%s_%s', function(keys, args)\nKEYS, ARGV = keys, args\n%send)\n",
-			unnamed, s.Name, s.File)
+		quoted := make([]string, len(s.Flags))
+		for i, f := range s.Flags {
+			quoted[i] = "'" + f + "'"
+		}
+		fmt.Fprintf(&b, "redis.register_function{function_name = '%s_%s', flags = {%s}, callback = function(keys, args)\n"+
+			"KEYS, ARGV = keys, args\n%send}\n", unnamed, s.Name, strings.Join(quoted, ", "), s.File)
 	}
 	sum := sha1.Sum([]byte(b.String()))
 	name := "contstore_" + hex.EncodeToString(sum[:8])
@@ -96,6 +102,10 @@ type Script struct {
 	// Uses names the shared files the header's "-- uses:" line lists, in
 	// its order, without ".lua".
 	Uses []string
+	// Flags are the Redis function flags the header's "-- flags:" line
+	// lists ("no-writes", "allow-oom"), which its function in Library is
+	// registered with; none when it has no such line.
+	Flags []string
 	// Source is the script as sent to Redis: each file of Uses followed by
 	// "\n", then File.
 	Source string
@@ -131,6 +141,7 @@ var (
 	argvLine = regexp.MustCompile(`(?m)^-- ARGV\[(\d+)\+?\]`)
 	variadic = regexp.MustCompile(`(?m)^-- ARGV\[\d+\+\]`)
 	usesLine = regexp.MustCompile(`(?m)^-- uses: (.*)$`)
+	flagLine = regexp.MustCompile(`(?m)^-- flags: (.*)$`)
 	usedName = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 )
 
@@ -150,6 +161,7 @@ func load(name string) *Script {
 		Args:     count(argvLine, file),
 		Variadic: variadic.MatchString(file),
 		Uses:     libs,
+		Flags:    flags(name, file),
 		Source:   src,
 		File:     file,
 		script:   redis.NewScript(src),
@@ -185,6 +197,29 @@ func uses(name, file string) []string {
 		libs = append(libs, lib)
 	}
 	return libs
+}
+
+// flags returns the function flags the flags line of script name (its
+// text file) lists. It panics on a flag other than no-writes and
+// allow-oom, the two a script may need: one that only reads runs on a
+// server out of memory with no-writes, one that frees memory with
+// allow-oom.
+func flags(name, file string) []string {
+	lines := flagLine.FindAllStringSubmatch(header(file), -1)
+	if len(lines) > 1 {
+		panic(fmt.Sprintf("lua: %s.lua has %d \"-- flags:\" header lines", name, len(lines)))
+	}
+	var out []string
+	for _, l := range lines {
+		for _, f := range strings.Split(l[1], ",") {
+			f = strings.TrimSpace(f)
+			if f != "no-writes" && f != "allow-oom" || slices.Contains(out, f) {
+				panic(fmt.Sprintf("lua: %s.lua flags %q: not no-writes or allow-oom, or named twice", name, f))
+			}
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // header returns the comment lines a file starts with: up to the first line

@@ -381,7 +381,15 @@ func TestLibraryHoldsEveryScript(t *testing.T) {
 	for _, s := range lua.All() {
 		require.True(t, strings.HasSuffix(s.File, "\n"), s.Name)
 		require.Equal(t, lua.Library.Name+"_"+s.Name, s.Function())
-		fn := "redis.register_function('" + s.Function() + "', function(keys, args)\nKEYS, ARGV = keys, args\n" + s.File + "end)\n"
+		flags := ""
+		for i, f := range s.Flags {
+			if i > 0 {
+				flags += ", "
+			}
+			flags += "'" + f + "'"
+		}
+		fn := "redis.register_function{function_name = '" + s.Function() + "', flags = {" + flags +
+			"}, callback = function(keys, args)\nKEYS, ARGV = keys, args\n" + s.File + "end}\n"
 		require.Equal(t, 1, strings.Count(body, fn), s.Name)
 		for _, shared := range s.Uses {
 			require.Less(t, strings.Index(body, "\n-- "+shared+".lua: "), strings.Index(body, fn), "%s before %s", shared, s.Name)

@@ -55,20 +55,6 @@ local function answer_key(prefix, s, at)
   return prefix .. string.format('%02x%02x%02x%02x%02x%02x%02x%02x%02x', string.byte(s, at, at + 8))
 end
 
--- answer_prefix returns the prefix of the answer keys of the owner whose
--- state key is state, "<ns>:{<ns>:<pp>}:q:<owner>:": the state key with
--- its first "}:o:" (a namespace holds no '}') made "}:q:", then ':'.
-local function answer_prefix(state)
-  local at = string.find(state, '}:o:', 1, true)
-  return string.sub(state, 1, at + 1) .. 'q:' .. string.sub(state, at + 4) .. ':'
-end
-
--- answered returns what the answer key of op (9 bytes), a call on the
--- owner whose state key is state, holds: nil when it has no answer.
-local function answered(state, op)
-  return redis.call('GET', answer_key(answer_prefix(state), op, 1)) or nil
-end
-
 -- oplog returns the clock and the claim of an answer key, as a table: now,
 -- claim.
 local function oplog()

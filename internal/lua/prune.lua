@@ -2,6 +2,8 @@
 -- partition is over its limits (lru.lua), for a maintenance sweep.
 --
 -- uses: oplog, lru
+-- flags: allow-oom
+--   (as a Redis function: it frees memory, so it runs when the server is out of memory)
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:lru   zset  the partition's LRU (lru.lua)
 -- KEYS[2]  <ns>:{<ns>:<pp>}:part  hash  the partition's accounting

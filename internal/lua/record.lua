@@ -19,13 +19,12 @@
 -- uses: oplog, lru
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state (reserve.lua)
--- READS    <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
---          when the state does not tell the call's outcome, and
+-- KEYS[2]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
 -- CHANGES  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua) and
---          <ns>:{<ns>:<pp>}:part             hash    its accounting when the owner's
---          entry changes, none in KEYS (most calls need none, and a key sent
---          costs every call): named from KEYS[1] (lru.lua partition_key,
---          oplog.lua answer_prefix), so in its hash tag and Redis Cluster slot.
+--          <ns>:{<ns>:<pp>}:part             hash    its accounting, when the owner's
+--          entry changes, not in KEYS (most calls change no entry, and a key
+--          sent costs every call): named by KEYS[1]'s partition prefix (lru.lua
+--          partition_key), so in its hash tag and Redis Cluster slot.
 -- DELETES  <ns>:{<ns>:<pp>}:o:<member>       hash    the state of each owner it evicts
 --          (lru.lua prune), not in KEYS: named by KEYS[1]'s partition prefix
 --          followed by the owner's LRU member. Safe in Redis Cluster: the name
@@ -64,13 +63,13 @@ end
 -- published, as its answer key tells. A state is live while its key is
 -- (reserve.lua).
 local server
-if not t then return {answered(KEYS[1], op) and 'published' or 'gone', 0} end
+if not t then return {redis.call('GET', KEYS[2]) and 'published' or 'gone', 0} end
 if t ~= ARGV[3] then
-  if t ~= '-' .. ARGV[3] then return {answered(KEYS[1], op) and 'published' or 'stale', 0} end
+  if t ~= '-' .. ARGV[3] then return {redis.call('GET', KEYS[2]) and 'published' or 'stale', 0} end
   -- published already: by this call's first run, by another call with the
   -- same continuation (nothing to do) or by another record of the turn,
   -- which this one replaces unless it ran already
-  if c == ARGV[4] or answered(KEYS[1], op) then return {'published', 0} end
+  if c == ARGV[4] or redis.call('GET', KEYS[2]) then return {'published', 0} end
   server = oplog().now()
   if deadline(op, 6, server) <= server then return {'expired', server} end
 end
@@ -80,7 +79,7 @@ local turn_ms = (seq - seq % 1000) / 1000 -- when the turn began, ms since 2025-
 local slot = (o and string.sub(o, 1, 11) or string.rep('0', 11)) .. op
 if o and #o >= 20 and deadline(o, 17, turn_ms) > turn_ms then
   server = server or oplog().now()
-  spills().record(o, server, answer_prefix(KEYS[1]))
+  spills().record(o, server, string.sub(KEYS[2], 1, #KEYS[2] - 18))
 end
 if c and #c == #ARGV[4] then
   -- the entry's size and published bit stay (lru.lua)

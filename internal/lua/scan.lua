@@ -4,6 +4,8 @@
 -- asking the library which node that is. It changes nothing.
 --
 -- uses: none
+-- flags: no-writes
+--   (as a Redis function: it reads only, so it runs when the server is out of memory)
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:lru  zset  the partition's LRU (lru.lua); only
 --          names the node

@@ -1,6 +1,8 @@
 -- session_load.lua: read a session's head and journal in one step.
 --
 -- uses: none
+-- flags: no-writes
+--   (as a Redis function: it reads only, so it runs when the server is out of memory)
 --
 -- KEYS[1]  <ns>:{<ns>:<id>}:head  hash  version v; snapshot d, or journal header h and message count n
 -- KEYS[2]  <ns>:{<ns>:<id>}:log   list  the journal's messages, oldest first

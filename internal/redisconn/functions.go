@@ -33,16 +33,19 @@ func (f *functions) rueidisCall(ctx context.Context, do func(context.Context, ru
 		return do(ctx, b.Fcall().Function(s.Function()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	}
 	r := fcall()
-	switch f.after(r.Error()) {
-	case reload:
+	after := f.after(r.Error())
+	if after == reload {
 		if err := f.loaded(load()); err != nil {
 			return nil, true, err
 		}
-		if !f.on() {
-			return nil, false, nil // the server refused the library
+		if f.on() {
+			r = fcall()
+			after = f.after(r.Error())
 		}
-		r = fcall()
-	case fallback:
+		// Still lacking (the load missed the node that ran the call), or
+		// refused: this call, which did not run, goes by EVALSHA.
+	}
+	if after != answered {
 		return nil, false, nil
 	}
 	v, err = anyOf(r)
@@ -73,8 +76,9 @@ func (f *functions) after(err error) fcallAfter {
 		return answered
 	case strings.HasPrefix(msg, "Function not found"):
 		return reload
-	case strings.HasPrefix(msg, "unknown command"), strings.HasPrefix(msg, "NOPERM"):
-		f.off.Store(true) // no FCALL, or not for this user
+	case strings.HasPrefix(msg, "unknown command"), strings.Contains(msg, "unsupported command"),
+		strings.HasPrefix(msg, "NOPERM") && strings.Contains(strings.ToLower(msg), "'fcall'"):
+		f.off.Store(true) // no FCALL here (a server, a proxy in front), or not for this user
 		return fallback
 	}
 	return answered
@@ -82,10 +86,13 @@ func (f *functions) after(err error) fcallAfter {
 
 // loaded takes the error of loading the library (loadError) and returns
 // the one to fail the call with: none when the library was loaded, or
-// when the server refused it for good (it has no FUNCTION, the user may
-// not load functions, it cannot compile the library), which turns
-// functions off; the error itself when it may pass (a network error, a
-// server loading its data or out of memory, a stale slot map).
+// when the server refused it otherwise than for a while (it has no
+// FUNCTION, the user may not load functions, it cannot compile the
+// library), which turns functions off; the error itself when it may pass
+// (a network error, a server loading its data, out of memory or unable
+// to persist, a stale slot map). An unknown refusal turns functions off:
+// the scripts then cost the server more, where failing every call would
+// cost the gateway its continuations.
 func (f *functions) loaded(err error) error {
 	if err == nil {
 		return nil
@@ -94,7 +101,8 @@ func (f *functions) loaded(err error) error {
 	if !ok {
 		return err
 	}
-	for _, passing := range []string{"LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK"} {
+	for _, passing := range []string{"LOADING", "BUSY", "OOM", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK",
+		"MISCONF", "NOREPLICAS"} {
 		if strings.HasPrefix(msg, passing+" ") {
 			return err
 		}

@@ -96,9 +96,8 @@ type Opaque struct {
 	// String reports whether the string value of a key is opaque.
 	String func(key, value string) bool
 	// Ops gives, by script, where a call carries its op (lua.NewCallID): the
-	// index of its answer key, whose name ends in the op in hex (-1 when
-	// the script names that key itself), and of the argument that holds
-	// it (0-based, after the keys). The recorder
+	// index of its answer key, whose name ends in the op in hex, and of
+	// the argument that holds it (0-based, after the keys). The recorder
 	// replaces each op with the scenario's next (Op), the same for every
 	// call that sent the same op, so that the scenario is reproducible,
 	// and gives the argument as Bytes.
@@ -201,10 +200,8 @@ func (r *recorder) fixOp(cmd redis.Cmder) {
 		op = Op(r.drawn, *r.now)
 		r.opIDs[drawn], r.opIDs[op] = op, op
 	}
-	if at.Key >= 0 {
-		key := args[3+at.Key].(string) // "<…>:q:<op in hex>"
-		args[3+at.Key] = key[:len(key)-2*lua.CallIDSize] + lua.CallIDKey(op)
-	}
+	key := args[3+at.Key].(string) // "<…>:q:<op in hex>"
+	args[3+at.Key] = key[:len(key)-2*lua.CallIDSize] + lua.CallIDKey(op)
 	args[3+keys+at.Arg] = op
 }
 
