@@ -212,21 +212,10 @@ func TestFaultRedisRestart(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer func() { _ = c.Close() }()
 	ctx := context.Background()
-	stats, err := c.Info(ctx, "commandstats", "errorstats").Result()
-	require.NoError(t, err)
-	calls := func(prefix string) int64 {
-		for line := range strings.SplitSeq(stats, "\n") {
-			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
-				v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
-				n, _ := strconv.ParseInt(strings.TrimPrefix(v, "count="), 10, 64)
-				return n
-			}
-		}
-		return 0
-	}
-	t.Logf("new server: fcall=%d function load=%d", calls("cmdstat_fcall:"), calls("cmdstat_function|load:"))
-	assert.Positive(t, calls("cmdstat_function|load:"), "the scripts' library was loaded again")
-	assert.Positive(t, calls("cmdstat_fcall:"))
+	calls := commandStats(t, c)
+	t.Logf("new server: fcall=%d function load=%d", calls["fcall"].calls, calls["function|load"].calls)
+	assert.Positive(t, calls["function|load"].calls, "the scripts' library was loaded again")
+	assert.Positive(t, calls["fcall"].calls)
 	meta, err := c.Exists(ctx, ns+":{"+ns+"}:meta").Result()
 	require.NoError(t, err)
 	t.Logf("namespace schema recorded on the new server: %v", meta == 1)

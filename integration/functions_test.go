@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -52,25 +51,6 @@ func takeTurns(t *testing.T, s *store.Store, n int) []identity.Owner {
 	return owners
 }
 
-// commandCalls returns the calls INFO commandstats counts for each command
-// since the last CONFIG RESETSTAT.
-func commandCalls(t *testing.T, c *redis.Client) map[string]int {
-	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	require.NoError(t, err)
-	calls := map[string]int{}
-	for _, line := range strings.Split(info, "\n") {
-		name, stats, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
-		if !ok {
-			continue
-		}
-		n, err := strconv.Atoi(stats[:strings.IndexByte(stats, ',')])
-		require.NoError(t, err)
-		calls[name] = n
-	}
-	return calls
-}
-
 // hasLibrary reports whether c's server holds lua.Library.
 func hasLibrary(t *testing.T, c *redis.Client) bool {
 	t.Helper()
@@ -94,10 +74,10 @@ func TestScriptsRunAsFunctions(t *testing.T) {
 			takeTurns(t, s, 10)
 			require.NoError(t, c.FunctionFlush(ctx).Err()) // as a restart without persistence would
 			takeTurns(t, s, 10)
-			calls := commandCalls(t, c)
-			require.Equal(t, 2, calls["function|load"], "%v", calls)
-			require.Zero(t, calls["evalsha"]+calls["eval"], "%v", calls)
-			require.GreaterOrEqual(t, calls["fcall"], 60, "%v", calls)
+			calls := commandStats(t, c)
+			require.Equal(t, int64(2), calls["function|load"].calls, "%v", calls)
+			require.Zero(t, calls["evalsha"].calls+calls["eval"].calls, "%v", calls)
+			require.GreaterOrEqual(t, calls["fcall"].calls, int64(60), "%v", calls)
 			require.True(t, hasLibrary(t, c))
 		})
 	}
@@ -143,9 +123,9 @@ func TestScriptsRunByEvalWhereFunctionsAreRefused(t *testing.T) {
 			s, err := open(t, c, store.Options{Namespace: redistest.Namespace(t), OpTimeout: redistest.PatientOpTimeout})
 			require.NoError(t, err)
 			takeTurns(t, s, 10)
-			calls := commandCalls(t, admin)
-			require.Positive(t, calls["evalsha"], "%v", calls)
-			require.LessOrEqual(t, calls["fcall"], 1, "%v", calls)
+			calls := commandStats(t, admin)
+			require.Positive(t, calls["evalsha"].calls, "%v", calls)
+			require.LessOrEqual(t, calls["fcall"].calls, int64(1), "%v", calls)
 			require.False(t, hasLibrary(t, admin))
 		})
 	}

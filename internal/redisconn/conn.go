@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -95,9 +94,9 @@ type processor interface {
 }
 
 // eval sends FCALL, loading lua.Library where the server lacks it (on a
-// cluster, on every master), or EVALSHA, then EVAL when the server lacks
-// the script, as go-redis's Script.Run does, with the keys and args boxed
-// in the command's own slice.
+// cluster, on the master that serves the first key), or EVALSHA, then
+// EVAL when the server lacks the script, as go-redis's Script.Run does,
+// with the keys and args boxed in the command's own slice.
 func (g goRedis) eval(ctx context.Context, c processor, s *lua.Script, keys, args []string) (any, error) {
 	if err := s.Check(len(keys), len(args)); err != nil {
 		return nil, err
@@ -110,37 +109,28 @@ func (g goRedis) eval(ctx context.Context, c processor, s *lua.Script, keys, arg
 	for i, a := range args {
 		cmdArgs[3+len(keys)+i] = a
 	}
-	if g.functions.on() {
-		cmdArgs[0], cmdArgs[1] = "fcall", s.Function()
-		cmd := evalCmd(ctx, cmdArgs, len(keys))
-		_ = c.Process(ctx, cmd)
-		after := g.functions.after(cmd.Err())
-		if after == reload {
-			if err := g.functions.loaded(g.load(ctx, c, keys[0])); err != nil {
-				return g.reply(nil, err)
-			}
-			if g.functions.on() {
-				cmdArgs = slices.Clone(cmdArgs) // the first command's, which hooks may keep
-				cmd = evalCmd(ctx, cmdArgs, len(keys))
-				_ = c.Process(ctx, cmd)
-				after = g.functions.after(cmd.Err())
-			}
-			// Still lacking: the load went to another node than the one
-			// that ran the call (a slot on the move, a stale slot map).
-			// This call, which did not run, goes by EVALSHA.
+	var cmd *redis.Cmd
+	// send sends cmdArgs as name and what it names; a command sent before
+	// keeps its own slice, which hooks may keep.
+	send := func(name, what string) error {
+		if cmd != nil {
+			cmdArgs = slices.Clone(cmdArgs)
 		}
-		if after == answered {
-			return g.reply(cmd.Result())
-		}
-		cmdArgs = slices.Clone(cmdArgs)
-	}
-	cmdArgs[0], cmdArgs[1] = "evalsha", s.Hash()
-	cmd := evalCmd(ctx, cmdArgs, len(keys))
-	if _ = c.Process(ctx, cmd); redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmdArgs = slices.Clone(cmdArgs)
-		cmdArgs[0], cmdArgs[1] = "eval", s.Source
+		cmdArgs[0], cmdArgs[1] = name, what
 		cmd = evalCmd(ctx, cmdArgs, len(keys))
 		_ = c.Process(ctx, cmd)
+		return cmd.Err()
+	}
+	stands, err := g.functions.call(func() error { return send("fcall", s.Function()) },
+		func() error { return g.load(ctx, c, keys[0]) })
+	if err != nil {
+		return g.reply(nil, err)
+	}
+	if stands {
+		return g.reply(cmd.Result())
+	}
+	if err := send("evalsha", s.Hash()); redis.HasErrorPrefix(err, "NOSCRIPT") {
+		_ = send("eval", s.Source)
 	}
 	return g.reply(cmd.Result())
 }
@@ -160,8 +150,8 @@ func (g goRedis) load(ctx context.Context, c processor, key string) error {
 	return loadError(cmd.Err())
 }
 
-// evalCmd returns the command of an EVAL or EVALSHA with args, routed on a
-// cluster by its first key when it has keys.
+// evalCmd returns the command of an FCALL, EVAL or EVALSHA with args,
+// routed on a cluster by its first key when it has keys.
 func evalCmd(ctx context.Context, args []any, keys int) *redis.Cmd {
 	cmd := redis.NewCmd(ctx, args...)
 	if keys > 0 {
@@ -283,8 +273,12 @@ func (c rueidisConn) Eval(ctx context.Context, s *lua.Script, keys, args []strin
 	if err := s.Check(len(keys), len(args)); err != nil {
 		return nil, err
 	}
-	if v, done, err := c.functions.rueidisCall(ctx, c.client.Do, c.client.B(), s, keys, args, func() error { return c.load(ctx) }); done {
-		return v, err
+	var r rueidis.RedisResult
+	fcall := func() error { r = c.client.Do(ctx, rueidisFcall(c.client.B(), s, keys, args)); return r.Error() }
+	if stands, err := c.functions.call(fcall, func() error { return c.load(ctx) }); err != nil {
+		return nil, err
+	} else if stands {
+		return anyOf(r)
 	}
 	return anyOf(c.scripts[s].Exec(ctx, c.client, keys, args))
 }
@@ -299,7 +293,7 @@ func (c rueidisConn) load(ctx context.Context) error {
 	for _, node := range c.client.Nodes() {
 		err := loadError(node.Do(ctx, node.B().FunctionLoad().FunctionCode(lua.Library.Source).Build()).Error())
 		took = took || err == nil
-		if err != nil && !rueidisReadOnly(err) && first == nil {
+		if err != nil && !isReadOnly(err) && first == nil {
 			first = err
 		}
 	}
@@ -307,12 +301,6 @@ func (c rueidisConn) load(ctx context.Context) error {
 		return nil
 	}
 	return first
-}
-
-// rueidisReadOnly reports whether err is a replica's refusal to write.
-func rueidisReadOnly(err error) bool {
-	re, ok := rueidis.IsRedisErr(err)
-	return ok && strings.HasPrefix(re.Error(), "READONLY")
 }
 
 func (c rueidisConn) Do(ctx context.Context, cmds ...[]string) ([]any, error) {
@@ -350,13 +338,17 @@ func (p rueidisPinned) Eval(ctx context.Context, s *lua.Script, keys, args []str
 	if err := s.Check(len(keys), len(args)); err != nil {
 		return nil, err
 	}
+	var r rueidis.RedisResult
+	fcall := func() error { r = p.c.Do(ctx, rueidisFcall(p.c.B(), s, keys, args)); return r.Error() }
 	load := func() error {
 		return loadError(p.c.Do(ctx, p.c.B().FunctionLoad().FunctionCode(lua.Library.Source).Build()).Error())
 	}
-	if v, done, err := p.functions.rueidisCall(ctx, p.c.Do, p.c.B(), s, keys, args, load); done {
-		return v, err
+	if stands, err := p.functions.call(fcall, load); err != nil {
+		return nil, err
+	} else if stands {
+		return anyOf(r)
 	}
-	r := p.c.Do(ctx, p.c.B().Evalsha().Sha1(s.Hash()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	r = p.c.Do(ctx, p.c.B().Evalsha().Sha1(s.Hash()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	if err, ok := rueidis.IsRedisErr(r.Error()); ok && err.IsNoScript() {
 		r = p.c.Do(ctx, p.c.B().Eval().Script(s.Source).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	}

@@ -1,7 +1,6 @@
 package redisconn
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -20,36 +19,38 @@ type functions struct{ off atomic.Bool }
 
 func (f *functions) on() bool { return !f.off.Load() }
 
-// rueidisCall calls s as its function through do, a rueidis client's or
-// dedicated connection's Do with b its builder, loading the library with
-// load where the server lacks it, and returns the reply as Eval does. It
-// returns done false when the call is to go by EVALSHA instead.
-func (f *functions) rueidisCall(ctx context.Context, do func(context.Context, rueidis.Completed) rueidis.RedisResult,
-	b rueidis.Builder, s *lua.Script, keys, args []string, load func() error) (v any, done bool, err error) {
+// call runs fcall, which sends a call by FCALL and returns its error,
+// by the rule of the functions: where the server lacks the library, load
+// loads it and fcall runs once more. It reports whether fcall's last
+// reply stands; false, with no error, when the call is to go by EVALSHA
+// instead (functions are off, or the node that ran the call still lacks
+// the library: the load reached another, as while a slot moves; the call
+// did not run); and the error of a load that may pass.
+func (f *functions) call(fcall, load func() error) (stands bool, err error) {
 	if !f.on() {
-		return nil, false, nil
+		return false, nil
 	}
-	fcall := func() rueidis.RedisResult {
-		return do(ctx, b.Fcall().Function(s.Function()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	}
-	r := fcall()
-	after := f.after(r.Error())
+	after := f.after(fcall())
 	if after == reload {
 		if err := f.loaded(load()); err != nil {
-			return nil, true, err
+			return false, err
 		}
 		if f.on() {
-			r = fcall()
-			after = f.after(r.Error())
+			after = f.after(fcall())
 		}
-		// Still lacking (the load missed the node that ran the call), or
-		// refused: this call, which did not run, goes by EVALSHA.
 	}
-	if after != answered {
-		return nil, false, nil
-	}
-	v, err = anyOf(r)
-	return v, true, err
+	return after == answered, nil
+}
+
+// rueidisFcall returns the FCALL of s's function with keys and args.
+func rueidisFcall(b rueidis.Builder, s *lua.Script, keys, args []string) rueidis.Completed {
+	return b.Fcall().Function(s.Function()).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// isReadOnly reports whether err is a replica's refusal to write.
+func isReadOnly(err error) bool {
+	msg, ok := serverError(err)
+	return ok && strings.HasPrefix(msg, "READONLY")
 }
 
 // fcallAfter is what the error of an FCALL calls for.
