@@ -3,6 +3,7 @@ package fingerprint
 import (
 	"bytes"
 	"encoding/binary"
+	asmutf8 "github.com/segmentio/asm/utf8"
 	"math/bits"
 	"runtime"
 	"slices"
@@ -1094,105 +1095,51 @@ func (p *scanner) number() bool {
 
 // scanString scans the string whose opening quote is at p.pos, appends its
 // content to dst and leaves p.pos after the closing quote. With canon set the
-// content is written in canonical encoding, otherwise decoded (by
-// decodeString). p.escaped reports whether the string contained any escape.
+// content is written in canonical encoding, otherwise decoded. p.escaped
+// reports whether the string contained any escape.
 //
-// scanRun passes over what needs only validating; content is copied where
-// an escape changes it and at the end. Whatever is invalid is handed to
-// scanStringSlow, from the start of the string, for the error it reports.
+// It reads eight bytes at a time and writes each word to dst as it reads
+// it, so that content the encoding keeps costs one load and one store; it
+// stops only where attention marks a byte: a quote, a backslash or a
+// control character. Whether the content is valid UTF-8 is checked once,
+// at the closing quote, and only when a byte >= 0x80 was passed. Whatever
+// is invalid is handed to scanStringSlow, from the start of the string,
+// for the error it reports.
 func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
-	if !canon {
-		return p.decodeString(dst)
-	}
 	data := p.data
 	dst0 := len(dst)
-	i := p.pos + 1
-	start := i
-	escaped := false
-	var state uint64 // of utf8DFA; 0 between characters
-	for {
-		var esc bool
-		i, state, esc = scanRun(data, i, state)
-		escaped = escaped || esc
-		if i >= len(data) {
-			break
-		}
-		c := data[i]
-		if c >= 0x20 && c != '"' && c != '\\' { // fewer than eight bytes before the end
-			state = utf8DFA[c] >> (state & 63) & 63
-			i++
-			continue
-		}
-		if state != utf8Accept {
-			break
-		}
-		if c == '"' {
-			p.escaped = escaped
-			p.pos = i + 1
-			return append(dst, data[start:i]...), true
-		}
-		if c != '\\' || i+1 >= len(data) {
-			break // a control character, or a backslash that ends the input
-		}
-		escaped = true
-		c = data[i+1]
-		if keptEscape[c] {
-			i += 2 // its canonical encoding is itself
-			continue
-		}
-		dst = append(dst, data[start:i]...)
-		if c == '/' {
-			dst = append(dst, c)
-			i += 2
-		} else if r, ok := hex4(data, i+2); c == 'u' && ok && (r >= 0x20 && r < 0xD800 && r != '"' && r != '\\' || r >= 0xE000) {
-			dst = utf8.AppendRune(dst, r)
-			i += 6
-		} else {
-			if dst, i, ok = p.escape(dst, i, true); !ok {
-				p.escaped = true
-				return dst, false
-			}
-		}
-		start = i
-	}
-	return p.scanStringSlow(dst[:dst0], true)
-}
-
-// decodeString is scanString without canon: it copies the content eight
-// bytes at a time as decodeRun reads it, and decodes the escapes that
-// decodeRun does not.
-func (p *scanner) decodeString(dst []byte) ([]byte, bool) {
-	data := p.data
-	dst0 := len(dst)
-	buf := dst[:cap(dst)] // written up to o; never longer than the input
+	buf := dst[:cap(dst)] // written up to o
 	o := dst0
-	i := p.pos + 1
+	open := p.pos + 1
+	i := open
 	escaped := false
-	var state uint64 // of utf8DFA; 0 between characters
+	var high uint64 // the bytes passed over, ORed: a high bit says one was >= 0x80
 	for {
-		var esc bool
-		i, o, state, esc = decodeRun(data, buf, i, o, state)
-		escaped = escaped || esc
 		if len(buf)-o < 16 {
 			buf = slices.Grow(buf[:o], 16)
 			buf = buf[:cap(buf)]
+		}
+		x := load8(data, i)
+		binary.LittleEndian.PutUint64(buf[o:], x)
+		m := attention(x)
+		if m == 0 {
+			high |= x
+			i += 8
+			o += 8
 			continue
 		}
+		high |= x & ((m&-m)>>7 - 1) // the bytes before the first marked
+		k := bits.TrailingZeros64(m) >> 3
+		i += k
+		o += k
 		if i >= len(data) {
-			break
+			break // past the end: load8's NUL
 		}
 		c := data[i]
-		if c >= 0x20 && c != '"' && c != '\\' { // fewer than eight bytes before the end
-			state = utf8DFA[c] >> (state & 63) & 63
-			buf[o] = c
-			i++
-			o++
-			continue
-		}
-		if state != utf8Accept {
-			break
-		}
 		if c == '"' {
+			if high&highs != 0 && !utf8Valid(data[open:i]) {
+				break
+			}
 			p.escaped = escaped
 			p.pos = i + 1
 			return buf[:o], true
@@ -1201,101 +1148,47 @@ func (p *scanner) decodeString(dst []byte) ([]byte, bool) {
 			break // a control character, or a backslash that ends the input
 		}
 		escaped = true
-		if d := unescaped[data[i+1]]; d != 0 {
+		c = data[i+1]
+		if canon && keptEscape[c] {
+			buf[o+1] = c // its canonical encoding is itself
+			i += 2
+			o += 2
+			continue
+		}
+		if d := unescaped[c]; d != 0 {
 			buf[o] = d
 			i += 2
 			o++
 			continue
 		}
-		if r, ok := hex4(data, i+2); data[i+1] == 'u' && ok && (r < 0xD800 || r >= 0xE000) {
+		if r, ok := hex4(data, i+2); c == 'u' && ok && (r < 0xD800 || r >= 0xE000) && (!canon || r >= 0x20 && r != '"' && r != '\\') {
 			o += utf8.EncodeRune(buf[o:], r)
 			i += 6
 			continue
 		}
-		var ok bool
-		if dst, i, ok = p.escape(buf[:o], i, false); !ok {
-			p.escaped = true
-			return dst, false
-		}
-		buf, o = dst[:cap(dst)], len(dst)
-	}
-	return p.scanStringSlow(buf[:dst0], false)
-}
-
-// decodeRun copies string content from data[i:] to buf[o:], eight bytes
-// at a time, validating it with utf8DFA from state and decoding the short
-// escapes, and returns where it stopped in both, the state there, and
-// whether it decoded an escape. It stops at a quote, at a control
-// character, at a backslash other than that of a short escape, and where
-// fewer than eight bytes of data or sixteen of buf are left.
-func decodeRun(data, buf []byte, i, o int, state uint64) (int, int, uint64, bool) {
-	escaped := false
-	for i <= len(data)-8 && o <= len(buf)-16 {
-		x := binary.LittleEndian.Uint64(data[i:])
-		binary.LittleEndian.PutUint64(buf[o:], x)
-		m := attention(x)
-		if y := x & ((m&-m)>>7 - 1); y&highs|state != 0 {
-			state = utf8Four(utf8Four(state, uint32(y)), uint32(y>>32)) & 63
-		}
-		if m == 0 {
-			i += 8
-			o += 8
-			continue
-		}
-		k := bits.TrailingZeros64(m) &^ 7
-		i += k >> 3
-		o += k >> 3
-		// An escape that starts in the last byte stops it: x>>64 is 0.
-		d := unescaped[byte(x>>(k+8))]
-		if byte(x>>k) != '\\' || d == 0 || state != utf8Accept {
+		dst, next, ok := p.escape(buf[:o], i, canon)
+		if !ok {
 			break
 		}
-		escaped = true
-		buf[o] = d
-		i += 2
-		o++
+		buf, o, i = dst[:cap(dst)], len(dst), next
 	}
-	return i, o, state, escaped
+	return p.scanStringSlow(buf[:dst0], canon)
 }
 
-// scanRun passes over string content from data[i], eight bytes at a time,
-// validating it with utf8DFA from state, and returns where it stopped, the
-// state there, and whether it passed over an escape. It stops at a quote,
-// a backslash or a control character, except at an escape that is its own
-// canonical encoding; and where fewer than eight bytes are left.
-func scanRun(data []byte, i int, state uint64) (int, uint64, bool) {
-	escaped := false
-	for i <= len(data)-8 {
-		x := binary.LittleEndian.Uint64(data[i:])
-		m := attention(x)
-		if m|x&highs|state == 0 {
-			i += 8
-			continue
-		}
-		// Pass over escapes that are their own canonical encoding. An
-		// escape that starts in the last byte is not passed over: x>>64 is
-		// 0, which is not one.
-		for m != 0 {
-			k := bits.TrailingZeros64(m) &^ 7
-			if byte(x>>k) != '\\' || !keptEscape[byte(x>>(k+8))] {
-				break
-			}
-			escaped = true
-			m &^= 0x8080 << k // the backslash and what it escapes
-		}
-		// Validate the bytes before the first that needs attention; the
-		// others are masked to NUL, which leaves an accepting state as it
-		// is, and so do the escapes passed over, which are ASCII.
-		if y := x & ((m&-m)>>7 - 1); y&highs|state != 0 {
-			state = utf8Four(utf8Four(state, uint32(y)), uint32(y>>32)) & 63
-		}
-		if m != 0 {
-			return i + bits.TrailingZeros64(m)>>3, state, escaped
-		}
-		i += 8
+// load8 returns the eight bytes at data[i], little-endian, with NUL for
+// those past the end.
+func load8(data []byte, i int) uint64 {
+	if i <= len(data)-8 {
+		return binary.LittleEndian.Uint64(data[i:])
 	}
-	return i, state, escaped
+	var b [8]byte
+	copy(b[:], data[i:])
+	return binary.LittleEndian.Uint64(b[:])
 }
+
+// utf8Valid reports whether s is valid UTF-8, 32 bytes at a time where
+// the processor allows.
+func utf8Valid(s []byte) bool { return asmutf8.Valid(s) }
 
 // Constants of the eight-byte string scan.
 const (
@@ -1319,90 +1212,6 @@ func attention(x uint64) uint64 {
 // unescaped gives the character each short escape stands for, 0 for \u
 // and for what is not an escape.
 var unescaped = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
-
-// States of utf8DFA: each is the shift that selects its transitions from
-// an entry of the table.
-const (
-	utf8Accept = 0     // between characters
-	utf8Reject = 6 * 1 // sticky: invalid UTF-8 was seen
-	utf8Tail1  = 6 * 2 // one continuation byte to go
-	utf8Tail2  = 6 * 3 // two to go
-	utf8Tail3  = 6 * 4 // three to go
-	utf8E0     = 6 * 5 // after E0: A0..BF, then one more
-	utf8ED     = 6 * 6 // after ED: 80..9F (no surrogates), then one more
-	utf8F0     = 6 * 7 // after F0: 90..BF, then two more
-	utf8F4     = 6 * 8 // after F4: 80..8F (up to U+10FFFF), then two more
-)
-
-// utf8DFA is a shift-based automaton that accepts exactly valid UTF-8:
-// from state s, byte c leads to state utf8DFA[c]>>s&63. Only the low six
-// bits of a state are meaningful, so a run needs no masking between steps.
-var utf8DFA = func() (t [256]uint64) {
-	for c := 0; c < 256; c++ {
-		next := func(s uint64) uint64 {
-			in := func(lo, hi int) bool { return c >= lo && c <= hi }
-			switch s {
-			case utf8Accept:
-				switch {
-				case c < 0x80:
-					return utf8Accept
-				case in(0xC2, 0xDF):
-					return utf8Tail1
-				case c == 0xE0:
-					return utf8E0
-				case c == 0xED:
-					return utf8ED
-				case in(0xE1, 0xEF):
-					return utf8Tail2
-				case c == 0xF0:
-					return utf8F0
-				case c == 0xF4:
-					return utf8F4
-				case in(0xF1, 0xF3):
-					return utf8Tail3
-				}
-			case utf8Tail1:
-				if in(0x80, 0xBF) {
-					return utf8Accept
-				}
-			case utf8Tail2, utf8Tail3:
-				if in(0x80, 0xBF) {
-					return s - 6
-				}
-			case utf8E0:
-				if in(0xA0, 0xBF) {
-					return utf8Tail1
-				}
-			case utf8ED:
-				if in(0x80, 0x9F) {
-					return utf8Tail1
-				}
-			case utf8F0:
-				if in(0x90, 0xBF) {
-					return utf8Tail2
-				}
-			case utf8F4:
-				if in(0x80, 0x8F) {
-					return utf8Tail2
-				}
-			}
-			return utf8Reject
-		}
-		for s := uint64(0); s <= utf8F4; s += 6 {
-			t[c] |= next(s) << s
-		}
-	}
-	return t
-}()
-
-// utf8Four runs utf8DFA from state over the four bytes of x, lowest
-// first.
-func utf8Four(state uint64, x uint32) uint64 {
-	state = utf8DFA[byte(x)] >> (state & 63)
-	state = utf8DFA[byte(x>>8)] >> (state & 63)
-	state = utf8DFA[byte(x>>16)] >> (state & 63)
-	return utf8DFA[byte(x>>24)] >> (state & 63)
-}
 
 // scanStringSlow is scanString one character at a time: the reference for
 // its fast path, which hands a string over to it to report what is wrong

@@ -11,31 +11,25 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// utf8DFA accepts exactly what the standard library calls valid UTF-8, for
-// every first two bytes and the tails that matter, fed one byte at a time
-// and a word at a time.
-func TestUTF8DFAMatchesTheStandardLibrary(t *testing.T) {
+// utf8Valid accepts exactly what the standard library calls valid UTF-8,
+// for every first two bytes and the tails that matter, alone and placed in
+// ASCII text across the validator's 32-byte blocks.
+func TestUTF8ValidMatchesTheStandardLibrary(t *testing.T) {
+	text := bytes.Repeat([]byte("a"), 96)
 	for a := 0; a < 0x100; a++ {
 		for b := 0; b < 0x100; b++ {
 			for _, tail := range [][]byte{nil, {0x80}, {0xBF}, {0x80, 0x80}, {0x41}, {0xBF, 0xBF}, {0x90, 0x80}, {0x8F, 0xBF}} {
 				s := append([]byte{byte(a), byte(b)}, tail...)
 				for n := 1; n <= len(s); n++ {
-					var state uint64
-					for _, c := range s[:n] {
-						state = utf8DFA[c] >> (state & 63)
-					}
 					want := utf8.Valid(s[:n])
-					if got := state&63 == utf8Accept; got != want {
+					if got := utf8Valid(s[:n]); got != want {
 						t.Fatalf("% x: %v, want %v", s[:n], got, want)
 					}
-					var w [8]byte
-					copy(w[:], s[:n])
-					x := uint64(0)
-					for i := 7; i >= 0; i-- {
-						x = x<<8 | uint64(w[i])
-					}
-					if got := utf8Four(utf8Four(utf8Accept, uint32(x)), uint32(x>>32))&63 == utf8Accept; got != want {
-						t.Fatalf("% x as a word: %v, want %v", s[:n], got, want)
+					for _, at := range []int{0, 30, 31, 61} {
+						in := append(append(text[:at:at], s[:n]...), text[at:]...)
+						if got := utf8Valid(in); got != want {
+							t.Fatalf("% x at %d: %v, want %v", s[:n], at, got, want)
+						}
 					}
 				}
 			}
