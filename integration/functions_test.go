@@ -83,6 +83,41 @@ func TestScriptsRunAsFunctions(t *testing.T) {
 	}
 }
 
+// A burst of callers that find no library (as after a restart) loads it
+// once between them: those that find none while a load is in flight wait
+// for it instead of sending the library again.
+func TestABurstLoadsTheLibraryOnce(t *testing.T) {
+	c := privateServer(t)
+	ctx := context.Background()
+	const callers = 64
+	for name, open := range functionClients {
+		t.Run(name, func(t *testing.T) {
+			s, err := open(t, c, store.Options{Namespace: redistest.Namespace(t), OpTimeout: redistest.PatientOpTimeout})
+			require.NoError(t, err)
+			takeTurns(t, s, 1)
+			require.NoError(t, c.FunctionFlush(ctx).Err())
+			require.NoError(t, c.ConfigResetStat(ctx).Err())
+			turn := storetest.NewTurn(t, s, 3)
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for i := range callers {
+				wg.Go(func() {
+					o, err := identity.Main(fmt.Sprintf("burst-%d", i))
+					require.NoError(t, err)
+					<-start
+					res := s.Reserve(ctx, o, turn.Recorded)
+					require.NoError(t, res.Err)
+				})
+			}
+			close(start)
+			wg.Wait()
+			calls := commandStats(t, c)
+			require.GreaterOrEqual(t, calls["fcall"].calls, int64(callers), "%v", calls)
+			require.LessOrEqual(t, calls["function|load"].calls, int64(callers/8), "%v", calls)
+		})
+	}
+}
+
 // On a cluster the library is loaded on every master: after a flush, a
 // store's first call loads it everywhere, and the owners of every
 // partition continue.

@@ -138,16 +138,19 @@ func (g goRedis) eval(ctx context.Context, c processor, s *lua.Script, keys, arg
 // load loads lua.Library through c: on a cluster, on the master that
 // serves key, else on c's server.
 func (g goRedis) load(ctx context.Context, c processor, key string) error {
+	node := ""
 	if cc, ok := c.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, key)
+		master, err := cc.MasterForKey(ctx, key)
 		if err != nil {
 			return err
 		}
-		c = node
+		c, node = master, master.Options().Addr
 	}
-	cmd := redis.NewStringCmd(ctx, "function", "load", lua.Library.Source)
-	_ = c.Process(ctx, cmd)
-	return loadError(cmd.Err())
+	return g.functions.load(ctx, node, func() error {
+		cmd := redis.NewStringCmd(ctx, "function", "load", lua.Library.Source)
+		_ = c.Process(ctx, cmd)
+		return loadError(cmd.Err())
+	})
 }
 
 // evalCmd returns the command of an FCALL, EVAL or EVALSHA with args,
@@ -288,6 +291,11 @@ func (c rueidisConn) Eval(ctx context.Context, s *lua.Script, keys, args []strin
 // node took it: a node that is down does not keep the others from
 // running the scripts.
 func (c rueidisConn) load(ctx context.Context) error {
+	return c.functions.load(ctx, "", func() error { return c.loadEverywhere(ctx) })
+}
+
+// loadEverywhere is load without waiting for a load in flight.
+func (c rueidisConn) loadEverywhere(ctx context.Context) error {
 	var first error
 	took := false
 	for _, node := range c.client.Nodes() {

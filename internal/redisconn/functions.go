@@ -1,12 +1,14 @@
 package redisconn
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/rueidis"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/contstore/contstore/internal/lua"
 )
@@ -14,8 +16,25 @@ import (
 // functions is whether a Conn's servers run the scripts as the functions
 // of lua.Library, shared by the Conn's copies: until a server shows it
 // cannot (it has no FCALL, or refuses to load the library), every call
-// goes by FCALL; after that, by EVALSHA.
-type functions struct{ off atomic.Bool }
+// goes by FCALL; after that, by EVALSHA. It also holds the loads of the
+// library in flight.
+type functions struct {
+	off     atomic.Bool
+	loading singleflight.Group // by the node, or nodes, loaded
+}
+
+// load runs fn, which loads the library on the node or nodes that node
+// names, or waits for the load of them in flight: a burst of callers that
+// find no library, as after a restart, sends it once, not once each.
+func (f *functions) load(ctx context.Context, node string, fn func() error) error {
+	done := f.loading.DoChan(node, func() (any, error) { return nil, fn() })
+	select {
+	case r := <-done:
+		return r.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 func (f *functions) on() bool { return !f.off.Load() }
 
