@@ -146,7 +146,7 @@ func (g goRedis) load(ctx context.Context, c processor, key string) error {
 		}
 		c, node = master, master.Options().Addr
 	}
-	return g.functions.load(ctx, node, func() error {
+	return g.functions.load(ctx, node, func(ctx context.Context) error {
 		cmd := redis.NewStringCmd(ctx, "function", "load", lua.Library.Source)
 		_ = c.Process(ctx, cmd)
 		return loadError(cmd.Err())
@@ -291,7 +291,7 @@ func (c rueidisConn) Eval(ctx context.Context, s *lua.Script, keys, args []strin
 // node took it: a node that is down does not keep the others from
 // running the scripts.
 func (c rueidisConn) load(ctx context.Context) error {
-	return c.functions.load(ctx, "", func() error { return c.loadEverywhere(ctx) })
+	return c.functions.load(ctx, "", c.loadEverywhere)
 }
 
 // loadEverywhere is load without waiting for a load in flight.

@@ -25,9 +25,19 @@ type functions struct {
 
 // load runs fn, which loads the library on the node or nodes that node
 // names, or waits for the load of them in flight: a burst of callers that
-// find no library, as after a restart, sends it once, not once each.
-func (f *functions) load(ctx context.Context, node string, fn func() error) error {
-	done := f.loading.DoChan(node, func() (any, error) { return nil, fn() })
+// find no library, as after a restart, sends it once, not once each. The
+// load keeps ctx's deadline but not its cancellation, which would fail
+// the others' calls with the caller's; a caller whose ctx ends stops
+// waiting.
+func (f *functions) load(ctx context.Context, node string, fn func(context.Context) error) error {
+	done := f.loading.DoChan(node, func() (any, error) {
+		lctx, cancel := context.WithoutCancel(ctx), context.CancelFunc(func() {})
+		if d, ok := ctx.Deadline(); ok {
+			lctx, cancel = context.WithDeadline(lctx, d)
+		}
+		defer cancel()
+		return nil, fn(lctx)
+	})
 	select {
 	case r := <-done:
 		return r.Err

@@ -2,6 +2,7 @@ package redisconn
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -85,4 +86,31 @@ func TestFunctionsFollowTheServersAnswer(t *testing.T) {
 			require.Equal(t, tc.then, sent)
 		})
 	}
+}
+
+// A load outlives the caller that started it, for the callers waiting for
+// it: that caller's cancellation fails only its own call, and the load
+// keeps that caller's deadline.
+func TestALoadOutlivesItsCaller(t *testing.T) {
+	var f functions
+	started, release := make(chan struct{}), make(chan struct{})
+	loadErr := make(chan error, 1)
+	load := func(ctx context.Context) error {
+		close(started)
+		<-release
+		if _, ok := ctx.Deadline(); !ok {
+			loadErr <- errors.New("the load lost its caller's deadline")
+		} else {
+			loadErr <- ctx.Err()
+		}
+		return nil
+	}
+	first, cancel := context.WithTimeout(context.Background(), time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- f.load(first, "a", load) }()
+	<-started
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	close(release)
+	require.NoError(t, <-loadErr)
 }
