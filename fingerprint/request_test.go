@@ -194,6 +194,12 @@ func TestInvalidBodyErrorsNamePathAndOffset(t *testing.T) {
 			`fingerprint: invalid request: input[0].role: unexpected end of input at offset 24`},
 		{"trailing data", `{"input":[]} {}`,
 			`fingerprint: invalid request: invalid character '{' after top-level value at offset 13`},
+		{"invalid UTF-8 before another error in an item", "{\"input\":[{\"a\":\"\xff\",\"b\":tru}]}",
+			`fingerprint: invalid request: input[0].a: invalid UTF-8 in string at offset 16`},
+		{"invalid UTF-8 late in a long string of an item", "{\"input\":[{\"text\":\"" + strings.Repeat("é", 40) + "\xc3(\"}]}",
+			`fingerprint: invalid request: input[0].text: invalid UTF-8 in string at offset 99`},
+		{"invalid UTF-8 in function arguments", "{\"input\":[{\"type\":\"function_call\",\"arguments\":\"{\\\"a\\\":\\\"\xff\\\"}\"}]}",
+			`fingerprint: invalid request: input[0].arguments: invalid UTF-8 in string at offset 56`},
 		{"invalid arguments escape", `{"input":[{"type":"function_call","arguments":"\q"}]}`,
 			`fingerprint: invalid request: input[0].arguments: invalid escape in string at offset 47`},
 	}

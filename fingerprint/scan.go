@@ -102,6 +102,10 @@ type scanner struct {
 	path    []frame
 	scratch []byte
 	escaped bool // the last scanned string contained an escape
+	// deferUTF8 leaves the UTF-8 check of strings to one pass over the
+	// whole item they are in (checkedItemValue); deferredHigh tells that
+	// one of them had a byte >= 0x80.
+	deferUTF8, deferredHigh bool
 
 	rules *rules // nil: no profile rules (placeExact everywhere)
 
@@ -223,6 +227,7 @@ func (p *scanner) reset(data []byte) {
 	p.match = runMatch{hasher: p.match.hasher}
 	p.top = p.top[:0]
 	p.errOff, p.errMsg, p.errChar = 0, "", false
+	p.deferUTF8, p.deferredHigh = false, false
 }
 
 // canonical returns the canonical form of one JSON value at pl under r.
@@ -539,6 +544,22 @@ func (p *scanner) itemValue() bool {
 	return ok
 }
 
+// checkedItemValue is itemValue with one UTF-8 check for the whole item,
+// where a string held a byte >= 0x80, instead of one for each such string.
+// An item that holds invalid UTF-8, or that failed after such a byte, is
+// parsed again checking each string, for the first error in it.
+func (p *scanner) checkedItemValue() bool {
+	start, depth, pathLen := p.pos, p.depth, len(p.path)
+	p.deferUTF8, p.deferredHigh = true, false
+	ok := p.itemValue()
+	p.deferUTF8 = false
+	if !p.deferredHigh || ok && utf8Valid(p.data[start:p.pos]) {
+		return ok
+	}
+	p.pos, p.depth, p.path, p.out = start, depth, p.path[:pathLen], p.out[:0]
+	return p.itemValue()
+}
+
 // item parses one input item and records its raw bytes and digest: from
 // the parser's item cache when it has seen the same object before.
 func (p *scanner) item() bool {
@@ -559,7 +580,7 @@ func (p *scanner) item() bool {
 	}
 	saved := p.out
 	p.out = p.itemOut[:0]
-	ok := p.itemValue()
+	ok := p.checkedItemValue()
 	canon := p.out
 	p.itemOut = canon
 	p.out = saved
@@ -929,6 +950,7 @@ func (p *scanner) writeCallArguments() {
 	content := p.argDecoded
 	sub := getScanner(p.argDecoded, nil)
 	defer putScanner(sub)
+	sub.deferUTF8 = p.deferUTF8 // the content is checked with the item's
 	if sub.document(placeExact) {
 		content = sub.out
 	}
@@ -1018,6 +1040,7 @@ func (p *scanner) arguments(tok int) []byte {
 	p.pos = end
 	sub := getScanner(p.argDecoded, nil)
 	defer putScanner(sub)
+	sub.deferUTF8 = p.deferUTF8 // the content is checked with the item's
 	if !sub.document(placeExact) || bytes.Equal(sub.out, p.argDecoded) {
 		return nil
 	}
@@ -1098,13 +1121,16 @@ func (p *scanner) number() bool {
 // content is written in canonical encoding, otherwise decoded. p.escaped
 // reports whether the string contained any escape.
 //
-// It reads eight bytes at a time and writes each word to dst as it reads
-// it, so that content the encoding keeps costs one load and one store; it
-// stops only where attention marks a byte: a quote, a backslash or a
-// control character. Whether the content is valid UTF-8 is checked once,
-// at the closing quote, and only when a byte >= 0x80 was passed. Whatever
-// is invalid is handed to scanStringSlow, from the start of the string,
-// for the error it reports.
+// It writes the content to dst as it reads it, so that content the
+// encoding keeps costs one load and one store: 32 bytes at a time where
+// passContent can (passing over the escapes that stay as they are, and
+// decoding a \u escape of a character that stands for itself), else eight
+// at a time. It stops only where attention marks a byte: a quote, a
+// backslash or a control character. Whether the content is valid UTF-8 is
+// checked once, at the closing quote, and only when a byte >= 0x80 was
+// passed; or with the item the string is in (deferUTF8). Whatever is
+// invalid is handed to scanStringSlow, from the start of the string, for
+// the error it reports.
 func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 	data := p.data
 	dst0 := len(dst)
@@ -1114,9 +1140,18 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 	i := open
 	escaped := false
 	var high uint64 // the bytes passed over, ORed: a high bit says one was >= 0x80
+	kept := &keptEscape
+	if !canon {
+		kept = &noEscapeKept
+	}
 	for {
-		if len(buf)-o < 16 {
-			buf = slices.Grow(buf[:o], 16)
+		var hi, esc bool
+		if i, o, hi, esc = passContent(data, i, buf, o, kept); hi {
+			high |= highs
+		}
+		escaped = escaped || esc
+		if len(buf)-o < 64 {
+			buf = slices.Grow(buf[:o], 64)
 			buf = buf[:cap(buf)]
 		}
 		x := load8(data, i)
@@ -1137,8 +1172,12 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 		}
 		c := data[i]
 		if c == '"' {
-			if high&highs != 0 && !utf8Valid(data[open:i]) {
-				break
+			if high&highs != 0 {
+				if p.deferUTF8 {
+					p.deferredHigh = true
+				} else if !utf8Valid(data[open:i]) {
+					break
+				}
 			}
 			p.escaped = escaped
 			p.pos = i + 1
@@ -1311,6 +1350,9 @@ func utf8Len(b []byte, i int) int {
 // keptEscape marks the characters c whose escape \c is its own canonical
 // encoding.
 var keptEscape = [256]bool{'"': true, '\\': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
+
+// noEscapeKept keeps no escape as it is: decoding decodes them all.
+var noEscapeKept [256]bool
 
 // escape handles the escape sequence at data[i] == '\\' and returns the
 // position after it.
