@@ -123,7 +123,7 @@ other: // the escape at k is not kept: \u of a character that stands for itself 
 	MOVL    (R12)(R13*4), R9
 	ORL     R9, R8 // negative unless four hexadecimal digits
 	CMPL    R8, $0x20
-	JLT     done // or a control character, written as an escape
+	JLT     done // or a control character: the caller's, as a quote and a backslash are
 	CMPL    R8, $0x22
 	JEQ     done // a quote
 	CMPL    R8, $0x5c

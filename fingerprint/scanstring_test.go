@@ -13,7 +13,8 @@ import (
 
 // utf8Valid accepts exactly what the standard library calls valid UTF-8,
 // for every first two bytes and the tails that matter, alone and placed in
-// ASCII text across the validator's 32-byte blocks.
+// ASCII text across the validator's 32-byte blocks and at the end of a
+// long input, its last, partial block.
 func TestUTF8ValidMatchesTheStandardLibrary(t *testing.T) {
 	text := bytes.Repeat([]byte("a"), 96)
 	for a := 0; a < 0x100; a++ {
@@ -25,7 +26,7 @@ func TestUTF8ValidMatchesTheStandardLibrary(t *testing.T) {
 					if got := utf8Valid(s[:n]); got != want {
 						t.Fatalf("% x: %v, want %v", s[:n], got, want)
 					}
-					for _, at := range []int{0, 30, 31, 61} {
+					for _, at := range []int{0, 30, 31, 61, len(text)} {
 						in := append(append(text[:at:at], s[:n]...), text[at:]...)
 						if got := utf8Valid(in); got != want {
 							t.Fatalf("% x at %d: %v, want %v", s[:n], at, got, want)
