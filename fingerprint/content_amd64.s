@@ -46,10 +46,12 @@ loop:
 	VPMOVMSKB Y0, R9
 	TESTQ     R8, R8
 	JNZ       marked
-	ORQ       R9, R11
-	ADDQ      $32, AX
-	ADDQ      $32, BX
-	JMP       loop
+
+passed: // the whole block
+	ORQ  R9, R11
+	ADDQ $32, AX
+	ADDQ $32, BX
+	JMP  loop
 
 marked:
 	BSFQ    R8, R13 // k, the block's first marked byte
@@ -69,10 +71,7 @@ marked:
 	BTRQ    R13, R8 // and what it escapes, marked if a quote or a backslash
 	TESTQ   R8, R8
 	JNZ     marked
-	ORQ     R9, R11
-	ADDQ    $32, AX
-	ADDQ    $32, BX
-	JMP     loop
+	JMP     passed
 
 last: // a backslash in the block's last byte: what it escapes is past the block
 	CMPQ    AX, DX

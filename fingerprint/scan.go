@@ -533,11 +533,11 @@ func (p *scanner) skipInput() bool {
 // p.out. An item_reference names the item it stands for by its id, so when
 // the profile dropped a member of one, the item is parsed again keeping all.
 func (p *scanner) itemValue() bool {
-	start, out, depth, pathLen := p.pos, len(p.out), p.depth, len(p.path)
+	from := p.mark()
 	p.dropped, p.reference, p.keepMembers, p.hasID = false, false, false, false
 	ok := p.value(placeItem)
 	if ok && p.dropped && p.reference {
-		p.pos, p.out, p.depth, p.path = start, p.out[:out], depth, p.path[:pathLen]
+		p.rewind(from)
 		p.keepMembers = true
 		ok = p.value(placeItem)
 	}
@@ -549,15 +549,28 @@ func (p *scanner) itemValue() bool {
 // An item that holds invalid UTF-8, or that failed after such a byte, is
 // parsed again checking each string, for the first error in it.
 func (p *scanner) checkedItemValue() bool {
-	start, depth, pathLen := p.pos, p.depth, len(p.path)
+	from := p.mark()
 	p.deferUTF8, p.deferredHigh = true, false
 	ok := p.itemValue()
 	p.deferUTF8 = false
-	if !p.deferredHigh || ok && utf8Valid(p.data[start:p.pos]) {
+	if !p.deferredHigh || ok && utf8Valid(p.data[from.pos:p.pos]) {
 		return ok
 	}
-	p.pos, p.depth, p.path, p.out = start, depth, p.path[:pathLen], p.out[:0]
+	p.rewind(from)
 	return p.itemValue()
+}
+
+// parseMark is where a parse stood, to parse again from there.
+type parseMark struct{ pos, out, depth, path int }
+
+// mark returns where the parse stands.
+func (p *scanner) mark() parseMark {
+	return parseMark{p.pos, len(p.out), p.depth, len(p.path)}
+}
+
+// rewind takes the parse back to m, dropping what it wrote since.
+func (p *scanner) rewind(m parseMark) {
+	p.pos, p.out, p.depth, p.path = m.pos, p.out[:m.out], m.depth, p.path[:m.path]
 }
 
 // item parses one input item and records its raw bytes and digest: from
@@ -1188,7 +1201,7 @@ func (p *scanner) scanString(dst []byte, canon bool) ([]byte, bool) {
 		}
 		escaped = true
 		c = data[i+1]
-		if canon && keptEscape[c] {
+		if kept[c] {
 			buf[o+1] = c // its canonical encoding is itself
 			i += 2
 			o += 2
