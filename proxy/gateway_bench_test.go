@@ -53,7 +53,9 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //   - contproxy-redis: the Proxy on the standalone Redis of
 //     scripts/redis-env.sh. Without it (CONTSTORE_REDIS_ADDR unset) the
 //     target is left out and logged, unless CI=true, which fails the
-//     benchmark, as with internal/redistest's helpers.
+//     benchmark, as with internal/redistest's helpers;
+//   - contproxy-redis-affinity: the same with Config.Affinity, which
+//     records a response while its end reaches the client.
 //
 // Sub-benchmarks items=N/json and items=N/stream: each conversation's
 // first request holds N input items (user and assistant messages,
@@ -88,8 +90,9 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //     the upstream handler's time after it read the request
 //     (meteredUpstream).
 //   - contproxy/rproxy-gateway-cpu, contproxy/rproxy-gateway-p50 (and
-//     contproxy-redis/…): the ratios of what the two gateways cost.
-//   - contproxy-continued, contproxy-redis-continued: the share of
+//     contproxy-redis/…, contproxy-redis-affinity/…): the ratios of what
+//     the two gateways cost.
+//   - contproxy-continued, contproxy-redis-continued, …: the share of
 //     measured turns continued (contproxy must continue every one).
 //
 // p99 is over convs×turns requests per target (100 at 5,000 items). Linux
@@ -118,9 +121,10 @@ func BenchmarkGateway(b *testing.B) {
 // gatewayChildEnv, set, makes BenchmarkGateway serve one target in a
 // process of its own instead of measuring (serveGatewayChild): the fake
 // upstream ("fake"), or a gateway in front of the fake at
-// gatewayUpstreamEnv ("rproxy", "contproxy", and "contproxy-redis" on the
-// standalone Redis under the namespace gatewayNamespaceEnv). That is how
-// the benchmark starts its child processes (startGatewayChild).
+// gatewayUpstreamEnv ("rproxy", "contproxy", and "contproxy-redis" and
+// "contproxy-redis-affinity" on the standalone Redis under the namespace
+// gatewayNamespaceEnv). That is how the benchmark starts its child
+// processes (startGatewayChild).
 const (
 	gatewayChildEnv     = "CONTSTORE_GATEWAY_CHILD"
 	gatewayUpstreamEnv  = "CONTSTORE_GATEWAY_UPSTREAM"
@@ -146,7 +150,7 @@ func serveGatewayChild(b *testing.B, role string) {
 	case "rproxy":
 		h = reverseProxy(b, os.Getenv(gatewayUpstreamEnv))
 		meter = func() string { return fmt.Sprintf("%d 0 0", cpuTime(syscall.RUSAGE_SELF)) }
-	case "contproxy", "contproxy-redis":
+	case "contproxy", "contproxy-redis", "contproxy-redis-affinity":
 		p := gatewayProxy(b, role)
 		h = p
 		meter = func() string { return fmt.Sprintf("%d 0 %d", cpuTime(syscall.RUSAGE_SELF), p.Stats().Continued) }
@@ -192,11 +196,14 @@ func reverseProxy(b *testing.B, upstream string) http.Handler {
 
 // gatewayProxy returns this package's Proxy in front of the fake upstream
 // at gatewayUpstreamEnv: on the in-process store (contproxy) or on the
-// standalone Redis (contproxy-redis).
+// standalone Redis (contproxy-redis), with Affinity
+// (contproxy-redis-affinity).
 func gatewayProxy(b *testing.B, role string) *Proxy {
 	st, err := store.NewMemory(store.Options{Replica: "bench"})
-	if role == "contproxy-redis" {
-		rc := redis.NewClient(&redis.Options{Addr: os.Getenv(redistest.EnvAddr)})
+	if role != "contproxy" {
+		// The client as contproxy opens it: calls on the caller's goroutine,
+		// bounded by the store's deadline, one resend, 128 connections.
+		rc := redis.NewClient(&redis.Options{Addr: os.Getenv(redistest.EnvAddr), ContextTimeoutEnabled: true, MaxRetries: 1, PoolSize: 128})
 		st, err = store.NewRedis(rc, store.Options{Namespace: os.Getenv(gatewayNamespaceEnv), Replica: "bench"})
 	}
 	if err != nil {
@@ -206,7 +213,7 @@ func gatewayProxy(b *testing.B, role string) *Proxy {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := New(Config{Store: st, Upstream: hu})
+	p, err := New(Config{Store: st, Upstream: hu, Affinity: role == "contproxy-redis-affinity"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -387,11 +394,11 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 	targets := []*gatewayTarget{{name: "direct", url: up.url + "/v1/responses"}}
 	roles := []string{"rproxy", "contproxy"}
 	if rc != nil {
-		roles = append(roles, "contproxy-redis")
+		roles = append(roles, "contproxy-redis", "contproxy-redis-affinity")
 	}
 	for _, role := range roles {
 		env := []string{gatewayUpstreamEnv + "=" + up.url}
-		if role == "contproxy-redis" {
+		if strings.HasPrefix(role, "contproxy-redis") {
 			ns := redistest.Namespace(b)
 			redistest.CleanupNamespace(b, rc, ns)
 			env = append(env, gatewayNamespaceEnv+"="+ns)
@@ -476,7 +483,7 @@ func reportGateway(b *testing.B, targets []*gatewayTarget) {
 		}
 	}
 	rp := byName["rproxy"]
-	for _, name := range []string{"contproxy", "contproxy-redis"} {
+	for _, name := range []string{"contproxy", "contproxy-redis", "contproxy-redis-affinity"} {
 		if g, ok := byName[name]; ok {
 			b.ReportMetric(g.cpu/rp.cpu, name+"/rproxy-gateway-cpu")
 			b.ReportMetric(g.p50/rp.p50, name+"/rproxy-gateway-p50")

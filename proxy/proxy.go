@@ -11,8 +11,10 @@
 // upstream's events to the client as they arrive (stream true) or relays
 // its JSON answer. It records a completed response (store.Store.Record)
 // before the client gets its end (response.completed, or the JSON body),
-// so that a client sending its next turn at once finds it, and aborts the
-// turn (store.Store.Abort) on anything else. An upstream that refuses a
+// so that a client sending its next turn at once finds it, or, with
+// Config.Affinity, as the client gets it. It aborts the turn
+// (store.Store.Abort) on anything else, and after the record when the
+// client never got the end. An upstream that refuses a
 // continuation before anything reached the client gets the same turn
 // again with the full context, unseen by the client; after a few refusals
 // in a row for one model, that model's turns go with the full context for
@@ -111,6 +113,16 @@ type Config struct {
 	// continuations the upstream refuses, and for how long. Zero:
 	// defaults (see Learning).
 	Learning Learning
+	// Affinity tells that the load balancer sends an owner's turns to the
+	// replica that served its last one (session affinity, or header
+	// affinity on RoutingHeader). A completed response is then recorded
+	// in a store that is not in process while its end reaches the client,
+	// who no longer waits for the store's round trip; the owner's next
+	// turn on this replica reserves once the record is in. A next turn
+	// sent at once to another replica may miss the record and go with the
+	// full context. Without it, the record is in before the client gets
+	// the end, for a next turn on any replica.
+	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no
 	// responses. Every request goes upstream as the client sent it,
 	// outside the store (nothing is reserved or recorded) and without
@@ -141,6 +153,7 @@ type Proxy struct {
 	warns   warnings // at most a line a second per cause
 	sockets socketSet
 	budget  *budget // MaxBytesInFlight
+	records records // the recordings in flight
 }
 
 // New returns a proxy for cfg.
@@ -189,9 +202,13 @@ func (cfg *Config) fill() error {
 	return cfg.Learning.check()
 }
 
-// Close closes the upstream connections the proxy keeps. Call it after the
-// HTTP server has shut down, so that no turn is in flight.
-func (p *Proxy) Close() error { return p.cfg.Upstream.close() }
+// Close waits for the records in flight to end (each within the store's
+// timeouts) and closes the upstream connections the proxy keeps. Call it
+// after the HTTP server has shut down, so that no turn is in flight.
+func (p *Proxy) Close() error {
+	p.records.waitAll()
+	return p.cfg.Upstream.close()
+}
 
 // target is what an upstream connection is acquired for: whose request,
 // whether the upstream keeps its response, and the socket and response
@@ -264,10 +281,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.stats.add(cItemsReceived, int64(req.Len()))
-	// Store operations outlive a client that hangs up: the turn must be
-	// recorded or aborted whatever the client does.
-	sctx := context.WithoutCancel(r.Context())
-	t.res = p.cfg.Store.Reserve(sctx, who, req)
+	t.res = p.reserve(r, who, req)
 	if t.res.Continues() {
 		t.want, t.prev = t.res.Origin, t.res.PreviousResponseID
 	}
@@ -322,29 +336,53 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if at := a.c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
 		w.Header().Set(p.cfg.RoutingHeader, at.Replica)
 	}
+	lg = lg.With("reason", g.reason(a.res.Reason), "continued", a.continued, "items", a.res.Request().Len(),
+		"sent", a.res.UpstreamItems)
+	out := p.deliver(sctx, w, t, a, lg, g, Event{Step: StepEnd, Owner: who, Turn: res.Turn}, start)
+	if out.cut {
+		cutStream(w)
+	}
+}
+
+// deliver relays a's answer to the client and settles the turn (settle).
+// A completed response's record starts just before the client gets the
+// end (relay's seal) and is told, once the end is written, whether the
+// client got it. end, StepEnd with its owner and turn, is reported once
+// the turn is over: for a recorded turn, when its record is; its latency
+// is the client's, to the end of the relay.
+func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *sent, lg *slog.Logger, g *gate,
+	end Event, start time.Time) outcome {
 	hide := ""
 	if a.continued {
 		hide = a.res.PreviousResponseID
 	}
-	lg = lg.With("reason", g.reason(a.res.Reason), "continued", a.continued, "items", a.res.Request().Len(),
-		"sent", a.res.UpstreamItems)
-	// A completed response is recorded before its end reaches the client,
-	// so that the client's next turn finds it.
-	sealed, end := false, ""
-	out := relay(w, t, a.rep, hide, func(o outcome) { sealed, end = true, p.settle(sctx, &lg, a, o, g) })
+	var rec *recording
+	defer func() {
+		if rec != nil {
+			rec.end(false, nil) // the relay panicked: the turn is aborted after its record
+		}
+	}()
+	sealed, result := false, ""
+	out := relay(w, t, a.rep, hide, func(o outcome) { sealed = true; result, rec = p.settle(ctx, &lg, a, o, g) })
+	if !sealed {
+		result, rec = p.settle(ctx, &lg, a, out, g)
+	}
+	end.Err, end.Latency = out.err, time.Since(start)
+	finish := func(lg *slog.Logger, result string) {
+		end.Result = result
+		lg.Debug("turn", "status", out.status, "latency", end.Latency)
+		p.observe(end)
+	}
 	switch {
-	case !sealed:
-		end = p.settle(sctx, &lg, a, out, g)
-	case out.clientGone:
-		p.abort(sctx, lg, a.res) // recorded, but the client never got the end
-		end = "aborted"
+	case rec != nil:
+		rec.end(!out.clientGone, finish)
+		rec = nil
+	case sealed && out.clientGone:
+		finish(lg, "aborted") // completed, but the client never got the end: nothing was recorded
+	default:
+		finish(lg, result)
 	}
-	lg = lg.With("status", out.status)
-	lg.Debug("turn", "latency", time.Since(start))
-	p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: end, Err: out.err, Latency: time.Since(start)})
-	if out.cut {
-		cutStream(w)
-	}
+	return out
 }
 
 // sent is a turn's answer from upstream: the connection it went on, the
@@ -447,20 +485,21 @@ func (p *Proxy) judge(a *sent, err error) try {
 	return answered
 }
 
-// settle ends a relayed turn: it records a completed response the client
-// received as the owner's continuation, and aborts the turn otherwise. It
-// adds what it did to *lg and returns how the turn ended (StepEnd).
-func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outcome, g *gate) string {
+// settle ends a relayed turn: it starts recording a completed response
+// the client is getting as the owner's continuation (record), and aborts
+// the turn otherwise. It adds what it did to *lg and returns how the turn
+// ended (StepEnd), or the recording that will tell.
+func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outcome, g *gate) (string, *recording) {
 	switch {
 	case out.err != nil:
 		p.stats.add(cUpstreamErrors, 1)
 		p.abort(ctx, *lg, a.res)
 		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
-		return "aborted"
+		return "aborted", nil
 	case !out.completed || out.clientGone:
 		// Nothing completed, or the client never saw what did.
 		p.abort(ctx, *lg, a.res)
-		return "aborted"
+		return "aborted", nil
 	}
 	if a.continued {
 		p.stats.add(cContinued, 1)
@@ -470,20 +509,15 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outco
 		p.stats.add(cForwarded, 1)
 	}
 	if a.res.Turn == 0 {
-		return "not_reserved" // no owner, or the store unavailable: nothing to record
+		return "not_reserved", nil // no owner, or the store unavailable: nothing to record
 	}
 	if a.c.socket() == (store.Socket{}) {
 		// store:false over HTTP: nothing upstream to continue from
 		p.abort(ctx, *lg, a.res)
 		*lg = (*lg).With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
-		return "not_recorded"
+		return "not_recorded", nil
 	}
-	outcome, err := p.cfg.Store.Record(ctx, a.res, store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output})
-	if err != nil {
-		p.warns.warn(*lg, "record failed; the next turn sends full context", "err", err)
-	}
-	*lg = (*lg).With("response_id", out.id, "outcome", outcome)
-	return "recorded"
+	return "recorded", p.record(ctx, *lg, a, out)
 }
 
 // localConn returns c, or, when c forwards the turn, a connection of this

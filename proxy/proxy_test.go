@@ -10,17 +10,20 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
 
 	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
@@ -585,6 +588,131 @@ func TestTheNextTurnSentAtTheTerminalEventContinues(t *testing.T) {
 			assert.Equal(t, st.Turns-1, st.Continued, "every turn after the first continues")
 		})
 	}
+}
+
+// heldRecords is a go-redis hook that holds each call of the record script
+// before it reaches the server until the test lets it go, and notes one
+// nobody let go within five seconds. It holds FCALL and EVALSHA, not the
+// EVAL that follows an EVALSHA the server did not know, so a record is
+// held once.
+type heldRecords struct {
+	release chan struct{}
+	stuck   atomic.Bool
+}
+
+func (*heldRecords) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (*heldRecords) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *heldRecords) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && slices.Contains([]any{lua.Record.Function(), lua.Record.Hash()}, args[1]) {
+			select {
+			case <-h.release:
+			case <-time.After(5 * time.Second):
+				h.stuck.Store(true)
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// let releases the record held after d, on a goroutine of its own.
+func (h *heldRecords) let(t *testing.T, d time.Duration) {
+	go func() {
+		time.Sleep(d)
+		select {
+		case h.release <- struct{}{}:
+		case <-time.After(5 * time.Second):
+			t.Error("no record held")
+		}
+	}()
+}
+
+// With Affinity, the client gets a completed response's end while its
+// record is still in flight; the owner's next turn, sent at once, waits for
+// the record and continues; Close waits for the records in flight. Without
+// it, the client gets the end once the record is in.
+func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
+	const hold = 30 * time.Millisecond
+	for _, affinity := range []bool{false, true} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("affinity=%v/stream=%v", affinity, stream), func(t *testing.T) {
+				held := &heldRecords{release: make(chan struct{})}
+				_, rc := redistest.Miniredis(t)
+				rc.AddHook(held)
+				st, err := store.NewRedis(rc, store.Options{Namespace: "held", Replica: "r1", OpTimeout: 10 * time.Second})
+				require.NoError(t, err)
+				r := newRig(t, overHTTP, st)
+				r.proxy.cfg.Affinity = affinity
+				input := []any{map[string]any{"role": "user", "content": "hi"}}
+				for turn := range 6 {
+					if !affinity || turn > 0 {
+						held.let(t, hold) // this turn's record, or the previous turn's after this turn's request went
+					}
+					body, _ := json.Marshal(map[string]any{"model": "gpt-test", "stream": stream, "input": input})
+					req, _ := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(body))
+					req.Header.Set("X-Session-Id", "s-held")
+					sent := time.Now()
+					output := completedOutput(t, req, stream)
+					require.True(t, output.IsArray(), "turn %d completed", turn)
+					if affinity {
+						require.False(t, held.stuck.Load(), "turn %d: the client got the end only after its record", turn)
+					} else {
+						require.GreaterOrEqual(t, time.Since(sent), hold, "turn %d: the client got the end before its record", turn)
+					}
+					for _, it := range output.Array() {
+						input = append(input, json.RawMessage(it.Raw))
+					}
+					input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", turn)})
+				}
+				stats := r.proxy.Stats()
+				assert.Equal(t, stats.Turns-1, stats.Continued, "every turn after the first continues")
+				if !affinity {
+					return
+				}
+				closed := make(chan struct{})
+				go func() { _ = r.proxy.Close(); close(closed) }()
+				select {
+				case <-closed:
+					t.Fatal("Close returned with a record in flight")
+				case <-time.After(hold):
+				}
+				held.let(t, 0)
+				select {
+				case <-closed:
+				case <-time.After(5 * time.Second):
+					t.Fatal("Close did not return once the record ended")
+				}
+			})
+		}
+	}
+}
+
+// completedOutput sends req and returns the output of the completed
+// response it gets, from its response.completed event when stream is
+// true.
+func completedOutput(t *testing.T, req *http.Request, stream bool) gjson.Result {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	if !stream {
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return gjson.GetBytes(b, "output")
+	}
+	var output gjson.Result
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok && gjson.Get(line, "type").String() == "response.completed" {
+			output = gjson.Get(line, "response.output")
+		}
+	}
+	return output
 }
 
 // Events that the upstream sends together reach the client together; an

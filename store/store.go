@@ -312,6 +312,13 @@ func (s *Store) SkimRequest(body []byte) (*fingerprint.Request, error) {
 // Options returns the store's options with defaults filled in.
 func (s *Store) Options() Options { return s.opts }
 
+// InProcess reports whether the store keeps its states in this process
+// (NewMemory): its operations cost no round trip.
+func (s *Store) InProcess() bool {
+	_, ok := s.backend.(*memory)
+	return ok
+}
+
 // partition returns the owner's partition.
 func (s *Store) partition(owner identity.Owner) int { return owner.Partition(s.opts.Partitions) }
 

@@ -94,7 +94,7 @@ type config struct {
 	redisCluster, redisClient, namespace, replica     string
 	logLevel, advertise, forwardSecret, routingHeader string
 	profile                                           fingerprint.Profile
-	fakeUpstream, noContinuation                      bool
+	fakeUpstream, noContinuation, affinity            bool
 	sockets, maxConns                                 int
 	maxCredentials                                    int
 	socketIdleTimeout                                 time.Duration
@@ -190,6 +190,7 @@ Flags:
 	fs.StringVar(&c.advertise, "advertise", "", "`address` (host:port) the other replicas reach this one at, for forwarding (default: -listen, when it names a host)")
 	fs.StringVar(&c.forwardSecret, "forward-secret", "", "secret shared by the replicas, at least 32 bytes, that turns on forwarding: a WebSocket turn landing on a replica that does not hold its socket goes to the one that does (set it as CONTPROXY_FORWARD_SECRET: flags show in ps)")
 	fs.StringVar(&c.routingHeader, "routing-header", "Contproxy-Replica", "answer `header` naming the replica holding the turn's socket, for load balancer affinity; - for none")
+	fs.BoolVar(&c.affinity, "affinity", false, "the load balancer sends an owner's turns to the replica that served its last one: the client gets a response's end without waiting for its record in Redis (a next turn sent at once to another replica may then go with the full context)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -415,7 +416,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxBytesInFlight: c.maxBytesInFlight,
 		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader,
-		NoContinuation: c.noContinuation, Observer: newStepCounter(reg)}
+		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
 	announced, err := forward(ctx, c, rdb, logger, &cfg)
 	if err != nil {
 		return err
