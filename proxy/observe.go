@@ -9,9 +9,9 @@ import (
 
 // An Observer sees the steps of each turn as the proxy takes them, to
 // count them (contproxy exports them to Prometheus) or log them. Observe
-// is called on the turn's goroutine (with Config.Affinity, StepEnd of a
-// recorded turn on its record's, once the store has answered): it must
-// return quickly and not block.
+// is called on the turn's goroutine, or StepEnd of a turn recorded on a
+// goroutine of its own (Config.Affinity) on that one once the store has
+// answered: it must return quickly, not block and not panic.
 type Observer interface {
 	Observe(Event)
 }

@@ -12,7 +12,8 @@
 // its JSON answer. It records a completed response (store.Store.Record)
 // before the client gets its end (response.completed, or the JSON body),
 // so that a client sending its next turn at once finds it, or, with
-// Config.Affinity, as the client gets it. It aborts the turn
+// Config.Affinity and a store that is not in process, as the client gets
+// it. It aborts the turn
 // (store.Store.Abort) on anything else, and after the record when the
 // client never got the end. An upstream that refuses a
 // continuation before anything reached the client gets the same turn
@@ -115,13 +116,16 @@ type Config struct {
 	Learning Learning
 	// Affinity tells that the load balancer sends an owner's turns to the
 	// replica that served its last one (session affinity, or header
-	// affinity on RoutingHeader). A completed response is then recorded
-	// in a store that is not in process while its end reaches the client,
-	// who no longer waits for the store's round trip; the owner's next
-	// turn on this replica reserves once the record is in. A next turn
-	// sent at once to another replica may miss the record and go with the
-	// full context. Without it, the record is in before the client gets
-	// the end, for a next turn on any replica.
+	// affinity on RoutingHeader). A completed response that ran on this
+	// replica's upstream is then recorded, in a store that is not in
+	// process, while its end reaches the client, who no longer waits for
+	// the store's round trip; the owner's next turn on this replica
+	// reserves once the record is in. A next turn sent at once to another
+	// replica may miss the record and go with the full context. A turn
+	// forwarded to the replica holding its socket, where header affinity
+	// sends the next one, is recorded before its end. Without Affinity,
+	// every record is in before the client gets the end, for a next turn
+	// on any replica.
 	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no
 	// responses. Every request goes upstream as the client sent it,
@@ -202,9 +206,10 @@ func (cfg *Config) fill() error {
 	return cfg.Learning.check()
 }
 
-// Close waits for the records in flight to end (each within the store's
-// timeouts) and closes the upstream connections the proxy keeps. Call it
-// after the HTTP server has shut down, so that no turn is in flight.
+// Close waits for the records in flight on goroutines of their own
+// (Config.Affinity) to end, each within the store's timeouts, and closes
+// the upstream connections the proxy keeps. Call it after the HTTP server
+// has shut down, so that no turn is in flight.
 func (p *Proxy) Close() error {
 	p.records.waitAll()
 	return p.cfg.Upstream.close()
@@ -375,8 +380,9 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 	}
 	switch {
 	case rec != nil:
-		rec.end(!out.clientGone, finish)
-		rec = nil
+		r := rec
+		rec = nil // ended once, even if finish panics
+		r.end(!out.clientGone, finish)
 	case sealed && out.clientGone:
 		finish(lg, "aborted") // completed, but the client never got the end: nothing was recorded
 	default:

@@ -649,13 +649,13 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 				r.proxy.cfg.Affinity = affinity
 				input := []any{map[string]any{"role": "user", "content": "hi"}}
 				for turn := range 6 {
-					if !affinity || turn > 0 {
-						held.let(t, hold) // this turn's record, or the previous turn's after this turn's request went
-					}
 					body, _ := json.Marshal(map[string]any{"model": "gpt-test", "stream": stream, "input": input})
 					req, _ := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(body))
 					req.Header.Set("X-Session-Id", "s-held")
 					sent := time.Now()
+					if !affinity || turn > 0 {
+						held.let(t, hold) // this turn's record, or the previous turn's after this turn's request went
+					}
 					output := completedOutput(t, req, stream)
 					require.True(t, output.IsArray(), "turn %d completed", turn)
 					if affinity {

@@ -13,94 +13,107 @@ import (
 )
 
 // A recording is a completed response's record (store.Store.Record). With
-// Config.Affinity and a store that is not in process, it runs on a
-// goroutine of its own and the response's end reaches the client while it
-// is in flight; otherwise it is in before the end, on the turn's
-// goroutine. The turn's handler tells it, once the end is written, whether
-// the client got it (recording.end); a turn whose client did not is
-// aborted after its record. It is registered under its owner until it and
-// that abort are over, so that the owner's next turn on this replica
-// reserves after it (Proxy.reserve).
+// Config.Affinity, on a store that is not in process and for a turn that
+// ran on this replica's upstream (not forwarded), it runs on a goroutine
+// of its own and the response's end reaches the client while it is in
+// flight; otherwise it is in before the end, on the turn's goroutine. The
+// owner's next turn on this replica reserves after it (Proxy.reserve).
+// The turn's handler tells it, once the end is written, whether the client
+// got it (recording.end); once both that and the record are in, the one
+// that came second settles the turn (recording.meet): a turn whose client
+// never got the end is aborted after its record.
 type recording struct {
-	p    *Proxy
-	ctx  context.Context
-	lg   *slog.Logger
-	res  *store.Reservation
-	key  string      // the owner's, in Proxy.records
-	ends chan ending // to the goroutine; nil when there is none
+	p   *Proxy
+	ctx context.Context
+	lg  *slog.Logger
+	res *store.Reservation
+	mu  sync.Mutex
+	in  bool   // the record or the ending is in
+	e   ending // the ending, once in
 }
 
 // ending is what a recording is told once the response's end is written.
 type ending struct {
 	delivered bool
-	// finish logs and reports how the turn ended.
+	// finish logs and reports how the turn ended; nil: not at all.
 	finish func(lg *slog.Logger, end string)
 }
 
 // record records a's completed response out, or starts to (recording).
 func (p *Proxy) record(ctx context.Context, lg *slog.Logger, a *sent, out outcome) *recording {
-	rec := &recording{p: p, ctx: ctx, lg: lg.With("response_id", out.id), res: a.res, key: p.records.add(a.res.Owner)}
+	rec := &recording{p: p, ctx: ctx, lg: lg.With("response_id", out.id), res: a.res}
 	result := store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output}
-	if !p.cfg.Affinity || p.cfg.Store.InProcess() {
+	_, forwarded := a.c.(*forwardConn)
+	if !p.cfg.Affinity || p.cfg.Store.InProcess() || forwarded {
 		rec.run(result)
 		return rec
 	}
-	rec.ends = make(chan ending, 1)
+	p.records.started()
 	go func() {
+		defer p.records.stopped()
 		rec.run(result)
-		rec.settle(<-rec.ends)
 	}()
 	return rec
 }
 
-// run makes the record.
+// run makes the record, registered under its owner while it is in flight.
 func (rec *recording) run(result store.Result) {
+	key := rec.p.records.add(rec.res.Owner)
 	outcome, err := rec.p.cfg.Store.Record(rec.ctx, rec.res, result)
+	rec.p.records.done(key)
 	if err != nil {
 		rec.p.warns.warn(rec.lg, "record failed; the next turn sends full context", "err", err)
 	}
 	rec.lg = rec.lg.With("outcome", outcome)
-}
-
-// settle ends the turn once its record is in: it aborts the turn when the
-// client never got the end, and reports how it ended.
-func (rec *recording) settle(e ending) {
-	defer rec.p.records.done(rec.key)
-	end := "recorded"
-	if !e.delivered {
-		rec.p.abort(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
-		end = "aborted"
-	}
-	if e.finish != nil {
-		e.finish(rec.lg, end)
-	}
+	rec.meet(nil)
 }
 
 // end tells the recording whether the client got the response's end, and
-// how to report the turn once it is over (nil: not at all).
+// how to report the turn once it is over. It is called once.
 func (rec *recording) end(delivered bool, finish func(lg *slog.Logger, end string)) {
-	e := ending{delivered: delivered, finish: finish}
-	if rec.ends == nil {
-		rec.settle(e)
+	rec.meet(&ending{delivered: delivered, finish: finish})
+}
+
+// meet is called once the record is in (e nil) and once the ending is
+// (end); the second call settles the turn.
+func (rec *recording) meet(e *ending) {
+	rec.mu.Lock()
+	if e != nil {
+		rec.e = *e
+	}
+	second := rec.in
+	rec.in = true
+	rec.mu.Unlock()
+	if !second {
 		return
 	}
-	rec.ends <- e
+	end := "recorded"
+	if !rec.e.delivered {
+		rec.p.abort(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
+		end = "aborted"
+	}
+	if rec.e.finish != nil {
+		rec.e.finish(rec.lg, end)
+	}
 }
 
-// records are the recordings in flight on a replica, by owner key.
+// records are the records in flight on a replica, by owner key, and how
+// many of them run on goroutines of their own (for Close).
 type records struct {
-	mu     sync.Mutex
-	owners map[string]*ownerRecords
+	mu      sync.Mutex
+	owners  map[string]*ownerRecords
+	running int
+	idle    chan struct{} // closed when running falls to 0, while waitAll waits
 }
 
-// ownerRecords are one owner's recordings in flight: done is closed when
-// the last of them ends.
+// ownerRecords are one owner's records in flight: done is closed when the
+// last of them ends.
 type ownerRecords struct {
 	n    int
 	done chan struct{}
 }
 
-// add registers a recording of owner's and returns the key to end it by.
+// add registers a record of owner's and returns the key to end it by.
 func (rs *records) add(owner identity.Owner) string {
 	key := owner.Key()
 	rs.mu.Lock()
@@ -117,7 +130,7 @@ func (rs *records) add(owner identity.Owner) string {
 	return key
 }
 
-// done ends a recording add registered.
+// done ends a record add registered.
 func (rs *records) done(key string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -128,8 +141,8 @@ func (rs *records) done(key string) {
 	}
 }
 
-// pending returns the channel closed when owner's recordings in flight
-// end; nil when there are none.
+// pending returns the channel closed when owner's records in flight end;
+// nil when there are none.
 func (rs *records) pending(owner identity.Owner) <-chan struct{} {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -139,32 +152,45 @@ func (rs *records) pending(owner identity.Owner) <-chan struct{} {
 	return nil
 }
 
-// waitAll waits until no recording is in flight.
-func (rs *records) waitAll() {
-	for {
-		rs.mu.Lock()
-		var done chan struct{}
-		for _, o := range rs.owners {
-			done = o.done
-			break
-		}
-		rs.mu.Unlock()
-		if done == nil {
-			return
-		}
-		<-done
+// started and stopped count a record's goroutine.
+func (rs *records) started() {
+	rs.mu.Lock()
+	rs.running++
+	rs.mu.Unlock()
+}
+
+func (rs *records) stopped() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.running--; rs.running == 0 && rs.idle != nil {
+		close(rs.idle)
+		rs.idle = nil
 	}
 }
 
-// reserve reserves a turn for who (store.Store.Reserve) once who's
-// recordings in flight on this replica have ended, so that a turn sent the
-// moment the previous one's end arrived continues it. The wait ends with
-// the client's request, and after two of the store's operations at most:
-// the record and the abort that may follow it.
+// waitAll waits until no record runs on a goroutine of its own.
+func (rs *records) waitAll() {
+	rs.mu.Lock()
+	if rs.running == 0 {
+		rs.mu.Unlock()
+		return
+	}
+	if rs.idle == nil {
+		rs.idle = make(chan struct{})
+	}
+	idle := rs.idle
+	rs.mu.Unlock()
+	<-idle
+}
+
+// reserve reserves a turn for who (store.Store.Reserve) once who's records
+// in flight on this replica are in, so that a turn sent the moment the
+// previous one's end arrived continues it. The wait ends with the client's
+// request, and after one of the store's operations at most.
 func (p *Proxy) reserve(r *http.Request, who identity.Owner, req *fingerprint.Request) *store.Reservation {
 	if !who.IsZero() {
 		if done := p.records.pending(who); done != nil {
-			t := time.NewTimer(2 * p.cfg.Store.Options().OpTimeout)
+			t := time.NewTimer(p.cfg.Store.Options().OpTimeout)
 			select {
 			case <-done:
 			case <-r.Context().Done():
