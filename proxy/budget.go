@@ -157,6 +157,14 @@ func (h *hold) trim(n int64) {
 // release gives back the whole hold.
 func (h *hold) release() { h.trim(0) }
 
+// pass returns a hold of what h holds, which h then no longer does: for
+// whoever keeps the request's memory after its handler.
+func (h *hold) pass() *hold {
+	k := *h
+	h.n = 0
+	return &k
+}
+
 // stepReader reads a body of unknown length, holding each step of it
 // before it reads it.
 type stepReader struct {

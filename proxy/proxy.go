@@ -138,13 +138,14 @@ type Config struct {
 	// upstream. Default 60 minutes, the upstream's.
 	ClientSocketLifetime time.Duration
 	// MaxBytesInFlight bounds the memory the requests read in full hold
-	// at once on this replica: each turn's body until its turn ends, each
-	// WebSocket message until it is answered, a body weighing twice its
-	// size plus 80 bytes an input item (budget.go). A turn that finds no
-	// room within a second gets 503, code server_busy, with Retry-After:
-	// 1 (an error event with status 503 in the WebSocket mode, whose
-	// connection stops reading meanwhile); one that could never fit gets
-	// 413 at once. Default 256 MiB.
+	// at once on this replica: each turn's body until its turn ends (its
+	// record, with Affinity), each WebSocket message until it is answered,
+	// a body weighing twice its size plus 80 bytes an input item
+	// (budget.go). A turn that finds no room within a second gets 503,
+	// code server_busy, with Retry-After: 1 (an error event with status
+	// 503 in the WebSocket mode, whose connection stops reading
+	// meanwhile); one that could never fit gets 413 at once. Default 256
+	// MiB.
 	MaxBytesInFlight int64
 }
 
@@ -241,6 +242,9 @@ type turn struct {
 	stream bool
 	// res is the turn's reservation; nil for a passthrough request.
 	res *store.Reservation
+	// hold is the turn's body's weight in the budget (MaxBytesInFlight),
+	// released when the turn is over.
+	hold *hold
 }
 
 // ServeHTTP serves the turns, POST /v1/responses, and passes every other
@@ -268,7 +272,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveForwarded(w, r, req)
 		return
 	}
-	t := &turn{target: target{header: r.Header, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true"}
+	t := &turn{target: target{header: r.Header, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true",
+		hold: h}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))
 	// A request that keeps its conversation upstream itself, or any with
@@ -368,9 +373,9 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 		}
 	}()
 	sealed, result := false, ""
-	out := relay(w, t, a.rep, hide, func(o outcome) { sealed = true; result, rec = p.settle(ctx, &lg, a, o, g) })
+	out := relay(w, t, a.rep, hide, func(o outcome) { sealed = true; result, rec = p.settle(ctx, &lg, t, a, o, g) })
 	if !sealed {
-		result, rec = p.settle(ctx, &lg, a, out, g)
+		result, rec = p.settle(ctx, &lg, t, a, out, g)
 	}
 	end.Err, end.Latency = out.err, time.Since(start)
 	finish := func(lg *slog.Logger, result string) {
@@ -495,7 +500,7 @@ func (p *Proxy) judge(a *sent, err error) try {
 // the client is getting as the owner's continuation (record), and aborts
 // the turn otherwise. It adds what it did to *lg and returns how the turn
 // ended (StepEnd), or the recording that will tell.
-func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outcome, g *gate) (string, *recording) {
+func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, out outcome, g *gate) (string, *recording) {
 	switch {
 	case out.err != nil:
 		p.stats.add(cUpstreamErrors, 1)
@@ -523,7 +528,7 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, a *sent, out outco
 		*lg = (*lg).With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
 		return "not_recorded", nil
 	}
-	return "recorded", p.record(ctx, *lg, a, out)
+	return "recorded", p.record(ctx, *lg, t.hold, a, out)
 }
 
 // localConn returns c, or, when c forwards the turn, a connection of this

@@ -632,9 +632,10 @@ func (h *heldRecords) let(t *testing.T, d time.Duration) {
 }
 
 // With Affinity, the client gets a completed response's end while its
-// record is still in flight; the owner's next turn, sent at once, waits for
-// the record and continues; Close waits for the records in flight. Without
-// it, the client gets the end once the record is in.
+// record is still in flight, which keeps the body's weight in the budget;
+// the owner's next turn, sent at once, waits for the record and continues;
+// Close waits for the records in flight. Without it, the client gets the
+// end once the record is in.
 func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 	const hold = 30 * time.Millisecond
 	for _, affinity := range []bool{false, true} {
@@ -647,10 +648,16 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 				require.NoError(t, err)
 				r := newRig(t, overHTTP, st)
 				r.proxy.cfg.Affinity = affinity
+				handled := make(chan struct{}, 1) // a turn's handler has returned
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+					r.proxy.ServeHTTP(w, req)
+					handled <- struct{}{}
+				}))
+				t.Cleanup(srv.Close)
 				input := []any{map[string]any{"role": "user", "content": "hi"}}
 				for turn := range 6 {
 					body, _ := json.Marshal(map[string]any{"model": "gpt-test", "stream": stream, "input": input})
-					req, _ := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(body))
+					req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", bytes.NewReader(body))
 					req.Header.Set("X-Session-Id", "s-held")
 					sent := time.Now()
 					if !affinity || turn > 0 {
@@ -658,6 +665,11 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 					}
 					output := completedOutput(t, req, stream)
 					require.True(t, output.IsArray(), "turn %d completed", turn)
+					select {
+					case <-handled:
+					case <-time.After(5 * time.Second):
+						t.Fatalf("turn %d: the handler did not return", turn)
+					}
 					if affinity {
 						require.False(t, held.stuck.Load(), "turn %d: the client got the end only after its record", turn)
 					} else {
@@ -671,8 +683,10 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 				stats := r.proxy.Stats()
 				assert.Equal(t, stats.Turns-1, stats.Continued, "every turn after the first continues")
 				if !affinity {
+					assert.True(t, budgetFree(r.proxy), "a turn's body leaves the budget once its handler returned")
 					return
 				}
+				assert.False(t, budgetFree(r.proxy), "the record in flight keeps its body's weight after its handler returned")
 				closed := make(chan struct{})
 				go func() { _ = r.proxy.Close(); close(closed) }()
 				select {
@@ -686,6 +700,7 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 				case <-time.After(5 * time.Second):
 					t.Fatal("Close did not return once the record ended")
 				}
+				assert.True(t, budgetFree(r.proxy), "the record gave its body's weight back")
 			})
 		}
 	}

@@ -39,8 +39,10 @@ type ending struct {
 	finish func(lg *slog.Logger, end string)
 }
 
-// record records a's completed response out, or starts to (recording).
-func (p *Proxy) record(ctx context.Context, lg *slog.Logger, a *sent, out outcome) *recording {
+// record records a's completed response out, or starts to (recording). A
+// record on a goroutine of its own keeps the turn's body, and so h, its
+// weight in the budget, until it is in.
+func (p *Proxy) record(ctx context.Context, lg *slog.Logger, h *hold, a *sent, out outcome) *recording {
 	rec := &recording{p: p, ctx: ctx, lg: lg.With("response_id", out.id), res: a.res}
 	result := store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output}
 	_, forwarded := a.c.(*forwardConn)
@@ -49,9 +51,11 @@ func (p *Proxy) record(ctx context.Context, lg *slog.Logger, a *sent, out outcom
 		return rec
 	}
 	p.records.started()
+	kept := h.pass()
 	go func() {
 		defer p.records.stopped()
 		rec.run(result)
+		kept.release()
 	}()
 	return rec
 }
