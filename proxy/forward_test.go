@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -364,4 +365,76 @@ func TestTheObserverSeesEachStep(t *testing.T) {
 		"route:full", "attempt:answered", "end:recorded",
 		"route:forward", "attempt:refused", "fallback:refused", "attempt:answered", "end:recorded",
 	}, steps.take())
+}
+
+// recordsSeen is a store Observer that signals each record's return.
+type recordsSeen chan struct{}
+
+func (c recordsSeen) Observe(ev store.Event) {
+	if ev.Op == store.OpRecord {
+		c <- struct{}{}
+	}
+}
+
+func (recordsSeen) BreakerChanged(store.BreakerStatus) {}
+
+// With Affinity, a turn forwarded to the replica holding its socket is
+// recorded before its client gets the end: header affinity sends the next
+// turn to that replica, which would not wait for this one's record.
+func TestWithAffinityAForwardedTurnIsRecordedBeforeItsEnd(t *testing.T) {
+	const hold = 30 * time.Millisecond
+	held := &heldRecords{release: make(chan struct{})}
+	_, rc := redistest.Miniredis(t)
+	rc.AddHook(held)
+	recorded := make(recordsSeen, 4)
+	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{}))
+	t.Cleanup(up.Close)
+	dir, err := directory.NewMemory(directory.Options{CacheTTL: time.Nanosecond})
+	require.NoError(t, err)
+	var proxies []*Proxy
+	var urls []string
+	for _, name := range []string{"r1", "r2"} {
+		st, err := store.NewRedis(rc, store.Options{Namespace: "fwd", Replica: name, OpTimeout: 10 * time.Second, Observer: recorded})
+		require.NoError(t, err)
+		ws, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(up.URL, "http")+"/v1", WebSocketOptions{Replica: name, Sockets: 2})
+		require.NoError(t, err)
+		p, err := New(Config{Store: st, Upstream: ws, Affinity: true, Forwarding: &Forwarding{Directory: dir, Secret: testSecret}})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = p.Close() })
+		srv := httptest.NewServer(p)
+		t.Cleanup(srv.Close)
+		require.NoError(t, dir.Announce(context.Background(), name, strings.TrimPrefix(srv.URL, "http://")))
+		proxies, urls = append(proxies, p), append(urls, srv.URL+"/v1/responses")
+	}
+	input := []any{map[string]any{"role": "user", "content": "hi"}}
+	turn := func(url string) {
+		body, _ := json.Marshal(map[string]any{"model": "gpt-test", "store": false, "input": input})
+		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		req.Header.Set("X-Session-Id", "s-forwarded")
+		output := completedOutput(t, req, false)
+		require.True(t, output.IsArray())
+		for _, it := range output.Array() {
+			input = append(input, json.RawMessage(it.Raw))
+		}
+		input = append(input, map[string]any{"role": "user", "content": "more"})
+	}
+	seen := func() {
+		select {
+		case <-recorded:
+		case <-time.After(5 * time.Second):
+			t.Fatal("no record returned")
+		}
+	}
+
+	turn(urls[0]) // on r1's own socket: recorded while its end goes out
+	held.let(t, 0)
+	seen()
+	sent := time.Now()
+	held.let(t, hold)
+	turn(urls[1]) // on r2, forwarded to r1, which holds the socket
+	assert.GreaterOrEqual(t, time.Since(sent), hold, "the client got the forwarded turn's end before its record")
+	seen()
+	st := proxies[1].Stats()
+	assert.Equal(t, int64(1), st.Forwarded, "the second turn went to r1's socket")
+	assert.Equal(t, int64(1), st.Continued)
 }
