@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -408,13 +407,11 @@ func TestWithAffinityAForwardedTurnIsRecordedBeforeItsEnd(t *testing.T) {
 	}
 	input := []any{map[string]any{"role": "user", "content": "hi"}}
 	turn := func(url string) {
-		body, _ := json.Marshal(map[string]any{"model": "gpt-test", "store": false, "input": input})
-		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-		req.Header.Set("X-Session-Id", "s-forwarded")
-		output := completedOutput(t, req, false)
-		require.True(t, output.IsArray())
-		for _, it := range output.Array() {
-			input = append(input, json.RawMessage(it.Raw))
+		a := post(t, url, http.Header{"X-Session-Id": {"s-forwarded"}}, map[string]any{"model": "gpt-test", "store": false, "input": input})
+		require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+		require.Equal(t, `"completed"`, string(a.response["status"]))
+		for _, it := range a.output {
+			input = append(input, it)
 		}
 		input = append(input, map[string]any{"role": "user", "content": "more"})
 	}

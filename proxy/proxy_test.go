@@ -656,15 +656,14 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 				t.Cleanup(srv.Close)
 				input := []any{map[string]any{"role": "user", "content": "hi"}}
 				for turn := range 6 {
-					body, _ := json.Marshal(map[string]any{"model": "gpt-test", "stream": stream, "input": input})
-					req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", bytes.NewReader(body))
-					req.Header.Set("X-Session-Id", "s-held")
 					sent := time.Now()
 					if !affinity || turn > 0 {
 						held.let(t, hold) // this turn's record, or the previous turn's after this turn's request went
 					}
-					output := completedOutput(t, req, stream)
-					require.True(t, output.IsArray(), "turn %d completed", turn)
+					a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s-held"}},
+						map[string]any{"model": "gpt-test", "stream": stream, "input": input})
+					require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+					require.Equal(t, `"completed"`, string(a.response["status"]), "turn %d completed", turn)
 					select {
 					case <-handled:
 					case <-time.After(5 * time.Second):
@@ -675,8 +674,8 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 					} else {
 						require.GreaterOrEqual(t, time.Since(sent), hold, "turn %d: the client got the end before its record", turn)
 					}
-					for _, it := range output.Array() {
-						input = append(input, json.RawMessage(it.Raw))
+					for _, it := range a.output {
+						input = append(input, it)
 					}
 					input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", turn)})
 				}
@@ -704,30 +703,6 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 			})
 		}
 	}
-}
-
-// completedOutput sends req and returns the output of the completed
-// response it gets, from its response.completed event when stream is
-// true.
-func completedOutput(t *testing.T, req *http.Request, stream bool) gjson.Result {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	if !stream {
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return gjson.GetBytes(b, "output")
-	}
-	var output gjson.Result
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok && gjson.Get(line, "type").String() == "response.completed" {
-			output = gjson.Get(line, "response.output")
-		}
-	}
-	return output
 }
 
 // Events that the upstream sends together reach the client together; an
