@@ -13,10 +13,9 @@
 // before the client gets its end (response.completed, or the JSON body),
 // so that a client sending its next turn at once finds it, or, with
 // Config.Affinity and a store that is not in process, as the client gets
-// it. It aborts the turn
-// (store.Store.Abort) on anything else, and after the record when the
-// client never got the end. An upstream that refuses a
-// continuation before anything reached the client gets the same turn
+// it. It aborts the turn (store.Store.Abort) on anything else, and after
+// the record when the client never got the end. An upstream that refuses
+// a continuation before anything reached the client gets the same turn
 // again with the full context, unseen by the client; after a few refusals
 // in a row for one model, that model's turns go with the full context for
 // a while (Learning), and Config.NoContinuation never continues. The

@@ -43,7 +43,7 @@ type ending struct {
 // record on a goroutine of its own keeps the turn's body, and so h, its
 // weight in the budget, until it is in.
 func (p *Proxy) record(ctx context.Context, lg *slog.Logger, h *hold, a *sent, out outcome) *recording {
-	rec := &recording{p: p, ctx: ctx, lg: lg.With("response_id", out.id), res: a.res}
+	rec := &recording{p: p, ctx: ctx, lg: lg, res: a.res}
 	result := store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output}
 	_, forwarded := a.c.(*forwardConn)
 	if !p.cfg.Affinity || p.cfg.Store.InProcess() || forwarded {
@@ -68,7 +68,7 @@ func (rec *recording) run(result store.Result) {
 	if err != nil {
 		rec.p.warns.warn(rec.lg, "record failed; the next turn sends full context", "err", err)
 	}
-	rec.lg = rec.lg.With("outcome", outcome)
+	rec.lg = rec.lg.With("response_id", result.ResponseID, "outcome", outcome)
 	rec.meet(nil)
 }
 
