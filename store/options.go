@@ -101,6 +101,10 @@ type Options struct {
 	BreakerCooldown time.Duration
 	// Observer, when set, sees every operation and breaker change.
 	Observer Observer
+	// GuessOwners is how many owners' continuations this Store remembers
+	// from its own records, the least recently recorded forgotten first,
+	// for [Store.Guess]. Default 0: none, and Guess answers nil.
+	GuessOwners int
 	// now is the clock of the in-process backend and of the circuit
 	// breakers: time.Now unless a test set another (internal/storehooks).
 	// The Redis backend keeps every state on its server's clock.
@@ -158,6 +162,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("%w: BreakerFailures is %d, want -1 (off) or more than 0", ErrInvalidOptions, o.BreakerFailures)
 	case o.BreakerCooldown < 0:
 		return o, fmt.Errorf("%w: BreakerCooldown is %v, want at least 0", ErrInvalidOptions, o.BreakerCooldown)
+	case o.GuessOwners < 0:
+		return o, fmt.Errorf("%w: GuessOwners is %d, want at least 0", ErrInvalidOptions, o.GuessOwners)
 	}
 	if o.BreakerFailures == -1 {
 		o.BreakerFailures = 0 // the breaker never opens

@@ -33,6 +33,7 @@ func TestInvalidOptionsAreRefusedNamingTheField(t *testing.T) {
 		{store.Options{MaxOwnerBytes: -1}, "MaxOwnerBytes"},
 		{store.Options{MaxTotalBytes: 3}, "MaxTotalBytes"},
 		{store.Options{OpTimeout: -1}, "OpTimeout"},
+		{store.Options{GuessOwners: -1}, "GuessOwners is -1"},
 		{store.Options{Replica: string([]byte{0xff})}, "Replica"},
 	} {
 		t.Run(c.want, func(t *testing.T) {

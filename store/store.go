@@ -210,6 +210,7 @@ type Store struct {
 	backend backend
 	guard   *redisconn.Guard // the circuit breakers, and whether calls run on the caller's goroutine
 	ref     string           // the reference of opts.Replica (Socket)
+	guesses *guesses         // the continuations of this store's records, for Guess; nil without Options.GuessOwners
 }
 
 // continuation is what a published turn leaves for the next one.
@@ -262,7 +263,7 @@ func newStore(opts Options, inline bool, open func(Options) (backend, error)) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Store{opts: opts, backend: b, guard: newGuard(opts, inline), ref: replicaRef(opts.Replica)}, nil
+	return &Store{opts: opts, backend: b, guard: newGuard(opts, inline), ref: replicaRef(opts.Replica), guesses: newGuesses(opts)}, nil
 }
 
 func init() {
@@ -283,6 +284,7 @@ func (s *Store) withReplica(replica string) *Store {
 		c.opts.Replica = randomReplica()
 	}
 	c.ref = replicaRef(c.opts.Replica)
+	c.guesses = newGuesses(c.opts) // a replica guesses from its own records
 	return &c
 }
 
@@ -348,6 +350,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 	if res.Reason != ReasonNone {
 		return res // nothing to reserve: the request goes as received
 	}
+	s.guesses.forget(owner) // the reserve takes the continuation
 	got, err := call(ctx, s, s.partition(owner), func(ctx context.Context) (reserved, error) {
 		return s.backend.reserve(ctx, owner)
 	})
@@ -358,9 +361,18 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		return res
 	}
 	res.Turn = got.Turn
-	prev := got.Prev
+	s.decide(res, got.Existed, got.Prev)
+	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
+	return res
+}
+
+// decide sets res's reason, and its continuation when it continues, for
+// res's request and the owner's state: existed tells whether the owner had
+// live state, prev is the continuation it left (nil when a turn took it).
+func (s *Store) decide(res *Reservation, existed bool, prev *continuation) {
+	req := res.req
 	switch {
-	case !got.Existed:
+	case !existed:
 		res.Reason = ReasonMissingState
 	case prev == nil:
 		res.Reason = ReasonSupersededTurn
@@ -379,8 +391,6 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		}
 		res.UpstreamItems = len(res.Delta)
 	}
-	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
-	return res
 }
 
 // reparse returns req parsed by the namespace's parser: req itself, or, when
@@ -429,6 +439,7 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 		return "", err
 	}
 	var got published
+	var c continuation
 	if out.ResponseID == "" || (!out.Socket.Any && out.Socket.ID == 0) || fp.Bytes > s.opts.MaxOwnerBytes {
 		got.Outcome = OutcomeDropped
 		_, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (bool, error) {
@@ -439,7 +450,7 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 			out.Socket.Replica = replicaRef(out.Socket.Replica)
 			fp.References = nil // the upstream keeps no response: a reference names nothing
 		}
-		c := continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
+		c = continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
 		got, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {
 			return s.backend.publish(ctx, res.Owner, res.Turn, c)
 		})
@@ -447,6 +458,11 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 	if err != nil {
 		err = unavailable("record", err)
 		got.Outcome = ""
+	}
+	if got.Outcome == OutcomePublished {
+		s.guesses.remember(res.Owner, c)
+	} else {
+		s.guesses.forget(res.Owner)
 	}
 	s.observe(Event{Op: OpRecord, Owner: res.Owner, Outcome: got.Outcome, Err: err, Evicted: got.Evicted}, start)
 	return got.Outcome, err
@@ -458,6 +474,7 @@ func (s *Store) Abort(ctx context.Context, res *Reservation) (bool, error) {
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return false, nil
 	}
+	s.guesses.forget(res.Owner)
 	return run(ctx, s, OpAbort, res.Owner, func(ctx context.Context) (bool, error) {
 		return s.backend.abort(ctx, res.Owner, res.Turn)
 	})
@@ -480,6 +497,7 @@ func (s *Store) Clear(ctx context.Context, owner identity.Owner) error {
 	if owner.IsZero() {
 		return nil
 	}
+	s.guesses.forget(owner)
 	_, err := run(ctx, s, OpClear, owner, func(ctx context.Context) (bool, error) {
 		return s.backend.clear(ctx, owner)
 	})

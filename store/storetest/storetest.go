@@ -107,6 +107,7 @@ var cases = []struct {
 	{"TouchRefreshesWithinASixteenthOfTheTTL", nil, testRefreshWithinASixteenthOfTheTTL},
 	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence, nil},
 	{"ClearRemovesStateWhateverTheTurn", testClear, nil},
+	{"GuessIsTheReservationOfTheStoresOwnRecord", testGuess, nil},
 	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns, nil},
 	{"EvictionKeepsTheMostRecentlyTouched", testEvictionKeepsMostRecent, nil},
 	{"TouchMovesAnOwnerToTheBack", nil, testTouchMovesToTheBack},
