@@ -33,16 +33,21 @@ type latencyTarget struct {
 
 // TestAddedLatency measures the latency contproxy adds to a turn: the same
 // Go SDK conversations (store=true, non-streaming and streaming) go
-// straight to the fake upstream, through a contproxy with in-process state
-// and through one on Redis, interleaved so that the machine's load weighs
-// on all three alike. It logs the per-request p50 and p99 of each and what
-// the proxies add; it asserts nothing about time.
+// straight to the fake upstream, through a contproxy with in-process state,
+// through one on Redis and through one on Redis with -affinity,
+// interleaved so that the machine's load weighs on all of them alike. It
+// logs the per-request p50 and p99 of each and what the proxies add; it
+// asserts nothing about time. Under -affinity every later turn must go
+// upstream on the replica's guess, and no guess be dropped.
 func TestAddedLatency(t *testing.T) {
 	addr := redisAddr(t)
 	ns := redistest.Namespace(t)
 	cleanNamespace(t, addr, ns)
 	dir := t.TempDir()
 	up := startUpstream(t, dir, "fakeupstream", latencyToolCalls)
+	affinity := startContproxy(t, dir, replicaConfig{
+		name: "latency-redis-affinity", upstream: up.url("http"), redis: addr, namespace: ns, logLevel: "warn", affinity: true,
+	})
 	targets := []latencyTarget{
 		{name: "direct", about: "the fake upstream itself", baseURL: up.url("http")},
 		{name: "memory", about: "contproxy, in-process state", baseURL: startContproxy(t, dir, replicaConfig{
@@ -51,6 +56,7 @@ func TestAddedLatency(t *testing.T) {
 		{name: "redis", about: "contproxy on Redis", baseURL: startContproxy(t, dir, replicaConfig{
 			name: "latency-redis", upstream: up.url("http"), redis: addr, namespace: ns, logLevel: "warn",
 		}).base + "/v1"},
+		{name: "redis-affinity", about: "contproxy on Redis, -affinity", baseURL: affinity.base + "/v1"},
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
 	defer cancel()
@@ -93,6 +99,13 @@ func TestAddedLatency(t *testing.T) {
 			rows = append(rows, []string{mode, tg.name + " (" + tg.about + ")", strconv.Itoa(len(latencies[i])),
 				ms(p50), ms(p99), added, continuedOf(calls, fmt.Sprintf("latency-%s-%s-", tg.name, mode))})
 		}
+	}
+	var c counters
+	if err := c.scrape(ctx, affinity.ops); err != nil {
+		t.Fatal(err)
+	}
+	if c.guessed == 0 || c.guessesDropped != 0 {
+		t.Errorf("-affinity: %d turns sent on a guess, %d dropped; want some, none dropped", c.guessed, c.guessesDropped)
 	}
 	table := markdownTable([]string{"mode", "target", "requests", "p50", "p99", "added p50 / p99", "later turns continued"}, rows)
 	about := fmt.Sprintf("Go SDK, store=true, HTTP upstream; per target and mode %d conversations of %d user messages, "+

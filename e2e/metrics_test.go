@@ -21,6 +21,10 @@ type counters struct {
 	// over and served itself with the full context; forwardedIn the turns a
 	// replica carried for another.
 	forwarded, forwardFailures, forwardedIn int
+	// guessed counts the turns a replica under -affinity sent upstream on
+	// its last record of their owner while Redis reserved them;
+	// guessesDropped those whose reservation disagreed.
+	guessed, guessesDropped int
 }
 
 // fields maps the Prometheus names of the counters to their fields.
@@ -35,6 +39,8 @@ func (c *counters) fields() map[string]*int {
 		"contproxy_forwarded_total":            &c.forwarded,
 		"contproxy_forward_failures_total":     &c.forwardFailures,
 		"contproxy_forwarded_in_total":         &c.forwardedIn,
+		"contproxy_turns_guessed_total":        &c.guessed,
+		"contproxy_guesses_dropped_total":      &c.guessesDropped,
 	}
 }
 

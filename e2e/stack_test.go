@@ -162,6 +162,8 @@ type replicaConfig struct {
 	// as CONTPROXY_FORWARD_SECRET, and the replica announces its -listen
 	// address in Redis.
 	forwardSecret string
+	// affinity runs the replica with -affinity.
+	affinity bool
 }
 
 // replica is a running contproxy.
@@ -199,6 +201,9 @@ func startContproxy(t *testing.T, dir string, cfg replicaConfig) *replica {
 		args := []string{"-listen", addr, "-ops-listen", ops, "-upstream", cfg.upstream, "-replica", cfg.name, "-log-level", cfg.logLevel}
 		if cfg.redis != "" {
 			args = append(args, "-redis", "redis://"+cfg.redis+"/0", "-namespace", cfg.namespace)
+		}
+		if cfg.affinity {
+			args = append(args, "-affinity")
 		}
 		p, err := startProcess(cfg.name, dir, dir, env, bin, args...)
 		if err != nil {

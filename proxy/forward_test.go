@@ -19,6 +19,7 @@ import (
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/storehooks"
 	"github.com/contstore/contstore/store"
@@ -382,7 +383,7 @@ func (recordsSeen) BreakerChanged(store.BreakerStatus) {}
 // turn to that replica, which would not wait for this one's record.
 func TestWithAffinityAForwardedTurnIsRecordedBeforeItsEnd(t *testing.T) {
 	const hold = 30 * time.Millisecond
-	held := &heldRecords{release: make(chan struct{})}
+	held := &heldCalls{script: lua.Record, release: make(chan struct{})}
 	_, rc := redistest.Miniredis(t)
 	rc.AddHook(held)
 	recorded := make(recordsSeen, 4)

@@ -199,12 +199,18 @@ func reverseProxy(b *testing.B, upstream string) http.Handler {
 // standalone Redis (contproxy-redis), with Affinity
 // (contproxy-redis-affinity).
 func gatewayProxy(b *testing.B, role string) *Proxy {
+	affinity := role == "contproxy-redis-affinity"
 	st, err := store.NewMemory(store.Options{Replica: "bench"})
 	if role != "contproxy" {
 		// The client as contproxy opens it: calls on the caller's goroutine,
-		// bounded by the store's deadline, one resend, 128 connections.
+		// bounded by the store's deadline, one resend, 128 connections; and
+		// with -affinity, the store remembers its records for its guesses.
 		rc := redis.NewClient(&redis.Options{Addr: os.Getenv(redistest.EnvAddr), ContextTimeoutEnabled: true, MaxRetries: 1, PoolSize: 128})
-		st, err = store.NewRedis(rc, store.Options{Namespace: os.Getenv(gatewayNamespaceEnv), Replica: "bench"})
+		opts := store.Options{Namespace: os.Getenv(gatewayNamespaceEnv), Replica: "bench"}
+		if affinity {
+			opts.GuessOwners = 10_000
+		}
+		st, err = store.NewRedis(rc, opts)
 	}
 	if err != nil {
 		b.Fatal(err)
@@ -213,7 +219,7 @@ func gatewayProxy(b *testing.B, role string) *Proxy {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := New(Config{Store: st, Upstream: hu, Affinity: role == "contproxy-redis-affinity"})
+	p, err := New(Config{Store: st, Upstream: hu, Affinity: affinity})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -119,6 +119,15 @@ func (l *learner) allow(model string) (ok, probe bool) {
 	return true, true
 }
 
+// open reports whether model's continuations are not paused, changing
+// nothing: a turn may be sent continued before it asks (allow).
+func (l *learner) open(model string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.models[model]
+	return s == nil || s.pause == 0
+}
+
 // refused notes a refused continuation of model; probe tells whether it
 // was the probe. It returns what changed and the pause now running.
 func (l *learner) refused(model string, probe bool) (change, time.Duration) {

@@ -125,6 +125,14 @@ type Config struct {
 	// sends the next one, is recorded before its end. Without Affinity,
 	// every record is in before the client gets the end, for a next turn
 	// on any replica.
+	//
+	// With Affinity on a store that keeps guesses (store.Options.GuessOwners),
+	// a turn that continues this replica's last record of its owner, a
+	// response the HTTP upstream keeps, also goes upstream while the store
+	// reserves it (store.Store.Guess). It keeps the upstream's answer when
+	// the reservation agrees; otherwise that answer is dropped, unseen, and
+	// the turn is sent as the reservation says: an upstream call wasted,
+	// counted in Stats.GuessesDropped.
 	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no
 	// responses. Every request goes upstream as the client sent it,
@@ -244,6 +252,9 @@ type turn struct {
 	// hold is the turn's body's weight in the budget (MaxBytesInFlight),
 	// released when the turn is over.
 	hold *hold
+	// early is the turn sent on a guess while the store reserved it; nil
+	// when it was not.
+	early *early
 }
 
 // ServeHTTP serves the turns, POST /v1/responses, and passes every other
@@ -290,7 +301,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.stats.add(cItemsReceived, int64(req.Len()))
-	t.res = p.reserve(r, who, req)
+	t.res = p.reserve(r, t, who, req)
 	if t.res.Continues() {
 		t.want, t.prev = t.res.Origin, t.res.PreviousResponseID
 	}
@@ -324,6 +335,9 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	sctx := context.WithoutCancel(r.Context())
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
 	defer cancel()
+	if t.early != nil {
+		defer t.early.cancel()
+	}
 	g := p.gate(t)
 	defer g.done()
 	res := t.res
@@ -414,15 +428,26 @@ const (
 	refusedUpstream            // the upstream refused the continuation before anything reached the client
 )
 
-// attempt sends the turn where it goes (route) and, while a try leaves it
-// unanswered, again with the full context from this replica: after a
-// forward the origin did not carry, and after a continuation the upstream
-// refused, wherever it was refused. Each resend continues nothing, so the
-// loop ends by the second try.
+// attempt sends the turn where it goes (route), or keeps the send made
+// while the store reserved it when the reservation agrees with its guess
+// (early.go), and, while a try leaves the turn unanswered, sends it again
+// with the full context from this replica: after a forward the origin did
+// not carry, and after a continuation the upstream refused, wherever it
+// was refused. Each resend continues nothing, so the loop ends by the
+// second try.
 func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
-	c, err := p.route(ctx, t)
-	if err != nil {
-		return nil, err
+	guessed := t.early != nil && t.early.keep(res)
+	var c conn
+	var err error
+	if guessed {
+		c = t.early.c
+	} else {
+		if t.early != nil {
+			p.stats.add(cGuessesDropped, 1)
+		}
+		if c, err = p.route(ctx, t); err != nil {
+			return nil, err
+		}
 	}
 	a := &sent{c: c, res: res, continued: c.continues(res)}
 	if res.Continues() && !a.continued {
@@ -430,7 +455,11 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 	}
 	p.observe(Event{Step: StepRoute, Owner: res.Owner, Turn: res.Turn, Result: a.where()})
 	for {
-		a.rep, err = p.send(ctx, a.c, a.res, t.stream)
+		if guessed {
+			a.rep, err, guessed = t.early.rep, t.early.err, false // the first try went while the store reserved
+		} else {
+			a.rep, err = p.send(ctx, a.c, a.res, t.stream)
+		}
 		tr := p.judge(a, err)
 		p.observe(Event{Step: StepAttempt, Owner: res.Owner, Turn: res.Turn, Result: tryNames[tr], Err: err})
 		switch tr {

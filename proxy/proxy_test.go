@@ -590,25 +590,26 @@ func TestTheNextTurnSentAtTheTerminalEventContinues(t *testing.T) {
 	}
 }
 
-// heldRecords is a go-redis hook that holds each call of the record script
-// before it reaches the server until the test lets it go, and notes one
-// nobody let go within five seconds. It holds FCALL and EVALSHA, not the
-// EVAL that follows an EVALSHA the server did not know, so a record is
-// held once.
-type heldRecords struct {
+// heldCalls is a go-redis hook that holds each call of a script before
+// it reaches the server until the test lets it go, and notes one nobody
+// let go within five seconds. It holds FCALL and EVALSHA, not the EVAL
+// that follows an EVALSHA the server did not know, so a call is held
+// once.
+type heldCalls struct {
+	script  *lua.Script
 	release chan struct{}
 	stuck   atomic.Bool
 }
 
-func (*heldRecords) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (*heldCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (*heldRecords) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (*heldCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
 
-func (h *heldRecords) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *heldCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && slices.Contains([]any{lua.Record.Function(), lua.Record.Hash()}, args[1]) {
+		if args := cmd.Args(); len(args) > 1 && slices.Contains([]any{h.script.Function(), h.script.Hash()}, args[1]) {
 			select {
 			case <-h.release:
 			case <-time.After(5 * time.Second):
@@ -619,14 +620,14 @@ func (h *heldRecords) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-// let releases the record held after d, on a goroutine of its own.
-func (h *heldRecords) let(t *testing.T, d time.Duration) {
+// let releases the call held after d, on a goroutine of its own.
+func (h *heldCalls) let(t *testing.T, d time.Duration) {
 	go func() {
 		time.Sleep(d)
 		select {
 		case h.release <- struct{}{}:
 		case <-time.After(5 * time.Second):
-			t.Error("no record held")
+			t.Error("no call held")
 		}
 	}()
 }
@@ -641,7 +642,7 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 	for _, affinity := range []bool{false, true} {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("affinity=%v/stream=%v", affinity, stream), func(t *testing.T) {
-				held := &heldRecords{release: make(chan struct{})}
+				held := &heldCalls{script: lua.Record, release: make(chan struct{})}
 				_, rc := redistest.Miniredis(t)
 				rc.AddHook(held)
 				st, err := store.NewRedis(rc, store.Options{Namespace: "held", Replica: "r1", OpTimeout: 10 * time.Second})

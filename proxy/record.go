@@ -187,11 +187,13 @@ func (rs *records) waitAll() {
 	<-idle
 }
 
-// reserve reserves a turn for who (store.Store.Reserve) once who's records
+// reserve reserves turn t for who (store.Store.Reserve) once who's records
 // in flight on this replica are in, so that a turn sent the moment the
 // previous one's end arrived continues it. The wait ends with the client's
-// request, and after one of the store's operations at most.
-func (p *Proxy) reserve(r *http.Request, who identity.Owner, req *fingerprint.Request) *store.Reservation {
+// request, and after one of the store's operations at most. With Affinity,
+// t goes upstream on the store's guess while the store reserves it
+// (early.go).
+func (p *Proxy) reserve(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *store.Reservation {
 	if !who.IsZero() {
 		if done := p.records.pending(who); done != nil {
 			t := time.NewTimer(p.cfg.Store.Options().OpTimeout)
@@ -203,6 +205,7 @@ func (p *Proxy) reserve(r *http.Request, who identity.Owner, req *fingerprint.Re
 			t.Stop()
 		}
 	}
+	t.early = p.sendEarly(r, t, who, req)
 	// Store operations outlive a client that hangs up: the turn must be
 	// recorded or aborted whatever the client does.
 	return p.cfg.Store.Reserve(context.WithoutCancel(r.Context()), who, req)

@@ -37,6 +37,10 @@ type Stats struct {
 	// RefusedBusy counts requests answered 503 because the bodies in
 	// flight held the whole MaxBytesInFlight.
 	RefusedBusy int64
+	// Guessed counts turns sent upstream on a guess while the store
+	// reserved them (Affinity); GuessesDropped those whose reservation
+	// did not agree, their answer dropped and the turn sent again.
+	Guessed, GuessesDropped int64
 }
 
 // counter names one of the proxy's counters.
@@ -57,6 +61,8 @@ const (
 	cBytesReceived
 	cBytesSent
 	cRefusedBusy
+	cGuessed
+	cGuessesDropped
 	nCounters
 )
 
@@ -80,6 +86,8 @@ var counterTable = [nCounters]struct {
 	cBytesReceived:   {"request_bytes_received_total", "Request body bytes from clients.", func(s *Stats) *int64 { return &s.BytesReceived }},
 	cBytesSent:       {"request_bytes_sent_total", "Request body bytes sent upstream.", func(s *Stats) *int64 { return &s.BytesSent }},
 	cRefusedBusy:     {"requests_refused_busy_total", "Requests answered 503 because the bodies in flight held the whole MaxBytesInFlight.", func(s *Stats) *int64 { return &s.RefusedBusy }},
+	cGuessed:         {"turns_guessed_total", "Turns sent upstream on a guessed continuation while the store reserved them.", func(s *Stats) *int64 { return &s.Guessed }},
+	cGuessesDropped:  {"guesses_dropped_total", "Guessed turns whose reservation disagreed: the answer dropped, the turn sent again.", func(s *Stats) *int64 { return &s.GuessesDropped }},
 }
 
 // counters holds the counters' values.

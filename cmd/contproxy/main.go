@@ -190,7 +190,7 @@ Flags:
 	fs.StringVar(&c.advertise, "advertise", "", "`address` (host:port) the other replicas reach this one at, for forwarding (default: -listen, when it names a host)")
 	fs.StringVar(&c.forwardSecret, "forward-secret", "", "secret shared by the replicas, at least 32 bytes, that turns on forwarding: a WebSocket turn landing on a replica that does not hold its socket goes to the one that does (set it as CONTPROXY_FORWARD_SECRET: flags show in ps)")
 	fs.StringVar(&c.routingHeader, "routing-header", "Contproxy-Replica", "answer `header` naming the replica holding the turn's socket, for load balancer affinity; - for none")
-	fs.BoolVar(&c.affinity, "affinity", false, "the load balancer sends an owner's turns to the replica that served its last one: the client gets a response's end without waiting for its record in Redis (a next turn sent at once to another replica may then go with the full context)")
+	fs.BoolVar(&c.affinity, "affinity", false, "the load balancer sends an owner's turns to the replica that served its last one: the client gets a response's end without waiting for its record in Redis, and a turn goes upstream on this replica's last record of its owner while Redis reserves it (a next turn sent at once to another replica may then go with the full context)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -610,11 +610,22 @@ func listen(c config, logger *slog.Logger) (client, ops net.Listener, _ error) {
 // a connection (go-redis's default is 10 a CPU), opened only as needed.
 const redisPoolSize = 128
 
+// guessOwners is how many owners' last records a replica under -affinity
+// remembers, to send their next turn upstream while Redis reserves it: as
+// many as the store keeps by default (store.Options.MaxOwners).
+const guessOwners = 10_000
+
 // openStore opens the store the flags name and a go-redis client of its
 // Redis (nil for the in-process store), which the forwarding directory
 // uses; closeStore closes what it opened.
 func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
 	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile}
+	if c.affinity {
+		// A turn goes upstream on this replica's last record of its
+		// owner while Redis reserves it: remember as many owners as the
+		// store keeps.
+		opts.GuessOwners = guessOwners
+	}
 	// The client settings docs/operating.md recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.
 	timeout := c.opTimeout + 300*time.Millisecond

@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/contstore/contstore/fingerprint"
+	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/store"
+)
+
+// early is a turn sent upstream on a guess while the store reserves it
+// (Config.Affinity): the continuation this replica recorded last for the
+// owner (store.Store.Guess). The turn keeps its answer only when the
+// reservation agrees with the guess; otherwise the answer is dropped and
+// the turn goes as the reservation says, so that what the client gets is
+// what the store decided.
+type early struct {
+	guess  *store.Reservation
+	c      *httpConn
+	cancel context.CancelFunc
+	done   chan struct{} // closed once rep and err are set
+	rep    *reply
+	err    error
+}
+
+// sendEarly sends t upstream on the store's guess for who, and returns the
+// send in flight; or nil when there is no guess to send. Only a
+// continuation of a response the upstream keeps is guessed, on the HTTP
+// upstream, where dropping a request costs no connection's state; and
+// only with Affinity on a store with a round trip, as the guess is this
+// replica's own last record of who.
+func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *early {
+	up, ok := p.cfg.Upstream.(*httpUpstream)
+	if !ok || !p.cfg.Affinity || p.cfg.Store.InProcess() || who.IsZero() {
+		return nil
+	}
+	guess := p.cfg.Store.Guess(who, req)
+	if guess == nil || !p.learn.open(member(req, "model").String()) {
+		return nil
+	}
+	tg := t.target
+	tg.want, tg.prev = guess.Origin, guess.PreviousResponseID
+	c := &httpConn{up: up, tg: &tg}
+	if !c.continues(guess) {
+		return nil // not kept upstream (store false)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
+	e := &early{guess: guess, c: c, cancel: cancel, done: make(chan struct{})}
+	p.stats.add(cGuessed, 1)
+	go func() {
+		defer close(e.done)
+		e.rep, e.err = p.send(ctx, c, guess, t.stream)
+	}()
+	return e
+}
+
+// keep reports whether the turn keeps the upstream's answer to the guess
+// as its first try: when res agrees with the guess. It then waits for
+// that answer (rep and err), which the turn releases; otherwise it drops
+// the send at once. Every turn sent early is kept or dropped, once.
+func (e *early) keep(res *store.Reservation) bool {
+	if res.Agrees(e.guess) {
+		<-e.done
+		return true
+	}
+	e.cancel()
+	go func() {
+		<-e.done
+		e.rep.close()
+	}()
+	return false
+}

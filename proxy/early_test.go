@@ -1,0 +1,135 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/contstore/contstore/internal/fakeupstream"
+	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/redistest"
+	"github.com/contstore/contstore/store"
+)
+
+// With Affinity, on a store that keeps guesses, a turn that continues this
+// replica's last record of its owner reaches the upstream while the store
+// reserves it; when the reservation disagrees (the state changed behind
+// this replica), the upstream's answer to the guess is dropped and the turn
+// goes as the reservation says. Without Affinity, the upstream gets a turn
+// only once it is reserved.
+func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
+	for _, affinity := range []bool{false, true} {
+		// How long a reserve is held unless the upstream gets the turn:
+		// with Affinity it should at once, without it it cannot.
+		hold := 100 * time.Millisecond
+		if affinity {
+			hold = 5 * time.Second
+		}
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("affinity=%v/stream=%v", affinity, stream), func(t *testing.T) {
+				held := &heldCalls{script: lua.Reserve, release: make(chan struct{})}
+				mr, rc := redistest.Miniredis(t)
+				rc.AddHook(held)
+				st, err := store.NewRedis(rc, store.Options{Namespace: "early", Replica: "r1", OpTimeout: 10 * time.Second,
+					GuessOwners: 16})
+				require.NoError(t, err)
+				r := newRig(t, overHTTP, st)
+				r.proxy.cfg.Affinity = affinity
+				sent := make(chan string, 8) // the previous_response_id of each upstream request
+				fault := func(req fakeupstream.Request) fakeupstream.Fault {
+					sent <- gjson.GetBytes(req.Body, "previous_response_id").String()
+					return fakeupstream.Fault{}
+				}
+				r.fault.Store(&fault)
+				input := []any{map[string]any{"role": "user", "content": "hi"}}
+				turn := func() string {
+					t.Helper()
+					a := post(t, r.url, http.Header{"X-Session-Id": {"s-early"}},
+						map[string]any{"model": "gpt-test", "stream": stream, "input": input})
+					require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+					require.Equal(t, `"completed"`, string(a.response["status"]))
+					for _, it := range a.output {
+						input = append(input, it)
+					}
+					input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", len(input))})
+					var id string
+					require.NoError(t, json.Unmarshal(a.response["id"], &id))
+					return id
+				}
+				upstreamGot := func() []string {
+					var got []string
+					for {
+						select {
+						case prev := <-sent:
+							got = append(got, prev)
+						default:
+							return got
+						}
+					}
+				}
+
+				held.let(t, 0)
+				first := turn()
+				assert.Equal(t, []string{""}, upstreamGot(), "the opening turn goes whole")
+
+				// Did the upstream get the next turn while its reserve was
+				// held? The reserve goes once it did, or after hold.
+				early := make(chan string, 1)
+				reserveOnceSent := func() {
+					go func() {
+						select {
+						case prev := <-sent:
+							early <- prev
+						case <-time.After(hold):
+							early <- "none"
+						}
+						held.let(t, 0)
+					}()
+				}
+				reserveOnceSent()
+				second := turn()
+				if !affinity {
+					assert.Equal(t, "none", <-early, "the upstream got the turn before the store reserved it")
+				} else {
+					assert.Equal(t, first, <-early, "the upstream got the turn, continued, while the store reserved it")
+				}
+				stats := r.proxy.Stats()
+				assert.Equal(t, int64(1), stats.Continued, "the second turn continues")
+				if !affinity {
+					assert.Equal(t, []string{first}, upstreamGot(), "sent once, continued")
+					assert.Zero(t, stats.Guessed)
+					return
+				}
+				assert.Empty(t, upstreamGot(), "sent once")
+				assert.Equal(t, int64(1), stats.Guessed)
+
+				// The state changes behind this replica: the reservation
+				// no longer continues, and the guess's answer is dropped.
+				r.proxy.records.waitAll() // the second turn's record is in
+				mr.FlushAll()
+				reserveOnceSent()
+				third := turn()
+				assert.Equal(t, second, <-early, "the guess went while the store reserved the turn")
+				assert.Equal(t, []string{""}, upstreamGot(), "then the full context")
+				stats = r.proxy.Stats()
+				assert.Equal(t, int64(1), stats.Continued, "the third turn goes whole")
+				assert.Equal(t, int64(1), stats.GuessesDropped)
+
+				reserveOnceSent()
+				turn()
+				assert.Equal(t, third, <-early, "the fourth turn continues the third, guessed")
+				assert.Empty(t, upstreamGot())
+				stats = r.proxy.Stats()
+				assert.Equal(t, int64(2), stats.Continued)
+				assert.Equal(t, int64(3), stats.Guessed)
+				assert.Equal(t, int64(1), stats.GuessesDropped)
+			})
+		}
+	}
+}
