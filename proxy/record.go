@@ -45,24 +45,26 @@ type ending struct {
 func (p *Proxy) record(ctx context.Context, lg *slog.Logger, h *hold, a *sent, out outcome) *recording {
 	rec := &recording{p: p, ctx: ctx, lg: lg, res: a.res}
 	result := store.Result{ResponseID: out.id, Socket: a.c.socket(), Output: out.output}
+	// Registered before the client can get the end, on this goroutine: the
+	// owner's next turn here finds it in flight (Proxy.reserve).
+	key := p.records.add(a.res.Owner)
 	_, forwarded := a.c.(*forwardConn)
 	if !p.cfg.Affinity || p.cfg.Store.InProcess() || forwarded {
-		rec.run(result)
+		rec.run(key, result)
 		return rec
 	}
 	p.records.started()
 	kept := h.pass()
 	go func() {
 		defer p.records.stopped()
-		rec.run(result)
+		rec.run(key, result)
 		kept.release()
 	}()
 	return rec
 }
 
-// run makes the record, registered under its owner while it is in flight.
-func (rec *recording) run(result store.Result) {
-	key := rec.p.records.add(rec.res.Owner)
+// run makes the record registered under key, and ends its registration.
+func (rec *recording) run(key string, result store.Result) {
 	outcome, err := rec.p.cfg.Store.Record(rec.ctx, rec.res, result)
 	rec.p.records.done(key)
 	if err != nil {
@@ -196,13 +198,13 @@ func (rs *records) waitAll() {
 func (p *Proxy) reserve(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *store.Reservation {
 	if !who.IsZero() {
 		if done := p.records.pending(who); done != nil {
-			t := time.NewTimer(p.cfg.Store.Options().OpTimeout)
+			wait := time.NewTimer(p.cfg.Store.Options().OpTimeout)
 			select {
 			case <-done:
 			case <-r.Context().Done():
-			case <-t.C:
+			case <-wait.C:
 			}
-			t.Stop()
+			wait.Stop()
 		}
 	}
 	t.early = p.sendEarly(r, t, who, req)
