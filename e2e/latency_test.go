@@ -37,8 +37,8 @@ type latencyTarget struct {
 // through one on Redis and through one on Redis with -affinity,
 // interleaved so that the machine's load weighs on all of them alike. It
 // logs the per-request p50 and p99 of each and what the proxies add; it
-// asserts nothing about time. Under -affinity every later turn must go
-// upstream on the replica's guess, and no guess be dropped.
+// asserts nothing about time. Under -affinity every continued turn must
+// have gone upstream on the replica's guess, and no guess be dropped.
 func TestAddedLatency(t *testing.T) {
 	addr := redisAddr(t)
 	ns := redistest.Namespace(t)
@@ -104,8 +104,9 @@ func TestAddedLatency(t *testing.T) {
 	if err := c.scrape(ctx, affinity.ops); err != nil {
 		t.Fatal(err)
 	}
-	if c.guessed == 0 || c.guessesDropped != 0 {
-		t.Errorf("-affinity: %d turns sent on a guess, %d dropped; want some, none dropped", c.guessed, c.guessesDropped)
+	if c.continued == 0 || c.guessed != c.continued || c.guessesDropped != 0 {
+		t.Errorf("-affinity: %d turns continued, %d sent on a guess, %d guesses dropped; want every continued turn guessed, none dropped",
+			c.continued, c.guessed, c.guessesDropped)
 	}
 	table := markdownTable([]string{"mode", "target", "requests", "p50", "p99", "added p50 / p99", "later turns continued"}, rows)
 	about := fmt.Sprintf("Go SDK, store=true, HTTP upstream; per target and mode %d conversations of %d user messages, "+

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -16,12 +17,12 @@ import (
 // the turn goes as the reservation says, so that what the client gets is
 // what the store decided.
 type early struct {
-	guess  *store.Reservation
-	c      *httpConn
-	cancel context.CancelFunc
-	done   chan struct{} // closed once rep and err are set
-	rep    *reply
-	err    error
+	guess  *store.Reservation // what was sent
+	c      *httpConn          // where it went
+	cancel context.CancelFunc // ends the send
+	done   chan struct{}      // closed once rep and err are set
+	rep    *reply             // the upstream's answer
+	err    error              // or why there is none
 }
 
 // sendEarly sends t upstream on the store's guess for who, and returns the
@@ -50,6 +51,11 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 	p.stats.add(cGuessed, 1)
 	go func() {
 		defer close(e.done)
+		defer func() {
+			if v := recover(); v != nil { // as net/http recovers a handler's
+				e.rep, e.err = nil, fmt.Errorf("sending the turn: panic: %v", v)
+			}
+		}()
 		e.rep, e.err = p.send(ctx, c, guess, t.stream)
 	}()
 	return e

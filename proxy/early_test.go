@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -62,6 +63,18 @@ func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
 					require.NoError(t, json.Unmarshal(a.response["id"], &id))
 					return id
 				}
+				// answered returns the previous_response_id of the upstream
+				// request that a response the client got answered.
+				answered := func(id string) string {
+					t.Helper()
+					resp, err := http.Get(r.upstream.URL + "/v1/responses/" + id)
+					require.NoError(t, err)
+					defer resp.Body.Close()
+					b, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+					return gjson.GetBytes(b, "previous_response_id").String()
+				}
 				upstreamGot := func() []string {
 					var got []string
 					for {
@@ -99,6 +112,7 @@ func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
 				} else {
 					assert.Equal(t, first, <-early, "the upstream got the turn, continued, while the store reserved it")
 				}
+				assert.Equal(t, first, answered(second), "the client got the answer to the continued turn")
 				stats := r.proxy.Stats()
 				assert.Equal(t, int64(1), stats.Continued, "the second turn continues")
 				if !affinity {
@@ -117,13 +131,15 @@ func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
 				third := turn()
 				assert.Equal(t, second, <-early, "the guess went while the store reserved the turn")
 				assert.Equal(t, []string{""}, upstreamGot(), "then the full context")
+				assert.Empty(t, answered(third), "the client got the answer to the full context, not to the guess")
 				stats = r.proxy.Stats()
 				assert.Equal(t, int64(1), stats.Continued, "the third turn goes whole")
 				assert.Equal(t, int64(1), stats.GuessesDropped)
 
 				reserveOnceSent()
-				turn()
+				fourth := turn()
 				assert.Equal(t, third, <-early, "the fourth turn continues the third, guessed")
+				assert.Equal(t, third, answered(fourth))
 				assert.Empty(t, upstreamGot())
 				stats = r.proxy.Stats()
 				assert.Equal(t, int64(2), stats.Continued)

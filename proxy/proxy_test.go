@@ -596,7 +596,7 @@ func TestTheNextTurnSentAtTheTerminalEventContinues(t *testing.T) {
 // that follows an EVALSHA the server did not know, so a call is held
 // once.
 type heldCalls struct {
-	script  *lua.Script
+	script  *lua.Script // whose calls it holds
 	release chan struct{}
 	stuck   atomic.Bool
 }

@@ -27,12 +27,13 @@ type Stats struct {
 	// carried for others.
 	Forwarded, ForwardFailures, ForwardedIn int64
 	// ItemsReceived and ItemsSent count input items in client requests
-	// and in upstream requests (retries included); the input of a request
+	// and in upstream requests (retries and guesses included, dropped or
+	// not); the input of a request
 	// that keeps its conversation upstream, or of any under
 	// NoContinuation, is not read and counts none.
 	ItemsReceived, ItemsSent int64
 	// BytesReceived and BytesSent count request body bytes from clients
-	// and to the upstream (retries included).
+	// and to the upstream (retries and guesses included, dropped or not).
 	BytesReceived, BytesSent int64
 	// RefusedBusy counts requests answered 503 because the bodies in
 	// flight held the whole MaxBytesInFlight.

@@ -49,7 +49,8 @@ func (r *Reservation) Agrees(guess *Reservation) bool {
 
 // guesses remembers the continuation of each owner's last record on this
 // Store, for at most Options.GuessOwners owners, while the owner's state
-// surely lives: 15/16 of the TTL (see Options.TTL).
+// surely lives: 15/16 of the TTL (see Options.TTL) from the moment the
+// turn's reserve was sent, as a record does not refresh the state.
 type guesses struct {
 	mu     sync.Mutex
 	recent *simplelru.LRU[string, guessed]
@@ -57,7 +58,8 @@ type guesses struct {
 	now    func() time.Time
 }
 
-// guessed is a remembered continuation and when it was recorded.
+// guessed is a remembered continuation and when its turn's reserve was
+// sent.
 type guessed struct {
 	c  continuation
 	at time.Time
@@ -76,11 +78,12 @@ func newGuesses(o Options) *guesses {
 	return &guesses{recent: recent, ttl: o.TTL - o.TTL/16, now: o.now}
 }
 
-// remember keeps c as owner's continuation.
-func (g *guesses) remember(owner identity.Owner, c continuation) {
+// remember keeps c as owner's continuation, recorded in a turn whose
+// reserve was sent at reserved.
+func (g *guesses) remember(owner identity.Owner, c continuation, reserved time.Time) {
 	if g != nil {
 		g.mu.Lock()
-		g.recent.Add(owner.Key(), guessed{c: c, at: g.now()})
+		g.recent.Add(owner.Key(), guessed{c: c, at: reserved})
 		g.mu.Unlock()
 	}
 }

@@ -84,6 +84,7 @@ type Reservation struct {
 
 	req     *fingerprint.Request // the request reserved
 	replica string               // the reserving store's replica
+	at      time.Time            // when the reserve was sent: the state lives a TTL from then (guesses)
 }
 
 // Continues reports whether the gateway may send PreviousResponseID and
@@ -350,7 +351,10 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 	if res.Reason != ReasonNone {
 		return res // nothing to reserve: the request goes as received
 	}
-	s.guesses.forget(owner) // the reserve takes the continuation
+	if s.guesses != nil {
+		s.guesses.forget(owner) // the reserve takes the continuation
+		res.at = s.opts.now()
+	}
 	got, err := call(ctx, s, s.partition(owner), func(ctx context.Context) (reserved, error) {
 		return s.backend.reserve(ctx, owner)
 	})
@@ -459,9 +463,12 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 		err = unavailable("record", err)
 		got.Outcome = ""
 	}
-	if got.Outcome == OutcomePublished {
-		s.guesses.remember(res.Owner, c)
-	} else {
+	switch got.Outcome {
+	case OutcomePublished:
+		s.guesses.remember(res.Owner, c, res.at)
+	case OutcomeStale:
+		// A later turn holds the state: its record is the one to remember.
+	default:
 		s.guesses.forget(res.Owner)
 	}
 	s.observe(Event{Op: OpRecord, Owner: res.Owner, Outcome: got.Outcome, Err: err, Evicted: got.Evicted}, start)
@@ -474,10 +481,13 @@ func (s *Store) Abort(ctx context.Context, res *Reservation) (bool, error) {
 	if res == nil || res.Owner.IsZero() || res.Turn == 0 {
 		return false, nil
 	}
-	s.guesses.forget(res.Owner)
-	return run(ctx, s, OpAbort, res.Owner, func(ctx context.Context) (bool, error) {
+	removed, err := run(ctx, s, OpAbort, res.Owner, func(ctx context.Context) (bool, error) {
 		return s.backend.abort(ctx, res.Owner, res.Turn)
 	})
+	if removed || err != nil {
+		s.guesses.forget(res.Owner)
+	}
+	return removed, err
 }
 
 // IsCurrent reports whether res is still its owner's current turn. The

@@ -620,10 +620,10 @@ const guessOwners = 10_000
 // uses; closeStore closes what it opened.
 func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
 	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile}
-	if c.affinity {
+	if c.affinity && c.transport == "http" && (c.redisURL != "" || c.redisCluster != "") {
 		// A turn goes upstream on this replica's last record of its
-		// owner while Redis reserves it: remember as many owners as the
-		// store keeps.
+		// owner while Redis reserves it (HTTP upstream only): remember as
+		// many owners as the store keeps.
 		opts.GuessOwners = guessOwners
 	}
 	// The client settings docs/operating.md recommends: the client honours the

@@ -14,7 +14,8 @@ import (
 // own last record: a reservation that continues alike and reserves
 // nothing. A continuation is guessed once, and not after a reserve took
 // it; a store that did not make the record, or keeps no guesses, guesses
-// nothing; a record on another store makes Reserve disagree with the guess.
+// nothing; a record on another store makes Reserve disagree with the
+// guess; a stale record or abort leaves the later turn's guess.
 func testGuess(t *testing.T, open Opener) {
 	s := open(t, store.Options{GuessOwners: 2})
 	other := open(t, store.Options{GuessOwners: 2}) // another replica on the same state
@@ -59,6 +60,25 @@ func testGuess(t *testing.T, open Opener) {
 	res = s.Reserve(ctx, owner, fourth)
 	assert.Equal(t, "resp_4", res.PreviousResponseID)
 	assert.False(t, res.Agrees(guess), "another store recorded since")
+
+	// A turn's late record or abort, stale, keeps the later turn's guess.
+	late := s.Reserve(ctx, owner, fourth)
+	later := publish(t, s, owner, fourth, "resp_5")
+	out, err = s.Record(ctx, late, store.Result{ResponseID: "resp_late", Socket: socket(1)})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomeStale, out)
+	aborted, err := s.Abort(ctx, late)
+	require.NoError(t, err)
+	require.False(t, aborted)
+	fifth := req(t, "one", "two", "three", "four", "five")
+	guess = s.Guess(owner, fifth)
+	require.True(t, guess.Continues(), "the guess of the later turn, %d", later.Turn)
+	assert.Equal(t, "resp_5", guess.PreviousResponseID)
+	aborted, err = s.Abort(ctx, publish(t, s, owner, fifth, "resp_6"))
+	require.NoError(t, err)
+	require.True(t, aborted)
+	assert.Nil(t, s.Guess(owner, req(t, "one", "two", "three", "four", "five", "six")),
+		"nothing to guess once the state is aborted")
 
 	owners := numbered(t, "guessed", 3)
 	for _, o := range owners {
