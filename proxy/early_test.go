@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -148,4 +149,48 @@ func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
 			})
 		}
 	}
+}
+
+// Under Affinity, an owner whose turns go round-robin between two replicas
+// still continues every turn through the store, and costs at most one
+// dropped guess: a replica guesses only an owner whose last turn there
+// found it as that replica had left it.
+func TestWithAffinityAnOwnerThatMovesIsNotGuessed(t *testing.T) {
+	_, rc := redistest.Miniredis(t)
+	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{}))
+	t.Cleanup(up.Close)
+	var replicas []*Proxy
+	var urls []string
+	for _, name := range []string{"r1", "r2"} {
+		st, err := store.NewRedis(rc, store.Options{Namespace: "moves", Replica: name, OpTimeout: 10 * time.Second,
+			GuessOwners: 16})
+		require.NoError(t, err)
+		p := newProxy(t, overHTTP, st, up.URL+"/v1")
+		p.cfg.Affinity = true
+		srv := httptest.NewServer(p)
+		t.Cleanup(srv.Close)
+		replicas, urls = append(replicas, p), append(urls, srv.URL+"/v1/responses")
+	}
+	const turns = 8
+	input := []any{map[string]any{"role": "user", "content": "hi"}}
+	for turn := range turns {
+		a := post(t, urls[turn%2], http.Header{"X-Session-Id": {"s-moves"}},
+			map[string]any{"model": "gpt-test", "input": input})
+		require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+		replicas[turn%2].records.waitAll() // the next turn, on the other replica, finds the record
+		for _, it := range a.output {
+			input = append(input, it)
+		}
+		input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", turn)})
+	}
+	var total Stats
+	for _, p := range replicas {
+		s := p.Stats()
+		total.Continued += s.Continued
+		total.Guessed += s.Guessed
+		total.GuessesDropped += s.GuessesDropped
+	}
+	assert.Equal(t, int64(turns-1), total.Continued, "every later turn continues through the store")
+	assert.LessOrEqual(t, total.Guessed, int64(1), "guessed at most once")
+	assert.Equal(t, total.Guessed, total.GuessesDropped, "a guess here is always another replica's stale state")
 }

@@ -85,6 +85,7 @@ type Reservation struct {
 	req     *fingerprint.Request // the request reserved
 	replica string               // the reserving store's replica
 	at      time.Time            // when the reserve was sent: the state lives a TTL from then (guesses)
+	stays   bool                 // the reserve found the owner new or as this store left it (guesses)
 }
 
 // Continues reports whether the gateway may send PreviousResponseID and
@@ -144,6 +145,8 @@ func (r *Reservation) FullContextRetry() *Reservation {
 		Reason:        ReasonFullContextRetry,
 		req:           r.req,
 		replica:       r.replica,
+		at:            r.at,
+		stays:         r.stays,
 	}
 }
 
@@ -351,8 +354,9 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 	if res.Reason != ReasonNone {
 		return res // nothing to reserve: the request goes as received
 	}
+	var mine string // the response of this store's last record of owner
 	if s.guesses != nil {
-		s.guesses.forget(owner) // the reserve takes the continuation
+		mine = s.guesses.take(owner) // the reserve takes the continuation
 		res.at = s.opts.now()
 	}
 	got, err := call(ctx, s, s.partition(owner), func(ctx context.Context) (reserved, error) {
@@ -365,6 +369,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		return res
 	}
 	res.Turn = got.Turn
+	res.stays = !got.Existed || got.Prev != nil && mine != "" && got.Prev.ResponseID == mine
 	s.decide(res, got.Existed, got.Prev)
 	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
 	return res
@@ -465,7 +470,7 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 	}
 	switch got.Outcome {
 	case OutcomePublished:
-		s.guesses.remember(res.Owner, c, res.at)
+		s.guesses.remember(res.Owner, c, res.at, res.stays)
 	case OutcomeStale:
 		// A later turn holds the state: its record is the one to remember.
 	default:

@@ -1,11 +1,13 @@
 package storetest
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/store"
 )
 
@@ -15,75 +17,90 @@ import (
 // nothing. A continuation is guessed once, and not after a reserve took
 // it; a store that did not make the record, or keeps no guesses, guesses
 // nothing; a record on another store makes Reserve disagree with the
-// guess; a stale record or abort leaves the later turn's guess.
+// guess, and the owner is guessed again only once a turn found it as this
+// store left it; a stale record or abort leaves the later turn's
+// continuation, and an abort that removed the state leaves nothing.
 func testGuess(t *testing.T, open Opener) {
 	s := open(t, store.Options{GuessOwners: 2})
 	other := open(t, store.Options{GuessOwners: 2}) // another replica on the same state
 	plain := open(t, store.Options{})
 	owner := mainOwner(t, "session-guess")
-	publish(t, s, owner, req(t, "one"), "resp_1")
-	next := req(t, "one", "two")
-	assert.Nil(t, other.Guess(owner, next), "another store's record")
-	assert.Nil(t, plain.Guess(owner, next), "a store without GuessOwners")
-	assert.Nil(t, s.Guess(owner, req(t, "other")), "a request the continuation does not continue")
-	assert.Nil(t, s.Guess(owner, next), "the continuation was taken by the guess that did not continue")
+	turn := func(n int) *fingerprint.Request { // the conversation's first n user messages
+		texts := make([]string, n)
+		for i := range texts {
+			texts[i] = fmt.Sprint("message ", i+1)
+		}
+		return req(t, texts...)
+	}
+	record := func(s *store.Store, res *store.Reservation, id string) store.Outcome {
+		t.Helper()
+		out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: socket(1)})
+		require.NoError(t, err)
+		return out
+	}
 
-	publish(t, s, owner, req(t, "one"), "resp_1")
-	guess := s.Guess(owner, next)
+	publish(t, s, owner, turn(1), "resp_1")
+	assert.Nil(t, other.Guess(owner, turn(2)), "another store's record")
+	assert.Nil(t, plain.Guess(owner, turn(2)), "a store without GuessOwners")
+	assert.Nil(t, s.Guess(owner, req(t, "other")), "a request the continuation does not continue")
+	assert.Nil(t, s.Guess(owner, turn(2)), "the guess that did not continue was the one")
+
+	publish(t, s, owner, turn(1), "resp_1")
+	guess := s.Guess(owner, turn(2))
 	require.True(t, guess.Continues(), "%+v", guess)
 	assert.Zero(t, guess.Turn, "a guess reserves nothing")
-	assert.Nil(t, s.Guess(owner, next), "a continuation is guessed once")
-	out, err := s.Record(ctx, guess, store.Result{ResponseID: "resp_guess", Socket: socket(1)})
-	require.NoError(t, err)
-	assert.Equal(t, store.OutcomeIgnored, out, "a guess records nothing")
+	assert.Nil(t, s.Guess(owner, turn(2)), "a continuation is guessed once")
+	assert.Equal(t, store.OutcomeIgnored, record(s, guess, "resp_guess"), "a guess records nothing")
 
-	res := s.Reserve(ctx, owner, next)
+	res := s.Reserve(ctx, owner, turn(2))
 	require.True(t, res.Continues(), "%+v", res)
 	assert.True(t, res.Agrees(guess))
 	assert.Equal(t, res.PreviousResponseID, guess.PreviousResponseID)
 	assert.Equal(t, res.Delta, guess.Delta)
 	assert.Equal(t, string(res.UpstreamBody()), string(guess.UpstreamBody()))
-	out, err = s.Record(ctx, res, store.Result{ResponseID: "resp_2", Socket: socket(1)})
-	require.NoError(t, err)
-	require.Equal(t, store.OutcomePublished, out)
+	require.Equal(t, store.OutcomePublished, record(s, res, "resp_2"))
 
-	third := req(t, "one", "two", "three")
-	require.True(t, s.Reserve(ctx, owner, third).Continues())
-	assert.Nil(t, s.Guess(owner, third), "the reserve took the continuation")
+	res = s.Reserve(ctx, owner, turn(3))
+	require.True(t, res.Continues())
+	assert.Nil(t, s.Guess(owner, turn(3)), "the reserve took the continuation")
+	require.Equal(t, store.OutcomePublished, record(s, res, "resp_3"))
 
-	publish(t, s, owner, third, "resp_3")
-	publish(t, other, owner, third, "resp_4")
-	fourth := req(t, "one", "two", "three", "four")
-	guess = s.Guess(owner, fourth)
+	// The owner moves to another store and back.
+	publish(t, other, owner, turn(3), "resp_4")
+	guess = s.Guess(owner, turn(4))
 	require.True(t, guess.Continues())
 	assert.Equal(t, "resp_3", guess.PreviousResponseID)
-	res = s.Reserve(ctx, owner, fourth)
+	res = s.Reserve(ctx, owner, turn(4))
 	assert.Equal(t, "resp_4", res.PreviousResponseID)
 	assert.False(t, res.Agrees(guess), "another store recorded since")
+	require.Equal(t, store.OutcomePublished, record(s, res, "resp_5"))
+	assert.Nil(t, s.Guess(owner, turn(5)), "the turn that recorded it found another store's record")
+	publish(t, s, owner, turn(5), "resp_6")
+	require.True(t, s.Guess(owner, turn(6)).Continues(), "a turn found the owner as this store left it")
 
-	// A turn's late record or abort, stale, keeps the later turn's guess.
-	late := s.Reserve(ctx, owner, fourth)
-	later := publish(t, s, owner, fourth, "resp_5")
-	out, err = s.Record(ctx, late, store.Result{ResponseID: "resp_late", Socket: socket(1)})
-	require.NoError(t, err)
-	require.Equal(t, store.OutcomeStale, out)
+	// Two turns at once: the first one's late record and abort, stale,
+	// leave the second's continuation, which the next turn finds.
+	late := s.Reserve(ctx, owner, turn(6))
+	later := s.Reserve(ctx, owner, turn(6))
+	require.Equal(t, store.OutcomePublished, record(s, later, "resp_7"))
+	require.Equal(t, store.OutcomeStale, record(s, late, "resp_late"))
 	aborted, err := s.Abort(ctx, late)
 	require.NoError(t, err)
 	require.False(t, aborted)
-	fifth := req(t, "one", "two", "three", "four", "five")
-	guess = s.Guess(owner, fifth)
-	require.True(t, guess.Continues(), "the guess of the later turn, %d", later.Turn)
-	assert.Equal(t, "resp_5", guess.PreviousResponseID)
-	aborted, err = s.Abort(ctx, publish(t, s, owner, fifth, "resp_6"))
+	publish(t, s, owner, turn(7), "resp_8")
+	guess = s.Guess(owner, turn(8))
+	require.True(t, guess.Continues(), "the stale record left the later turn's continuation")
+	assert.Equal(t, "resp_8", guess.PreviousResponseID)
+
+	aborted, err = s.Abort(ctx, publish(t, s, owner, turn(8), "resp_9"))
 	require.NoError(t, err)
 	require.True(t, aborted)
-	assert.Nil(t, s.Guess(owner, req(t, "one", "two", "three", "four", "five", "six")),
-		"nothing to guess once the state is aborted")
+	assert.Nil(t, s.Guess(owner, turn(9)), "nothing to guess once the state is aborted")
 
 	owners := numbered(t, "guessed", 3)
 	for _, o := range owners {
-		publish(t, s, o, req(t, "one"), "resp_1")
+		publish(t, s, o, turn(1), "resp_1")
 	}
-	assert.Nil(t, s.Guess(owners[0], next), "the least recently recorded of three, over GuessOwners")
-	assert.True(t, s.Guess(owners[2], next).Continues())
+	assert.Nil(t, s.Guess(owners[0], turn(2)), "the least recently recorded of three, over GuessOwners")
+	assert.True(t, s.Guess(owners[2], turn(2)).Continues())
 }
