@@ -21,7 +21,8 @@ import (
 
 // BenchmarkGatewayBusy plays callers conversations at once through
 // contproxy, enough to keep the process's CPUs busy, on the in-process
-// store and on the standalone Redis (scripts/redis-env.sh; left out as in
+// store and on the standalone Redis, without and with Config.Affinity and
+// the store's guesses (scripts/redis-env.sh; left out as in
 // BenchmarkGateway without it). Each caller plays convs conversations of
 // about 260 kB (busyItems items), each an opening request and turns
 // measured turns, one request at a time.
@@ -31,8 +32,10 @@ import (
 //     unavailable within its OpTimeout, or its breaker open);
 //   - T-continued: the share of measured turns continued;
 //   - T-turns/s: measured and opening turns a second;
-//   - contproxy-redis/contproxy-continued: the Redis store's continued
-//     share over the in-process store's.
+//   - contproxy-redis-affinity-guessed, -guesses-dropped: the shares of
+//     measured turns sent on a guess, and of those dropped;
+//   - contproxy-redis/contproxy-continued (and …-affinity/…): the Redis
+//     store's continued share over the in-process store's.
 //
 // Run with -benchtime 1x; see BENCHMARKS.md.
 func BenchmarkGatewayBusy(b *testing.B) {
@@ -42,7 +45,7 @@ func BenchmarkGatewayBusy(b *testing.B) {
 		continued := map[string]float64{}
 		targets := []string{"contproxy"}
 		if rc != nil {
-			targets = append(targets, "contproxy-redis")
+			targets = append(targets, "contproxy-redis", "contproxy-redis-affinity")
 		}
 		for _, name := range targets {
 			var st *store.Store
@@ -54,6 +57,9 @@ func BenchmarkGatewayBusy(b *testing.B) {
 			} else {
 				opts.Namespace = redistest.Namespace(b)
 				redistest.CleanupNamespace(b, rc, opts.Namespace)
+				if name == "contproxy-redis-affinity" {
+					opts.GuessOwners = 10_000
+				}
 				st, err = store.NewRedis(rc, opts)
 			}
 			if err != nil {
@@ -62,8 +68,8 @@ func BenchmarkGatewayBusy(b *testing.B) {
 			continued[name] = runBusy(b, name, fake.URL, st, obs)
 		}
 		fake.Close()
-		if c, ok := continued["contproxy-redis"]; ok {
-			b.ReportMetric(c/continued["contproxy"], "contproxy-redis/contproxy-continued")
+		for _, name := range targets[1:] {
+			b.ReportMetric(continued[name]/continued["contproxy"], name+"/contproxy-continued")
 		}
 	}
 }
@@ -103,7 +109,8 @@ func runBusy(b *testing.B, name, upURL string, st *store.Store, obs *failOpenCou
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := New(Config{Store: st, Upstream: hu})
+	affinity := name == "contproxy-redis-affinity"
+	p, err := New(Config{Store: st, Upstream: hu, Affinity: affinity})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -142,7 +149,12 @@ func runBusy(b *testing.B, name, upURL string, st *store.Store, obs *failOpenCou
 	wg.Wait()
 	took := time.Since(start)
 	// An opening request cannot continue: every continued turn is measured.
-	share := float64(p.Stats().Continued) / float64(measured.Load())
+	stats := p.Stats()
+	share := float64(stats.Continued) / float64(measured.Load())
+	if affinity {
+		b.ReportMetric(float64(stats.Guessed)/float64(measured.Load()), name+"-guessed")
+		b.ReportMetric(float64(stats.GuessesDropped)/float64(max(1, stats.Guessed)), name+"-guesses-dropped")
+	}
 	b.ReportMetric(float64(obs.failedOpen.Load())/float64(max(1, obs.reserves.Load())), name+"-fail-open")
 	b.ReportMetric(share, name+"-continued")
 	b.ReportMetric(float64(busyCallers*busyConvs*(busyTurns+1))/took.Seconds(), name+"-turns/s")
