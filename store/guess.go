@@ -14,11 +14,12 @@ import (
 // owner's state were still the continuation this Store last recorded for
 // it, decided without a round trip; nil when the Store remembers none
 // (Options.GuessOwners), when that continuation would not continue the
-// request, or when the owner does not stay on this Store: a continuation
-// is guessed only when the turn that recorded it found the owner new or as
-// this Store had left it, so that owners whose turns go from store to store
-// (round-robin replicas) are not guessed. A guess reserves nothing: its
-// Turn is 0, and Record and Abort ignore it.
+// request, or when the owner does not stay on this Store. An owner stays
+// once the turns this Store served found it new or as this Store had left
+// it, 2^m times in a row for an owner this Store found moved m times: an
+// owner whose turns go from store to store (round-robin replicas, a load
+// balancer that moves it) costs a few dropped guesses, not one a turn. A
+// guess reserves nothing: its Turn is 0, and Record and Abort ignore it.
 //
 // A gateway that sees every turn of an owner may send a guess upstream
 // while Reserve runs, and keep the upstream's answer only when the
@@ -64,9 +65,45 @@ type guesses struct {
 type guessed struct {
 	c       continuation
 	at      time.Time // when its turn's reserve was sent
-	stays   bool      // its turn found the owner new or as this Store left it
+	stay    stay      // how the owner had stayed when its turn reserved
 	guessed bool      // a guess was given
 }
+
+// stay is how an owner has stayed on a Store: the turns in a row that
+// found it new or as the Store had left it, and how often a turn found it
+// moved (its state another store's record) while the Store remembered it.
+type stay struct {
+	streak, moves int
+}
+
+// maxMoves caps stay.moves: an owner found moved this often is not guessed
+// again while the Store remembers it.
+const maxMoves = 16
+
+// next returns how the owner stays after a reserve that found got, given
+// this Store's last record of it (mine, nil when it remembers none).
+func (mine *guessed) next(got reserved) stay {
+	var st stay
+	if mine != nil {
+		st = mine.stay
+	}
+	switch {
+	case !got.Existed: // a new owner, or one whose state ended: nobody else's
+		st.streak++
+	case got.Prev == nil: // a turn in flight took it: not known
+		st.streak = 0
+	case mine != nil && got.Prev.ResponseID == mine.c.ResponseID:
+		st.streak++
+	case mine != nil:
+		st.streak, st.moves = 0, min(st.moves+1, maxMoves)
+	default: // another store's record, of an owner this Store did not know
+		st.streak = 0
+	}
+	return st
+}
+
+// stays reports whether the owner stays: 2^moves turns in a row.
+func (st stay) stays() bool { return st.moves < maxMoves && st.streak >= 1<<st.moves }
 
 // newGuesses returns the guesses of a Store with options o; nil when o
 // keeps none.
@@ -82,11 +119,11 @@ func newGuesses(o Options) *guesses {
 }
 
 // remember keeps c as owner's continuation, recorded in a turn whose
-// reserve was sent at reserved and found the owner staying (stays).
-func (g *guesses) remember(owner identity.Owner, c continuation, reserved time.Time, stays bool) {
+// reserve was sent at reserved and found the owner staying as st says.
+func (g *guesses) remember(owner identity.Owner, c continuation, reserved time.Time, st stay) {
 	if g != nil {
 		g.mu.Lock()
-		g.recent.Add(owner.Key(), &guessed{c: c, at: reserved, stays: stays})
+		g.recent.Add(owner.Key(), &guessed{c: c, at: reserved, stay: st})
 		g.mu.Unlock()
 	}
 }
@@ -100,17 +137,21 @@ func (g *guesses) forget(owner identity.Owner) {
 	}
 }
 
-// take drops owner's continuation and returns its response id; "" when
-// there is none.
-func (g *guesses) take(owner identity.Owner) string {
+// take drops owner's continuation and returns it; nil when there is none.
+// A record still in flight on this Store may remember a continuation
+// after a reserve took none: a guess from it costs one dropped send.
+func (g *guesses) take(owner identity.Owner) *guessed {
+	if g == nil {
+		return nil
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	got, ok := g.recent.Peek(owner.Key())
 	if !ok {
-		return ""
+		return nil
 	}
 	g.recent.Remove(owner.Key())
-	return got.c.ResponseID
+	return got
 }
 
 // guess returns owner's continuation to guess from, once: while it lives,
@@ -119,7 +160,7 @@ func (g *guesses) guess(owner identity.Owner) (continuation, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	got, ok := g.recent.Peek(owner.Key())
-	if !ok || got.guessed || !got.stays || g.now().Sub(got.at) >= g.ttl {
+	if !ok || got.guessed || !got.stay.stays() || g.now().Sub(got.at) >= g.ttl {
 		return continuation{}, false
 	}
 	got.guessed = true

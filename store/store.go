@@ -85,7 +85,7 @@ type Reservation struct {
 	req     *fingerprint.Request // the request reserved
 	replica string               // the reserving store's replica
 	at      time.Time            // when the reserve was sent: the state lives a TTL from then (guesses)
-	stays   bool                 // the reserve found the owner new or as this store left it (guesses)
+	stay    stay                 // how the owner has stayed on this store (guesses)
 }
 
 // Continues reports whether the gateway may send PreviousResponseID and
@@ -146,7 +146,7 @@ func (r *Reservation) FullContextRetry() *Reservation {
 		req:           r.req,
 		replica:       r.replica,
 		at:            r.at,
-		stays:         r.stays,
+		stay:          r.stay,
 	}
 }
 
@@ -354,7 +354,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 	if res.Reason != ReasonNone {
 		return res // nothing to reserve: the request goes as received
 	}
-	var mine string // the response of this store's last record of owner
+	var mine *guessed // this store's last record of owner
 	if s.guesses != nil {
 		mine = s.guesses.take(owner) // the reserve takes the continuation
 		res.at = s.opts.now()
@@ -369,7 +369,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		return res
 	}
 	res.Turn = got.Turn
-	res.stays = !got.Existed || got.Prev != nil && mine != "" && got.Prev.ResponseID == mine
+	res.stay = mine.next(got)
 	s.decide(res, got.Existed, got.Prev)
 	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
 	return res
@@ -449,9 +449,10 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 	}
 	var got published
 	var c continuation
+	removed := false // by a dropped record's abort
 	if out.ResponseID == "" || (!out.Socket.Any && out.Socket.ID == 0) || fp.Bytes > s.opts.MaxOwnerBytes {
 		got.Outcome = OutcomeDropped
-		_, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (bool, error) {
+		removed, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (bool, error) {
 			return s.backend.abort(ctx, res.Owner, res.Turn)
 		})
 	} else {
@@ -468,10 +469,10 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 		err = unavailable("record", err)
 		got.Outcome = ""
 	}
-	switch got.Outcome {
-	case OutcomePublished:
-		s.guesses.remember(res.Owner, c, res.at, res.stays)
-	case OutcomeStale:
+	switch {
+	case got.Outcome == OutcomePublished:
+		s.guesses.remember(res.Owner, c, res.at, res.stay)
+	case got.Outcome == OutcomeStale, got.Outcome == OutcomeDropped && !removed:
 		// A later turn holds the state: its record is the one to remember.
 	default:
 		s.guesses.forget(res.Owner)
@@ -512,10 +513,10 @@ func (s *Store) Clear(ctx context.Context, owner identity.Owner) error {
 	if owner.IsZero() {
 		return nil
 	}
-	s.guesses.forget(owner)
 	_, err := run(ctx, s, OpClear, owner, func(ctx context.Context) (bool, error) {
 		return s.backend.clear(ctx, owner)
 	})
+	s.guesses.forget(owner) // after the clear: a record that published before it is forgotten too
 	return err
 }
 

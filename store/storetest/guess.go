@@ -17,9 +17,9 @@ import (
 // nothing. A continuation is guessed once, and not after a reserve took
 // it; a store that did not make the record, or keeps no guesses, guesses
 // nothing; a record on another store makes Reserve disagree with the
-// guess, and the owner is guessed again only once a turn found it as this
-// store left it; a stale record or abort leaves the later turn's
-// continuation, and an abort that removed the state leaves nothing.
+// guess, and the owner is guessed again only once two turns in a row found
+// it as this store left it; a stale record or abort leaves the later
+// turn's continuation, and an abort that removed the state leaves nothing.
 func testGuess(t *testing.T, open Opener) {
 	s := open(t, store.Options{GuessOwners: 2})
 	other := open(t, store.Options{GuessOwners: 2}) // another replica on the same state
@@ -76,26 +76,28 @@ func testGuess(t *testing.T, open Opener) {
 	require.Equal(t, store.OutcomePublished, record(s, res, "resp_5"))
 	assert.Nil(t, s.Guess(owner, turn(5)), "the turn that recorded it found another store's record")
 	publish(t, s, owner, turn(5), "resp_6")
-	require.True(t, s.Guess(owner, turn(6)).Continues(), "a turn found the owner as this store left it")
+	assert.Nil(t, s.Guess(owner, turn(6)), "moved once, an owner stays after two turns in a row")
+	publish(t, s, owner, turn(6), "resp_7")
+	require.True(t, s.Guess(owner, turn(7)).Continues(), "two turns found the owner as this store left it")
 
 	// Two turns at once: the first one's late record and abort, stale,
 	// leave the second's continuation, which the next turn finds.
-	late := s.Reserve(ctx, owner, turn(6))
-	later := s.Reserve(ctx, owner, turn(6))
-	require.Equal(t, store.OutcomePublished, record(s, later, "resp_7"))
+	late := s.Reserve(ctx, owner, turn(7))
+	later := s.Reserve(ctx, owner, turn(7))
+	require.Equal(t, store.OutcomePublished, record(s, later, "resp_8"))
 	require.Equal(t, store.OutcomeStale, record(s, late, "resp_late"))
 	aborted, err := s.Abort(ctx, late)
 	require.NoError(t, err)
 	require.False(t, aborted)
-	publish(t, s, owner, turn(7), "resp_8")
-	guess = s.Guess(owner, turn(8))
+	publish(t, s, owner, turn(8), "resp_9")
+	guess = s.Guess(owner, turn(9))
 	require.True(t, guess.Continues(), "the stale record left the later turn's continuation")
-	assert.Equal(t, "resp_8", guess.PreviousResponseID)
+	assert.Equal(t, "resp_9", guess.PreviousResponseID)
 
-	aborted, err = s.Abort(ctx, publish(t, s, owner, turn(8), "resp_9"))
+	aborted, err = s.Abort(ctx, publish(t, s, owner, turn(9), "resp_10"))
 	require.NoError(t, err)
 	require.True(t, aborted)
-	assert.Nil(t, s.Guess(owner, turn(9)), "nothing to guess once the state is aborted")
+	assert.Nil(t, s.Guess(owner, turn(10)), "nothing to guess once the state is aborted")
 
 	owners := numbered(t, "guessed", 3)
 	for _, o := range owners {
