@@ -43,6 +43,9 @@ type scenario struct {
 	noRetries bool
 	// forward turns forwarding on between the replicas.
 	forward bool
+	// affinity runs the replicas with -affinity: every continued turn
+	// must go upstream on a guess, and no guess be dropped.
+	affinity bool
 }
 
 // scenarios is the matrix of TestClients.
@@ -159,7 +162,7 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 	calls, posts := up.since(t, before)
 	r := measure(sc.name, cl.name, env.st.rr.callsOf(cl.name), calls)
 	r.err = runErr
-	r.refused, r.retries, r.forwarded, r.forwardFailures = -1, -1, -1, -1
+	r.refused, r.retries, r.forwarded, r.forwardFailures, r.guessed, r.guessesDropped = -1, -1, -1, -1, -1, -1
 	if len(env.st.replicas) > 0 {
 		d, err := env.st.settle(ctx, countersBefore, &r)
 		if err != nil {
@@ -169,6 +172,9 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 		r.retries = d.retries
 		if env.st.forwardSecret != "" {
 			r.forwarded, r.forwardFailures = d.forwarded, d.forwardFailures
+		}
+		if sc.affinity {
+			r.guessed, r.guessesDropped = d.guessed, d.guessesDropped
 		}
 	}
 	if sc.transport == "http" {
@@ -197,6 +203,10 @@ func check(t *testing.T, sc scenario, cl client, r runResult) {
 	}
 	if sc.noRetries && r.retries > 0 {
 		t.Errorf("contproxy resent %d refused continuations with the full context", r.retries)
+	}
+	if sc.affinity && (r.guessed != r.continued || r.guessesDropped != 0) {
+		t.Errorf("under -affinity %d of %d continued turns went upstream on a guess and %d guesses were dropped; want all, none dropped",
+			r.guessed, r.continued, r.guessesDropped)
 	}
 	if r.requests == 0 {
 		t.Errorf("the client sent no request")

@@ -216,6 +216,10 @@ type runResult struct {
 	// socket, forwardFailures of those it could not take, by contproxy's
 	// count; -1 without forwarding.
 	forwarded, forwardFailures int
+	// guessed is the number of turns sent upstream on a replica's guess
+	// while Redis reserved them, guessesDropped of those whose answer
+	// was dropped, by contproxy's count; -1 without -affinity.
+	guessed, guessesDropped int
 	// calls are the client's requests, up the upstream's answers to them,
 	// in order.
 	calls []clientCall

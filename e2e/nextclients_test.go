@@ -24,8 +24,8 @@ type nextScenario struct {
 	runs []nextRun
 }
 
-// nextScenarios are the deployments of TestNextClients, each behind two
-// replicas sharing Redis.
+// nextScenarios are the deployments of TestNextClients, each behind
+// contproxy replicas sharing Redis.
 var nextScenarios = []nextScenario{
 	{
 		// The AI SDK with store as shipped: the upstream keeps its
@@ -60,12 +60,27 @@ var nextScenarios = []nextScenario{
 			{cl: client{name: "opencode", store: "false", run: runOpencode}, want: continuation{atLeast: 0.95}},
 		},
 	},
+	{
+		// One replica with -affinity, as a load balancer that keeps an
+		// owner on its replica sees it: each later turn goes upstream on
+		// the replica's last record of its owner while Redis reserves it,
+		// and no guess is dropped. The AI SDK sends earlier items back as
+		// item_reference, which the guesses were not derived from.
+		sc: scenario{name: "H-http-store-affinity", transport: "http", replicas: 1, affinity: true, noRetries: true},
+		runs: []nextRun{
+			{cl: client{name: "aisdk-generate", store: "absent", run: aiSDK(aiSDKRun{mode: "generate"})},
+				want: continuation{atLeast: 0.95}},
+			{cl: client{name: "aisdk-stream", store: "absent", run: aiSDK(aiSDKRun{mode: "stream"})},
+				want: continuation{atLeast: 0.95}},
+		},
+	},
 }
 
 // TestNextClients runs the Vercel AI SDK and opencode (testdata/clients,
-// aisdk.mjs and opencode.mjs) through two contproxy replicas sharing
-// Redis: with an HTTP upstream that keeps their responses, and with a
-// WebSocket upstream, store:false and forwarding. Each client must succeed
+// aisdk.mjs and opencode.mjs) through contproxy on Redis: two replicas
+// with an HTTP upstream that keeps their responses, two with a WebSocket
+// upstream, store:false and forwarding, and one with -affinity, whose
+// continued turns must all go upstream on its guesses. Each client must succeed
 // and get no error, the upstream must have answered each request once,
 // resolving a conversation of exactly the items the client sent, and
 // contproxy's counters must agree; from the fake upstream's trace, at
@@ -86,6 +101,7 @@ func TestNextClients(t *testing.T) {
 				redis:     addr,
 				toolCalls: toolCalls,
 				forward:   ns.sc.forward,
+				affinity:  ns.sc.affinity,
 			})
 			env := clientEnvironment{nodeTools: tools, st: st, store: ns.sc.store}
 			for _, run := range ns.runs {
@@ -103,7 +119,7 @@ func TestNextClients(t *testing.T) {
 	t.Logf("the Vercel AI SDK and opencode: turns continued and input sent upstream vs the full context the clients sent (%d tool calls per user message):\n%s",
 		toolCalls, table)
 	report.add(fmt.Sprintf("## The Vercel AI SDK and opencode\n\nTurns continued and input sent upstream vs the full context "+
-		"the clients sent (fake model: %d tool calls per user message), through two replicas sharing Redis.\n\n%s", toolCalls, table))
+		"the clients sent (fake model: %d tool calls per user message), through contproxy replicas sharing Redis.\n\n%s", toolCalls, table))
 }
 
 // aiSDKRun is one run of aisdk.mjs.

@@ -306,6 +306,8 @@ type stackConfig struct {
 	// forward turns forwarding on, with one secret for all the replicas
 	// (it needs redis and the ws transport).
 	forward bool
+	// affinity runs the replicas with -affinity.
+	affinity bool
 	// upstreamFlags are extra flags of the fake upstream, such as
 	// -keeps-no-responses.
 	upstreamFlags []string
@@ -335,6 +337,7 @@ func startStack(t *testing.T, name string, cfg stackConfig) *stack {
 			namespace:     ns,
 			logLevel:      "debug",
 			forwardSecret: st.forwardSecret,
+			affinity:      cfg.affinity,
 		})
 		st.replicas = append(st.replicas, r)
 		bases = append(bases, r.base)
