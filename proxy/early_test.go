@@ -35,14 +35,7 @@ func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
 		}
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("affinity=%v/stream=%v", affinity, stream), func(t *testing.T) {
-				held := &heldCalls{script: lua.Reserve, release: make(chan struct{})}
-				mr, rc := redistest.Miniredis(t)
-				rc.AddHook(held)
-				st, err := store.NewRedis(rc, store.Options{Namespace: "early", Replica: "r1", OpTimeout: 10 * time.Second,
-					GuessOwners: 16})
-				require.NoError(t, err)
-				r := newRig(t, overHTTP, st)
-				r.proxy.cfg.Affinity = affinity
+				r, held, mr := newHeldRig(t, lua.Reserve, store.Options{Namespace: "early", GuessOwners: 16}, affinity)
 				sent := make(chan string, 8) // the previous_response_id of each upstream request
 				fault := func(req fakeupstream.Request) fakeupstream.Fault {
 					sent <- gjson.GetBytes(req.Body, "previous_response_id").String()

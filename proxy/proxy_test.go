@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -632,6 +633,22 @@ func (h *heldCalls) let(t *testing.T, d time.Duration) {
 	}()
 }
 
+// newHeldRig returns a rig on a store on miniredis (namespace, guesses as
+// in opts) whose calls of script wait for held to let them go, with
+// Affinity as given, and the miniredis.
+func newHeldRig(t *testing.T, script *lua.Script, opts store.Options, affinity bool) (*rig, *heldCalls, *miniredis.Miniredis) {
+	t.Helper()
+	held := &heldCalls{script: script, release: make(chan struct{})}
+	mr, rc := redistest.Miniredis(t)
+	rc.AddHook(held)
+	opts.Replica, opts.OpTimeout = "r1", 10*time.Second
+	st, err := store.NewRedis(rc, opts)
+	require.NoError(t, err)
+	r := newRig(t, overHTTP, st)
+	r.proxy.cfg.Affinity = affinity
+	return r, held, mr
+}
+
 // With Affinity, the client gets a completed response's end while its
 // record is still in flight, which keeps the body's weight in the budget;
 // the owner's next turn, sent at once, waits for the record and continues;
@@ -642,13 +659,7 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 	for _, affinity := range []bool{false, true} {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("affinity=%v/stream=%v", affinity, stream), func(t *testing.T) {
-				held := &heldCalls{script: lua.Record, release: make(chan struct{})}
-				_, rc := redistest.Miniredis(t)
-				rc.AddHook(held)
-				st, err := store.NewRedis(rc, store.Options{Namespace: "held", Replica: "r1", OpTimeout: 10 * time.Second})
-				require.NoError(t, err)
-				r := newRig(t, overHTTP, st)
-				r.proxy.cfg.Affinity = affinity
+				r, held, _ := newHeldRig(t, lua.Record, store.Options{Namespace: "held"}, affinity)
 				handled := make(chan struct{}, 1) // a turn's handler has returned
 				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 					r.proxy.ServeHTTP(w, req)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
-	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -19,13 +18,8 @@ import (
 // writes the end: the owner's next turn, sent the moment the end arrives,
 // reserves after it (Proxy.reserve).
 func TestARecordIsInFlightOnceStarted(t *testing.T) {
-	held := &heldCalls{script: lua.Record, release: make(chan struct{})}
-	_, rc := redistest.Miniredis(t)
-	rc.AddHook(held)
-	st, err := store.NewRedis(rc, store.Options{Namespace: "inflight", Replica: "r1", OpTimeout: 10 * time.Second})
-	require.NoError(t, err)
-	r := newRig(t, overHTTP, st)
-	r.proxy.cfg.Affinity = true
+	r, held, _ := newHeldRig(t, lua.Record, store.Options{Namespace: "inflight"}, true)
+	st := r.proxy.cfg.Store
 	up, ok := r.proxy.cfg.Upstream.(*httpUpstream)
 	require.True(t, ok)
 	owner, err := identity.Main("s-inflight")
