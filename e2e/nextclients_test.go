@@ -80,9 +80,9 @@ var nextScenarios = []nextScenario{
 // aisdk.mjs and opencode.mjs) through contproxy on Redis: two replicas
 // with an HTTP upstream that keeps their responses, two with a WebSocket
 // upstream, store:false and forwarding, and one with -affinity, whose
-// continued turns must all go upstream on its guesses. Each client must succeed
-// and get no error, the upstream must have answered each request once,
-// resolving a conversation of exactly the items the client sent, and
+// continued turns must all go upstream on its guesses. Each client must
+// succeed and get no error, the upstream must have answered each request
+// once, resolving a conversation of exactly the items the client sent, and
 // contproxy's counters must agree; from the fake upstream's trace, at
 // least 95% of the later turns (every request after a conversation's
 // first) must have gone upstream with previous_response_id where the

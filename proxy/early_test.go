@@ -49,10 +49,7 @@ func TestWithAffinityATurnGoesUpstreamWhileTheStoreReserves(t *testing.T) {
 						map[string]any{"model": "gpt-test", "stream": stream, "input": input})
 					require.Equal(t, http.StatusOK, a.status, "%s", a.body)
 					require.Equal(t, `"completed"`, string(a.response["status"]))
-					for _, it := range a.output {
-						input = append(input, it)
-					}
-					input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", len(input))})
+					input = a.next(input, fmt.Sprint("more ", len(input)+len(a.output)))
 					var id string
 					require.NoError(t, json.Unmarshal(a.response["id"], &id))
 					return id
@@ -174,10 +171,7 @@ func TestWithAffinityAnOwnerThatMovesIsNotGuessed(t *testing.T) {
 					map[string]any{"model": "gpt-test", "input": input})
 				require.Equal(t, http.StatusOK, a.status, "%s", a.body)
 				replicas[at].records.waitAll() // the next turn, wherever it goes, finds the record
-				for _, it := range a.output {
-					input = append(input, it)
-				}
-				input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", turn)})
+				input = a.next(input, fmt.Sprint("more ", turn))
 			}
 			var continued int64
 			for _, p := range replicas {

@@ -411,10 +411,7 @@ func TestWithAffinityAForwardedTurnIsRecordedBeforeItsEnd(t *testing.T) {
 		a := post(t, url, http.Header{"X-Session-Id": {"s-forwarded"}}, map[string]any{"model": "gpt-test", "store": false, "input": input})
 		require.Equal(t, http.StatusOK, a.status, "%s", a.body)
 		require.Equal(t, `"completed"`, string(a.response["status"]))
-		for _, it := range a.output {
-			input = append(input, it)
-		}
-		input = append(input, map[string]any{"role": "user", "content": "more"})
+		input = a.next(input, "more")
 	}
 	seen := func() {
 		select {

@@ -194,6 +194,10 @@ func reverseProxy(b *testing.B, upstream string) http.Handler {
 	}
 }
 
+// affinityGuessOwners is the owners whose guesses the store of a
+// contproxy-redis-affinity target keeps, as contproxy -affinity opens it.
+const affinityGuessOwners = 10_000
+
 // gatewayProxy returns this package's Proxy in front of the fake upstream
 // at gatewayUpstreamEnv: on the in-process store (contproxy) or on the
 // standalone Redis (contproxy-redis), with Affinity
@@ -208,7 +212,7 @@ func gatewayProxy(b *testing.B, role string) *Proxy {
 		rc := redis.NewClient(&redis.Options{Addr: os.Getenv(redistest.EnvAddr), ContextTimeoutEnabled: true, MaxRetries: 1, PoolSize: 128})
 		opts := store.Options{Namespace: os.Getenv(gatewayNamespaceEnv), Replica: "bench"}
 		if affinity {
-			opts.GuessOwners = 10_000
+			opts.GuessOwners = affinityGuessOwners
 		}
 		st, err = store.NewRedis(rc, opts)
 	}

@@ -58,7 +58,7 @@ func BenchmarkGatewayBusy(b *testing.B) {
 				opts.Namespace = redistest.Namespace(b)
 				redistest.CleanupNamespace(b, rc, opts.Namespace)
 				if name == "contproxy-redis-affinity" {
-					opts.GuessOwners = 10_000
+					opts.GuessOwners = affinityGuessOwners
 				}
 				st, err = store.NewRedis(rc, opts)
 			}

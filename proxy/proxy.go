@@ -126,12 +126,13 @@ type Config struct {
 	// every record is in before the client gets the end, for a next turn
 	// on any replica.
 	//
-	// With Affinity on a store that keeps guesses (store.Options.GuessOwners),
-	// a turn that continues this replica's last record of an owner that
-	// stays here, a response the HTTP upstream keeps, also goes upstream
-	// while the store reserves it (store.Store.Guess). It keeps the upstream's answer when
-	// the reservation agrees; otherwise that answer is dropped, unseen, and
-	// the turn is sent as the reservation says: an upstream call wasted,
+	// With Affinity on a store that keeps guesses
+	// (store.Options.GuessOwners), a turn that continues this replica's
+	// last record of an owner that stays here, a response the HTTP
+	// upstream keeps, also goes upstream while the store reserves it
+	// (store.Store.Guess). It keeps the upstream's answer when the
+	// reservation agrees; otherwise that answer is dropped, unseen, and the
+	// turn is sent as the reservation says: an upstream call wasted,
 	// counted in Stats.GuessesDropped.
 	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no

@@ -105,6 +105,15 @@ type answer struct {
 	body     []byte
 }
 
+// next returns the input of a conversation's next turn: input, a's output
+// items, then a user message saying text.
+func (a answer) next(input []any, text string) []any {
+	for _, it := range a.output {
+		input = append(input, it)
+	}
+	return append(input, map[string]any{"role": "user", "content": text})
+}
+
 // post sends one request as the client would.
 func post(t testing.TB, url string, header http.Header, body map[string]any) answer {
 	t.Helper()
@@ -686,10 +695,7 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 					} else {
 						require.GreaterOrEqual(t, time.Since(sent), hold, "turn %d: the client got the end before its record", turn)
 					}
-					for _, it := range a.output {
-						input = append(input, it)
-					}
-					input = append(input, map[string]any{"role": "user", "content": fmt.Sprint("more ", turn)})
+					input = a.next(input, fmt.Sprint("more ", turn))
 				}
 				stats := r.proxy.Stats()
 				assert.Equal(t, stats.Turns-1, stats.Continued, "every turn after the first continues")

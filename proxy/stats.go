@@ -28,9 +28,8 @@ type Stats struct {
 	Forwarded, ForwardFailures, ForwardedIn int64
 	// ItemsReceived and ItemsSent count input items in client requests
 	// and in upstream requests (retries and guesses included, dropped or
-	// not); the input of a request
-	// that keeps its conversation upstream, or of any under
-	// NoContinuation, is not read and counts none.
+	// not); the input of a request that keeps its conversation upstream,
+	// or of any under NoContinuation, is not read and counts none.
 	ItemsReceived, ItemsSent int64
 	// BytesReceived and BytesSent count request body bytes from clients
 	// and to the upstream (retries and guesses included, dropped or not).
