@@ -16,11 +16,11 @@
 // Options.OpTimeout it answers [ReasonStoreUnavailable], and the gateway
 // sends the full context, as it would without the store.
 //
-// A gateway that sees every turn of its owners may also ask [Store.Guess],
-// with Options.GuessOwners set, for the decision its own last record of the
-// owner gives, without a round trip, and send the turn upstream while
-// Reserve runs; it keeps that send's answer only when the reservation
-// agrees ([Reservation.Agrees]).
+// A gateway may also ask [Store.Guess], with Options.GuessOwners set, for
+// the decision its own last record of an owner that stays on it gives,
+// without a round trip, and send the turn upstream while Reserve runs; it
+// keeps that send's answer only when the reservation agrees
+// ([Reservation.Agrees]).
 //
 // Requests are compared by fingerprints (package fingerprint, under the
 // namespace's profile and secret key), not transcripts: a continuation holds

@@ -18,8 +18,15 @@ import (
 // once the turns this Store served found it new or as this Store had left
 // it, 2^m times in a row for an owner this Store found moved m times: an
 // owner whose turns go from store to store (round-robin replicas, a load
-// balancer that moves it) costs a few dropped guesses, not one a turn. A
-// guess reserves nothing: its Turn is 0, and Record and Abort ignore it.
+// balancer that moves it) costs a few dropped guesses, not one a turn.
+// And the Store guesses only while owners stay on it: while its recent
+// turns that found a continuation of an owner it remembers (counted with
+// a weight that falls by a sixteenth a turn) found the one it had left at
+// least 4 times, and 7 times as often as another store's. A Store thus
+// starts guessing after about five such turns in a row, and behind a load
+// balancer that spreads an owner's turns over the replicas it does not
+// start, or stops after a few dropped guesses. A guess reserves nothing:
+// its Turn is 0, and Record and Abort ignore it.
 //
 // A gateway that sees every turn of an owner may send a guess upstream
 // while Reserve runs, and keep the upstream's answer only when the
@@ -59,6 +66,23 @@ type guesses struct {
 	recent *simplelru.LRU[string, *guessed]
 	ttl    time.Duration
 	now    func() time.Time
+	// stayed and moved count the turns that found a continuation of an
+	// owner this Store remembers: the one it had left, or another
+	// store's. Each such turn weighs 1, and every older one a sixteenth
+	// less than before.
+	stayed, moved float64
+}
+
+// Owners stay on a Store while guesses.stayed is at least minStayed and
+// stayedPerMove times guesses.moved.
+const (
+	minStayed     = 4
+	stayedPerMove = 7
+)
+
+// staying reports whether owners stay on the Store.
+func (g *guesses) staying() bool {
+	return g.stayed >= minStayed && g.stayed >= stayedPerMove*g.moved
 }
 
 // guessed is a remembered continuation.
@@ -92,7 +116,7 @@ func (mine *guessed) next(got reserved) stay {
 		st.streak++
 	case got.Prev == nil: // a turn in flight took it: not known
 		st.streak = 0
-	case mine != nil && got.Prev.ResponseID == mine.c.ResponseID:
+	case mine.left(got):
 		st.streak++
 	case mine != nil:
 		st.streak, st.moves = 0, min(st.moves+1, maxMoves)
@@ -100,6 +124,12 @@ func (mine *guessed) next(got reserved) stay {
 		st.streak = 0
 	}
 	return st
+}
+
+// left reports whether the reserve that found got took the continuation
+// of this Store's last record (mine).
+func (mine *guessed) left(got reserved) bool {
+	return mine != nil && got.Prev != nil && got.Prev.ResponseID == mine.c.ResponseID
 }
 
 // stays reports whether the owner stays: 2^moves turns in a row.
@@ -116,6 +146,22 @@ func newGuesses(o Options) *guesses {
 		panic("store: " + err.Error()) // not reached: GuessOwners is positive
 	}
 	return &guesses{recent: recent, ttl: o.TTL - o.TTL/16, now: o.now}
+}
+
+// found counts a reserve that found got, given this Store's last record
+// of its owner (mine, nil when it remembers none), in how owners stay.
+func (g *guesses) found(mine *guessed, got reserved) {
+	if g == nil || mine == nil || !got.Existed || got.Prev == nil {
+		return // nothing known of where the owner's last turn ran
+	}
+	g.mu.Lock()
+	g.stayed, g.moved = g.stayed*15/16, g.moved*15/16
+	if mine.left(got) {
+		g.stayed++
+	} else {
+		g.moved++
+	}
+	g.mu.Unlock()
 }
 
 // remember keeps c as owner's continuation, recorded in a turn whose
@@ -155,12 +201,12 @@ func (g *guesses) take(owner identity.Owner) *guessed {
 }
 
 // guess returns owner's continuation to guess from, once: while it lives,
-// when the owner stays.
+// when the owner stays, while owners stay.
 func (g *guesses) guess(owner identity.Owner) (continuation, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	got, ok := g.recent.Peek(owner.Key())
-	if !ok || got.guessed || !got.stay.stays() || g.now().Sub(got.at) >= g.ttl {
+	if !ok || got.guessed || !got.stay.stays() || !g.staying() || g.now().Sub(got.at) >= g.ttl {
 		return continuation{}, false
 	}
 	got.guessed = true

@@ -12,6 +12,7 @@ import (
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/storehooks"
 	"github.com/contstore/contstore/store"
+	"github.com/contstore/contstore/store/storetest"
 )
 
 // A store guesses from its record only while the owner's state surely
@@ -22,6 +23,7 @@ func TestAGuessLivesWhileTheStateSurelyDoes(t *testing.T) {
 	clock := redistest.NewClock(time.UnixMilli(time.Now().UnixMilli()))
 	s, err := store.NewMemory(storehooks.WithClock(store.Options{TTL: ttl, GuessOwners: 4}, clock.Now))
 	require.NoError(t, err)
+	storetest.OwnersStay(t, s)
 	owner, err := identity.Main("session-guess-ttl")
 	require.NoError(t, err)
 	one, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"}]}`))

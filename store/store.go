@@ -370,6 +370,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 	}
 	res.Turn = got.Turn
 	res.stay = mine.next(got)
+	s.guesses.found(mine, got)
 	s.decide(res, got.Existed, got.Prev)
 	s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Evicted: got.Evicted}, start)
 	return res

@@ -24,14 +24,10 @@ func testGuess(t *testing.T, open Opener) {
 	s := open(t, store.Options{GuessOwners: 2})
 	other := open(t, store.Options{GuessOwners: 2}) // another replica on the same state
 	plain := open(t, store.Options{})
+	OwnersStay(t, s)
+	OwnersStay(t, other)
 	owner := mainOwner(t, "session-guess")
-	turn := func(n int) *fingerprint.Request { // the conversation's first n user messages
-		texts := make([]string, n)
-		for i := range texts {
-			texts[i] = fmt.Sprint("message ", i+1)
-		}
-		return req(t, texts...)
-	}
+	turn := func(n int) *fingerprint.Request { return opening(t, n) }
 	record := func(s *store.Store, res *store.Reservation, id string) store.Outcome {
 		t.Helper()
 		out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: socket(1)})
@@ -105,4 +101,56 @@ func testGuess(t *testing.T, open Opener) {
 	}
 	assert.Nil(t, s.Guess(owners[0], turn(2)), "the least recently recorded of three, over GuessOwners")
 	assert.True(t, s.Guess(owners[2], turn(2)).Continues())
+}
+
+// testGuessWhileOwnersStay: a store guesses only while owners stay on it.
+// A new store guesses nothing until a few turns in a row found an owner as
+// it had left it. Once a few turns in a row found another store's record
+// of owners it remembered, it guesses no owner, not even one that stays,
+// until owners have stayed again.
+func testGuessWhileOwnersStay(t *testing.T, open Opener) {
+	s := open(t, store.Options{GuessOwners: 8})
+	other := open(t, store.Options{GuessOwners: 8}) // another replica on the same state
+	first := mainOwner(t, "session-first")
+	publish(t, s, first, opening(t, 1), "resp_1")
+	assert.Nil(t, s.Guess(first, opening(t, 2)), "a new store")
+	OwnersStay(t, s)
+	for _, o := range numbered(t, "moving", 3) {
+		publish(t, s, o, opening(t, 1), "resp_1")
+		publish(t, other, o, opening(t, 2), "resp_2")
+		res := publish(t, s, o, opening(t, 3), "resp_3")
+		require.Equal(t, "resp_2", res.PreviousResponseID, "the owner moved")
+	}
+	owner := mainOwner(t, "session-staying")
+	publish(t, s, owner, opening(t, 1), "resp_1")
+	assert.Nil(t, s.Guess(owner, opening(t, 2)), "owners moved: a new owner is not guessed")
+	publish(t, s, owner, opening(t, 2), "resp_2")
+	assert.Nil(t, s.Guess(owner, opening(t, 3)), "one turn stayed since")
+	for n := 3; n < 24; n++ {
+		publish(t, s, owner, opening(t, n), fmt.Sprint("resp_", n))
+	}
+	assert.True(t, s.Guess(owner, opening(t, 24)).Continues(), "owners stay again")
+}
+
+// OwnersStay plays turns of an owner of its own on s, one after another,
+// until a store that keeps guesses (store.Options.GuessOwners) finds that
+// owners stay on it and guesses (store.Store.Guess), as a gateway's turns
+// would.
+func OwnersStay(t testing.TB, s *store.Store) {
+	t.Helper()
+	owner := mainOwner(t, "session-owners-stay")
+	const turns = 24
+	for n := 1; n <= turns; n++ {
+		publish(t, s, owner, opening(t, n), fmt.Sprint("resp_stays_", n))
+	}
+	require.NotNil(t, s.Guess(owner, opening(t, turns+1)), "owners stay")
+}
+
+// opening is the request of a conversation's first n user messages.
+func opening(t testing.TB, n int) *fingerprint.Request {
+	texts := make([]string, n)
+	for i := range texts {
+		texts[i] = fmt.Sprint("message ", i+1)
+	}
+	return req(t, texts...)
 }

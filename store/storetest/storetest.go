@@ -108,6 +108,7 @@ var cases = []struct {
 	{"KeyOrderWhitespaceAndArgumentsDoNotMatter", testCanonicalEquivalence, nil},
 	{"ClearRemovesStateWhateverTheTurn", testClear, nil},
 	{"GuessIsTheReservationOfTheStoresOwnRecord", testGuess, nil},
+	{"GuessOnlyWhileOwnersStay", testGuessWhileOwnersStay, nil},
 	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns, nil},
 	{"EvictionKeepsTheMostRecentlyTouched", testEvictionKeepsMostRecent, nil},
 	{"TouchMovesAnOwnerToTheBack", nil, testTouchMovesToTheBack},
