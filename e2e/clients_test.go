@@ -43,9 +43,11 @@ type scenario struct {
 	noRetries bool
 	// forward turns forwarding on between the replicas.
 	forward bool
-	// affinity runs the replicas with -affinity: every continued turn
-	// must go upstream on a guess, and no guess be dropped.
-	affinity bool
+	// keepsOwners says that the replicas see every turn of an owner
+	// (one replica): at least half of the continued turns must go
+	// upstream on a guess (a replica guesses once owners have stayed a
+	// few turns), and no guess be dropped.
+	keepsOwners bool
 }
 
 // scenarios is the matrix of TestClients.
@@ -173,7 +175,7 @@ func runOne(t *testing.T, sc scenario, cl client, env clientEnvironment) runResu
 		if env.st.forwardSecret != "" {
 			r.forwarded, r.forwardFailures = d.forwarded, d.forwardFailures
 		}
-		if sc.affinity {
+		if sc.transport == "http" {
 			r.guessed, r.guessesDropped = d.guessed, d.guessesDropped
 		}
 	}
@@ -204,8 +206,11 @@ func check(t *testing.T, sc scenario, cl client, r runResult) {
 	if sc.noRetries && r.retries > 0 {
 		t.Errorf("contproxy resent %d refused continuations with the full context", r.retries)
 	}
-	if sc.affinity && (r.guessed != r.continued || r.guessesDropped != 0) {
-		t.Errorf("under -affinity %d of %d continued turns went upstream on a guess and %d guesses were dropped; want all, none dropped",
+	if r.guessed >= 0 {
+		t.Logf("%d of %d continued turns went upstream on a guess, %d guesses dropped", r.guessed, r.continued, r.guessesDropped)
+	}
+	if sc.keepsOwners && (2*r.guessed < r.continued || r.guessesDropped != 0) {
+		t.Errorf("%d of %d continued turns went upstream on a guess and %d guesses were dropped; want at least half, none dropped",
 			r.guessed, r.continued, r.guessesDropped)
 	}
 	if r.requests == 0 {

@@ -218,7 +218,8 @@ type runResult struct {
 	forwarded, forwardFailures int
 	// guessed is the number of turns sent upstream on a replica's guess
 	// while Redis reserved them, guessesDropped of those whose answer
-	// was dropped, by contproxy's count; -1 without -affinity.
+	// was dropped, by contproxy's count; -1 without contproxy or with the
+	// WebSocket upstream.
 	guessed, guessesDropped int
 	// calls are the client's requests, up the upstream's answers to them,
 	// in order.

@@ -162,8 +162,8 @@ type replicaConfig struct {
 	// as CONTPROXY_FORWARD_SECRET, and the replica announces its -listen
 	// address in Redis.
 	forwardSecret string
-	// affinity runs the replica with -affinity.
-	affinity bool
+	// noGuesses runs the replica with -guess-owners 0.
+	noGuesses bool
 }
 
 // replica is a running contproxy.
@@ -202,8 +202,8 @@ func startContproxy(t *testing.T, dir string, cfg replicaConfig) *replica {
 		if cfg.redis != "" {
 			args = append(args, "-redis", "redis://"+cfg.redis+"/0", "-namespace", cfg.namespace)
 		}
-		if cfg.affinity {
-			args = append(args, "-affinity")
+		if cfg.noGuesses {
+			args = append(args, "-guess-owners", "0")
 		}
 		p, err := startProcess(cfg.name, dir, dir, env, bin, args...)
 		if err != nil {
@@ -306,8 +306,6 @@ type stackConfig struct {
 	// forward turns forwarding on, with one secret for all the replicas
 	// (it needs redis and the ws transport).
 	forward bool
-	// affinity runs the replicas with -affinity.
-	affinity bool
 	// upstreamFlags are extra flags of the fake upstream, such as
 	// -keeps-no-responses.
 	upstreamFlags []string
@@ -337,7 +335,6 @@ func startStack(t *testing.T, name string, cfg stackConfig) *stack {
 			namespace:     ns,
 			logLevel:      "debug",
 			forwardSecret: st.forwardSecret,
-			affinity:      cfg.affinity,
 		})
 		st.replicas = append(st.replicas, r)
 		bases = append(bases, r.base)

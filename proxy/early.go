@@ -10,9 +10,9 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// early is a turn sent upstream on a guess while the store reserves it
-// (Config.Affinity): the continuation this replica recorded last for the
-// owner (store.Store.Guess). The turn keeps its answer only when the
+// early is a turn sent upstream on a guess while the store reserves it:
+// the continuation this replica recorded last for the owner
+// (store.Store.Guess). The turn keeps its answer only when the
 // reservation agrees with the guess; otherwise the answer is dropped and
 // the turn goes as the reservation says, so that what the client gets is
 // what the store decided.
@@ -29,11 +29,10 @@ type early struct {
 // send in flight; or nil when there is no guess to send. Only a
 // continuation of a response the upstream keeps is guessed, on the HTTP
 // upstream, where dropping a request costs no connection's state; and
-// only with Affinity on a store with a round trip, as the guess is this
-// replica's own last record of who.
+// only on a store with a round trip to save.
 func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *early {
 	up, ok := p.cfg.Upstream.(*httpUpstream)
-	if !ok || !p.cfg.Affinity || p.cfg.Store.InProcess() || who.IsZero() {
+	if !ok || p.cfg.Store.InProcess() || who.IsZero() {
 		return nil
 	}
 	guess := p.cfg.Store.Guess(who, req)

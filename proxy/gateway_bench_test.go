@@ -51,11 +51,14 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //     (reads the body once, writes it once);
 //   - contproxy: this package's Proxy on the in-process store;
 //   - contproxy-redis: the Proxy on the standalone Redis of
-//     scripts/redis-env.sh. Without it (CONTSTORE_REDIS_ADDR unset) the
+//     scripts/redis-env.sh, as contproxy opens it: its store keeps
+//     guesses, and a turn that continues its owner's last record goes
+//     upstream while Redis reserves it, its record in flight while its end
+//     reaches the client. Without Redis (CONTSTORE_REDIS_ADDR unset) the
 //     target is left out and logged, unless CI=true, which fails the
 //     benchmark, as with internal/redistest's helpers;
-//   - contproxy-redis-affinity: the same with Config.Affinity, which
-//     records a response while its end reaches the client.
+//   - contproxy-redis-no-guesses: the same without guesses (contproxy
+//     -guess-owners 0), each turn waiting for its reserve and its record.
 //
 // Sub-benchmarks items=N/json and items=N/stream: each conversation's
 // first request holds N input items (user and assistant messages,
@@ -90,7 +93,7 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //     the upstream handler's time after it read the request
 //     (meteredUpstream).
 //   - contproxy/rproxy-gateway-cpu, contproxy/rproxy-gateway-p50 (and
-//     contproxy-redis/…, contproxy-redis-affinity/…): the ratios of what
+//     contproxy-redis/…, contproxy-redis-no-guesses/…): the ratios of what
 //     the two gateways cost.
 //   - contproxy-continued, contproxy-redis-continued, …: the share of
 //     measured turns continued (every target must continue every one).
@@ -122,7 +125,7 @@ func BenchmarkGateway(b *testing.B) {
 // process of its own instead of measuring (serveGatewayChild): the fake
 // upstream ("fake"), or a gateway in front of the fake at
 // gatewayUpstreamEnv ("rproxy", "contproxy", and "contproxy-redis" and
-// "contproxy-redis-affinity" on the standalone Redis under the namespace
+// "contproxy-redis-no-guesses" on the standalone Redis under the namespace
 // gatewayNamespaceEnv). That is how the benchmark starts its child
 // processes (startGatewayChild).
 const (
@@ -150,7 +153,7 @@ func serveGatewayChild(b *testing.B, role string) {
 	case "rproxy":
 		h = reverseProxy(b, os.Getenv(gatewayUpstreamEnv))
 		meter = func() string { return fmt.Sprintf("%d 0 0", cpuTime(syscall.RUSAGE_SELF)) }
-	case "contproxy", "contproxy-redis", "contproxy-redis-affinity":
+	case "contproxy", "contproxy-redis", "contproxy-redis-no-guesses":
 		p := gatewayProxy(b, role)
 		h = p
 		meter = func() string { return fmt.Sprintf("%d 0 %d", cpuTime(syscall.RUSAGE_SELF), p.Stats().Continued) }
@@ -194,25 +197,23 @@ func reverseProxy(b *testing.B, upstream string) http.Handler {
 	}
 }
 
-// affinityGuessOwners is the owners whose guesses the store of a
-// contproxy-redis-affinity target keeps, as contproxy -affinity opens it.
-const affinityGuessOwners = 10_000
+// gatewayGuessOwners is the owners whose guesses a store on Redis keeps,
+// as contproxy opens it (-guess-owners).
+const gatewayGuessOwners = 10_000
 
 // gatewayProxy returns this package's Proxy in front of the fake upstream
 // at gatewayUpstreamEnv: on the in-process store (contproxy) or on the
-// standalone Redis (contproxy-redis), with Affinity
-// (contproxy-redis-affinity).
+// standalone Redis, with guesses (contproxy-redis) or without
+// (contproxy-redis-no-guesses).
 func gatewayProxy(b *testing.B, role string) *Proxy {
-	affinity := role == "contproxy-redis-affinity"
 	st, err := store.NewMemory(store.Options{Replica: "bench"})
 	if role != "contproxy" {
 		// The client as contproxy opens it: calls on the caller's goroutine,
-		// bounded by the store's deadline, one resend, 128 connections; and
-		// with -affinity, the store remembers its records for its guesses.
+		// bounded by the store's deadline, one resend, 128 connections.
 		rc := redis.NewClient(&redis.Options{Addr: os.Getenv(redistest.EnvAddr), ContextTimeoutEnabled: true, MaxRetries: 1, PoolSize: 128})
 		opts := store.Options{Namespace: os.Getenv(gatewayNamespaceEnv), Replica: "bench"}
-		if affinity {
-			opts.GuessOwners = affinityGuessOwners
+		if role == "contproxy-redis" {
+			opts.GuessOwners = gatewayGuessOwners
 		}
 		st, err = store.NewRedis(rc, opts)
 	}
@@ -223,7 +224,7 @@ func gatewayProxy(b *testing.B, role string) *Proxy {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := New(Config{Store: st, Upstream: hu, Affinity: affinity})
+	p, err := New(Config{Store: st, Upstream: hu})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -404,7 +405,7 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 	targets := []*gatewayTarget{{name: "direct", url: up.url + "/v1/responses"}}
 	roles := []string{"rproxy", "contproxy"}
 	if rc != nil {
-		roles = append(roles, "contproxy-redis", "contproxy-redis-affinity")
+		roles = append(roles, "contproxy-redis", "contproxy-redis-no-guesses")
 	}
 	for _, role := range roles {
 		env := []string{gatewayUpstreamEnv + "=" + up.url}
@@ -493,7 +494,7 @@ func reportGateway(b *testing.B, targets []*gatewayTarget) {
 		}
 	}
 	rp := byName["rproxy"]
-	for _, name := range []string{"contproxy", "contproxy-redis", "contproxy-redis-affinity"} {
+	for _, name := range []string{"contproxy", "contproxy-redis", "contproxy-redis-no-guesses"} {
 		if g, ok := byName[name]; ok {
 			b.ReportMetric(g.cpu/rp.cpu, name+"/rproxy-gateway-cpu")
 			b.ReportMetric(g.p50/rp.p50, name+"/rproxy-gateway-p50")

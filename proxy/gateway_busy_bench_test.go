@@ -21,8 +21,8 @@ import (
 
 // BenchmarkGatewayBusy plays callers conversations at once through
 // contproxy, enough to keep the process's CPUs busy, on the in-process
-// store and on the standalone Redis, without and with Config.Affinity and
-// the store's guesses (scripts/redis-env.sh; left out as in
+// store and on the standalone Redis, with and without the store's guesses
+// (scripts/redis-env.sh; left out as in
 // BenchmarkGateway without it). Each caller plays convs conversations of
 // about 260 kB (busyItems items), each an opening request and turns
 // measured turns, one request at a time.
@@ -32,9 +32,9 @@ import (
 //     unavailable within its OpTimeout, or its breaker open);
 //   - T-continued: the share of measured turns continued;
 //   - T-turns/s: measured and opening turns a second;
-//   - contproxy-redis-affinity-guessed, -guesses-dropped: the shares of
-//     measured turns sent on a guess, and of those dropped;
-//   - contproxy-redis/contproxy-continued (and …-affinity/…): the Redis
+//   - contproxy-redis-guessed, -guesses-dropped: the shares of measured
+//     turns sent on a guess, and of those dropped;
+//   - contproxy-redis/contproxy-continued (and …-no-guesses/…): the Redis
 //     store's continued share over the in-process store's.
 //
 // Run with -benchtime 1x; see BENCHMARKS.md.
@@ -45,7 +45,7 @@ func BenchmarkGatewayBusy(b *testing.B) {
 		continued := map[string]float64{}
 		targets := []string{"contproxy"}
 		if rc != nil {
-			targets = append(targets, "contproxy-redis", "contproxy-redis-affinity")
+			targets = append(targets, "contproxy-redis", "contproxy-redis-no-guesses")
 		}
 		for _, name := range targets {
 			var st *store.Store
@@ -57,8 +57,8 @@ func BenchmarkGatewayBusy(b *testing.B) {
 			} else {
 				opts.Namespace = redistest.Namespace(b)
 				redistest.CleanupNamespace(b, rc, opts.Namespace)
-				if name == "contproxy-redis-affinity" {
-					opts.GuessOwners = affinityGuessOwners
+				if name == "contproxy-redis" {
+					opts.GuessOwners = gatewayGuessOwners
 				}
 				st, err = store.NewRedis(rc, opts)
 			}
@@ -109,8 +109,7 @@ func runBusy(b *testing.B, name, upURL string, st *store.Store, obs *failOpenCou
 	if err != nil {
 		b.Fatal(err)
 	}
-	affinity := name == "contproxy-redis-affinity"
-	p, err := New(Config{Store: st, Upstream: hu, Affinity: affinity})
+	p, err := New(Config{Store: st, Upstream: hu})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -151,7 +150,7 @@ func runBusy(b *testing.B, name, upURL string, st *store.Store, obs *failOpenCou
 	// An opening request cannot continue: every continued turn is measured.
 	stats := p.Stats()
 	share := float64(stats.Continued) / float64(measured.Load())
-	if affinity {
+	if st.Options().GuessOwners > 0 {
 		b.ReportMetric(float64(stats.Guessed)/float64(measured.Load()), name+"-guessed")
 		b.ReportMetric(float64(stats.GuessesDropped)/float64(max(1, stats.Guessed)), name+"-guesses-dropped")
 	}

@@ -10,8 +10,8 @@ import (
 // An Observer sees the steps of each turn as the proxy takes them, to
 // count them (contproxy exports them to Prometheus) or log them. Observe
 // is called on the turn's goroutine, or StepEnd of a turn recorded on a
-// goroutine of its own (Config.Affinity) on that one once the store has
-// answered: it must return quickly, not block and not panic.
+// goroutine of its own (while the client gets the end, see
+// Config.Affinity) on that one once the store has answered: it must return quickly, not block and not panic.
 type Observer interface {
 	Observe(Event)
 }

@@ -11,9 +11,10 @@
 // upstream's events to the client as they arrive (stream true) or relays
 // its JSON answer. It records a completed response (store.Store.Record)
 // before the client gets its end (response.completed, or the JSON body),
-// so that a client sending its next turn at once finds it, or, with
-// Config.Affinity and a store that is not in process, as the client gets
-// it. It aborts the turn (store.Store.Abort) on anything else, and after
+// so that a client sending its next turn at once finds it, or, on a store
+// that is not in process, as the client gets it when the owner stays on
+// this replica (a turn sent on the store's guess, see Config.Affinity) or
+// with Config.Affinity. It aborts the turn (store.Store.Abort) on anything else, and after
 // the record when the client never got the end. An upstream that refuses
 // a continuation before anything reached the client gets the same turn
 // again with the full context, unseen by the client; after a few refusals
@@ -122,18 +123,21 @@ type Config struct {
 	// reserves once the record is in. A next turn sent at once to another
 	// replica may miss the record and go with the full context. A turn
 	// forwarded to the replica holding its socket, where header affinity
-	// sends the next one, is recorded before its end. Without Affinity,
-	// every record is in before the client gets the end, for a next turn
-	// on any replica.
+	// sends the next one, is recorded before its end. Without Affinity, a
+	// record is in before the client gets the end, for a next turn on any
+	// replica, but that of a turn sent on a guess (below), whose owner
+	// stays here.
 	//
-	// With Affinity on a store that keeps guesses
-	// (store.Options.GuessOwners), a turn that continues this replica's
-	// last record of an owner that stays here, a response the HTTP
-	// upstream keeps, also goes upstream while the store reserves it
-	// (store.Store.Guess). It keeps the upstream's answer when the
-	// reservation agrees; otherwise that answer is dropped, unseen, and the
-	// turn is sent as the reservation says: an upstream call wasted,
-	// counted in Stats.GuessesDropped.
+	// On a store that keeps guesses (store.Options.GuessOwners), with or
+	// without Affinity, a turn that continues this replica's last record
+	// of an owner that stays here, a response the HTTP upstream keeps,
+	// goes upstream while the store reserves it (store.Store.Guess). It
+	// keeps the upstream's answer when the reservation agrees; otherwise
+	// that answer is dropped, unseen, and the turn is sent as the
+	// reservation says: an upstream call wasted, counted in
+	// Stats.GuessesDropped. The store guesses only while owners stay on
+	// this replica, so that behind a load balancer that spreads an owner's
+	// turns it stops after a few.
 	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no
 	// responses. Every request goes upstream as the client sent it,
@@ -147,7 +151,7 @@ type Config struct {
 	ClientSocketLifetime time.Duration
 	// MaxBytesInFlight bounds the memory the requests read in full hold
 	// at once on this replica: each turn's body until its turn ends (its
-	// record, with Affinity), each WebSocket message until it is answered,
+	// record, when it is in after the end), each WebSocket message until it is answered,
 	// a body weighing twice its size plus 80 bytes an input item
 	// (budget.go). A turn that finds no room within a second gets 503,
 	// code server_busy, with Retry-After: 1 (an error event with status
@@ -216,7 +220,7 @@ func (cfg *Config) fill() error {
 }
 
 // Close waits for the records in flight on goroutines of their own
-// (Config.Affinity) to end, each within the store's timeouts, and closes
+// (see Config.Affinity) to end, each within the store's timeouts, and closes
 // the upstream connections the proxy keeps. Call it after the HTTP server
 // has shut down, so that no turn is in flight.
 func (p *Proxy) Close() error {
@@ -416,7 +420,10 @@ type sent struct {
 	c         conn
 	res       *store.Reservation
 	continued bool
-	rep       *reply
+	// guessed tells that the turn went upstream on its guess and the
+	// reservation agreed: the owner stays on this replica.
+	guessed bool
+	rep     *reply
 }
 
 // A try is how one send of a turn went.
@@ -450,7 +457,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 			return nil, err
 		}
 	}
-	a := &sent{c: c, res: res, continued: c.continues(res)}
+	a := &sent{c: c, res: res, continued: c.continues(res), guessed: guessed}
 	if res.Continues() && !a.continued {
 		a.res = res.FullContextRetry() // offered, but not on this connection
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
+	"github.com/contstore/contstore/store/storetest"
 )
 
 // transport names an upstream transport under test.
@@ -643,42 +644,54 @@ func (h *heldCalls) let(t *testing.T, d time.Duration) {
 }
 
 // newHeldRig returns a rig on a store on miniredis (namespace, guesses as
-// in opts) whose calls of script wait for held to let them go, with
-// Affinity as given, and the miniredis.
+// in opts: a store that keeps guesses has found that owners stay) whose
+// calls of script wait for held to let them go, with Affinity as given,
+// and the miniredis.
 func newHeldRig(t *testing.T, script *lua.Script, opts store.Options, affinity bool) (*rig, *heldCalls, *miniredis.Miniredis) {
 	t.Helper()
 	held := &heldCalls{script: script, release: make(chan struct{})}
 	mr, rc := redistest.Miniredis(t)
-	rc.AddHook(held)
 	opts.Replica, opts.OpTimeout = "r1", 10*time.Second
 	st, err := store.NewRedis(rc, opts)
 	require.NoError(t, err)
+	if opts.GuessOwners > 0 {
+		storetest.OwnersStay(t, st) // the store guesses from the start
+	}
+	rc.AddHook(held)
 	r := newRig(t, overHTTP, st)
 	r.proxy.cfg.Affinity = affinity
 	return r, held, mr
 }
 
-// With Affinity, the client gets a completed response's end while its
-// record is still in flight, which keeps the body's weight in the budget;
+// With Affinity, or for a turn sent on its guess, the client gets a
+// completed response's end while its record is still in flight, which keeps the body's weight in the budget;
 // the owner's next turn, sent at once, waits for the record and continues;
-// Close waits for the records in flight. Without it, the client gets the
+// Close waits for the records in flight. Otherwise the client gets the
 // end once the record is in.
-func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
+func TestWithAffinityOrAGuessTheClientDoesNotWaitForTheRecord(t *testing.T) {
 	const hold = 30 * time.Millisecond
-	for _, affinity := range []bool{false, true} {
+	for _, mode := range []struct {
+		name        string
+		affinity    bool
+		guessOwners int
+	}{{"plain", false, 0}, {"guesses", false, 16}, {"affinity", true, 0}} {
 		for _, stream := range []bool{false, true} {
-			t.Run(fmt.Sprintf("affinity=%v/stream=%v", affinity, stream), func(t *testing.T) {
-				r, held, _ := newHeldRig(t, lua.Record, store.Options{Namespace: "held"}, affinity)
+			t.Run(fmt.Sprintf("%s/stream=%v", mode.name, stream), func(t *testing.T) {
+				r, held, _ := newHeldRig(t, lua.Record, store.Options{Namespace: "held", GuessOwners: mode.guessOwners}, mode.affinity)
 				handled := make(chan struct{}, 1) // a turn's handler has returned
 				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 					r.proxy.ServeHTTP(w, req)
 					handled <- struct{}{}
 				}))
 				t.Cleanup(srv.Close)
+				// inFlight tells whether turn's record is in flight as the
+				// client gets its end: with Affinity, or on its guess.
+				inFlight := func(turn int) bool { return mode.affinity || mode.guessOwners > 0 && turn > 0 }
 				input := []any{map[string]any{"role": "user", "content": "hi"}}
-				for turn := range 6 {
+				const turns = 6
+				for turn := range turns {
 					sent := time.Now()
-					if !affinity || turn > 0 {
+					if !inFlight(turn) || turn > 0 && inFlight(turn-1) {
 						held.let(t, hold) // this turn's record, or the previous turn's after this turn's request went
 					}
 					a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s-held"}},
@@ -690,7 +703,7 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 					case <-time.After(5 * time.Second):
 						t.Fatalf("turn %d: the handler did not return", turn)
 					}
-					if affinity {
+					if inFlight(turn) {
 						require.False(t, held.stuck.Load(), "turn %d: the client got the end only after its record", turn)
 					} else {
 						require.GreaterOrEqual(t, time.Since(sent), hold, "turn %d: the client got the end before its record", turn)
@@ -699,7 +712,10 @@ func TestWithAffinityTheClientDoesNotWaitForTheRecord(t *testing.T) {
 				}
 				stats := r.proxy.Stats()
 				assert.Equal(t, stats.Turns-1, stats.Continued, "every turn after the first continues")
-				if !affinity {
+				if mode.guessOwners > 0 {
+					assert.Equal(t, stats.Turns-1, stats.Guessed, "every turn after the first goes on its guess")
+				}
+				if !inFlight(turns - 1) {
 					assert.True(t, budgetFree(r.proxy), "a turn's body leaves the budget once its handler returned")
 					return
 				}

@@ -12,11 +12,12 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// A recording is a completed response's record (store.Store.Record). With
-// Config.Affinity, on a store that is not in process and for a turn that
-// ran on this replica's upstream (not forwarded), it runs on a goroutine
-// of its own and the response's end reaches the client while it is in
-// flight; otherwise it is in before the end, on the turn's goroutine. The
+// A recording is a completed response's record (store.Store.Record). On a
+// store that is not in process, for a turn that ran on this replica's
+// upstream (not forwarded), with Config.Affinity or when the turn went on
+// its guess (the owner stays here), it runs on a goroutine of its own and
+// the response's end reaches the client while it is in flight; otherwise
+// it is in before the end, on the turn's goroutine. The
 // owner's next turn on this replica reserves after it (Proxy.reserve).
 // The turn's handler tells it, once the end is written, whether the client
 // got it (recording.end); once both that and the record are in, the one
@@ -49,7 +50,7 @@ func (p *Proxy) record(ctx context.Context, lg *slog.Logger, h *hold, a *sent, o
 	// owner's next turn here finds it in flight (Proxy.reserve).
 	key := p.records.add(a.res.Owner)
 	_, forwarded := a.c.(*forwardConn)
-	if !p.cfg.Affinity || p.cfg.Store.InProcess() || forwarded {
+	if !(p.cfg.Affinity || a.guessed) || p.cfg.Store.InProcess() || forwarded {
 		rec.run(key, result)
 		return rec
 	}
@@ -192,8 +193,8 @@ func (rs *records) waitAll() {
 // reserve reserves turn t for who (store.Store.Reserve) once who's records
 // in flight on this replica are in, so that a turn sent the moment the
 // previous one's end arrived continues it. The wait ends with the client's
-// request, and after one of the store's operations at most. With Affinity,
-// t goes upstream on the store's guess while the store reserves it
+// request, and after one of the store's operations at most. On a store
+// that guesses, t goes upstream on the guess while the store reserves it
 // (early.go).
 func (p *Proxy) reserve(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *store.Reservation {
 	if !who.IsZero() {

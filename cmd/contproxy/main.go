@@ -95,7 +95,7 @@ type config struct {
 	logLevel, advertise, forwardSecret, routingHeader string
 	profile                                           fingerprint.Profile
 	fakeUpstream, noContinuation, affinity            bool
-	sockets, maxConns                                 int
+	sockets, maxConns, guessOwners                    int
 	maxCredentials                                    int
 	socketIdleTimeout                                 time.Duration
 	maxBody, maxBytesInFlight                         int64
@@ -190,7 +190,8 @@ Flags:
 	fs.StringVar(&c.advertise, "advertise", "", "`address` (host:port) the other replicas reach this one at, for forwarding (default: -listen, when it names a host)")
 	fs.StringVar(&c.forwardSecret, "forward-secret", "", "secret shared by the replicas, at least 32 bytes, that turns on forwarding: a WebSocket turn landing on a replica that does not hold its socket goes to the one that does (set it as CONTPROXY_FORWARD_SECRET: flags show in ps)")
 	fs.StringVar(&c.routingHeader, "routing-header", "Contproxy-Replica", "answer `header` naming the replica holding the turn's socket, for load balancer affinity; - for none")
-	fs.BoolVar(&c.affinity, "affinity", false, "the load balancer sends an owner's turns to the replica that served its last one: the client gets a response's end without waiting for its record in Redis, and a turn goes upstream on this replica's last record of its owner while Redis reserves it (a next turn sent at once to another replica may then go with the full context)")
+	fs.BoolVar(&c.affinity, "affinity", false, "the load balancer sends an owner's turns to the replica that served its last one: the client gets a response's end without waiting for its record in Redis (a next turn sent at once to another replica may then go with the full context)")
+	fs.IntVar(&c.guessOwners, "guess-owners", 10_000, "HTTP transport with Redis: how many owners' last records the replica remembers, to send the next turn of an owner whose turns keep coming to it upstream while Redis reserves it, and give that turn's end without waiting for its record; 0 for none")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -229,6 +230,8 @@ func (c *config) check() error {
 		return fmt.Errorf("-sockets %d: need 0 (the default) or more", c.sockets)
 	case c.maxConns < 1:
 		return fmt.Errorf("-max-conns %d: need at least 1", c.maxConns)
+	case c.guessOwners < 0:
+		return fmt.Errorf("-guess-owners %d: need 0 or more", c.guessOwners)
 	case c.maxBody < 0:
 		return fmt.Errorf("-max-body %d: need 0 (the default) or more", c.maxBody)
 	case c.forwardSecret != "" && len(c.forwardSecret) < 32:
@@ -610,21 +613,15 @@ func listen(c config, logger *slog.Logger) (client, ops net.Listener, _ error) {
 // a connection (go-redis's default is 10 a CPU), opened only as needed.
 const redisPoolSize = 128
 
-// guessOwners is how many owners' last records a replica under -affinity
-// remembers, to send their next turn upstream while Redis reserves it: as
-// many as the store keeps by default (store.Options.MaxOwners).
-const guessOwners = 10_000
-
 // openStore opens the store the flags name and a go-redis client of its
 // Redis (nil for the in-process store), which the forwarding directory
 // uses; closeStore closes what it opened.
 func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
 	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile}
-	if c.affinity && c.transport == "http" && (c.redisURL != "" || c.redisCluster != "") {
+	if c.transport == "http" && (c.redisURL != "" || c.redisCluster != "") {
 		// A turn goes upstream on this replica's last record of its
-		// owner while Redis reserves it (HTTP upstream only): remember as
-		// many owners as the store keeps.
-		opts.GuessOwners = guessOwners
+		// owner while Redis reserves it (HTTP upstream only).
+		opts.GuessOwners = c.guessOwners
 	}
 	// The client settings docs/operating.md recommends: the client honours the
 	// store's deadline, and a re-sent script answers as its first run.

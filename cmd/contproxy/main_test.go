@@ -197,6 +197,7 @@ func TestBadFlagsAreRefused(t *testing.T) {
 		{"-fake-upstream", "-sockets", "-1"},
 		{"-fake-upstream", "-max-body", "-1"},
 		{"-fake-upstream", "-max-conns", "0"},
+		{"-fake-upstream", "-guess-owners", "-1"},
 		{"-fake-upstream", "-body-timeout", "0s"},
 		{"-fake-upstream", "-idle-timeout", "-1s"},
 		{"-fake-upstream", "-redis", "redis://x", "-redis-client", "redigo"},
