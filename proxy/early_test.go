@@ -55,18 +55,6 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 					require.NoError(t, json.Unmarshal(a.response["id"], &id))
 					return id
 				}
-				// answered returns the previous_response_id of the upstream
-				// request that a response the client got answered.
-				answered := func(id string) string {
-					t.Helper()
-					resp, err := http.Get(r.upstream.URL + "/v1/responses/" + id)
-					require.NoError(t, err)
-					defer resp.Body.Close()
-					b, err := io.ReadAll(resp.Body)
-					require.NoError(t, err)
-					require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-					return gjson.GetBytes(b, "previous_response_id").String()
-				}
 				upstreamGot := func() []string {
 					var got []string
 					for {
@@ -104,7 +92,7 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				} else {
 					assert.Equal(t, first, <-early, "the upstream got the turn, continued, while the store reserved it")
 				}
-				assert.Equal(t, first, answered(second), "the client got the answer to the continued turn")
+				assert.Equal(t, first, previousOf(t, r, second), "the client got the answer to the continued turn")
 				stats := r.proxy.Stats()
 				assert.Equal(t, int64(1), stats.Continued, "the second turn continues")
 				if !guesses {
@@ -123,7 +111,7 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				third := turn()
 				assert.Equal(t, second, <-early, "the guess went while the store reserved the turn")
 				assert.Equal(t, []string{""}, upstreamGot(), "then the full context")
-				assert.Empty(t, answered(third), "the client got the answer to the full context, not to the guess")
+				assert.Empty(t, previousOf(t, r, third), "the client got the answer to the full context, not to the guess")
 				stats = r.proxy.Stats()
 				assert.Equal(t, int64(1), stats.Continued, "the third turn goes whole")
 				assert.Equal(t, int64(1), stats.GuessesDropped)
@@ -131,7 +119,7 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				reserveOnceSent()
 				fourth := turn()
 				assert.Equal(t, third, <-early, "the fourth turn continues the third, guessed")
-				assert.Equal(t, third, answered(fourth))
+				assert.Equal(t, third, previousOf(t, r, fourth))
 				assert.Empty(t, upstreamGot())
 				stats = r.proxy.Stats()
 				assert.Equal(t, int64(2), stats.Continued)
@@ -190,4 +178,61 @@ func TestOwnersThatMoveAreNotGuessed(t *testing.T) {
 			assert.Equal(t, int64(owners*(turns-1)), continued, "every later turn continues through the store")
 		})
 	}
+}
+
+// A turn sent on its guess that the upstream refuses (the response is
+// gone) is sent again with the full context, unseen by the client, and,
+// its owner staying on this replica, recorded while its end reaches the
+// client; the owner's next turn continues that answer, on its guess.
+func TestAGuessTheUpstreamRefusesIsSentAgainWhole(t *testing.T) {
+	r, held, _ := newHeldRig(t, lua.Record, store.Options{Namespace: "refused", GuessOwners: 16}, false)
+	input := []any{map[string]any{"role": "user", "content": "hi"}}
+	turn := func() string {
+		t.Helper()
+		a := post(t, r.url, http.Header{"X-Session-Id": {"s-refused"}}, map[string]any{"model": "gpt-test", "input": input})
+		require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+		require.False(t, held.stuck.Load(), "the client got the end only after its record")
+		input = a.next(input, fmt.Sprint("more ", len(input)+len(a.output)))
+		var id string
+		require.NoError(t, json.Unmarshal(a.response["id"], &id))
+		return id
+	}
+	held.let(t, 0) // the opening turn's record, in before its end
+	first := turn()
+	req, err := http.NewRequest(http.MethodDelete, r.upstream.URL+"/v1/responses/"+first, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	second := turn() // its record is held: the end came first
+	stats := r.proxy.Stats()
+	assert.Equal(t, int64(1), stats.Guessed)
+	assert.Equal(t, int64(1), stats.FullContextRetries, "refused, then sent whole")
+	assert.Zero(t, stats.GuessesDropped, "the reservation agreed with the guess")
+	assert.Zero(t, stats.Continued)
+
+	held.let(t, 0) // the second turn's record, which the third waits for
+	third := turn()
+	held.let(t, 0) // the third's
+	r.proxy.records.waitAll()
+	assert.Equal(t, second, previousOf(t, r, third), "the third turn continues the second's answer")
+	stats = r.proxy.Stats()
+	assert.Equal(t, int64(2), stats.Guessed)
+	assert.Equal(t, int64(1), stats.Continued)
+	assert.Zero(t, stats.GuessesDropped)
+}
+
+// previousOf returns the previous_response_id of the upstream request
+// that response id, which a client of r got, answered.
+func previousOf(t *testing.T, r *rig, id string) string {
+	t.Helper()
+	resp, err := http.Get(r.upstream.URL + "/v1/responses/" + id)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	return gjson.GetBytes(b, "previous_response_id").String()
 }

@@ -11,7 +11,8 @@ import (
 // count them (contproxy exports them to Prometheus) or log them. Observe
 // is called on the turn's goroutine, or StepEnd of a turn recorded on a
 // goroutine of its own (while the client gets the end, see
-// Config.Affinity) on that one once the store has answered: it must return quickly, not block and not panic.
+// Config.Affinity) on that one once the store has answered: it must
+// return quickly, not block and not panic.
 type Observer interface {
 	Observe(Event)
 }

@@ -11,11 +11,11 @@
 // upstream's events to the client as they arrive (stream true) or relays
 // its JSON answer. It records a completed response (store.Store.Record)
 // before the client gets its end (response.completed, or the JSON body),
-// so that a client sending its next turn at once finds it, or, on a store
-// that is not in process, as the client gets it when the owner stays on
-// this replica (a turn sent on the store's guess, see Config.Affinity) or
-// with Config.Affinity. It aborts the turn (store.Store.Abort) on anything else, and after
-// the record when the client never got the end. An upstream that refuses
+// so that a client sending its next turn at once finds it; on a store
+// that is not in process, it records it as the client gets it with
+// Config.Affinity, or when the turn went on the store's guess (the owner
+// stays on this replica). It aborts the turn (store.Store.Abort) on
+// anything else, and after the record when the client never got the end. An upstream that refuses
 // a continuation before anything reached the client gets the same turn
 // again with the full context, unseen by the client; after a few refusals
 // in a row for one model, that model's turns go with the full context for
@@ -151,8 +151,9 @@ type Config struct {
 	ClientSocketLifetime time.Duration
 	// MaxBytesInFlight bounds the memory the requests read in full hold
 	// at once on this replica: each turn's body until its turn ends (its
-	// record, when it is in after the end), each WebSocket message until it is answered,
-	// a body weighing twice its size plus 80 bytes an input item
+	// record, when it is in after the end), each WebSocket message until
+	// it is answered, a body weighing twice its size plus 80 bytes an
+	// input item
 	// (budget.go). A turn that finds no room within a second gets 503,
 	// code server_busy, with Retry-After: 1 (an error event with status
 	// 503 in the WebSocket mode, whose connection stops reading

@@ -664,10 +664,10 @@ func newHeldRig(t *testing.T, script *lua.Script, opts store.Options, affinity b
 }
 
 // With Affinity, or for a turn sent on its guess, the client gets a
-// completed response's end while its record is still in flight, which keeps the body's weight in the budget;
-// the owner's next turn, sent at once, waits for the record and continues;
-// Close waits for the records in flight. Otherwise the client gets the
-// end once the record is in.
+// completed response's end while its record is still in flight, which
+// keeps the body's weight in the budget; the owner's next turn, sent at
+// once, waits for the record and continues; Close waits for the records
+// in flight. Otherwise the client gets the end once the record is in.
 func TestWithAffinityOrAGuessTheClientDoesNotWaitForTheRecord(t *testing.T) {
 	const hold = 30 * time.Millisecond
 	for _, mode := range []struct {

@@ -38,8 +38,9 @@ type Stats struct {
 	// flight held the whole MaxBytesInFlight.
 	RefusedBusy int64
 	// Guessed counts turns sent upstream on a guess while the store
-	// reserved them (Config.Affinity); GuessesDropped those whose reservation
-	// did not agree, their answer dropped and the turn sent again.
+	// reserved them (store.Options.GuessOwners, see Config.Affinity);
+	// GuessesDropped those whose reservation did not agree, their answer
+	// dropped and the turn sent again.
 	Guessed, GuessesDropped int64
 }
 

@@ -20,19 +20,19 @@ import (
 // owner whose turns go from store to store (round-robin replicas, a load
 // balancer that moves it) costs a few dropped guesses, not one a turn.
 // And the Store guesses only while owners stay on it: while its recent
-// turns that found a continuation of an owner it remembers (counted with
-// a weight that falls by a sixteenth a turn) found the one it had left at
-// least 4 times, and 7 times as often as another store's. A Store thus
-// starts guessing after about five such turns in a row, and behind a load
-// balancer that spreads an owner's turns over the replicas it does not
-// start, or stops after a few dropped guesses. A guess reserves nothing:
-// its Turn is 0, and Record and Abort ignore it.
+// turns that found an owner's continuation (counted with a weight that
+// falls by a sixteenth a turn) found the one it had left at least 4
+// times, and 7 times as often as another store's or one it no longer
+// remembers. A Store thus starts guessing after about five such turns in
+// a row, and behind a load balancer that spreads an owner's turns over
+// the replicas it does not start, or stops after a few dropped guesses. A
+// guess reserves nothing: its Turn is 0, and Record and Abort ignore it.
 //
-// A gateway that sees every turn of an owner may send a guess upstream
-// while Reserve runs, and keep the upstream's answer only when the
-// reservation agrees with it ([Reservation.Agrees]); otherwise it drops
-// that answer and sends as the reservation says. A continuation is
-// guessed once, until the owner's next record.
+// A gateway may send a guess upstream while Reserve runs, and keep the
+// upstream's answer only when the reservation agrees with it
+// ([Reservation.Agrees]); otherwise it drops that answer and sends as the
+// reservation says. A continuation is guessed once, until the owner's
+// next record.
 func (s *Store) Guess(owner identity.Owner, req *fingerprint.Request) *Reservation {
 	if s.guesses == nil || s.opts.Disabled || owner.IsZero() || req == nil || req.InputSkipped() {
 		return nil
@@ -66,10 +66,10 @@ type guesses struct {
 	recent *simplelru.LRU[string, *guessed]
 	ttl    time.Duration
 	now    func() time.Time
-	// stayed and moved count the turns that found a continuation of an
-	// owner this Store remembers: the one it had left, or another
-	// store's. Each such turn weighs 1, and every older one a sixteenth
-	// less than before.
+	// stayed and moved count the turns that found an owner's
+	// continuation: the one this Store had left, or another store's or
+	// one it no longer remembers. Each such turn weighs 1, and every older
+	// one a sixteenth less than before.
 	stayed, moved float64
 }
 
@@ -149,10 +149,12 @@ func newGuesses(o Options) *guesses {
 }
 
 // found counts a reserve that found got, given this Store's last record
-// of its owner (mine, nil when it remembers none), in how owners stay.
+// of its owner (mine, nil when it remembers none), in how owners stay. A
+// continuation of an owner the Store does not remember counts as
+// another store's: one it forgot cannot be guessed either.
 func (g *guesses) found(mine *guessed, got reserved) {
-	if g == nil || mine == nil || !got.Existed || got.Prev == nil {
-		return // nothing known of where the owner's last turn ran
+	if g == nil || !got.Existed || got.Prev == nil {
+		return // a new owner, or a turn in flight took the continuation
 	}
 	g.mu.Lock()
 	g.stayed, g.moved = g.stayed*15/16, g.moved*15/16
@@ -165,13 +167,21 @@ func (g *guesses) found(mine *guessed, got reserved) {
 }
 
 // remember keeps c as owner's continuation, recorded in a turn whose
-// reserve was sent at reserved and found the owner staying as st says.
+// reserve was sent at reserved and found the owner staying as st says: as
+// the owner's state holds it, with the references its encoding keeps, so
+// that a guess decides as a reserve that finds it does.
 func (g *guesses) remember(owner identity.Owner, c continuation, reserved time.Time, st stay) {
-	if g != nil {
-		g.mu.Lock()
-		g.recent.Add(owner.Key(), &guessed{c: c, at: reserved, stay: st})
-		g.mu.Unlock()
+	if g == nil {
+		return
 	}
+	held, err := decodeContinuation(encodeContinuation(c))
+	if err != nil {
+		g.forget(owner) // what the state cannot give back is not guessed
+		return
+	}
+	g.mu.Lock()
+	g.recent.Add(owner.Key(), &guessed{c: held, at: reserved, stay: st})
+	g.mu.Unlock()
 }
 
 // forget drops owner's continuation.

@@ -237,6 +237,30 @@ func TestRedisURLIsReadByTheChosenClient(t *testing.T) {
 	}
 }
 
+// A store on Redis in front of an HTTP upstream keeps -guess-owners
+// owners' guesses; a store in process, or in front of a WebSocket
+// upstream, keeps none.
+func TestGuessOwnersReachesTheStore(t *testing.T) {
+	const redisURL = "redis://127.0.0.1:1/0"
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"-fake-upstream", "-redis", redisURL}, 10_000},
+		{[]string{"-fake-upstream", "-redis", redisURL, "-guess-owners", "50"}, 50},
+		{[]string{"-fake-upstream", "-redis", redisURL, "-guess-owners", "0"}, 0},
+		{[]string{"-upstream", "wss://up.example/v1", "-redis", redisURL}, 0},
+		{[]string{"-fake-upstream"}, 0},
+	} {
+		c, err := parse(tc.args, noEnv, io.Discard)
+		require.NoError(t, err)
+		st, _, closeStore, err := openStore(c, prommetrics.New(prommetrics.Options{}))
+		require.NoError(t, err, "%q", tc.args)
+		assert.Equal(t, tc.want, st.Options().GuessOwners, "%q", tc.args)
+		closeStore()
+	}
+}
+
 // start runs contproxy with args until the test ends or stop is called;
 // it serves clients at addr and metrics at ops.
 func start(t *testing.T, args ...string) (addr, ops string, stop func() error) {

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 
@@ -105,9 +106,9 @@ func testGuess(t *testing.T, open Opener) {
 
 // testGuessWhileOwnersStay: a store guesses only while owners stay on it.
 // A new store guesses nothing until a few turns in a row found an owner as
-// it had left it. Once a few turns in a row found another store's record
-// of owners it remembered, it guesses no owner, not even one that stays,
-// until owners have stayed again.
+// it had left it. Once a few turns in a row found another store's record,
+// or that of an owner it forgot, it guesses no owner, not even one that
+// stays, until owners have stayed again.
 func testGuessWhileOwnersStay(t *testing.T, open Opener) {
 	s := open(t, store.Options{GuessOwners: 8})
 	other := open(t, store.Options{GuessOwners: 8}) // another replica on the same state
@@ -130,6 +131,44 @@ func testGuessWhileOwnersStay(t *testing.T, open Opener) {
 		publish(t, s, owner, opening(t, n), fmt.Sprint("resp_", n))
 	}
 	assert.True(t, s.Guess(owner, opening(t, 24)).Continues(), "owners stay again")
+
+	// Owners a store no longer remembers (GuessOwners over) count as
+	// moved: it cannot tell where their last turns ran.
+	small := open(t, store.Options{GuessOwners: 1})
+	OwnersStay(t, small)
+	forgotten := numbered(t, "forgotten", 3)
+	for n := 1; n <= 2; n++ {
+		for _, o := range forgotten {
+			publish(t, small, o, opening(t, n), fmt.Sprint("resp_", n))
+		}
+	}
+	publish(t, small, owner, opening(t, 1), "resp_1")
+	assert.Nil(t, small.Guess(owner, opening(t, 2)), "three turns found owners the store forgot")
+}
+
+// testGuessDecidesAsTheState: a guess decides from the continuation as the
+// owner's state holds it: a turn whose output has more items with ids
+// than the state keeps references for is guessed as the reserve decides,
+// not from all of them.
+func testGuessDecidesAsTheState(t *testing.T, open Opener) {
+	s := open(t, store.Options{GuessOwners: 2})
+	OwnersStay(t, s)
+	owner := mainOwner(t, "session-many-references")
+	var output []json.RawMessage
+	next := []string{message("hi")}
+	for i := range 8 {
+		output = append(output, json.RawMessage(fmt.Sprintf(`{"id":"rs_%d","type":"reasoning","summary":[]}`, i)))
+		next = append(next, fmt.Sprintf(`{"type":"item_reference","id":"rs_%d"}`, i))
+	}
+	next = append(next, message("more"))
+	res := s.Reserve(ctx, owner, req(t, "hi"))
+	out, err := s.Record(ctx, res, store.Result{ResponseID: "resp_many", Socket: store.Socket{Any: true}, Output: output})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+	guess := s.Guess(owner, parse(t, body("", next...)))
+	res = s.Reserve(ctx, owner, parse(t, body("", next...)))
+	require.Equal(t, store.ReasonNotAppendOnly, res.Reason, "the state keeps the first references only")
+	assert.Nil(t, guess, "guessed from references the state does not keep")
 }
 
 // OwnersStay plays turns of an owner of its own on s, one after another,

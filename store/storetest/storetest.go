@@ -109,6 +109,7 @@ var cases = []struct {
 	{"ClearRemovesStateWhateverTheTurn", testClear, nil},
 	{"GuessIsTheReservationOfTheStoresOwnRecord", testGuess, nil},
 	{"GuessOnlyWhileOwnersStay", testGuessWhileOwnersStay, nil},
+	{"GuessDecidesAsTheState", testGuessDecidesAsTheState, nil},
 	{"ConcurrentTurnsOnOneOwner", testConcurrentTurns, nil},
 	{"EvictionKeepsTheMostRecentlyTouched", testEvictionKeepsMostRecent, nil},
 	{"TouchMovesAnOwnerToTheBack", nil, testTouchMovesToTheBack},
