@@ -14,19 +14,21 @@ import (
 // owner's state were still the continuation this Store last recorded for
 // it, decided without a round trip; nil when the Store remembers none
 // (Options.GuessOwners), when that continuation would not continue the
-// request, or when the owner does not stay on this Store. An owner stays
-// once the turns this Store served found it new or as this Store had left
-// it, 2^m times in a row for an owner this Store found moved m times: an
-// owner whose turns go from store to store (round-robin replicas, a load
-// balancer that moves it) costs a few dropped guesses, not one a turn.
-// And the Store guesses only while owners stay on it: while its recent
-// turns that found an owner's continuation (counted with a weight that
-// falls by a sixteenth a turn) found the one it had left at least 4
-// times, and 7 times as often as another store's or one it no longer
-// remembers. A Store thus starts guessing after about five such turns in
-// a row, and behind a load balancer that spreads an owner's turns over
-// the replicas it does not start, or stops after a few dropped guesses. A
-// guess reserves nothing: its Turn is 0, and Record and Abort ignore it.
+// request, while the breaker of the owner's partition is not closed (its
+// reserve would fail open), or when the owner does not stay on this
+// Store. An owner stays once the turns this Store served found it new or
+// as this Store had left it, 2^m times in a row for an owner this Store
+// found moved m times: an owner whose turns go from store to store
+// (round-robin replicas, a load balancer that moves it) costs a few
+// dropped guesses, not one a turn. And the Store guesses only while
+// owners stay on it: while its recent turns that found an owner's
+// continuation (counted with a weight that falls by a sixteenth a turn)
+// found the one it had left at least 4 times, and 7 times as often as
+// another store's or one it no longer remembers. A Store thus starts
+// guessing after about five such turns in a row, and behind a load
+// balancer that spreads an owner's turns over the replicas it does not
+// start, or stops after a few dropped guesses. A guess reserves nothing:
+// its Turn is 0, and Record and Abort ignore it.
 //
 // A gateway may send a guess upstream while Reserve runs, and keep the
 // upstream's answer only when the reservation agrees with it
@@ -34,7 +36,8 @@ import (
 // reservation says. A continuation is guessed once, until the owner's
 // next record.
 func (s *Store) Guess(owner identity.Owner, req *fingerprint.Request) *Reservation {
-	if s.guesses == nil || s.opts.Disabled || owner.IsZero() || req == nil || req.InputSkipped() {
+	if s.guesses == nil || s.opts.Disabled || owner.IsZero() || req == nil || req.InputSkipped() ||
+		!s.guard.Closed(s.partition(owner)) {
 		return nil
 	}
 	prev, ok := s.guesses.guess(owner)

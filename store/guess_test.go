@@ -42,3 +42,34 @@ func TestAGuessLivesWhileTheStateSurelyDoes(t *testing.T) {
 		assert.Equal(t, c.lives, s.Guess(owner, two) != nil, "idle %v", c.idle)
 	}
 }
+
+// A store guesses nothing for an owner whose partition's breaker is not
+// closed: its reserve would fail open, and the guess be dropped. Once
+// Redis answers again and a record publishes, it guesses again.
+func TestNoGuessWhileTheBreakerIsOpen(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	clk := redistest.NewClock(time.Now())
+	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{Partitions: 1, BreakerFailures: 1, GuessOwners: 4}, clk.Now))
+	require.NoError(t, err)
+	storetest.OwnersStay(t, s)
+	ctx := context.Background()
+	owner, err := identity.Main("session-breaker")
+	require.NoError(t, err)
+	other, err := identity.Main("session-breaker-other")
+	require.NoError(t, err)
+	one, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"}]}`))
+	require.NoError(t, err)
+	two, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"},{"role":"user","content":"two"}]}`))
+	require.NoError(t, err)
+	_, err = s.Record(ctx, s.Reserve(ctx, owner, one), store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
+	require.NoError(t, err)
+
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, other, one).Reason) // opens the breaker
+	assert.Nil(t, s.Guess(owner, two), "the breaker is open")
+	mr.SetError("")
+	clk.Add(time.Second) // past the cooldown: the next call probes
+	assert.Nil(t, s.Guess(owner, two), "cooled down, but no call probed Redis yet")
+	require.Equal(t, store.ReasonMissingState, s.Reserve(ctx, other, one).Reason, "the probe closes the breaker")
+	assert.True(t, s.Guess(owner, two).Continues(), "closed")
+}

@@ -62,6 +62,12 @@ func (g *Guard) of(p int) *breaker {
 	return g.breakers[p]
 }
 
+// Closed reports whether partition p's breaker is closed: its calls reach
+// the backend.
+func (g *Guard) Closed(p int) bool {
+	return g.of(p).snapshot().State == BreakerClosed
+}
+
 // Statuses returns the status of every breaker, by partition.
 func (g *Guard) Statuses() []BreakerStatus {
 	out := make([]BreakerStatus, len(g.breakers))
