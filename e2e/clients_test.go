@@ -81,6 +81,13 @@ var scenarios = []scenario{
 		name: "D-ws-4-replicas-forwarding", transport: "ws", store: false, replicas: 4, forward: true,
 		others: continuation{atLeast: 0.9}, codex: continuation{atLeast: 0.9}, noRetries: true,
 	},
+	{
+		// One replica sees every turn: once owners have stayed a few
+		// turns, the clients' continued turns go upstream on its guesses
+		// while Redis reserves them.
+		name: "E-http-store-1-replica", transport: "http", store: true, replicas: 1, keepsOwners: true,
+		others: continuation{atLeast: 0.95}, codex: continuation{never: true}, noRetries: true,
+	},
 }
 
 // clientEnvironment is what a client run gets.
