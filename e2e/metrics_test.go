@@ -21,9 +21,9 @@ type counters struct {
 	// over and served itself with the full context; forwardedIn the turns a
 	// replica carried for another.
 	forwarded, forwardFailures, forwardedIn int
-	// guessed counts the turns a replica sent upstream on
-	// its last record of their owner while Redis reserved them;
-	// guessesDropped those whose reservation disagreed.
+	// guessed counts the turns a replica sent upstream on its last record
+	// of their owner while Redis reserved them; guessesDropped those whose
+	// reservation disagreed.
 	guessed, guessesDropped int
 }
 

@@ -15,13 +15,14 @@
 // that is not in process, it records it as the client gets it with
 // Config.Affinity, or when the turn went on the store's guess (the owner
 // stays on this replica). It aborts the turn (store.Store.Abort) on
-// anything else, and after the record when the client never got the end. An upstream that refuses
-// a continuation before anything reached the client gets the same turn
-// again with the full context, unseen by the client; after a few refusals
-// in a row for one model, that model's turns go with the full context for
-// a while (Learning), and Config.NoContinuation never continues. The
-// client sees what it would see without the proxy: when a turn was
-// continued, the previous_response_id the proxy added is shown as null.
+// anything else, and after the record when the client never got the end.
+// An upstream that refuses a continuation before anything reached the
+// client gets the same turn again with the full context, unseen by the
+// client; after a few refusals in a row for one model, that model's turns
+// go with the full context for a while (Learning), and
+// Config.NoContinuation never continues. The client sees what it would
+// see without the proxy: when a turn was continued, the
+// previous_response_id the proxy added is shown as null.
 //
 // A request that carries its own previous_response_id or conversation is
 // forwarded as sent, outside the store. Store failures never fail a
@@ -128,16 +129,17 @@ type Config struct {
 	// replica, but that of a turn sent on a guess (below), whose owner
 	// stays here.
 	//
-	// On a store that keeps guesses (store.Options.GuessOwners), with or
-	// without Affinity, a turn that continues this replica's last record
-	// of an owner that stays here, a response the HTTP upstream keeps,
-	// goes upstream while the store reserves it (store.Store.Guess). It
-	// keeps the upstream's answer when the reservation agrees; otherwise
-	// that answer is dropped, unseen, and the turn is sent as the
-	// reservation says: an upstream call wasted, counted in
-	// Stats.GuessesDropped. The store guesses only while owners stay on
-	// this replica, so that behind a load balancer that spreads an owner's
-	// turns it stops after a few.
+	// On a store that is not in process and keeps guesses
+	// (store.Options.GuessOwners), with or without Affinity, a turn that
+	// continues this replica's last record of an owner that stays here, a
+	// response the HTTP upstream keeps, goes upstream while the store
+	// reserves it (store.Store.Guess). It keeps the upstream's answer when
+	// the reservation agrees; otherwise that answer is dropped, unseen,
+	// and the turn is sent as the reservation says: an upstream call
+	// wasted, counted in Stats.GuessesDropped. The store guesses only
+	// while owners stay on this replica, so that behind a load balancer
+	// that spreads an owner's turns it does not guess, or stops after a
+	// few dropped guesses.
 	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no
 	// responses. Every request goes upstream as the client sent it,
@@ -153,10 +155,9 @@ type Config struct {
 	// at once on this replica: each turn's body until its turn ends (its
 	// record, when it is in after the end), each WebSocket message until
 	// it is answered, a body weighing twice its size plus 80 bytes an
-	// input item
-	// (budget.go). A turn that finds no room within a second gets 503,
-	// code server_busy, with Retry-After: 1 (an error event with status
-	// 503 in the WebSocket mode, whose connection stops reading
+	// input item (budget.go). A turn that finds no room within a second
+	// gets 503, code server_busy, with Retry-After: 1 (an error event with
+	// status 503 in the WebSocket mode, whose connection stops reading
 	// meanwhile); one that could never fit gets 413 at once. Default 256
 	// MiB.
 	MaxBytesInFlight int64

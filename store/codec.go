@@ -88,6 +88,16 @@ func appendContinuation(b []byte, c continuation) []byte {
 	return b
 }
 
+// asStored returns c as an owner's state gives it back, with the
+// references its encoding keeps, and the length of that encoding.
+func asStored(c continuation) (continuation, int) {
+	enc := encodeContinuation(c)
+	if back, err := decodeContinuation(enc); err == nil { // enc is c's encoding: it decodes
+		c.Transcript.References = back.Transcript.References
+	}
+	return c, len(enc)
+}
+
 // compactValue is the longest value Redis keeps in a hash's compact
 // encoding by default (hash-max-listpack-value): references are left out
 // of a continuation rather than make it longer.

@@ -15,7 +15,7 @@ import (
 // it, decided without a round trip; nil when the Store remembers none
 // (Options.GuessOwners), when that continuation would not continue the
 // request, while the breaker of the owner's partition is not closed (its
-// reserve would fail open), or when the owner does not stay on this
+// reserve may fail open), or when the owner does not stay on this
 // Store. An owner stays once the turns this Store served found it new or
 // as this Store had left it, 2^m times in a row for an owner this Store
 // found moved m times: an owner whose turns go from store to store
@@ -83,8 +83,8 @@ const (
 	stayedPerMove = 7
 )
 
-// staying reports whether owners stay on the Store.
-func (g *guesses) staying() bool {
+// ownersStay reports whether owners stay on the Store.
+func (g *guesses) ownersStay() bool {
 	return g.stayed >= minStayed && g.stayed >= stayedPerMove*g.moved
 }
 
@@ -177,14 +177,26 @@ func (g *guesses) remember(owner identity.Owner, c continuation, reserved time.T
 	if g == nil {
 		return
 	}
-	held, err := decodeContinuation(encodeContinuation(c))
-	if err != nil {
-		g.forget(owner) // what the state cannot give back is not guessed
+	c, _ = asStored(c)
+	g.mu.Lock()
+	g.recent.Add(owner.Key(), &guessed{c: c, at: reserved, stay: st})
+	g.mu.Unlock()
+}
+
+// putBack puts mine back as owner's continuation after a reserve that
+// took it failed, unless a record since remembered a newer one: not to be
+// guessed (the reserve may have consumed it), but so that the owner's
+// next turn finds it as this Store left it, not moved.
+func (g *guesses) putBack(owner identity.Owner, mine *guessed) {
+	if g == nil || mine == nil {
 		return
 	}
 	g.mu.Lock()
-	g.recent.Add(owner.Key(), &guessed{c: held, at: reserved, stay: st})
-	g.mu.Unlock()
+	defer g.mu.Unlock()
+	if !g.recent.Contains(owner.Key()) {
+		mine.guessed = true
+		g.recent.Add(owner.Key(), mine)
+	}
 }
 
 // forget drops owner's continuation.
@@ -219,7 +231,7 @@ func (g *guesses) guess(owner identity.Owner) (continuation, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	got, ok := g.recent.Peek(owner.Key())
-	if !ok || got.guessed || !got.stay.stays() || !g.staying() || g.now().Sub(got.at) >= g.ttl {
+	if !ok || got.guessed || !got.stay.stays() || !g.ownersStay() || g.now().Sub(got.at) >= g.ttl {
 		return continuation{}, false
 	}
 	got.guessed = true

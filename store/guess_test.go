@@ -2,12 +2,15 @@ package store_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/internal/storehooks"
@@ -72,4 +75,42 @@ func TestNoGuessWhileTheBreakerIsOpen(t *testing.T) {
 	assert.Nil(t, s.Guess(owner, two), "cooled down, but no call probed Redis yet")
 	require.Equal(t, store.ReasonMissingState, s.Reserve(ctx, other, one).Reason, "the probe closes the breaker")
 	assert.True(t, s.Guess(owner, two).Continues(), "closed")
+}
+
+// A reserve that fails withdraws the owner's guess, but not its stay: the
+// owner's next turn finds the store's continuation as the store left it,
+// and the turn after is guessed.
+func TestAFailedReserveKeepsTheOwnersStay(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	s, err := store.NewRedis(c, store.Options{GuessOwners: 4})
+	require.NoError(t, err)
+	storetest.OwnersStay(t, s)
+	ctx := context.Background()
+	owner, err := identity.Main("session-failed-reserve")
+	require.NoError(t, err)
+	turn := func(texts ...string) *fingerprint.Request {
+		items := make([]string, len(texts))
+		for i, text := range texts {
+			items[i] = fmt.Sprintf(`{"role":"user","content":%q}`, text)
+		}
+		r, err := s.ParseRequest([]byte(`{"input":[` + strings.Join(items, ",") + `]}`))
+		require.NoError(t, err)
+		return r
+	}
+	record := func(res *store.Reservation, id string) {
+		t.Helper()
+		out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: store.Socket{Any: true}})
+		require.NoError(t, err)
+		require.Equal(t, store.OutcomePublished, out)
+	}
+	record(s.Reserve(ctx, owner, turn("one")), "resp_1")
+
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	require.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, turn("one", "two")).Reason)
+	mr.SetError("")
+	assert.Nil(t, s.Guess(owner, turn("one", "two")), "the failed reserve may have consumed it")
+	res := s.Reserve(ctx, owner, turn("one", "two"))
+	require.True(t, res.Continues(), "%s", res.Reason)
+	record(res, "resp_2")
+	assert.True(t, s.Guess(owner, turn("one", "two", "three")).Continues(), "the owner stayed")
 }

@@ -182,11 +182,8 @@ func (m *memory) publish(_ context.Context, owner identity.Owner, turn Turn, c c
 	case st.turn != turn:
 		return published{Outcome: OutcomeStale}, nil
 	}
-	enc := encodeContinuation(c)
-	if back, err := decodeContinuation(enc); err == nil {
-		c.Transcript.References = back.Transcript.References // those Redis would keep
-	}
-	st.cont, st.kept = &c, int64(len(enc))
+	c, kept := asStored(c) // the references Redis would keep
+	st.cont, st.kept = &c, int64(kept)
 	// internal/lua/record.lua keeps the touch: reserve refreshes it.
 	sc := st.score.withContent(true, m.keys.stateBytes(owner.Partition(m.opts.Partitions), owner)+st.kept)
 	if sc == st.score {

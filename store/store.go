@@ -363,6 +363,7 @@ func (s *Store) Reserve(ctx context.Context, owner identity.Owner, req *fingerpr
 		return s.backend.reserve(ctx, owner)
 	})
 	if err != nil {
+		s.guesses.putBack(owner, mine)
 		res.Reason = ReasonStoreUnavailable
 		res.Err = unavailable("reserve", err)
 		s.observe(Event{Op: OpReserve, Owner: owner, Reason: res.Reason, Err: res.Err}, start)

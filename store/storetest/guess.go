@@ -142,8 +142,9 @@ func testGuessWhileOwnersStay(t *testing.T, open Opener) {
 			publish(t, small, o, opening(t, n), fmt.Sprint("resp_", n))
 		}
 	}
-	publish(t, small, owner, opening(t, 1), "resp_1")
-	assert.Nil(t, small.Guess(owner, opening(t, 2)), "three turns found owners the store forgot")
+	fresh := mainOwner(t, "session-fresh")
+	publish(t, small, fresh, opening(t, 1), "resp_1")
+	assert.Nil(t, small.Guess(fresh, opening(t, 2)), "three turns found owners the store forgot")
 }
 
 // testGuessDecidesAsTheState: a guess decides from the continuation as the
@@ -171,10 +172,10 @@ func testGuessDecidesAsTheState(t *testing.T, open Opener) {
 	assert.Nil(t, guess, "guessed from references the state does not keep")
 }
 
-// OwnersStay plays turns of an owner of its own on s, one after another,
-// until a store that keeps guesses (store.Options.GuessOwners) finds that
-// owners stay on it and guesses (store.Store.Guess), as a gateway's turns
-// would.
+// OwnersStay plays 24 turns of an owner of its own on s, one after
+// another, as a gateway's turns would, so that a store that keeps guesses
+// (store.Options.GuessOwners) finds that owners stay on it and guesses
+// (store.Store.Guess).
 func OwnersStay(t testing.TB, s *store.Store) {
 	t.Helper()
 	owner := mainOwner(t, "session-owners-stay")
