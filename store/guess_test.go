@@ -29,10 +29,7 @@ func TestAGuessLivesWhileTheStateSurelyDoes(t *testing.T) {
 	storetest.OwnersStay(t, s)
 	owner, err := identity.Main("session-guess-ttl")
 	require.NoError(t, err)
-	one, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"}]}`))
-	require.NoError(t, err)
-	two, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"},{"role":"user","content":"two"}]}`))
-	require.NoError(t, err)
+	one, two := userMessages(t, s, "one"), userMessages(t, s, "one", "two")
 	for _, c := range []struct {
 		idle  time.Duration
 		lives bool
@@ -60,10 +57,7 @@ func TestNoGuessWhileTheBreakerIsOpen(t *testing.T) {
 	require.NoError(t, err)
 	other, err := identity.Main("session-breaker-other")
 	require.NoError(t, err)
-	one, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"}]}`))
-	require.NoError(t, err)
-	two, err := s.ParseRequest([]byte(`{"input":[{"role":"user","content":"one"},{"role":"user","content":"two"}]}`))
-	require.NoError(t, err)
+	one, two := userMessages(t, s, "one"), userMessages(t, s, "one", "two")
 	_, err = s.Record(ctx, s.Reserve(ctx, owner, one), store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
 	require.NoError(t, err)
 
@@ -88,15 +82,7 @@ func TestAFailedReserveKeepsTheOwnersStay(t *testing.T) {
 	ctx := context.Background()
 	owner, err := identity.Main("session-failed-reserve")
 	require.NoError(t, err)
-	turn := func(texts ...string) *fingerprint.Request {
-		items := make([]string, len(texts))
-		for i, text := range texts {
-			items[i] = fmt.Sprintf(`{"role":"user","content":%q}`, text)
-		}
-		r, err := s.ParseRequest([]byte(`{"input":[` + strings.Join(items, ",") + `]}`))
-		require.NoError(t, err)
-		return r
-	}
+	turn := func(texts ...string) *fingerprint.Request { return userMessages(t, s, texts...) }
 	record := func(res *store.Reservation, id string) {
 		t.Helper()
 		out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: store.Socket{Any: true}})
@@ -113,4 +99,16 @@ func TestAFailedReserveKeepsTheOwnersStay(t *testing.T) {
 	require.True(t, res.Continues(), "%s", res.Reason)
 	record(res, "resp_2")
 	assert.True(t, s.Guess(owner, turn("one", "two", "three")).Continues(), "the owner stayed")
+}
+
+// userMessages parses, on s, a request of user messages with texts.
+func userMessages(t *testing.T, s *store.Store, texts ...string) *fingerprint.Request {
+	t.Helper()
+	items := make([]string, len(texts))
+	for i, text := range texts {
+		items[i] = fmt.Sprintf(`{"role":"user","content":%q}`, text)
+	}
+	r, err := s.ParseRequest([]byte(`{"input":[` + strings.Join(items, ",") + `]}`))
+	require.NoError(t, err)
+	return r
 }
