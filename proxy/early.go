@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime"
 
 	"github.com/contstore/contstore/fingerprint"
 	"github.com/contstore/contstore/identity"
@@ -57,6 +58,9 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 		}()
 		e.rep, e.err = p.send(ctx, c, guess, t.stream)
 	}()
+	// The upstream's answer, not the reserve's, is the turn's longer wait:
+	// the send gets this thread first, the reserve follows.
+	runtime.Gosched()
 	return e
 }
 
