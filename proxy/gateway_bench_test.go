@@ -44,7 +44,7 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 
 // BenchmarkGateway sends the same full-context Responses requests, one at
 // a time, to four targets in front of one fake upstream
-// (internal/fakeupstream over HTTP, store=true, in a process of its own):
+// (internal/fakeupstream over HTTP, in a process of its own):
 //
 //   - direct: the fake upstream itself;
 //   - rproxy: a plain httputil.ReverseProxy, the floor of any gateway
@@ -65,7 +65,10 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 // function calls and their outputs of a few hundred bytes) and is not
 // measured (contproxy cannot continue it); each later request appends the
 // answer and a new user message, as a client does. Streamed turns read
-// the SSE to its end. A round is one conversation per target, in an
+// the SSE to its end. items=N/stream-unstored: the same streamed turns
+// with "store": false, as Codex sends them, which the upstream keeps
+// nothing of, so that over HTTP no gateway can continue them: what a
+// gateway costs a client it cannot save anything for. A round is one conversation per target, in an
 // order that rotates from round to round, so that every target sees the
 // same machine.
 //
@@ -96,7 +99,8 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //     contproxy-redis/…, contproxy-redis-no-guesses/…): the ratios of what
 //     the two gateways cost.
 //   - contproxy-continued, contproxy-redis-continued, …: the share of
-//     measured turns continued (every target must continue every one).
+//     measured turns continued (every target must continue every one;
+//     none, unstored).
 //
 // p99 is over convs×turns requests per target (100 at 5,000 items). Linux
 // only (RUSAGE_THREAD). Run with -benchtime 1x; see BENCHMARKS.md.
@@ -107,19 +111,23 @@ func BenchmarkGateway(b *testing.B) {
 	}
 	rc := gatewayRedis(b)
 	for _, size := range gatewaySizes {
-		for _, stream := range []bool{false, true} {
-			mode := "json"
-			if stream {
-				mode = "stream"
-			}
-			b.Run(fmt.Sprintf("items=%d/%s", size.items, mode), func(b *testing.B) {
+		for _, mode := range gatewayModes {
+			b.Run(fmt.Sprintf("items=%d/%s", size.items, mode.name), func(b *testing.B) {
 				for b.Loop() {
-					runGatewayBench(b, rc, size.items, size.convs, size.turns, stream)
+					runGatewayBench(b, rc, size.items, size.convs, size.turns, mode.stream, mode.unstored)
 				}
 			})
 		}
 	}
 }
+
+// gatewayModes are the sub-benchmarks' requests: JSON, streamed, and
+// streamed with "store": false, as Codex sends them, which the upstream
+// keeps nothing of, so that over HTTP no gateway can continue them.
+var gatewayModes = []struct {
+	name             string
+	stream, unstored bool
+}{{"json", false, false}, {"stream", true, false}, {"stream-unstored", true, true}}
 
 // gatewayChildEnv, set, makes BenchmarkGateway serve one target in a
 // process of its own instead of measuring (serveGatewayChild): the fake
@@ -400,7 +408,7 @@ func cpuTime(who int) time.Duration {
 
 // runGatewayBench sets the targets up in front of a fresh fake upstream,
 // plays the conversations and reports the metrics.
-func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, stream bool) {
+func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, stream, unstored bool) {
 	up := startGatewayChild(b, "fake")
 	targets := []*gatewayTarget{{name: "direct", url: up.url + "/v1/responses"}}
 	roles := []string{"rproxy", "contproxy"}
@@ -425,7 +433,7 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 		for k := range targets {
 			tg := targets[(round+k)%len(targets)]
 			c := &gatewayConversation{
-				b: b, client: client, url: tg.url, stream: stream,
+				b: b, client: client, url: tg.url, stream: stream, unstored: unstored,
 				session: fmt.Sprintf("bench-%s-%d", tg.name, round),
 				items:   slices.Clone(history),
 			}
@@ -454,11 +462,13 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 			tg.turns += turns
 		}
 	}
-	reportGateway(b, targets)
+	reportGateway(b, targets, !unstored)
 }
 
-// reportGateway reports the targets' metrics (see BenchmarkGateway).
-func reportGateway(b *testing.B, targets []*gatewayTarget) {
+// reportGateway reports the targets' metrics (see BenchmarkGateway):
+// every contproxy target must have continued every measured turn when
+// continuable tells they could be, and none otherwise.
+func reportGateway(b *testing.B, targets []*gatewayTarget, continuable bool) {
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	perTurn := func(d time.Duration, tg *gatewayTarget) float64 { return us(d) / float64(tg.turns) }
 	pct := func(l []time.Duration, q float64) float64 {
@@ -488,7 +498,7 @@ func reportGateway(b *testing.B, targets []*gatewayTarget) {
 		if strings.HasPrefix(tg.name, "contproxy") {
 			share := float64(tg.continued) / float64(tg.turns)
 			b.ReportMetric(share, tg.name+"-continued")
-			if share != 1 {
+			if want := map[bool]float64{true: 1}[continuable]; share != want {
 				b.Errorf("%s continued %d of %d measured turns", tg.name, tg.continued, tg.turns)
 			}
 		}
@@ -510,9 +520,11 @@ type gatewayConversation struct {
 	url     string
 	session string
 	stream  bool
-	items   [][]byte
-	body    []byte
-	user    int
+	// unstored sends "store": false.
+	unstored bool
+	items    [][]byte
+	body     []byte
+	user     int
 	// fatalf ends the conversation on a failure: b.Fatalf when nil; a
 	// conversation on a goroutine of its own sets it.
 	fatalf func(format string, args ...any)
@@ -534,8 +546,8 @@ func (c *gatewayConversation) turn() time.Duration {
 	c.user++
 	c.items = append(c.items, fmt.Appendf(nil, `{"role":"user","content":%q}`,
 		fmt.Sprintf("Now look at step %d of %s: %s", c.user, c.session, agentchat.Text[:120])))
-	c.body = fmt.Appendf(c.body[:0], `{"model":"gpt-5.1","store":true,"stream":%t,"prompt_cache_key":%q,`+
-		`"instructions":"You are a coding agent. Be terse.","tools":%s,"input":[`, c.stream, c.session, agentchat.Tools)
+	c.body = fmt.Appendf(c.body[:0], `{"model":"gpt-5.1","store":%t,"stream":%t,"prompt_cache_key":%q,`+
+		`"instructions":"You are a coding agent. Be terse.","tools":%s,"input":[`, !c.unstored, c.stream, c.session, agentchat.Tools)
 	for i, it := range c.items {
 		if i > 0 {
 			c.body = append(c.body, ',')

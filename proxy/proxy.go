@@ -366,7 +366,11 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if at := a.c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
 		w.Header().Set(p.cfg.RoutingHeader, at.Replica)
 	}
-	lg = lg.With("reason", g.reason(a.res.Reason), "continued", a.continued, "items", a.res.Request().Len(),
+	reason := g.reason(a.res.Reason)
+	if p.unkept(t) {
+		reason = reasonUnkept
+	}
+	lg = lg.With("reason", reason, "continued", a.continued, "items", a.res.Request().Len(),
 		"sent", a.res.UpstreamItems)
 	out := p.deliver(sctx, w, t, a, lg, g, Event{Step: StepEnd, Owner: who, Turn: res.Turn}, start)
 	if out.cut {
@@ -557,14 +561,15 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 	if _, forwarded := a.c.(*forwardConn); forwarded {
 		p.stats.add(cForwarded, 1)
 	}
-	if a.res.Turn == 0 {
-		return "not_reserved", nil // no owner, or the store unavailable: nothing to record
-	}
 	if a.c.socket() == (store.Socket{}) {
-		// store:false over HTTP: nothing upstream to continue from
+		// store:false over HTTP: nothing upstream to continue from (reserved
+		// only with forwarding on, Proxy.unkept)
 		p.abort(ctx, *lg, a.res)
 		*lg = (*lg).With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
 		return "not_recorded", nil
+	}
+	if a.res.Turn == 0 {
+		return "not_reserved", nil // no owner, or the store unavailable: nothing to record
 	}
 	return "recorded", p.record(ctx, *lg, t.hold, a, out)
 }

@@ -2,12 +2,14 @@ package proxy
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/lua"
 	"github.com/contstore/contstore/store"
@@ -48,4 +50,70 @@ func TestARecordIsInFlightOnceStarted(t *testing.T) {
 	}
 	r.proxy.records.waitAll()
 	assert.Nil(t, r.proxy.records.pending(owner))
+}
+
+// storeOps counts the store operations that reached the store, by kind.
+type storeOps struct {
+	mu  sync.Mutex
+	ops map[store.Op]int
+}
+
+func (s *storeOps) Observe(ev store.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ops == nil {
+		s.ops = map[store.Op]int{}
+	}
+	s.ops[ev.Op]++
+}
+
+func (*storeOps) BreakerChanged(store.BreakerStatus) {}
+
+func (s *storeOps) count(op store.Op) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ops[op]
+}
+
+// A turn the upstream keeps no response of ("store": false) over HTTP can
+// be continued by nothing, and its response can continue nothing: the
+// store is not asked. Over the WebSocket upstream, which keeps a socket's
+// latest response, or with forwarding on, where another replica's socket
+// may hold the previous one, it is.
+func TestATurnNothingCanContinueAsksTheStoreNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		tr         transport
+		stores     bool
+		forwarding bool
+		asks       bool
+	}{
+		{"http/store=false", overHTTP, false, false, false},
+		{"http/store=true", overHTTP, true, false, true},
+		{"http/store=false/forwarding", overHTTP, false, true, true},
+		{"websocket/store=false", overWebSocket, false, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ops := &storeOps{}
+			st, err := store.NewMemory(store.Options{Replica: "r1", Observer: ops})
+			require.NoError(t, err)
+			r := newRig(t, tc.tr, st)
+			if tc.forwarding {
+				dir, err := directory.NewMemory(directory.Options{})
+				require.NoError(t, err)
+				r.proxy.cfg.Forwarding = &Forwarding{Directory: dir, Secret: testSecret}
+			}
+			c := newConversation(t, r.url, "s1", true, tc.stores)
+			c.say("hello")
+			c.say("again")
+			s := r.proxy.Stats()
+			require.Positive(t, s.Turns)
+			if !tc.asks {
+				assert.Zero(t, ops.count(store.OpReserve)+ops.count(store.OpRecord)+ops.count(store.OpAbort))
+				assert.Zero(t, s.Continued)
+				return
+			}
+			assert.Equal(t, int(s.Turns), ops.count(store.OpReserve))
+		})
+	}
 }

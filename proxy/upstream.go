@@ -133,8 +133,8 @@ type httpUpstream struct {
 // concurrent turns most would dial, and shake hands, again. A client
 // passed in is used as it is. Over HTTP a response is continued only when
 // the request stores it upstream ("store" true or absent): then any
-// replica may continue it. A turn with "store": false is still reserved
-// and recorded, but always sent with its full context.
+// replica may continue it. A turn with "store": false goes with its full
+// context, and, unless forwarding is on, the store is not asked.
 func NewHTTPUpstream(baseURL string, client *http.Client) (Upstream, error) {
 	u, err := responsesURL(baseURL, "http", "https")
 	if err != nil {
