@@ -30,7 +30,8 @@ type early struct {
 // send in flight; or nil when there is no guess to send. Only a
 // continuation of a response the upstream keeps is guessed, on the HTTP
 // upstream, where dropping a request costs no connection's state; and
-// only on a store with a round trip to save.
+// only on a store with a round trip to save. It lets the send start
+// before the caller reserves.
 func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *early {
 	up, ok := p.cfg.Upstream.(*httpUpstream)
 	if !ok || p.cfg.Store.InProcess() || who.IsZero() {
@@ -59,7 +60,8 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 		e.rep, e.err = p.send(ctx, c, guess, t.stream)
 	}()
 	// The upstream's answer, not the reserve's, is the turn's longer wait:
-	// the send gets this thread first, the reserve follows.
+	// this goroutine yields its processor, so that the send usually runs
+	// first, and the reserve after it or on another processor.
 	runtime.Gosched()
 	return e
 }

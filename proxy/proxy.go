@@ -5,7 +5,9 @@
 // new input items instead of the whole history.
 //
 // For each request the proxy reads the owner (Identity), parses the body
-// and reserves a turn (store.Store.Reserve). It continues when the
+// and reserves a turn (store.Store.Reserve); a turn nothing could
+// continue ("store": false over an HTTP upstream, without forwarding)
+// reserves nothing and records nothing. It continues when the
 // reservation offers a continuation that the turn's upstream connection
 // can continue (Upstream), else it sends the full context. It streams the
 // upstream's events to the client as they arrive (stream true) or relays
@@ -262,6 +264,10 @@ type turn struct {
 	// early is the turn sent on a guess while the store reserved it; nil
 	// when it was not.
 	early *early
+	// storeless tells that nothing could continue the turn, nor its
+	// response a later turn, so that the store was not asked
+	// (Proxy.reserve).
+	storeless bool
 }
 
 // ServeHTTP serves the turns, POST /v1/responses, and passes every other
@@ -354,7 +360,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		p.observe(Event{Step: StepFallback, Owner: who, Turn: res.Turn, Cause: "paused"})
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
-	a, err := p.attempt(ctx, t, res, lg, g)
+	a, err := p.attempt(ctx, t, who, res, lg, g)
 	if err != nil {
 		p.abort(sctx, lg, res)
 		p.upstreamError(w, err)
@@ -367,8 +373,8 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		w.Header().Set(p.cfg.RoutingHeader, at.Replica)
 	}
 	reason := g.reason(a.res.Reason)
-	if p.unkept(t) {
-		reason = reasonUnkept
+	if t.storeless {
+		reason = reasonStoreless
 	}
 	lg = lg.With("reason", reason, "continued", a.continued, "items", a.res.Request().Len(),
 		"sent", a.res.UpstreamItems)
@@ -448,8 +454,8 @@ const (
 // with the full context from this replica: after a forward the origin did
 // not carry, and after a continuation the upstream refused, wherever it
 // was refused. Each resend continues nothing, so the loop ends by the
-// second try.
-func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
+// second try. Its events name who, the turn's owner.
+func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
 	guessed := t.early != nil && t.early.keep(res)
 	var c conn
 	var err error
@@ -467,7 +473,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 	if res.Continues() && !a.continued {
 		a.res = res.FullContextRetry() // offered, but not on this connection
 	}
-	p.observe(Event{Step: StepRoute, Owner: res.Owner, Turn: res.Turn, Result: a.where()})
+	p.observe(Event{Step: StepRoute, Owner: who, Turn: res.Turn, Result: a.where()})
 	for {
 		if guessed {
 			a.rep, err, guessed = t.early.rep, t.early.err, false // the first try went while the store reserved
@@ -475,7 +481,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 			a.rep, err = p.send(ctx, a.c, a.res, t.stream)
 		}
 		tr := p.judge(a, err)
-		p.observe(Event{Step: StepAttempt, Owner: res.Owner, Turn: res.Turn, Result: tryNames[tr], Err: err})
+		p.observe(Event{Step: StepAttempt, Owner: who, Turn: res.Turn, Result: tryNames[tr], Err: err})
 		switch tr {
 		case answered:
 			return a, nil
@@ -492,7 +498,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, res *store.Reservation, lg
 			p.stats.add(cRetries, 1)
 			g.refused()
 		}
-		p.observe(Event{Step: StepFallback, Owner: res.Owner, Turn: res.Turn, Cause: tryNames[tr]})
+		p.observe(Event{Step: StepFallback, Owner: who, Turn: res.Turn, Cause: tryNames[tr]})
 		// A forward holds nothing to release; the origin's socket no
 		// longer holds the response: the full context goes from here.
 		if a.c, err = p.localConn(ctx, t, a.c); err != nil {
@@ -561,15 +567,15 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 	if _, forwarded := a.c.(*forwardConn); forwarded {
 		p.stats.add(cForwarded, 1)
 	}
+	if a.res.Turn == 0 && !t.storeless {
+		return "not_reserved", nil // no owner, or the store unavailable: nothing to record
+	}
 	if a.c.socket() == (store.Socket{}) {
-		// store:false over HTTP: nothing upstream to continue from (reserved
-		// only with forwarding on, Proxy.unkept)
+		// store:false over HTTP: nothing upstream to continue from; the
+		// turn is storeless, or reserved for a forward (Proxy.reserve)
 		p.abort(ctx, *lg, a.res)
 		*lg = (*lg).With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
 		return "not_recorded", nil
-	}
-	if a.res.Turn == 0 {
-		return "not_reserved", nil // no owner, or the store unavailable: nothing to record
 	}
 	return "recorded", p.record(ctx, *lg, t.hold, a, out)
 }

@@ -12,19 +12,19 @@ import (
 	"github.com/contstore/contstore/store"
 )
 
-// unkept reports whether no continuation could serve t, nor t's response
-// continue a later turn, so that the store is not asked: a response the
-// upstream does not keep ("store": false) continues only on the socket
-// that produced it, and this replica's upstream is HTTP, with no
-// forwarding to a replica whose socket might hold one.
-func (p *Proxy) unkept(t *turn) bool {
+// continuesNothing reports whether no continuation could serve t, nor
+// t's response continue a later turn: a response the upstream does not
+// keep ("store": false) continues only on the socket that produced it,
+// and this replica's upstream is HTTP, with no forwarding to a replica
+// whose socket might hold one.
+func (p *Proxy) continuesNothing(t *turn) bool {
 	_, overHTTP := p.cfg.Upstream.(*httpUpstream)
 	return !t.stores && overHTTP && p.cfg.Forwarding == nil
 }
 
-// reasonUnkept is the reason a turn's log line gives when nothing could
-// continue it and nothing was reserved (Proxy.unkept).
-const reasonUnkept = "not_kept_upstream"
+// reasonStoreless is the reason the log line of a storeless turn
+// (Proxy.reserve) gives.
+const reasonStoreless = "not_kept_upstream"
 
 // A recording is a completed response's record (store.Store.Record). On a
 // store that is not in process, for a turn that ran on this replica's
@@ -209,10 +209,12 @@ func (rs *records) waitAll() {
 // previous one's end arrived continues it. The wait ends with the client's
 // request, and after one of the store's operations at most. On a store
 // that guesses, t goes upstream on the guess while the store reserves it
-// (early.go). A turn nothing could continue (unkept) reserves nothing.
+// (early.go). A turn of who's that nothing could continue
+// (continuesNothing) reserves nothing: it is storeless.
 func (p *Proxy) reserve(r *http.Request, t *turn, who identity.Owner, req *fingerprint.Request) *store.Reservation {
-	if p.unkept(t) {
-		who = identity.Owner{}
+	if !who.IsZero() && p.continuesNothing(t) {
+		t.storeless = true
+		who = identity.Owner{} // the store answers without a round trip
 	}
 	if !who.IsZero() {
 		if done := p.records.pending(who); done != nil {

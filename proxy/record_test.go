@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -103,17 +104,47 @@ func TestATurnNothingCanContinueAsksTheStoreNothing(t *testing.T) {
 				require.NoError(t, err)
 				r.proxy.cfg.Forwarding = &Forwarding{Directory: dir, Secret: testSecret}
 			}
+			owners := &eventOwners{}
+			r.proxy.cfg.Observer = owners
 			c := newConversation(t, r.url, "s1", true, tc.stores)
 			c.say("hello")
 			c.say("again")
 			s := r.proxy.Stats()
 			require.Positive(t, s.Turns)
+			seen := owners.seen()
+			if assert.Len(t, seen, 1, "every step of every turn names its owner") {
+				assert.False(t, seen[0].IsZero())
+			}
 			if !tc.asks {
 				assert.Zero(t, ops.count(store.OpReserve)+ops.count(store.OpRecord)+ops.count(store.OpAbort))
 				assert.Zero(t, s.Continued)
 				return
 			}
 			assert.Equal(t, int(s.Turns), ops.count(store.OpReserve))
+			if tc.stores {
+				assert.Equal(t, s.Turns-1, s.Continued, "every turn after the first continues")
+			}
 		})
 	}
+}
+
+// eventOwners is a proxy Observer that collects the owners its events
+// name, each once.
+type eventOwners struct {
+	mu     sync.Mutex
+	owners []identity.Owner
+}
+
+func (o *eventOwners) Observe(ev Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !slices.Contains(o.owners, ev.Owner) {
+		o.owners = append(o.owners, ev.Owner)
+	}
+}
+
+func (o *eventOwners) seen() []identity.Owner {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.owners)
 }

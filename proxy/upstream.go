@@ -134,7 +134,7 @@ type httpUpstream struct {
 // passed in is used as it is. Over HTTP a response is continued only when
 // the request stores it upstream ("store" true or absent): then any
 // replica may continue it. A turn with "store": false goes with its full
-// context, and, unless forwarding is on, the store is not asked.
+// context, and, unless forwarding is on, nothing is reserved for it.
 func NewHTTPUpstream(baseURL string, client *http.Client) (Upstream, error) {
 	u, err := responsesURL(baseURL, "http", "https")
 	if err != nil {
