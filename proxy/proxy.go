@@ -920,14 +920,24 @@ func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
 
 // hideID shows the member at path as null when it holds id.
 func hideID(data []byte, path, id string) []byte {
-	if id == "" || absent(data, id) || gjson.GetBytes(data, path).String() != id {
+	if id == "" || absent(data, id) {
 		return data
 	}
-	out, err := sjson.SetRawBytes(data, path, []byte("null"))
-	if err != nil {
+	v := gjson.GetBytes(data, path)
+	if v.String() != id {
 		return data
 	}
-	return out
+	if v.Index == 0 { // where the value is, gjson could not tell
+		out, err := sjson.SetRawBytes(data, path, []byte("null"))
+		if err != nil {
+			return data
+		}
+		return out
+	}
+	out := make([]byte, 0, len(data)-len(v.Raw)+len("null"))
+	out = append(out, data[:v.Index]...)
+	out = append(out, "null"...)
+	return append(out, data[v.Index+len(v.Raw):]...)
 }
 
 // absent reports whether data, JSON, certainly has no string s: s is
