@@ -31,7 +31,11 @@ import (
 // once the state is read; ZADD for the record), and from two scripts that
 // do nothing else, in the store's two calls ("bare-scripted"), and from
 // two such functions, as the store calls its scripts on Redis 7
-// ("bare-functions"). It reports
+// ("bare-functions"). Two more tell where the turn's instructions go: two
+// functions making the commands the store's reserve and record make on
+// this path (HMGET, TIME, GET, SET, HSET; HMGET, HSET), sent keys and
+// arguments as the store sends them, and nothing else ("same-calls"), and
+// two functions that do nothing, sent the same ("empty-calls"). It reports
 // the counts per turn and the ratios (see BENCHMARKS.md). Run it with
 // -benchtime 1x; it needs valgrind.
 func BenchmarkTurnInstructions(b *testing.B) {
@@ -79,8 +83,10 @@ func BenchmarkTurnInstructions(b *testing.B) {
 			}
 		})
 		states := ownerKeys(s.Options(), owners)
-		for _, k := range states {
+		continuations := make([]string, len(states))
+		for i, k := range states {
 			require.Equal(b, int64(1), c.Exists(ctx, k.state).Val(), "state %s", k.state)
+			continuations[i] = c.HGet(ctx, k.state, "c").Val()
 		}
 		bare := instructions(func() {
 			for i, k := range states {
@@ -127,6 +133,32 @@ func BenchmarkTurnInstructions(b *testing.B) {
 				require.NoError(b, c.ZAdd(ctx, k.lru, redis.Z{Score: float64(1<<40 + i + 1), Member: k.member}).Err())
 			}
 		})
+		// The keys and arguments the store sends (reserve.lua, record.lua),
+		// of the same lengths.
+		const op, seq, ttl, size, limits = "0123\x00\x01\x02\x03\x04", "1234567890123456", "1800000", "123", "2000:1099511627776:16"
+		callKeys := func(k ownerKey) (reserve, record []string) {
+			slot := strings.TrimSuffix(k.lru, "lru")
+			answer := slot + "q:" + k.member + ":303132330001020304"
+			return []string{k.state, answer, slot + "seq"}, []string{k.state, answer}
+		}
+		require.NoError(b, c.FunctionLoad(ctx, "#!lua name=floor_calls\n"+
+			"redis.register_function('floor_reserve_calls', function(KEYS, ARGV) local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o'); "+
+			"redis.call('TIME'); redis.call('GET', KEYS[2]); redis.call('SET', KEYS[3], ARGV[3], 'GET'); "+
+			"redis.call('HSET', KEYS[1], 't', ARGV[3], 'o', ARGV[2]); return {1, 1, 0, st[2]} end)\n"+
+			"redis.register_function('floor_record_calls', function(KEYS, ARGV) redis.call('HMGET', KEYS[1], 't', 'c', 'o'); "+
+			"redis.call('HSET', KEYS[1], 't', ARGV[3], 'c', ARGV[4], 'o', ARGV[2]); return {'published', 0} end)\n"+
+			"redis.register_function('floor_empty', function(KEYS, ARGV) return 0 end)\n").Err())
+		sent := func(reserveFn, recordFn string) float64 {
+			return instructions(func() {
+				for i, k := range states {
+					reserveKeys, recordKeys := callKeys(k)
+					require.NoError(b, c.FCall(ctx, reserveFn, reserveKeys, ttl, op, size, limits).Err())
+					require.NoError(b, c.FCall(ctx, recordFn, recordKeys, ttl, op, seq, continuations[i], size, limits).Err())
+				}
+			})
+		}
+		sameCalls := sent("floor_reserve_calls", "floor_record_calls")
+		emptyCalls := sent("floor_empty", "floor_empty")
 		b.ReportMetric(turns/n, "instructions/turn")
 		b.ReportMetric(bare/n, "instructions/bare")
 		b.ReportMetric(pipelined/n, "instructions/bare-pipelined")
@@ -136,6 +168,10 @@ func BenchmarkTurnInstructions(b *testing.B) {
 		b.ReportMetric(turns/scripted, "turn/bare-scripted")
 		b.ReportMetric(functions/n, "instructions/bare-functions")
 		b.ReportMetric(turns/functions, "turn/bare-functions")
+		b.ReportMetric(sameCalls/n, "instructions/same-calls")
+		b.ReportMetric(turns/sameCalls, "turn/same-calls")
+		b.ReportMetric(emptyCalls/n, "instructions/empty-calls")
+		b.ReportMetric(turns/emptyCalls, "turn/empty-calls")
 	}
 }
 
