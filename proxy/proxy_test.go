@@ -799,10 +799,11 @@ func TestEventsReachTheClientBeforeTheUpstreamGoesOn(t *testing.T) {
 // unchanged.
 func TestHideIDHoweverSpelled(t *testing.T) {
 	for data, want := range map[string]string{
-		`{"response":{"id":"resp_2","previous_response_id":"resp_1"}}`:      `{"response":{"id":"resp_2","previous_response_id":null}}`,
-		`{"response":{"id":"resp_2","previous_response_id":"resp\u005f1"}}`: `{"response":{"id":"resp_2","previous_response_id":null}}`,
-		`{"response":{"id":"resp_2","previous_response_id":"resp_9"}}`:      `{"response":{"id":"resp_2","previous_response_id":"resp_9"}}`,
-		`{"type":"response.output_text.delta","delta":"resp_1"}`:            `{"type":"response.output_text.delta","delta":"resp_1"}`,
+		`{"response":{"id":"resp_2","previous_response_id":"resp_1"}}`:                           `{"response":{"id":"resp_2","previous_response_id":null}}`,
+		`{"response":{"id":"resp_2","previous_response_id":"resp\u005f1"}}`:                      `{"response":{"id":"resp_2","previous_response_id":null}}`,
+		`{"response":{"id":"resp_2","previous_response_id":"resp_9"}}`:                           `{"response":{"id":"resp_2","previous_response_id":"resp_9"}}`,
+		`{"type":"response.output_text.delta","delta":"resp_1"}`:                                 `{"type":"response.output_text.delta","delta":"resp_1"}`,
+		"{\n  \"response\": {\n    \"previous_response_id\" : \"resp_1\",\n    \"x\": 1\n  }\n}": "{\n  \"response\": {\n    \"previous_response_id\" : null,\n    \"x\": 1\n  }\n}",
 	} {
 		assert.Equal(t, want, string(hideID([]byte(data), "response.previous_response_id", "resp_1")), data)
 	}
