@@ -137,9 +137,8 @@ func BenchmarkTurnInstructions(b *testing.B) {
 		// of the same lengths.
 		const op, seq, ttl, size, limits = "0123\x00\x01\x02\x03\x04", "1234567890123456", "1800000", "123", "2000:1099511627776:16"
 		callKeys := func(k ownerKey) (reserve, record []string) {
-			slot := strings.TrimSuffix(k.lru, "lru")
-			answer := slot + "q:" + k.member + ":303132330001020304"
-			return []string{k.state, answer, slot + "seq"}, []string{k.state, answer}
+			answer := k.answers + "303132330001020304" // op's answer key
+			return []string{k.state, answer, k.seq}, []string{k.state, answer}
 		}
 		require.NoError(b, c.FunctionLoad(ctx, "#!lua name=floor_calls\n"+
 			"redis.register_function('floor_reserve_calls', function(KEYS, ARGV) local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o'); "+
@@ -176,8 +175,9 @@ func BenchmarkTurnInstructions(b *testing.B) {
 }
 
 // ownerKey names an owner's state key, its partition's LRU and its member
-// there (PROTOCOL.md 6.1).
-type ownerKey struct{ state, lru, member string }
+// there, its answer keys up to the op, and its partition's clock
+// (PROTOCOL.md 6.1).
+type ownerKey struct{ state, lru, member, answers, seq string }
 
 // ownerKeys returns the keys of owners in the namespace of opts.
 func ownerKeys(opts store.Options, owners []identity.Owner) []ownerKey {
@@ -185,7 +185,8 @@ func ownerKeys(opts store.Options, owners []identity.Owner) []ownerKey {
 	out := make([]ownerKey, len(owners))
 	for i, o := range owners {
 		slot := ns.Slot(rediskeys.Partition(o.Partition(opts.Partitions)))
-		out[i] = ownerKey{state: slot + rediskeys.StatePrefix + o.Key(), lru: slot + "lru", member: o.Key()}
+		out[i] = ownerKey{state: slot + rediskeys.StatePrefix + o.Key(), lru: slot + "lru", member: o.Key(),
+			answers: slot + "q:" + o.Key() + ":", seq: slot + "seq"}
 	}
 	return out
 }
