@@ -90,7 +90,12 @@ func TestReserveOfAnIdleStateChecksNoByteLimit(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	ctx := context.Background()
 	ns := redistest.Namespace(t)
-	const ttl = time.Minute
+	// Half the TTL, which the server's clock jumps, is well below the
+	// stores' OpTimeout: a call's deadline, on the store's estimate of the
+	// server's clock from before the jump, is still after the server's time.
+	// (A jump of the whole OpTimeout left it no later, within a millisecond,
+	// and the call was refused.)
+	const ttl = 40 * time.Second
 	clock := redistest.ServerClock(mr, time.UnixMilli(time.Now().UnixMilli()))
 	roomy, err := NewRedis(c, Options{Namespace: ns, Partitions: 1, TTL: ttl, OpTimeout: redistest.PatientOpTimeout})
 	require.NoError(t, err)
