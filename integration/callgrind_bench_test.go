@@ -138,14 +138,15 @@ func BenchmarkTurnInstructions(b *testing.B) {
 		const op, seq, ttl, size, limits = "0123\x00\x01\x02\x03\x04", "1234567890123456", "1800000", "123", "2000:1099511627776:16"
 		callKeys := func(k ownerKey) (reserve, record []string) {
 			answer := k.answers + "303132330001020304" // op's answer key
-			return []string{k.state, answer, k.seq}, []string{k.state, answer}
+			return []string{k.state, answer}, []string{k.state, answer}
 		}
 		require.NoError(b, c.FunctionLoad(ctx, "#!lua name=floor_calls\n"+
 			"redis.register_function('floor_reserve_calls', function(KEYS, ARGV) local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o'); "+
-			"redis.call('TIME'); redis.call('GET', KEYS[2]); redis.call('SET', KEYS[3], ARGV[3], 'GET'); "+
-			"redis.call('HSET', KEYS[1], 't', ARGV[3], 'o', ARGV[2]); return {1, 1, 0, st[2]} end)\n"+
+			"redis.call('TIME'); redis.call('GET', KEYS[2]); "+
+			"redis.call('SET', string.sub(KEYS[1], 1, string.find(KEYS[1], '}:o:', 1, true) + 1) .. 'seq', ARGV[3], 'GET'); "+
+			"redis.call('HSET', KEYS[1], 't', ARGV[3], 'o', ARGV[2]); return '1:1:0:' .. st[2] end)\n"+
 			"redis.register_function('floor_record_calls', function(KEYS, ARGV) redis.call('HMGET', KEYS[1], 't', 'c', 'o'); "+
-			"redis.call('HSET', KEYS[1], 't', ARGV[3], 'c', ARGV[4], 'o', ARGV[2]); return {'published', 0} end)\n"+
+			"redis.call('HSET', KEYS[1], 't', ARGV[3], 'c', ARGV[4], 'o', ARGV[2]); return 'published:0' end)\n"+
 			"redis.register_function('floor_empty', function(KEYS, ARGV) return 0 end)\n").Err())
 		sent := func(reserveFn, recordFn string) float64 {
 			return instructions(func() {

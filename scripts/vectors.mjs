@@ -265,7 +265,6 @@ function keys(ns) {
     answer: (p, owner, op) => `${ns}:${tag(p)}:q:${owner}:${op.toString('hex')}`,
     lru: (p) => `${ns}:${tag(p)}:lru`,
     part: (p) => `${ns}:${tag(p)}:part`,
-    seq: (p) => `${ns}:${tag(p)}:seq`,
   };
 }
 
@@ -421,7 +420,7 @@ function makeOp(id, deadline) {
 // SCRIPTS is the table of PROTOCOL.md 8.2: each script's KEYS and ARGV, by
 // role. A trailing '...' marks a variadic tail.
 const SCRIPTS = {
-  reserve: { keys: ['state', 'answer', 'seq'], args: ['ttl', 'op', 'estimate', 'limits'] },
+  reserve: { keys: ['state', 'answer'], args: ['ttl', 'op', 'estimate', 'limits'] },
   record: { keys: ['state', 'answer'], args: ['ttl', 'op', 'seq', 'continuation', 'estimate', 'limits'] },
   abort: { keys: ['state', 'lru', 'part', 'answer'], args: ['op', 'seq'] },
   clear: { keys: ['state', 'lru', 'part', 'answer'], args: ['op'] },
@@ -612,6 +611,20 @@ function vectorValue(x) {
 }
 
 const asString = (b) => (Buffer.isBuffer(b) ? b.toString('utf8') : b);
+
+// reserveReply reads a reply of reserve (PROTOCOL.md 8.3),
+// "<seq>:<existed>:<evicted>" then ":" and the continuation it consumed;
+// null when it is not one.
+function reserveReply(r) {
+  if (!Buffer.isBuffer(r)) return null;
+  const a = r.indexOf(0x3a);
+  const b = a < 0 ? -1 : r.indexOf(0x3a, a + 1);
+  if (b < 0) return null;
+  const c = r.indexOf(0x3a, b + 1);
+  const [seq, existed, evicted] = [r.subarray(0, a), r.subarray(a + 1, b), r.subarray(b + 1, c < 0 ? r.length : c)].map(String);
+  if (!/^[1-9][0-9]*$/.test(seq) || !/^[01]$/.test(existed) || !/^[0-9]+$/.test(evicted)) return null;
+  return { seq: BigInt(seq), existed: Number(existed), evicted: Number(evicted), continuation: c < 0 ? null : r.subarray(c + 1) };
+}
 const isExpired = (r) => Array.isArray(r) && r.length === 2 && Buffer.isBuffer(r[0]) && r[0].toString() === 'expired';
 
 // itemsOf returns a request body's items as the raw text of each (without
@@ -870,11 +883,10 @@ class Scenario {
   // ownerCall composes a call of an owner script in the vectors' namespace.
   ownerCall(script, owner, op, extra) {
     const p = partitionOf(owner, this.P), k = this.vk;
-    // 8.2: reserve and record name the partition's LRU and accounting
-    // themselves
+    // 8.2: reserve and record name the partition's clock, LRU and
+    // accounting themselves
     const keys = [k.state(p, owner)];
-    if (script === 'reserve') keys.push(k.answer(p, owner, op), k.seq(p));
-    else if (script === 'record') keys.push(k.answer(p, owner, op));
+    if (script === 'reserve' || script === 'record') keys.push(k.answer(p, owner, op));
     else keys.push(k.lru(p));
     if (script === 'abort' || script === 'clear') keys.push(k.part(p), k.answer(p, owner, op));
     const args = script === 'reserve' || script === 'record' ? [String(this.o.ttl_ms)] : [];
@@ -975,12 +987,11 @@ class Scenario {
     }
     switch (call.script) {
       case 'reserve': {
-        const out = [...reply];
-        const vecSeq = Array.isArray(want) && typeof want[0] === 'number' ? want[0] : undefined;
-        if (vecSeq === undefined) return out; // mismatch reported by the comparison
-        this.mapSeq(where, call.p, reply[0], vecSeq);
-        out[0] = Number(this.seqBack(where, call.p, reply[0]));
-        return out;
+        const got = reserveReply(reply);
+        const vec = reserveReply(want);
+        if (!got || !vec) return reply; // mismatch reported by the comparison
+        this.mapSeq(where, call.p, got.seq, vec.seq);
+        return Buffer.concat([utf8(String(this.seqBack(where, call.p, got.seq))), reply.subarray(reply.indexOf(0x3a))]);
       }
       case 'inspect': {
         if (!reply.length) return reply;
@@ -1015,13 +1026,14 @@ class Scenario {
       }
       case 'reserve': {
         if (isExpired(r)) return { reply: [r[0].toString(), r[1]] };
-        if (!Array.isArray(r) || r.length < 3 || r.length > 4) mismatch(where, `reserve reply ${show(r)}: want an array of 3 or 4`);
+        const got = reserveReply(r);
+        if (!got) mismatch(where, `reserve reply ${show(r)}: want "<seq>:<existed>:<evicted>", then ":<continuation>"`);
         const p = calls[0].p;
         const items = itemsOf(inp.request);
-        const out = { turn: turnOf(r[0], this.P, p).toString(), continues: false, delta_count: items.length };
-        const c = r.length === 4 && r[3] !== null ? decodeContinuation(r[3]) : null;
-        if (r.length === 4 && r[3] !== null && !c) mismatch(where, 'the continuation does not decode');
-        if (r[1] === 0) return { ...out, reason: 'missing_state' };
+        const out = { turn: turnOf(got.seq, this.P, p).toString(), continues: false, delta_count: items.length };
+        const c = got.continuation ? decodeContinuation(got.continuation) : null;
+        if (got.continuation && !c) mismatch(where, 'the continuation does not decode');
+        if (got.existed === 0) return { ...out, reason: 'missing_state' };
         if (!c) return { ...out, reason: 'superseded_turn' };
         // Rows 5-8 of PROTOCOL.md 5.1 compare the request's fingerprints
         // (section 4) with the continuation's; this check does not compute
@@ -1045,7 +1057,9 @@ class Scenario {
       }
       case 'record': {
         if (calls[0].script === 'abort') return { outcome: 'dropped' };
-        if (!Array.isArray(r) || r.length !== 2 || typeof r[1] !== 'number') mismatch(where, `record reply ${show(r)}: want an array of 2`);
+        if (isExpired(r)) return { outcome: 'expired' };
+        const status = Buffer.isBuffer(r) ? /^(published|stale|gone):[0-9]+$/.exec(r.toString()) : null;
+        if (!status) mismatch(where, `record reply ${show(r)}: want "<status>:<evicted>"`);
         // The continuation sent: its parts that follow from the input.
         const c = decodeContinuation(calls[0].args[3]);
         if (!c) mismatch(where, 'the continuation sent does not decode');
@@ -1059,7 +1073,7 @@ class Scenario {
             items: itemsOf(inp.request).length + inp.output.length,
           });
         }
-        return { outcome: r[0].toString() };
+        return { outcome: status[1] };
       }
       case 'abort':
         return { removed: r === 1 };

@@ -40,16 +40,18 @@ func fuzzReply(s string) []any {
 }
 
 func FuzzDecodeReserve(f *testing.F) {
-	f.Add("17|#1|#0|resp_1|replica|3|2|-5|9|120")
-	f.Add("17|#0|#0")
-	f.Add("17|#1|#2|~|~|~|~|~|~|~")
-	f.Add("x|#1|#0|resp|r|-1|a|b|c|d")
+	f.Add("17:1:0:" + string(appendContinuation(nil, continuation{ResponseID: "resp_1", Origin: Socket{Replica: "replica", ID: 3}})))
+	f.Add("17:0:0")
+	f.Add("17:1:2:")
+	f.Add("x:1:0:resp")
+	f.Add("-5:1:0")
+	f.Add("17:2:0")
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := decodeReserve(fuzzReply(s))
+		got, err := decodeReserve(s, nil)
 		if err != nil {
 			return
 		}
-		if got.Turn == 0 || got.Evicted < 0 {
+		if got.seq == 0 || got.Evicted < 0 {
 			t.Fatalf("decoded an impossible reservation %+v from %q", got, s)
 		}
 		if p := got.Prev; p != nil && (p.ResponseID == "" || p.Transcript.Items < 0 || p.Transcript.Bytes < 0) {
@@ -59,12 +61,13 @@ func FuzzDecodeReserve(f *testing.F) {
 }
 
 func FuzzDecodeRecord(f *testing.F) {
-	f.Add("published|#0")
-	f.Add("stale|#3")
+	f.Add("published:0")
+	f.Add("stale:3")
 	f.Add("gone")
-	f.Add("other|#-1")
+	f.Add("other:-1")
+	f.Add("published:-1")
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := decodeRecord(fuzzReply(s))
+		got, err := decodeRecord(s, nil)
 		if err != nil {
 			return
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,6 +201,18 @@ func slice(v any, err error) ([]any, error) {
 	return a, nil
 }
 
+// text reads a reply that must be a string.
+func text(v any, err error) (string, error) {
+	if err != nil {
+		return "", err
+	}
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("%w: %T, want a string", errBadReply, v)
+	}
+	return s, nil
+}
+
 // integer reads a reply that must be an integer.
 func integer(v any, err error) (int64, error) {
 	if err != nil {
@@ -253,12 +266,8 @@ func (r *redisBackend) reserve(ctx context.Context, owner identity.Owner) (reser
 	b := r.keys.appendOwner(buf[:0], p, owner)
 	key := len(b)
 	s := string(strconv.AppendInt(b, r.keys.stateBytes(p, owner), 10))
-	a := []string{s[:key], "", r.keys.seq(p), r.ttl, "", s[key:], r.limits}
-	reply, err := slice(r.change(ctx, lua.Reserve, p, owner, a[:3:3], a[3:], 1, 1))
-	if err != nil {
-		return reserved{}, err
-	}
-	got, err := decodeReserve(reply)
+	a := []string{s[:key], "", r.ttl, "", s[key:], r.limits}
+	got, err := decodeReserve(r.change(ctx, lua.Reserve, p, owner, a[:2:2], a[2:], 1, 1))
 	if err != nil {
 		return reserved{}, err
 	}
@@ -278,11 +287,7 @@ func (r *redisBackend) publish(ctx context.Context, owner identity.Owner, turn T
 	seq := len(b)
 	s := string(appendContinuation(b, c))
 	a := []string{s[:key], "", r.ttl, "", s[size:seq], s[seq:], s[key:size], r.limits}
-	reply, err := slice(r.change(ctx, lua.Record, p, owner, a[:2:2], a[2:], 1, 1))
-	if err != nil {
-		return published{}, err
-	}
-	return decodeRecord(reply)
+	return decodeRecord(r.change(ctx, lua.Record, p, owner, a[:2:2], a[2:], 1, 1))
 }
 
 func (r *redisBackend) abort(ctx context.Context, owner identity.Owner, turn Turn) (bool, error) {
@@ -377,46 +382,48 @@ func (r *redisBackend) stats(ctx context.Context) ([]PartitionStats, error) {
 // header promises.
 var errBadReply = errors.New("store: malformed reply")
 
-// decodeReserve decodes the reply of internal/lua/reserve.lua; the caller composes
-// the turn from its sequence number.
-func decodeReserve(reply []any) (reserved, error) {
-	if len(reply) < 3 || len(reply) > 4 {
-		return reserved{}, fmt.Errorf("%w: reserve: %d elements, want 3 or 4", errBadReply, len(reply))
+// decodeReserve decodes the reply of internal/lua/reserve.lua,
+// "<seq>:<existed>:<evicted>", then ":<continuation>" when it consumed one;
+// the caller composes the turn from its sequence number.
+func decodeReserve(v any, err error) (reserved, error) {
+	s, err := text(v, err)
+	if err != nil {
+		return reserved{}, err
 	}
-	seq, ok0 := reply[0].(int64)
-	existed, ok1 := reply[1].(int64)
-	evicted, ok2 := reply[2].(int64)
-	if !ok0 || seq <= 0 || !ok1 || !ok2 || evicted < 0 {
-		return reserved{}, fmt.Errorf("%w: reserve: %v", errBadReply, reply[:3])
+	seqText, rest, ok0 := strings.Cut(s, ":")
+	existed, rest, ok1 := strings.Cut(rest, ":")
+	evictedText, c, consumed := strings.Cut(rest, ":")
+	seq, err0 := strconv.ParseInt(seqText, 10, 64)
+	evicted, err2 := strconv.Atoi(evictedText)
+	if !ok0 || !ok1 || err0 != nil || seq <= 0 || (existed != "0" && existed != "1") || err2 != nil || evicted < 0 {
+		return reserved{}, fmt.Errorf("%w: reserve: %.80q", errBadReply, s)
 	}
-	got := reserved{seq: uint64(seq), Existed: existed == 1, Evicted: int(evicted)}
-	if len(reply) == 3 || reply[3] == nil {
+	got := reserved{seq: uint64(seq), Existed: existed == "1", Evicted: evicted}
+	if !consumed {
 		return got, nil
 	}
-	b, ok := reply[3].(string)
-	if !ok {
-		return reserved{}, fmt.Errorf("%w: reserve: continuation is %T", errBadReply, reply[3])
-	}
-	c, err := decodeContinuation([]byte(b))
+	prev, err := decodeContinuation([]byte(c))
 	if err != nil {
 		return reserved{}, fmt.Errorf("reserve: %w", err)
 	}
-	got.Prev = &c
+	got.Prev = &prev
 	return got, nil
 }
 
-// decodeRecord decodes the reply of internal/lua/record.lua.
-func decodeRecord(reply []any) (published, error) {
-	if len(reply) != 2 {
-		return published{}, fmt.Errorf("%w: record: %d elements, want 2", errBadReply, len(reply))
+// decodeRecord decodes the reply of internal/lua/record.lua,
+// "<status>:<evicted>".
+func decodeRecord(v any, err error) (published, error) {
+	s, err := text(v, err)
+	if err != nil {
+		return published{}, err
 	}
-	status, ok1 := reply[0].(string)
-	evicted, ok2 := reply[1].(int64)
+	status, count, ok := strings.Cut(s, ":")
+	evicted, err := strconv.Atoi(count)
 	switch o := Outcome(status); {
-	case !ok1 || !ok2 || evicted < 0:
-		return published{}, fmt.Errorf("%w: record: %v", errBadReply, reply)
+	case !ok || err != nil || evicted < 0:
+		return published{}, fmt.Errorf("%w: record: %.80q", errBadReply, s)
 	case o == OutcomePublished || o == OutcomeStale || o == OutcomeGone:
-		return published{Outcome: o, Evicted: int(evicted)}, nil
+		return published{Outcome: o, Evicted: evicted}, nil
 	default:
 		return published{}, fmt.Errorf("%w: record: unexpected status %q", errBadReply, status)
 	}

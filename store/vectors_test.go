@@ -62,7 +62,7 @@ var vecAbout = []string{
 	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64}.",
 	"A turn token is given as a decimal string: tokens may exceed 2^53.",
 	"A text that is not valid UTF-8 is given in a *_hex field (its bytes in hex) instead of the plain field.",
-	"A continuation (opaque bytes) is given as {hex: its bytes in hex} wherever it appears: record's ARGV[5], reserve's reply [4], inspect's reply [3], field c of an owner state hash; so is the whole answer of a reserve that consumed one.",
+	"A continuation (opaque bytes) is given as {hex: its bytes in hex} wherever it appears: record's ARGV[4], inspect's reply [3], field c of an owner state hash; so is the whole reply, and the whole answer, of a reserve that consumed one.",
 	"Scenario replies: a JSON string is a bulk string, a number an integer reply, null a nil reply, an array an array reply, {error: text} an error reply.",
 }
 
@@ -761,13 +761,16 @@ func ruleFunctionLibrary(t *testing.T, scripts []vecScript, v vecLibrary) {
 
 // ---- Redis scenarios ----
 
-// vecOpaque names the opaque bytes of the store scenario: record's ARGV[5]
-// (the continuation), the continuation in reserve's reply [4] and inspect's
-// [3], fields c and o of an owner state, the answer of a reserve that
-// consumed a continuation, and the ops of the calls that change state.
+// vecOpaque names the opaque bytes of the store scenario: record's ARGV[4]
+// (the continuation), the reply of a reserve that consumed a continuation
+// and inspect's [3], fields c and o of an owner state, the answer of a
+// reserve that consumed a continuation, and the ops of the calls that
+// change state.
 var vecOpaque = vectorscenario.Opaque{
-	Arg:       func(script string, i int) bool { return script == "record" && i == 3 },
-	Reply:     map[string]int{"reserve": 3, "inspect": 2},
+	Arg: func(script string, i int) bool { return script == "record" && i == 3 },
+	Reply: func(script string, i int, s string) bool {
+		return (script == "reserve" && i == -1 && vecConsumedReply.MatchString(s)) || (script == "inspect" && i == 2)
+	},
 	HashField: func(key, field string) bool { return (field == "c" || field == "o") && strings.Contains(key, "}:o:") },
 	String:    func(_, s string) bool { return vecConsumedAnswer.MatchString(s) },
 	Ops: map[string]vectorscenario.OpAt{"reserve": {Key: 1, Arg: 1}, "record": {Key: 1, Arg: 1},
@@ -777,6 +780,10 @@ var vecOpaque = vectorscenario.Opaque{
 // vecConsumedAnswer matches the answer of a reserve that consumed a
 // continuation (internal/lua/reserve.lua): "<seq>:<existed>1" and the continuation.
 var vecConsumedAnswer = regexp.MustCompile(`^[0-9]+:[01]1`)
+
+// vecConsumedReply matches the reply of a reserve that consumed a
+// continuation: "<seq>:<existed>:<evicted>:" and the continuation.
+var vecConsumedReply = regexp.MustCompile(`^[0-9]+:[01]:[0-9]+:`)
 
 type vecScenario struct {
 	Options map[string]any        `json:"options"`
@@ -1441,10 +1448,37 @@ func ruleChanged(script string, reply any) bool {
 	case "reserve":
 		return true
 	case "record":
-		return reply.([]any)[0] == "published"
+		s, _ := reply.(string)
+		return strings.HasPrefix(s, "published:")
 	default:
 		return reply == 1.0
 	}
+}
+
+// ruleReply is a reserve's reply read by 8.3: "<seq>:<existed>:<evicted>",
+// then ":" and the continuation it consumed (given as {hex} in the file).
+type ruleReply struct {
+	seq, evicted string
+	existed      int
+	consumed     []byte // nil: none
+}
+
+func ruleReserveReply(t *testing.T, reply any) ruleReply {
+	s, ok := reply.(string)
+	if !ok {
+		s = string(vectorscenario.UnHex(t, reply))
+	}
+	parts := strings.SplitN(s, ":", 4)
+	require.GreaterOrEqual(t, len(parts), 3, "reserve reply %q", s)
+	require.Contains(t, []string{"0", "1"}, parts[1], "reserve reply %q", s)
+	r := ruleReply{seq: parts[0], existed: int(parts[1][0] - '0'), evicted: parts[2]}
+	if len(parts) == 4 {
+		r.consumed = []byte(parts[3])
+	}
+	_, okSeq := strconv.ParseUint(r.seq, 10, 64)
+	_, okEv := strconv.ParseUint(r.evicted, 10, 64)
+	require.True(t, okSeq == nil && okEv == nil, "reserve reply %q", s)
+	return r
 }
 
 func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
@@ -1478,10 +1512,9 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			}
 			args := vectorscenario.Strings(t, call.Args)
 			// The owner scripts' keys and common arguments (8.2): reserve
-			// sends the state, its answer key and the partition's clock,
-			// record the state and its answer key, abort and clear the
-			// state, the LRU, the accounting and the answer key.
-			keys := map[string]int{"reserve": 3, "record": 2, "abort": 4, "clear": 4}[call.Script]
+			// and record send the state and its answer key, abort and clear
+			// the state, the LRU, the accounting and the answer key.
+			keys := map[string]int{"reserve": 2, "record": 2, "abort": 4, "clear": 4}[call.Script]
 			require.Len(t, call.Keys, keys, st.Name)
 			// The partition's prefix ends at the state key's first "}:o:";
 			// the member is the state key after it, and the LRU's name is
@@ -1493,10 +1526,7 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			require.True(t, member != "" && member == state[len(base+"lru")-1:], "%s: state %q", st.Name, state)
 			var answer string
 			switch call.Script {
-			case "reserve":
-				answer = call.Keys[1]
-				assert.Equal(t, base+"seq", call.Keys[2], st.Name)
-			case "record":
+			case "reserve", "record":
 				answer = call.Keys[1]
 			case "abort", "clear":
 				assert.Equal(t, base+"lru", call.Keys[1], st.Name)
@@ -1555,12 +1585,12 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 					assert.False(t, strings.HasPrefix(slots, op) || (len(slots) == 20 && slots[11:] == op), "%s: answer in o", st.Name)
 				case call.Script == "reserve":
 					// Its op and answer's flags start the state's o.
-					r := call.Reply.([]any)
-					flags := byte('0' + 2*int(r[1].(float64)))
-					f.answer = fmt.Sprintf("%d:%d0", int64(r[0].(float64)), int(r[1].(float64)))
-					if len(r) > 3 && r[3] != nil {
+					r := ruleReserveReply(t, call.Reply)
+					flags := byte('0' + 2*r.existed)
+					f.answer = fmt.Sprintf("%s:%d0", r.seq, r.existed)
+					if r.consumed != nil {
 						flags++
-						f.answer = fmt.Sprintf("%d:%d1", int64(r[0].(float64)), int(r[1].(float64))) + string(vectorscenario.UnHex(t, r[3]))
+						f.answer = fmt.Sprintf("%s:%d1", r.seq, r.existed) + string(r.consumed)
 					}
 					assert.Equal(t, op+string(flags), slots[:min(len(slots), 10)], "%s: o", st.Name)
 					f.turn, _ = states[state]["t"].(string)
@@ -1580,28 +1610,25 @@ func ruleScenario(t *testing.T, c vecConstants, sc vecScenario) {
 			// reports no evictions, and no continuation once its turn
 			// published), and nothing changes.
 			resent[call.Script]++
-			want := first.reply
-			if r, ok := want.([]any); ok && call.Script == "reserve" {
-				want = append(slices.Clone(r[:2]), 0.0)
-				if len(r) > 3 && r[3] != nil && !strings.HasPrefix(fmt.Sprint(states[state]["t"]), "-") {
-					want = append(want.([]any), r[3])
+			if call.Script == "reserve" {
+				want := ruleReserveReply(t, first.reply)
+				want.evicted = "0"
+				if strings.HasPrefix(fmt.Sprint(states[state]["t"]), "-") {
+					want.consumed = nil
 				}
-				got := call.Reply.([]any)
-				if len(got) == 4 && got[3] == nil {
-					got = got[:3]
-				}
-				assert.Equal(t, want, got, st.Name)
-			} else {
-				assert.Equal(t, want, call.Reply, st.Name)
-			}
-			vectorscenario.SameState(t, sc.Steps[i-1], st)
-			// A reserve's token is its seq * P + the partition of its keys.
-			if r, ok := call.Reply.([]any); ok && call.Script == "reserve" {
+				r := ruleReserveReply(t, call.Reply)
+				assert.Equal(t, want, r, st.Name)
+				// A reserve's token is its seq * P + the partition of its keys.
 				pp := base[strings.LastIndex(base[:len(base)-2], ":")+1 : len(base)-2]
 				p, err := strconv.ParseUint(pp, 10, 64)
 				require.NoError(t, err, st.Name)
-				assert.Equal(t, strconv.FormatUint(uint64(r[0].(float64))*partitions+p, 10), st.Result["turn"], st.Name)
+				seq, err := strconv.ParseUint(r.seq, 10, 64)
+				require.NoError(t, err, st.Name)
+				assert.Equal(t, strconv.FormatUint(seq*partitions+p, 10), st.Result["turn"], st.Name)
+			} else {
+				assert.Equal(t, first.reply, call.Reply, st.Name)
 			}
+			vectorscenario.SameState(t, sc.Steps[i-1], st)
 		}
 		// Every answer key holds the answer of its op's first run until
 		// that op's deadline (6.6).

@@ -43,33 +43,33 @@
 -- ARGV[6]  limits (lru.lua prune): "<partition's owner limit>:<partition's
 --          stored-bytes limit>:<most evictions this call may make>"
 --
--- Reply: array
---   [1] status string:
---       "published"  the continuation is stored
---       "stale"      the owner's current turn is another turn: nothing changed
---       "gone"       the owner has no live state (expired, evicted, cleared)
---       "expired"    the op's deadline has passed: nothing changed
---   [2] number of owners this call evicted; for "expired", the server clock
---       in milliseconds since 2025-01-01
+-- Reply: a string, "<status>:<evicted>" (one string, not an array: a table
+-- reply costs Redis far more to convert)
+--   status   "published"  the continuation is stored
+--            "stale"      the owner's current turn is another turn: nothing changed
+--            "gone"       the owner has no live state (expired, evicted, cleared)
+--   evicted  number of owners this call evicted, decimal
+-- or, when the op's deadline has passed, {"expired", the server clock in
+-- milliseconds since 2025-01-01}: nothing changed.
 
 local st = redis.call('HMGET', KEYS[1], 't', 'c', 'o')
 local t, c, o = st[1], st[2], st[3]
 local op = ARGV[2]
 if o and string.sub(o, 12, 20) == op then
-  return {'published', 0} -- this call's first run published
+  return 'published:0' -- this call's first run published
 end
 -- server is the server clock in ms since 2025-01-01, read when needed. A
 -- call that changes nothing answers "published" when an earlier run of it
 -- published, as its answer key tells. A state is live while its key is
 -- (reserve.lua).
 local server
-if not t then return {redis.call('GET', KEYS[2]) and 'published' or 'gone', 0} end
+if not t then return redis.call('GET', KEYS[2]) and 'published:0' or 'gone:0' end
 if t ~= ARGV[3] then
-  if t ~= '-' .. ARGV[3] then return {redis.call('GET', KEYS[2]) and 'published' or 'stale', 0} end
+  if t ~= '-' .. ARGV[3] then return redis.call('GET', KEYS[2]) and 'published:0' or 'stale:0' end
   -- published already: by this call's first run, by another call with the
   -- same continuation (nothing to do) or by another record of the turn,
   -- which this one replaces unless it ran already
-  if c == ARGV[4] or redis.call('GET', KEYS[2]) then return {'published', 0} end
+  if c == ARGV[4] or redis.call('GET', KEYS[2]) then return 'published:0' end
   server = oplog().now()
   if deadline(op, 6, server) <= server then return {'expired', server} end
 end
@@ -84,7 +84,7 @@ end
 if c and #c == #ARGV[4] then
   -- the entry's size and published bit stay (lru.lua)
   redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[4], 'o', slot)
-  return {'published', 0}
+  return 'published:0'
 end
 
 local lru_key = partition_key(KEYS[1], 'lru')
@@ -96,7 +96,7 @@ if old then
   score = old - old % TIME_UNIT + pack_score(SCORE_EPOCH_MS, 1, ARGV[5] + #ARGV[4])
   if score == old then
     redis.call('HSET', KEYS[1], 't', '-' .. seq, 'c', ARGV[4], 'o', slot)
-    return {'published', 0}
+    return 'published:0'
   end
 else
   -- a state whose entry is lost is touched now, and o's refresh tick
@@ -119,4 +119,4 @@ if count or db > 0 then
   evicted = prune(lru_key, part_key, string.sub(KEYS[1], 1, #lru_key - 1), member,
     change.idle(ARGV[1]), ARGV[6], count, bytes, spills().releaser(server or oplog().now()))
 end
-return {'published', evicted}
+return 'published:' .. evicted

@@ -15,7 +15,7 @@
 -- state is live while its key is.
 --
 -- The sequence number is the largest of
---   the partition's last sequence number + 1 (KEYS[3]),
+--   the partition's last sequence number + 1 (its clock key),
 --   the server clock in microseconds since 2025-01-01T00:00:00Z,
 --   the owner's current sequence number + 1.
 -- One reserve takes longer than a microsecond of server time, so the
@@ -37,7 +37,10 @@
 --
 -- KEYS[1]  <ns>:{<ns>:<pp>}:o:<owner>        hash    the owner's state: t, c, o
 -- KEYS[2]  <ns>:{<ns>:<pp>}:q:<owner>:<op>   string  this call's answer key (oplog.lua)
--- KEYS[3]  <ns>:{<ns>:<pp>}:seq              string  the partition's last sequence number
+-- WRITES   <ns>:{<ns>:<pp>}:seq              string  the partition's last sequence number
+--          (its clock), not in KEYS (a key sent costs every call): named by
+--          KEYS[1]'s partition prefix (lru.lua partition_key), so in its hash
+--          tag and Redis Cluster slot.
 -- CHANGES  <ns>:{<ns>:<pp>}:lru              zset    the partition's LRU (lru.lua) and
 --          <ns>:{<ns>:<pp>}:part             hash    its accounting, when the owner's
 --          entry changes, not in KEYS (most calls change no entry, and a key
@@ -59,11 +62,13 @@
 -- ARGV[4]  limits (lru.lua prune): "<partition's owner limit>:<partition's
 --          stored-bytes limit>:<most evictions this call may make>"
 --
--- Reply: array
---   [1] the new turn's sequence number (integer)
---   [2] 1 when the owner had live state before this call, else 0
---   [3] number of owners this call evicted
---   [4] the consumed continuation (opaque bytes), or nil when none
+-- Reply: a string, "<seq>:<existed>:<evicted>", followed by ":" and the
+-- consumed continuation when there is one (one string, not an array: a
+-- table reply costs Redis far more to convert)
+--   seq       the new turn's sequence number, decimal
+--   existed   1 when the owner had live state before this call, else 0
+--   evicted   number of owners this call evicted, decimal
+--   the consumed continuation: opaque bytes
 -- or, when no run of this call reserved and its deadline has passed,
 -- {"expired", the server clock in milliseconds since 2025-01-01}: nothing
 -- changed.
@@ -80,15 +85,18 @@ if o and string.sub(o, 1, 9) == op then
   -- (its client had the reply) the state no longer holds the continuation
   -- it consumed
   local flags = string.byte(o, 10) - 48
-  return {math.abs(t + 0), (flags - flags % 2) / 2, 0, flags % 2 == 1 and t + 0 > 0 and c or nil}
+  local published = string.sub(t, 1, 1) == '-'
+  local reply = (published and string.sub(t, 2) or t) .. (flags >= 2 and ':1:0' or ':0:0')
+  if flags % 2 == 1 and not published and c then return reply .. ':' .. c end
+  return reply
 end
 local done = redis.call('GET', KEYS[2])
 if done then
   -- its first run's answer, moved out of the state by a later call
   local colon = string.find(done, ':', 1, true)
-  local k = nil
-  if string.sub(done, colon + 2, colon + 2) == '1' then k = string.sub(done, colon + 3) end
-  return {tonumber(string.sub(done, 1, colon - 1)), tonumber(string.sub(done, colon + 1, colon + 1)), 0, k}
+  local reply = string.sub(done, 1, colon + 1) .. ':0'
+  if string.sub(done, colon + 2, colon + 2) == '1' then return reply .. ':' .. string.sub(done, colon + 3) end
+  return reply
 end
 if deadline(op, 6, server) <= server then
   return {'expired', server} -- no run of this call reserved: none will
@@ -112,13 +120,14 @@ end
 -- the partition's or the owner's last number.
 local seq = (sec - EPOCH_S) * 1000000 + usec
 local seq_s = string.format('%d', seq)
-local last = redis.call('SET', KEYS[3], seq_s, 'GET')
+local seq_key = partition_key(KEYS[1], 'seq')
+local last = redis.call('SET', seq_key, seq_s, 'GET')
 local floor = (last or 0) + 1
 if tn and tn >= floor then floor = tn + 1 elseif tn and -tn >= floor then floor = 1 - tn end
 if floor > seq then
   seq = floor
   seq_s = string.format('%d', seq)
-  redis.call('SET', KEYS[3], seq_s)
+  redis.call('SET', seq_key, seq_s)
 end
 
 -- t < 0: the state holds the continuation its last turn published
@@ -136,7 +145,7 @@ if live then
   if o and (now_tick - string.byte(o, 11)) % 256 < 15 then
     -- the entry and the TTL stay until they are due for a refresh
     redis.call('HSET', KEYS[1], 't', seq_s, 'o', slot .. string.sub(o, 11))
-    return {seq, 1, 0, consumed or nil}
+    return seq_s .. (consumed and ':1:0:' .. consumed or ':1:0')
   end
 end
 slot = slot .. string.char(now_tick) .. (live and o and string.sub(o, 12) or '')
@@ -171,4 +180,4 @@ if count or db > 0 or evicted > 0 then
     pack_score(ms - ttl, 0, 0), ARGV[4], count, bytes, spills().releaser(server))
 end
 
-return {seq, live and 1 or 0, evicted, consumed or nil}
+return seq_s .. (live and ':1:' or ':0:') .. evicted .. (consumed and ':' .. consumed or '')

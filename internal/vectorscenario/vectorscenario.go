@@ -88,9 +88,9 @@ type Opaque struct {
 	// Arg reports whether argument i (0-based, after the keys) of a call
 	// of script is opaque.
 	Arg func(script string, i int) bool
-	// Reply gives, by script, the index of the reply element that is
-	// opaque when it is a string.
-	Reply map[string]int
+	// Reply reports whether a string in a reply of script is opaque: the
+	// element at index i of an array reply, or the whole reply (i = -1).
+	Reply func(script string, i int, s string) bool
 	// HashField reports whether field of the hash at key is opaque.
 	HashField func(key, field string) bool
 	// String reports whether the string value of a key is opaque.
@@ -249,10 +249,17 @@ func (r *recorder) record(cmd redis.Cmder) {
 	default:
 		c.Reply = Reply(r.t, val)
 	}
-	if reply, ok := c.Reply.([]any); ok {
-		if i, ok := r.opaque.Reply[c.Script]; ok && i < len(reply) {
-			if s, ok := reply[i].(string); ok {
-				reply[i] = Hex(s)
+	if r.opaque.Reply != nil {
+		switch reply := c.Reply.(type) {
+		case []any:
+			for i, x := range reply {
+				if s, ok := x.(string); ok && r.opaque.Reply(c.Script, i, s) {
+					reply[i] = Hex(s)
+				}
+			}
+		case string:
+			if r.opaque.Reply(c.Script, -1, reply) {
+				c.Reply = Hex(reply)
 			}
 		}
 	}
