@@ -95,8 +95,8 @@ const (
 )
 
 // Headers of the credential scope: the credential is the Authorization
-// header, else the api-key header; the organization and project headers
-// narrow it.
+// header and the api-key header, those present (an upstream may take
+// either); the organization and project headers narrow it.
 const (
 	headerAuthorization = "Authorization"
 	headerAPIKey        = "Api-Key"
@@ -109,12 +109,18 @@ const (
 // them all (passthrough.go).
 var accountHeaders = []string{headerAuthorization, headerAPIKey, headerOrganization, headerProject}
 
+// carriesCredential reports whether headers h carry a credential: a
+// non-empty Authorization or api-key header.
+func carriesCredential(h http.Header) bool {
+	return h.Get(headerAuthorization) != "" || h.Get(headerAPIKey) != ""
+}
+
 // Owner returns the owner of a request with headers h and parsed body req,
 // the zero owner when it has none, or an error naming the source of an
 // empty or invalid id, which the proxy answers with 400.
 //
 // Every owner is scoped by the client's credential: a keyed digest of the
-// Authorization header (else the api-key header) and of the
+// Authorization and api-key headers (those present) and of the
 // OpenAI-Organization and OpenAI-Project headers, so that clients with
 // other credentials never share a conversation, whatever ids they send.
 // Within that scope:
@@ -172,22 +178,29 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 
 // scoped starts the message of a derived id: the domain, then the
 // credential scope of headers h. The credential is the values of the
-// Authorization header, else of the api-key header, under the header's
-// lowercase name; a request with neither has the empty name and no
-// values. Each header's values are sent as the HTTP parser gives them, in
-// order.
+// Authorization header, or of the api-key header, under the header's
+// lowercase name; a request with both has both, under the name
+// "authorization,api-key", each header's values in turn (an upstream may
+// take either, even when the other is empty); a request with neither has
+// the empty name and no values. Each header's values are sent as the HTTP
+// parser gives them, in order.
 func scoped(domain string, h http.Header) []byte {
 	b := make([]byte, 0, 128)
 	b = appendString(b, domain)
-	name := ""
+	auth, key := len(h.Values(headerAuthorization)) > 0, len(h.Values(headerAPIKey)) > 0
+	var names []string
 	switch {
-	case len(h.Values(headerAuthorization)) > 0:
-		name = headerAuthorization
-	case len(h.Values(headerAPIKey)) > 0:
-		name = headerAPIKey
+	case auth && key:
+		names = []string{headerAuthorization, headerAPIKey}
+	case auth:
+		names = []string{headerAuthorization}
+	case key:
+		names = []string{headerAPIKey}
+	default:
+		names = []string{""}
 	}
-	b = appendString(b, strings.ToLower(name))
-	for _, k := range []string{name, headerOrganization, headerProject} {
+	b = appendString(b, strings.ToLower(strings.Join(names, ",")))
+	for _, k := range append(names, headerOrganization, headerProject) {
 		var vs []string
 		if k != "" {
 			vs = h.Values(k)

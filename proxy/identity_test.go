@@ -92,8 +92,17 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.NotEqual(t, a, azure)
 	assert.NotEqual(t, azure, none)
 	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}}), "the same credential, the same owner")
-	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Api-Key": {"sk-other"}}),
-		"the api-key header counts only without Authorization")
+	// Both credential headers count when both are sent: the upstream
+	// may take either, even when the other is empty.
+	both := owner(http.Header{"Authorization": {"Bearer sk-a"}, "Api-Key": {"sk-other"}})
+	assert.NotEqual(t, a, both, "an api-key beside Authorization")
+	assert.NotEqual(t, both, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Api-Key": {"sk-third"}}))
+	emptyAuth := func(key string) identity.Owner {
+		return owner(http.Header{"Authorization": {""}, "Api-Key": {key}})
+	}
+	assert.NotEqual(t, emptyAuth("sk-a"), emptyAuth("sk-b"), "two api-keys beside an empty Authorization")
+	assert.NotEqual(t, emptyAuth("sk-a"), owner(http.Header{"Authorization": {""}}))
+	assert.Equal(t, emptyAuth("sk-a"), emptyAuth("sk-a"))
 	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Chatgpt-Account-Id": {"acct-1"}}),
 		"a header the client asserts does not scope")
 	org := owner(http.Header{"Authorization": {"Bearer sk-a"}, "Openai-Organization": {"org-1"}})
@@ -210,11 +219,13 @@ func TestOwnerErrors(t *testing.T) {
 // apart from the code under test.
 type ownerVector struct {
 	name string
-	// credName is "authorization", "api-key" or ""; cred, org and proj
-	// are the values of the credential, OpenAI-Organization and
-	// OpenAI-Project headers.
-	credName        string
-	cred, org, proj []string
+	// credName is "authorization", "api-key", "authorization,api-key"
+	// or ""; cred, org and proj are the values of the credential (the
+	// Authorization header's for both), OpenAI-Organization and
+	// OpenAI-Project headers, and apiKey those of the api-key header when
+	// credName names both.
+	credName                string
+	cred, apiKey, org, proj []string
 	// kind is "main", "session" (a sub-agent's session) or "opening".
 	kind           string
 	session, agent string
@@ -228,7 +239,7 @@ func (v ownerVector) header() http.Header {
 	for _, c := range []struct {
 		name string
 		vs   []string
-	}{{v.credName, v.cred}, {"OpenAI-Organization", v.org}, {"OpenAI-Project", v.proj}} {
+	}{{strings.TrimSuffix(v.credName, ",api-key"), v.cred}, {"Api-Key", v.apiKey}, {"OpenAI-Organization", v.org}, {"OpenAI-Project", v.proj}} {
 		for _, x := range c.vs {
 			h.Add(c.name, x)
 		}
@@ -254,6 +265,9 @@ func (v ownerVector) ownerKey(key []byte) string {
 	}
 	msg := str(nil, "contstore/owner/"+v.kind+"/v1")
 	msg = values(str(msg, v.credName), v.cred)
+	if v.credName == "authorization,api-key" {
+		msg = values(msg, v.apiKey)
+	}
 	msg = values(values(msg, v.org), v.proj)
 	switch v.kind {
 	case "main":
@@ -281,6 +295,8 @@ var ownerVectors = []ownerVector{
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:NWMydKtr6lqyDZDk"},
 	{name: "opening, api-key", credName: "api-key", cred: []string{"sk-a"}, kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wIfMhSEdC5joSwGt"},
+	{name: "opening, Authorization and api-key", credName: "authorization,api-key", cred: []string{""}, apiKey: []string{"sk-a"},
+		kind: "opening", sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:eJHXNUswbrsfpbOj"},
 	{name: "opening, organization and project", credName: "authorization", cred: []string{"Bearer sk-a"},
 		org: []string{"org-1"}, proj: []string{"proj-1"}, kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wQnoHTJpsdDEWGBQ"},

@@ -21,7 +21,8 @@ import (
 // that go upstream are those of a turn over HTTP (copyHeader), without the
 // proxy's own; over the WebSocket mode the HTTP base has the socket's host
 // and path, and WebSocketOptions.Header's credential, when it has an
-// Authorization, replaces the client's as it does on the handshakes.
+// Authorization or api-key, replaces the client's as it does on the
+// handshakes.
 // Nothing is reserved or recorded, and no counter of Stats moves.
 
 // turnPath is the path of the turns.
@@ -68,7 +69,7 @@ func (u *httpUpstream) passthroughTarget() passTarget {
 
 func (u *wsUpstream) passthroughTarget() passTarget {
 	t := passTarget{base: httpBase(u.url), transport: transportOf(u.opts.Client)}
-	if u.opts.Header.Get("Authorization") != "" {
+	if carriesCredential(u.opts.Header) {
 		t.credential = u.opts.Header
 	}
 	return t

@@ -44,10 +44,11 @@ type WebSocketOptions struct {
 	Lifetime time.Duration
 	// DialTimeout bounds opening a socket. Default 10s.
 	DialTimeout time.Duration
-	// Header, when it has an Authorization, is sent on every socket's
-	// handshake and the clients' credentials are not used. Otherwise the
-	// client's Authorization, OpenAI-Organization, OpenAI-Project and
-	// OpenAI-Beta headers are, and sockets are kept per credential.
+	// Header, when it has an Authorization or api-key, is sent on every
+	// socket's handshake and the clients' credentials are not used.
+	// Otherwise the client's Authorization, api-key, OpenAI-Organization,
+	// OpenAI-Project and OpenAI-Beta headers are, and sockets are kept per
+	// credential.
 	Header http.Header
 	// Client makes the handshakes and carries the requests other than
 	// turns (passthrough.go). When nil, a client of the upstream's own
@@ -75,7 +76,7 @@ type WebSocketOptions struct {
 
 // credentialHeaders are the client headers a socket's handshake carries,
 // and that tell its credential apart.
-var credentialHeaders = []string{"Authorization", "OpenAI-Organization", "OpenAI-Project", "OpenAI-Beta"}
+var credentialHeaders = []string{headerAuthorization, headerAPIKey, headerOrganization, headerProject, "OpenAI-Beta"}
 
 // wsUpstream is the Responses API's WebSocket mode: a pool of sockets per
 // replica, each carrying one response at a time. With store false the
@@ -154,7 +155,7 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 
 // credential returns the handshake headers of a turn and their key.
 func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
-	if u.opts.Header.Get("Authorization") != "" {
+	if carriesCredential(u.opts.Header) {
 		return u.opts.Header, [32]byte{}
 	}
 	out := u.opts.Header.Clone()

@@ -203,3 +203,31 @@ func TestWebSocketOptionsAreChecked(t *testing.T) {
 	assert.Equal(t, 5*time.Minute, opts.IdleTimeout)
 	assert.Equal(t, 1024, opts.MaxCredentials)
 }
+
+// A socket's handshake carries the client's credential, Authorization or
+// api-key, and sockets are kept per credential; a credential the operator
+// configures, either header, replaces the clients'.
+func TestSocketsAreKeptPerCredential(t *testing.T) {
+	up, err := NewWebSocketUpstream("ws://x/v1", WebSocketOptions{Replica: "r"})
+	require.NoError(t, err)
+	ws := up.(*wsUpstream)
+	h1, k1 := ws.credential(http.Header{"Api-Key": {"sk-1"}})
+	h2, k2 := ws.credential(http.Header{"Api-Key": {"sk-2"}})
+	hb, kb := ws.credential(http.Header{"Authorization": {"Bearer sk-1"}})
+	assert.Equal(t, "sk-1", h1.Get("Api-Key"), "the handshake carries the api-key")
+	assert.Equal(t, "sk-2", h2.Get("Api-Key"))
+	assert.Equal(t, "Bearer sk-1", hb.Get("Authorization"))
+	assert.NotEqual(t, k1, k2, "two api-keys, two pools")
+	assert.NotEqual(t, k1, kb)
+
+	for _, configured := range []http.Header{{"Api-Key": {"sk-op"}}, {"Authorization": {"Bearer sk-op"}}} {
+		up, err := NewWebSocketUpstream("ws://x/v1", WebSocketOptions{Replica: "r", Header: configured})
+		require.NoError(t, err)
+		ws := up.(*wsUpstream)
+		h, k := ws.credential(http.Header{"Api-Key": {"sk-1"}, "Authorization": {"Bearer sk-1"}})
+		assert.Equal(t, configured, h, "the operator's credential, not the client's")
+		_, k2 := ws.credential(http.Header{"Api-Key": {"sk-2"}})
+		assert.Equal(t, k, k2, "one pool")
+		assert.Equal(t, configured, ws.passthroughTarget().credential)
+	}
+}
