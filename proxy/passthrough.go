@@ -2,13 +2,14 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -139,8 +140,10 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(client, p.cfg.UpstreamTimeout)
 	defer cancel()
 	out := r.WithContext(ctx)
-	if r.Body != nil {
-		out.Body = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	var body *watchedBody
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &watchedBody{ReadCloser: http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes), ended: make(chan struct{})}
+		out.Body = body
 	}
 	lg := p.cfg.Logger.With("method", r.Method, "path", r.URL.Path)
 	t := p.cfg.Upstream.passthroughTarget()
@@ -154,8 +157,8 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				p.tooLarge(w)
+			if bodyErr := body.failure(client); bodyErr != nil {
+				p.refuseBody(w, bodyErr) // the client's body failed, not the upstream: 413, or 400 naming it
 				return
 			}
 			if client.Err() != nil {
@@ -168,6 +171,66 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	rp.ServeHTTP(w, out)
 }
+
+// watchedBody is a request body on its way upstream that tells how reading
+// it ended: ended is closed once a read fails or reaches the end, or the
+// body is closed.
+type watchedBody struct {
+	io.ReadCloser
+	once  sync.Once
+	ended chan struct{}
+	err   error // the failed read's error, set before ended is closed
+}
+
+// Read implements io.Reader.
+func (b *watchedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.end(err)
+	}
+	return n, err
+}
+
+// Close implements io.Closer.
+func (b *watchedBody) Close() error {
+	b.end(nil)
+	return b.ReadCloser.Close()
+}
+
+func (b *watchedBody) end(err error) {
+	b.once.Do(func() {
+		if err != io.EOF {
+			b.err = err
+		}
+		close(b.ended)
+	})
+}
+
+// failure returns the error reading the body failed with, if it did: the
+// body is over MaxBodyBytes, or the client stopped sending it. A read that
+// fails also ends the client's context, which can end the upstream call
+// before the read returns: once client has ended, failure waits for the
+// read, briefly. nil for no body.
+func (b *watchedBody) failure(client context.Context) error {
+	if b == nil {
+		return nil
+	}
+	if client.Err() != nil {
+		select {
+		case <-b.ended:
+		case <-time.After(bodyEndWait):
+		}
+	}
+	select {
+	case <-b.ended:
+		return b.err
+	default:
+		return nil
+	}
+}
+
+// bodyEndWait bounds watchedBody.failure's wait.
+const bodyEndWait = time.Second
 
 // tooLarge answers a request whose body is larger than MaxBodyBytes.
 func (p *Proxy) tooLarge(w http.ResponseWriter) {

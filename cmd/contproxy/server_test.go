@@ -77,14 +77,22 @@ func answered(t *testing.T, addr string) {
 
 func TestARequestBodyThatStallsIsDropped(t *testing.T) {
 	addr, _, _ := start(t, "-fake-upstream", "-body-timeout", "500ms")
-	c := dial(t, addr)
-	_, err := io.WriteString(c, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
-		"Content-Length: 100\r\n\r\n"+`{"model":`)
-	require.NoError(t, err)
-	answered(t, addr) // meanwhile, other clients are served
-	closed, answer := c.closedWithin(8 * time.Second)
-	assert.True(t, closed, "the connection is open 8 s after its body stalled")
-	assert.Contains(t, answer, "Reading the request body: nothing came for 500ms", "it was told why")
+	// A turn, and requests the proxy passes through, with a length and
+	// chunked.
+	for _, head := range []string{
+		"POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+		"POST /v1/responses/compact HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n",
+	} {
+		c := dial(t, addr)
+		_, err := io.WriteString(c, head+`{"model":`)
+		require.NoError(t, err)
+		answered(t, addr) // meanwhile, other clients are served
+		closed, answer := c.closedWithin(8 * time.Second)
+		assert.True(t, closed, "%q: the connection is open 8 s after its body stalled", head)
+		assert.Contains(t, answer, "HTTP/1.1 400 ", head)
+		assert.Contains(t, answer, "Reading the request body: nothing came for 500ms", "%q: it was told why", head)
+	}
 }
 
 func TestAnIdleConnectionIsClosed(t *testing.T) {
