@@ -25,8 +25,10 @@ import (
 // (76 measured when a request also kept a slice of each item). A
 // multiple of the bytes alone would not do: the parse keeps several times
 // a body of 30-byte items, and many times one of {} items. Before the
-// parse the items are counted at most, as the body's commas plus one, held
-// as the body arrives; after it, exactly. A 31 MB body of 1 M small items
+// parse the items are counted at most, as the body's commas plus one; they
+// and the bytes are held as the body arrives, a read step ahead, so that a
+// body that claims a large length and sends little holds little. After the
+// parse the weight is exact. A 31 MB body of 1 M small items
 // weighs 142 MB; one that is a single 30 MB string, 60 MB.
 //
 // A WebSocket message weighs twice the body it stands for: the message,
@@ -40,8 +42,8 @@ const (
 	itemBytes = 80
 	// budgetWait bounds how long a request waits for room, in all.
 	budgetWait = time.Second
-	// readStep is what a body of unknown length is read by, each step
-	// held before it is read.
+	// readStep is what a body is read by, each step held before it is
+	// read.
 	readStep = 64 << 10
 )
 
@@ -165,8 +167,7 @@ func (h *hold) pass() *hold {
 	return &k
 }
 
-// stepReader reads a body of unknown length, holding each step of it
-// before it reads it.
+// stepReader reads a body, holding each step of it before it reads it.
 type stepReader struct {
 	ctx  context.Context
 	r    io.Reader
@@ -210,10 +211,12 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	err := h.grow(ctx, itemBytes) // the first item, which follows no comma
 	switch {
 	case err != nil:
-	case n < 0:
-		in = &stepReader{ctx: ctx, r: in, h: h}
+	case h.b != nil && weight(n, 0) > h.b.size:
+		err = errOverBudget // it could never fit: refused unread
 	default:
-		err = h.grow(ctx, weight(n, 0))
+		// Held as it arrives, as ReadRequest's memory grows: a body that
+		// claims many bytes and sends few holds few.
+		in = &stepReader{ctx: ctx, r: in, h: h}
 	}
 	var req *fingerprint.Request
 	if err == nil {
@@ -232,15 +235,14 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 }
 
 // skimRequest reads a body of n bytes (-1 when unknown) from r and skims
-// it (Store.SkimRequest).
+// it (Store.SkimRequest). Its memory grows as it arrives.
 func skimRequest(st *store.Store, r io.Reader, n int) (*fingerprint.Request, error) {
-	var body []byte
-	var err error
-	if n < 0 {
-		body, err = io.ReadAll(r)
-	} else {
-		body = make([]byte, n)
-		_, err = io.ReadFull(r, body)
+	if n >= 0 {
+		r = io.LimitReader(r, int64(n))
+	}
+	body, err := io.ReadAll(r)
+	if err == nil && len(body) < n {
+		err = io.ErrUnexpectedEOF
 	}
 	if err != nil {
 		return nil, err

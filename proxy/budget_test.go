@@ -195,6 +195,35 @@ func TestBudgetRefusesAnOversizedBodyUnread(t *testing.T) {
 	assert.True(t, budgetFree(r.proxy))
 }
 
+// A body holds what has arrived of it, not what it claims: clients that
+// claim large bodies and send a few bytes of each, whose claims together
+// weigh the whole budget, hold little of it, and a turn meanwhile is
+// served.
+func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
+	const claimed = 1 << 20
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight, c.MaxBodyBytes = 2*weight(claimed, 1), claimed })
+	host := strings.TrimPrefix(strings.TrimSuffix(r.url, "/v1/responses"), "http://")
+	const slow = 2
+	for range slow {
+		conn, err := net.Dial("tcp", host)
+		require.NoError(t, err)
+		defer conn.Close()
+		_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+			"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n{\"model\":", claimed)
+		require.NoError(t, err)
+	}
+	// Each slow body holds its first item and its first read step.
+	most := int64(slow) * (itemBytes + weight(readStep, 0))
+	require.Eventually(t, func() bool {
+		r.proxy.budget.mu.Lock()
+		defer r.proxy.budget.mu.Unlock()
+		return r.proxy.budget.cur == most
+	}, 10*time.Second, 5*time.Millisecond, "both slow bodies are being read, holding %d bytes", most)
+	a := post(t, r.url, http.Header{"X-Session-Id": {"s2"}}, bigTurn(10<<10))
+	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	assert.Zero(t, r.proxy.Stats().RefusedBusy)
+}
+
 // Every way a request can end gives back what it held of the budget.
 func TestBudgetIsReleasedOnEveryPath(t *testing.T) {
 	for _, tc := range slices.Concat(failedTurns(), failedBodies()) {

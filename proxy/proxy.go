@@ -157,11 +157,12 @@ type Config struct {
 	// at once on this replica: each turn's body until its turn ends (its
 	// record, when it is in after the end), each WebSocket message until
 	// it is answered, a body weighing twice its size plus 80 bytes an
-	// input item (budget.go). A turn that finds no room within a second
-	// gets 503, code server_busy, with Retry-After: 1 (an error event with
-	// status 503 in the WebSocket mode, whose connection stops reading
-	// meanwhile); one that could never fit gets 413 at once. Default 256
-	// MiB.
+	// input item (budget.go); a body still arriving holds what has
+	// arrived, not the length it claims. A turn that finds no room within
+	// a second gets 503, code server_busy, with Retry-After: 1 (an error
+	// event with status 503 in the WebSocket mode, whose connection stops
+	// reading meanwhile); one that could never fit gets 413 at once.
+	// Default 256 MiB.
 	MaxBytesInFlight int64
 }
 
