@@ -24,11 +24,11 @@ import (
 // input item, a bound on what the parse keeps for each whatever its size
 // (76 measured when a request also kept a slice of each item). A
 // multiple of the bytes alone would not do: the parse keeps several times
-// a body of 30-byte items, and many times one of {} items. Before the
-// parse the items are counted at most, as the body's commas plus one; they
-// and the bytes are held as the body arrives, a read step ahead, so that a
-// body that claims a large length and sends little holds little. After the
-// parse the weight is exact. A 31 MB body of 1 M small items
+// a body of 30-byte items, and many times one of {} items. The bytes are
+// held as the body arrives, a read step ahead, so that a body that claims
+// a large length and sends little holds little; its items, counted at
+// most (itemsAtMost), once it is in, before the parse makes them. After
+// the parse the weight is exact. A 31 MB body of 1 M small items
 // weighs 142 MB; one that is a single 30 MB string, 60 MB.
 //
 // A WebSocket message weighs twice the body it stands for: the message,
@@ -50,9 +50,10 @@ const (
 // weight is what a body of n bytes with items input items holds.
 func weight(n, items int64) int64 { return bodyCopies*n + itemBytes*items }
 
-// itemsAtMost bounds the input items of a body before it is parsed: each
-// item but the first follows a comma.
-func itemsAtMost(body []byte) int64 { return int64(bytes.Count(body, []byte{','})) + 1 }
+// itemsAtMost bounds the input items of a body of n bytes with commas
+// commas before it is parsed: each item but the first follows a comma,
+// and an item and its comma take two bytes at least.
+func itemsAtMost(n, commas int64) int64 { return min(commas+1, (n+1)/2) }
 
 var (
 	// errOverBudget refuses a request that weighs more than the whole
@@ -220,7 +221,7 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	}
 	var req *fingerprint.Request
 	if err == nil {
-		in = &commaReader{ctx: ctx, r: in, h: h}
+		in = &commaReader{ctx: ctx, r: in, h: h, size: n}
 		if p.cfg.NoContinuation {
 			req, err = skimRequest(p.cfg.Store, in, int(n))
 		} else {
@@ -250,19 +251,26 @@ func skimRequest(st *store.Store, r io.Reader, n int) (*fingerprint.Request, err
 	return st.SkimRequest(body)
 }
 
-// commaReader holds, as a body is read, an item's weight for each comma
-// in it: before the parse, a body's items are counted at most, as its
-// commas plus one.
+// commaReader counts a body's bytes and commas as it is read and, once
+// the body is in, holds its items counted at most (itemsAtMost), the
+// first held already: before the parse makes them, and not while a body
+// that sends little arrives.
 type commaReader struct {
-	ctx context.Context
-	r   io.Reader
-	h   *hold
+	ctx          context.Context
+	r            io.Reader
+	h            *hold
+	size         int64 // the body's length, -1 when unknown
+	read, commas int64
+	held         bool
 }
 
 func (c *commaReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
-	if k := bytes.Count(p[:n], []byte{','}); k > 0 {
-		if herr := c.h.grow(c.ctx, itemBytes*int64(k)); herr != nil {
+	c.read += int64(n)
+	c.commas += int64(bytes.Count(p[:n], []byte{','}))
+	if !c.held && (err == io.EOF || (c.size >= 0 && c.read >= c.size)) {
+		c.held = true
+		if herr := c.h.grow(c.ctx, itemBytes*(itemsAtMost(c.read, c.commas)-1)); herr != nil {
 			return 0, herr
 		}
 	}
@@ -273,7 +281,8 @@ func (c *commaReader) Read(p []byte) (int, error) {
 // items counted at most; the errors are hold.grow's.
 func (p *Proxy) holdMessage(ctx context.Context, data []byte) (*hold, error) {
 	h := &hold{b: p.budget}
-	return h, h.grow(ctx, 2*weight(int64(len(data)), itemsAtMost(data)))
+	n := int64(len(data))
+	return h, h.grow(ctx, 2*weight(n, itemsAtMost(n, int64(bytes.Count(data, []byte{','})))))
 }
 
 // refusal is the answer to a request the budget refused (errBusy or

@@ -196,24 +196,26 @@ func TestBudgetRefusesAnOversizedBodyUnread(t *testing.T) {
 }
 
 // A body holds what has arrived of it, not what it claims: clients that
-// claim large bodies and send a few bytes of each, whose claims together
+// claim large bodies and send a little of each, whose claims together
 // weigh the whole budget, hold little of it, and a turn meanwhile is
-// served.
+// served. Nor does a body that has not arrived hold its items: one with
+// many commas in a string holds its bytes only, though its commas alone,
+// counted as items, would weigh more than the budget.
 func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
 	const claimed = 1 << 20
 	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight, c.MaxBodyBytes = 2*weight(claimed, 1), claimed })
 	host := strings.TrimPrefix(strings.TrimSuffix(r.url, "/v1/responses"), "http://")
-	const slow = 2
-	for range slow {
+	starts := []string{`{"model":`, `{"model":`, `{"model":"m","input":"` + strings.Repeat(",", 60<<10)}
+	for _, start := range starts {
 		conn, err := net.Dial("tcp", host)
 		require.NoError(t, err)
 		defer conn.Close()
 		_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
-			"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n{\"model\":", claimed)
+			"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", claimed, start)
 		require.NoError(t, err)
 	}
 	// Each slow body holds its first item and its first read step.
-	most := int64(slow) * (itemBytes + weight(readStep, 0))
+	most := int64(len(starts)) * (itemBytes + weight(readStep, 0))
 	require.Eventually(t, func() bool {
 		r.proxy.budget.mu.Lock()
 		defer r.proxy.budget.mu.Unlock()
