@@ -149,9 +149,9 @@ func (h *hold) grow(ctx context.Context, n int64) error {
 	return nil
 }
 
-// trim gives back what the hold has beyond n.
+// trim gives back what the hold has beyond n; a nil hold holds nothing.
 func (h *hold) trim(n int64) {
-	if h.n > n {
+	if h != nil && h.n > n {
 		h.b.release(h.n - n)
 		h.n = n
 	}
@@ -277,12 +277,56 @@ func (c *commaReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// holdMessage holds a WebSocket message's weight, twice its body's, its
-// items counted at most; the errors are hold.grow's.
-func (p *Proxy) holdMessage(ctx context.Context, data []byte) (*hold, error) {
+// readMessage reads a client's WebSocket message that has begun, from
+// r, whose reads stall ends (the connection is then closed): its bytes
+// held as they arrive, as a body's are, each read waiting at most
+// MessageTimeout for bytes, and once it is in, its weight, twice its
+// body's, its items counted at most. A message the budget refuses is read
+// to its end and dropped, so that the connection goes on; the refusal is
+// hold.grow's error, with a nil message.
+func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.Reader) ([]byte, *hold, error) {
+	gap := time.AfterFunc(p.cfg.MessageTimeout, stall)
+	defer gap.Stop()
+	in := &gapReader{r: r, gap: gap, timeout: p.cfg.MessageTimeout}
 	h := &hold{b: p.budget}
-	n := int64(len(data))
-	return h, h.grow(ctx, 2*weight(n, itemsAtMost(n, int64(bytes.Count(data, []byte{','})))))
+	data, err := io.ReadAll(&stepReader{ctx: ctx, r: in, h: h})
+	if err == nil {
+		n := int64(len(data))
+		err = h.grow(ctx, 2*weight(n, itemsAtMost(n, int64(bytes.Count(data, []byte{','}))))-h.n)
+	}
+	if errors.Is(err, errBusy) || errors.Is(err, errOverBudget) {
+		h.release()
+		if _, derr := io.Copy(io.Discard, in); derr != nil {
+			return nil, nil, derr
+		}
+		return nil, nil, err
+	}
+	if err != nil {
+		h.release()
+		return nil, nil, err
+	}
+	return data, h, nil
+}
+
+// gapRead is the most a gapReader asks for in one read.
+const gapRead = 4 << 10
+
+// gapReader reads r, giving gap, which ends the reads when it fires,
+// timeout more after each read that got bytes.
+type gapReader struct {
+	r       io.Reader
+	gap     *time.Timer
+	timeout time.Duration
+}
+
+func (g *gapReader) Read(p []byte) (int, error) {
+	// A WebSocket message's read waits for all the bytes it asks for:
+	// asking few, steady bytes count as progress.
+	n, err := g.r.Read(p[:min(len(p), gapRead)])
+	if n > 0 {
+		g.gap.Reset(g.timeout)
+	}
+	return n, err
 }
 
 // refusal is the answer to a request the budget refused (errBusy or

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -224,6 +225,32 @@ func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
 	a := post(t, r.url, http.Header{"X-Session-Id": {"s2"}}, bigTurn(10<<10))
 	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
 	assert.Zero(t, r.proxy.Stats().RefusedBusy)
+}
+
+// A client's WebSocket message holds its bytes as they arrive, as a body
+// does, and one that stalls closes its connection after MessageTimeout,
+// giving back what it held; meanwhile turns are served.
+func TestAWebSocketMessageHoldsWhatArrivedAndMayNotStall(t *testing.T) {
+	r := newBudgetRig(t, func(c *Config) { c.MessageTimeout = 500 * time.Millisecond })
+	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s1")
+	w, err := c.ws.Writer(t.Context(), websocket.MessageText)
+	require.NoError(t, err)
+	_, err = io.WriteString(w, `{"type":"response.create","model":"m","input":"`+strings.Repeat("x", 200<<10))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r.proxy.budget.mu.Lock()
+		defer r.proxy.budget.mu.Unlock()
+		return r.proxy.budget.cur >= weight(200<<10, 0)
+	}, 10*time.Second, 5*time.Millisecond, "the message's bytes are held as they arrive")
+	a := post(t, r.url, http.Header{"X-Session-Id": {"s2"}}, bigTurn(10<<10))
+	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, _, err = c.ws.Read(ctx)
+	require.Error(t, err, "the connection is closed")
+	require.NoError(t, ctx.Err(), "closed within 10 s of the stall")
+	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 10*time.Second, 5*time.Millisecond)
 }
 
 // Every way a request can end gives back what it held of the budget.

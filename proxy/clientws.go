@@ -180,16 +180,20 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 		defer close(messages)
 		defer cancel() // the client went away: a turn in flight sees it
 		for {
-			_, data, err := s.ws.Read(ctx)
-			if err != nil {
-				return
+			// A connection idles between turns: the wait for a message
+			// to begin is not bounded, its reads are (readMessage).
+			mctx, cancelMessage := context.WithCancel(ctx)
+			_, r, err := s.ws.Reader(mctx)
+			var m message
+			if err == nil {
+				m.data, m.held, err = s.p.readMessage(mctx, cancelMessage, r)
 			}
-			m := message{data: data}
-			if m.held, m.refused = s.p.holdMessage(ctx, data); m.refused != nil {
-				if ctx.Err() != nil {
-					return // nothing held
-				}
-				m.data = nil // answered in its turn, with the refusal
+			cancelMessage()
+			switch {
+			case errors.Is(err, errBusy), errors.Is(err, errOverBudget):
+				m.refused = err // answered in its turn, with the refusal
+			case err != nil:
+				return
 			}
 			messages <- m // serve reads them all, to the last
 		}

@@ -83,6 +83,7 @@ var ErrInvalidConfig = errors.New("proxy: invalid config")
 const (
 	defaultMaxBodyBytes    = 64 << 20
 	defaultUpstreamTimeout = 10 * time.Minute
+	defaultMessageTimeout  = 30 * time.Second
 )
 
 // Config configures a Proxy.
@@ -153,6 +154,12 @@ type Config struct {
 	// client gets websocket_connection_limit_reached, as from the
 	// upstream. Default 60 minutes, the upstream's.
 	ClientSocketLifetime time.Duration
+	// MessageTimeout bounds each wait for the next bytes of a client's
+	// WebSocket message once it has begun (a connection may idle between
+	// messages for as long as it lives): a message that stalls that long
+	// closes the connection, as a stalled body does over HTTP. Default 30
+	// seconds.
+	MessageTimeout time.Duration
 	// MaxBytesInFlight bounds the memory the requests read in full hold
 	// at once on this replica: each turn's body until its turn ends (its
 	// record, when it is in after the end), each WebSocket message until
@@ -200,6 +207,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
 	case cfg.ClientSocketLifetime < 0:
 		return fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
+	case cfg.MessageTimeout < 0:
+		return fmt.Errorf("%w: MessageTimeout %v is negative", ErrInvalidConfig, cfg.MessageTimeout)
 	case cfg.MaxBytesInFlight < 0:
 		return fmt.Errorf("%w: MaxBytesInFlight %d is negative", ErrInvalidConfig, cfg.MaxBytesInFlight)
 	}
@@ -212,6 +221,7 @@ func (cfg *Config) fill() error {
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, defaultMaxBodyBytes)
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, defaultUpstreamTimeout)
 	cfg.MaxBytesInFlight = cmp.Or(cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
+	cfg.MessageTimeout = cmp.Or(cfg.MessageTimeout, defaultMessageTimeout)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.RoutingHeader = cmp.Or(cfg.RoutingHeader, defaultRoutingHeader)
 	if cfg.Forwarding != nil {

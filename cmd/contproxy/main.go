@@ -159,7 +159,7 @@ Flags:
 	fs.StringVar(&c.opsListen, "ops-listen", "127.0.0.1:9090", "`address` of the operations port, GET /metrics (Prometheus) and GET /healthz, to keep off the clients' network; empty for none")
 	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may sit idle before it is closed")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "bound on reading a request's headers; a slower client's connection is closed")
-	fs.DurationVar(&c.bodyTimeout, "body-timeout", 30*time.Second, "longest wait for the next bytes of a request body; a client that sends none for this long has its connection closed (this bounds each gap, not the whole body)")
+	fs.DurationVar(&c.bodyTimeout, "body-timeout", 30*time.Second, "longest wait for the next bytes of a request body, or of a WebSocket message once it has begun; a client that sends none for this long has its connection closed (this bounds each gap, not the whole body)")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", time.Minute, "longest a write to a client may take; a client that stops reading for this long has its connection closed (quiet gaps in a stream do not count)")
 	fs.IntVar(&c.maxConns, "max-conns", 4096, "most client connections open at once, WebSocket ones included; more wait to be accepted")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
@@ -418,7 +418,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxBytesInFlight: c.maxBytesInFlight,
-		UpstreamTimeout: c.upstreamTimeout, Logger: logger, RoutingHeader: c.routingHeader,
+		UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
 	announced, err := forward(ctx, c, rdb, logger, &cfg)
 	if err != nil {
