@@ -538,7 +538,7 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 		fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
 			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
 	})
-	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout),
+	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout), ConnContext: connContext,
 		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
 	// The operations port: metrics, and health for a prober, off the
 	// clients' network.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,8 +27,12 @@ func progress(next http.Handler, bodyTimeout, writeTimeout time.Duration) http.H
 			// From the headers on, so that the server's discarding of a
 			// body the handler left unread is bounded too.
 			_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout))
+			conn, _ := r.Context().Value(connKey{}).(*limitedConn)
+			if conn != nil {
+				defer conn.gap.Store(0) // the server's discarding of the rest is not extended
+			}
 			r2 := *r
-			r2.Body = &progressBody{ReadCloser: r.Body, rc: rc, timeout: bodyTimeout}
+			r2.Body = &progressBody{ReadCloser: r.Body, rc: rc, conn: conn, timeout: bodyTimeout}
 			r = &r2
 		}
 		pw := &progressWriter{ResponseWriter: w, rc: rc, timeout: writeTimeout}
@@ -39,9 +45,15 @@ func progress(next http.Handler, bodyTimeout, writeTimeout time.Duration) http.H
 // timeout. Once the body is read to its end the connection has no read
 // deadline, so that the server's watch for the client going away does not
 // fail during a long answer.
+//
+// A read of a chunked body waits for a chunk, or for as much of it as it
+// asks, before it returns: meanwhile, each read of the connection that
+// gets bytes moves the deadline timeout ahead (limitedConn.gap), so that
+// a body whose bytes keep coming is not cut.
 type progressBody struct {
 	io.ReadCloser
 	rc      *http.ResponseController
+	conn    *limitedConn // nil when the server's connection is not one
 	timeout time.Duration
 }
 
@@ -50,7 +62,13 @@ type progressBody struct {
 // pass it on to the client.
 func (b *progressBody) Read(p []byte) (int, error) {
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	if b.conn != nil {
+		b.conn.gap.Store(int64(b.timeout))
+	}
 	n, err := b.ReadCloser.Read(p)
+	if err != nil && b.conn != nil {
+		b.conn.gap.Store(0)
+	}
 	switch {
 	case err == io.EOF:
 		_ = b.rc.SetReadDeadline(time.Time{})
@@ -159,6 +177,31 @@ type limitedConn struct {
 	*net.TCPConn
 	releaseOnce sync.Once
 	release     func()
+	// gap, while a request body is read (progressBody), is how far each
+	// read that gets bytes moves the read deadline ahead, in nanoseconds;
+	// 0 otherwise.
+	gap atomic.Int64
+}
+
+// Read implements net.Conn.
+func (c *limitedConn) Read(p []byte) (int, error) {
+	n, err := c.TCPConn.Read(p)
+	if g := c.gap.Load(); g > 0 && n > 0 {
+		_ = c.TCPConn.SetReadDeadline(time.Now().Add(time.Duration(g)))
+	}
+	return n, err
+}
+
+// connKey is the context key of a request's limitedConn (connContext).
+type connKey struct{}
+
+// connContext is the server's ConnContext: a request's context holds its
+// connection, when it is a limitedConn.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if lc, ok := c.(*limitedConn); ok {
+		return context.WithValue(ctx, connKey{}, lc)
+	}
+	return ctx
 }
 
 // Close closes the connection and frees its slot, once.

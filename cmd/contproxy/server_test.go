@@ -95,6 +95,32 @@ func TestARequestBodyThatStallsIsDropped(t *testing.T) {
 	}
 }
 
+// A body whose bytes keep coming is not cut, however slowly it arrives
+// in all, with a length or chunked, even within one chunk, which a read
+// of the body waits for whole.
+func TestABodyWhoseBytesKeepComingIsServed(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-body-timeout", "500ms")
+	body := `{"model":"m","input":"` + strings.Repeat("x", 60) + `"}`
+	for _, tc := range []struct{ name, head, start, end string }{
+		{"length", fmt.Sprintf("Content-Length: %d\r\n", len(body)), "", ""},
+		{"chunked", "Transfer-Encoding: chunked\r\n", fmt.Sprintf("%x\r\n", len(body)), "\r\n0\r\n\r\n"},
+	} {
+		c := dial(t, addr)
+		_, err := io.WriteString(c, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+			tc.head+"Connection: close\r\n\r\n"+tc.start)
+		require.NoError(t, err)
+		for i := 0; i < len(body); i += 8 { // 8 bytes every 100 ms: over a second in all
+			time.Sleep(100 * time.Millisecond)
+			_, err = io.WriteString(c, body[i:min(i+8, len(body))])
+			require.NoError(t, err, tc.name)
+		}
+		_, err = io.WriteString(c, tc.end)
+		require.NoError(t, err)
+		_, answer := c.closedWithin(10 * time.Second)
+		assert.Contains(t, answer, "HTTP/1.1 200 ", tc.name)
+	}
+}
+
 func TestAnIdleConnectionIsClosed(t *testing.T) {
 	addr, _, _ := start(t, "-fake-upstream", "-idle-timeout", "500ms")
 	c := dial(t, addr)
