@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/tidwall/gjson"
@@ -94,9 +95,9 @@ const (
 	domainOpening = "contstore/owner/opening/v1" // a conversation that names no session
 )
 
-// Headers of the credential scope: the credential is the Authorization
-// header and the api-key header, those present (an upstream may take
-// either); the organization and project headers narrow it.
+// Headers of the credential scope: the credential is every credential
+// header present (an upstream may take any of them); the organization
+// and project headers narrow it.
 const (
 	headerAuthorization = "Authorization"
 	headerAPIKey        = "Api-Key"
@@ -104,15 +105,22 @@ const (
 	headerProject       = "Openai-Project"
 )
 
+// credentialHeaders are the headers an upstream may authenticate a
+// request by, in the order the credential scope takes them: OpenAI's
+// Authorization, Azure OpenAI's api-key, the x-api-key of other APIs and
+// gateways, Gemini's x-goog-api-key and Azure API Management's
+// subscription key.
+var credentialHeaders = []string{headerAuthorization, headerAPIKey, "X-Api-Key", "X-Goog-Api-Key", "Ocp-Apim-Subscription-Key"}
+
 // accountHeaders are the request headers that name the client's account:
 // they scope its owners, and a configured upstream credential replaces
 // them all (passthrough.go).
-var accountHeaders = []string{headerAuthorization, headerAPIKey, headerOrganization, headerProject}
+var accountHeaders = append(slices.Clone(credentialHeaders), headerOrganization, headerProject)
 
 // carriesCredential reports whether headers h carry a credential: a
-// non-empty Authorization or api-key header.
+// credential header that is not empty.
 func carriesCredential(h http.Header) bool {
-	return h.Get(headerAuthorization) != "" || h.Get(headerAPIKey) != ""
+	return slices.ContainsFunc(credentialHeaders, func(k string) bool { return h.Get(k) != "" })
 }
 
 // Owner returns the owner of a request with headers h and parsed body req,
@@ -178,25 +186,21 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 
 // scoped starts the message of a derived id: the domain, then the
 // credential scope of headers h. The credential is the values of the
-// Authorization header, or of the api-key header, under the header's
-// lowercase name; a request with both has both, under the name
-// "authorization,api-key", each header's values in turn (an upstream may
-// take either, even when the other is empty); a request with neither has
-// the empty name and no values. Each header's values are sent as the HTTP
+// credential headers present (credentialHeaders), under their lowercase
+// names joined by ",", each header's values in turn (an upstream may take
+// any of them, even beside an empty one); a request with none has the
+// empty name and no values. Each header's values are sent as the HTTP
 // parser gives them, in order.
 func scoped(domain string, h http.Header) []byte {
 	b := make([]byte, 0, 128)
 	b = appendString(b, domain)
-	auth, key := len(h.Values(headerAuthorization)) > 0, len(h.Values(headerAPIKey)) > 0
 	var names []string
-	switch {
-	case auth && key:
-		names = []string{headerAuthorization, headerAPIKey}
-	case auth:
-		names = []string{headerAuthorization}
-	case key:
-		names = []string{headerAPIKey}
-	default:
+	for _, k := range credentialHeaders {
+		if len(h.Values(k)) > 0 {
+			names = append(names, k)
+		}
+	}
+	if names == nil {
 		names = []string{""}
 	}
 	b = appendString(b, strings.ToLower(strings.Join(names, ",")))

@@ -103,6 +103,14 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.NotEqual(t, emptyAuth("sk-a"), emptyAuth("sk-b"), "two api-keys beside an empty Authorization")
 	assert.NotEqual(t, emptyAuth("sk-a"), owner(http.Header{"Authorization": {""}}))
 	assert.Equal(t, emptyAuth("sk-a"), emptyAuth("sk-a"))
+	// So do the other credential headers an upstream may take.
+	for _, k := range []string{"X-Api-Key", "X-Goog-Api-Key", "Ocp-Apim-Subscription-Key"} {
+		one := owner(http.Header{k: {"sk-a"}})
+		assert.NotEqual(t, one, owner(http.Header{k: {"sk-b"}}), k)
+		assert.NotEqual(t, one, none, k)
+		assert.NotEqual(t, one, azure, k)
+		assert.NotEqual(t, emptyAuth("sk-a"), owner(http.Header{"Authorization": {""}, "Api-Key": {"sk-a"}, k: {"sk-b"}}), k)
+	}
 	assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Chatgpt-Account-Id": {"acct-1"}}),
 		"a header the client asserts does not scope")
 	org := owner(http.Header{"Authorization": {"Bearer sk-a"}, "Openai-Organization": {"org-1"}})
@@ -219,11 +227,11 @@ func TestOwnerErrors(t *testing.T) {
 // apart from the code under test.
 type ownerVector struct {
 	name string
-	// credName is "authorization", "api-key", "authorization,api-key"
-	// or ""; cred, org and proj are the values of the credential (the
-	// Authorization header's for both), OpenAI-Organization and
-	// OpenAI-Project headers, and apiKey those of the api-key header when
-	// credName names both.
+	// credName is "authorization", "api-key", "x-api-key",
+	// "authorization,api-key" or ""; cred, org and proj are the values of
+	// the credential (the Authorization header's for both),
+	// OpenAI-Organization and OpenAI-Project headers, and apiKey those of
+	// the api-key header when credName names both.
 	credName                string
 	cred, apiKey, org, proj []string
 	// kind is "main", "session" (a sub-agent's session) or "opening".
@@ -295,6 +303,8 @@ var ownerVectors = []ownerVector{
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:NWMydKtr6lqyDZDk"},
 	{name: "opening, api-key", credName: "api-key", cred: []string{"sk-a"}, kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wIfMhSEdC5joSwGt"},
+	{name: "opening, x-api-key", credName: "x-api-key", cred: []string{"sk-a"}, kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:8U8Yg2gun31Dj9gm"},
 	{name: "opening, Authorization and api-key", credName: "authorization,api-key", cred: []string{""}, apiKey: []string{"sk-a"},
 		kind: "opening", sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:eJHXNUswbrsfpbOj"},
 	{name: "opening, organization and project", credName: "authorization", cred: []string{"Bearer sk-a"},

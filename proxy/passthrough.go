@@ -21,9 +21,8 @@ import (
 // stream through unbuffered, the answer flushed as it arrives. The headers
 // that go upstream are those of a turn over HTTP (copyHeader), without the
 // proxy's own; over the WebSocket mode the HTTP base has the socket's host
-// and path, and WebSocketOptions.Header's credential, when it has an
-// Authorization or api-key, replaces the client's as it does on the
-// handshakes.
+// and path, and WebSocketOptions.Header's credential, when it has one,
+// replaces the client's as it does on the handshakes.
 // Nothing is reserved or recorded, and no counter of Stats moves.
 
 // turnPath is the path of the turns.

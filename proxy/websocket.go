@@ -44,11 +44,11 @@ type WebSocketOptions struct {
 	Lifetime time.Duration
 	// DialTimeout bounds opening a socket. Default 10s.
 	DialTimeout time.Duration
-	// Header, when it has an Authorization or api-key, is sent on every
-	// socket's handshake and the clients' credentials are not used.
-	// Otherwise the client's Authorization, api-key, OpenAI-Organization,
-	// OpenAI-Project and OpenAI-Beta headers are, and sockets are kept per
-	// credential.
+	// Header, when it has a credential (an Authorization, api-key or
+	// other credential header), is sent on every socket's handshake and
+	// the clients' credentials are not used. Otherwise the client's
+	// credential, OpenAI-Organization, OpenAI-Project and OpenAI-Beta
+	// headers are, and sockets are kept per credential.
 	Header http.Header
 	// Client makes the handshakes and carries the requests other than
 	// turns (passthrough.go). When nil, a client of the upstream's own
@@ -74,9 +74,9 @@ type WebSocketOptions struct {
 	MaxCredentials int
 }
 
-// credentialHeaders are the client headers a socket's handshake carries,
+// handshakeHeaders are the client headers a socket's handshake carries,
 // and that tell its credential apart.
-var credentialHeaders = []string{headerAuthorization, headerAPIKey, headerOrganization, headerProject, "OpenAI-Beta"}
+var handshakeHeaders = append(slices.Clone(accountHeaders), "OpenAI-Beta")
 
 // wsUpstream is the Responses API's WebSocket mode: a pool of sockets per
 // replica, each carrying one response at a time. With store false the
@@ -163,11 +163,12 @@ func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
 		out = http.Header{}
 	}
 	key := sha256.New()
-	for _, k := range credentialHeaders {
-		if v := h.Get(k); v != "" {
-			out.Set(k, v)
+	for _, k := range handshakeHeaders {
+		vs := h.Values(k)
+		if slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
+			out[http.CanonicalHeaderKey(k)] = slices.Clone(vs)
 		}
-		fmt.Fprintf(key, "%q\n", h.Get(k))
+		fmt.Fprintf(key, "%q\n", vs)
 	}
 	var sum [32]byte
 	copy(sum[:], key.Sum(nil))

@@ -219,8 +219,14 @@ func TestSocketsAreKeptPerCredential(t *testing.T) {
 	assert.Equal(t, "Bearer sk-1", hb.Get("Authorization"))
 	assert.NotEqual(t, k1, k2, "two api-keys, two pools")
 	assert.NotEqual(t, k1, kb)
+	hx, kx := ws.credential(http.Header{"X-Api-Key": {"sk-1"}})
+	assert.Equal(t, "sk-1", hx.Get("X-Api-Key"))
+	assert.NotEqual(t, k1, kx)
+	hm, km := ws.credential(http.Header{"Api-Key": {"sk-1", "sk-2"}})
+	assert.Equal(t, []string{"sk-1", "sk-2"}, hm.Values("Api-Key"), "every value")
+	assert.NotEqual(t, k1, km)
 
-	for _, configured := range []http.Header{{"Api-Key": {"sk-op"}}, {"Authorization": {"Bearer sk-op"}}} {
+	for _, configured := range []http.Header{{"Api-Key": {"sk-op"}}, {"Authorization": {"Bearer sk-op"}}, {"X-Api-Key": {"sk-op"}}} {
 		up, err := NewWebSocketUpstream("ws://x/v1", WebSocketOptions{Replica: "r", Header: configured})
 		require.NoError(t, err)
 		ws := up.(*wsUpstream)
