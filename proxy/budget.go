@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -61,19 +62,73 @@ var (
 	errOverBudget = errors.New("proxy: the request weighs more than the whole budget")
 	// errBusy refuses a request that found no room within budgetWait.
 	errBusy = errors.New("proxy: no room in the budget")
+	// errPreempted stops a body that was still arriving when a request
+	// found no room (budget.preempt); it is answered as errBusy is.
+	errPreempted = fmt.Errorf("%w: the body was still arriving", errBusy)
 )
 
 // budget is the memory the requests in flight may hold. A request that
 // fits the room gets in at once, whoever waits: a waiter gives up after
-// budgetWait anyway, so no order among waiters is kept.
+// budgetWait anyway, so no order among waiters is kept. A request that
+// finds no room first stops the bodies that have been arriving for
+// preemptAfter or more: slow uploads, or clients that send part of a body
+// and then a byte now and then, may not keep the room from the others.
 type budget struct {
-	size    int64
-	mu      sync.Mutex
-	cur     int64
-	changed chan struct{} // closed and replaced at each release
+	size     int64
+	mu       sync.Mutex
+	cur      int64
+	changed  chan struct{} // closed and replaced at each release
+	arriving map[*arrival]struct{}
 }
 
-func newBudget(size int64) *budget { return &budget{size: size, changed: make(chan struct{})} }
+func newBudget(size int64) *budget {
+	return &budget{size: size, changed: make(chan struct{}), arriving: map[*arrival]struct{}{}}
+}
+
+// preemptAfter is how long a body must have been arriving before a
+// request that finds no room stops it.
+const preemptAfter = budgetWait
+
+// An arrival is a body or a WebSocket message still arriving.
+type arrival struct {
+	since   time.Time
+	stop    func() // ends the read in progress, if any
+	stopped atomic.Bool
+}
+
+// arrive registers a body that begins to arrive, which stop ends the reads
+// of; arrived unregisters it.
+func (b *budget) arrive(stop func()) *arrival {
+	a := &arrival{since: time.Now(), stop: stop}
+	b.mu.Lock()
+	b.arriving[a] = struct{}{}
+	b.mu.Unlock()
+	return a
+}
+
+func (b *budget) arrived(a *arrival) {
+	b.mu.Lock()
+	delete(b.arriving, a)
+	b.mu.Unlock()
+}
+
+// preempt stops the bodies, but self, that have been arriving for
+// preemptAfter or more.
+func (b *budget) preempt(self *arrival) {
+	var stop []*arrival
+	b.mu.Lock()
+	for a := range b.arriving {
+		if a != self && time.Since(a.since) >= preemptAfter {
+			delete(b.arriving, a)
+			stop = append(stop, a)
+		}
+	}
+	b.mu.Unlock()
+	for _, a := range stop {
+		a.stopped.Store(true)
+		a.stop()
+	}
+}
 
 // tryAcquire takes n if it fits the room.
 func (b *budget) tryAcquire(n int64) (bool, chan struct{}) {
@@ -116,6 +171,9 @@ func (b *budget) release(n int64) {
 type hold struct {
 	b *budget
 	n int64
+	// arrival is the request's body while it arrives, which its own waits
+	// do not stop; nil when none.
+	arrival *arrival
 	// deadline ends the request's waits: budgetWait after its first.
 	deadline time.Time
 }
@@ -132,6 +190,7 @@ func (h *hold) grow(ctx context.Context, n int64) error {
 		return errOverBudget
 	}
 	if ok, _ := h.b.tryAcquire(n); !ok {
+		h.b.preempt(h.arrival)
 		if h.deadline.IsZero() {
 			h.deadline = time.Now().Add(budgetWait)
 		}
@@ -177,6 +236,10 @@ type stepReader struct {
 }
 
 func (s *stepReader) Read(p []byte) (int, error) {
+	a := s.h.arrival
+	if a != nil && a.stopped.Load() {
+		return 0, errPreempted
+	}
 	if s.free == 0 {
 		if err := s.h.grow(s.ctx, weight(readStep, 0)); err != nil {
 			return 0, err
@@ -185,6 +248,9 @@ func (s *stepReader) Read(p []byte) (int, error) {
 	}
 	n, err := s.r.Read(p[:min(int64(len(p)), s.free)])
 	s.free -= int64(n)
+	if err != nil && a != nil && a.stopped.Load() {
+		err = errPreempted
+	}
 	return n, err
 }
 
@@ -209,6 +275,13 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 		h.b = nil
 	}
 	var in io.Reader = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	var poke *poker
+	if h.b != nil {
+		poke = &poker{rc: http.NewResponseController(w), stop: make(chan struct{}), exited: make(chan struct{})}
+		h.arrival = h.b.arrive(poke.start)
+		defer h.b.arrived(h.arrival)
+		defer poke.end(false)
+	}
 	err := h.grow(ctx, itemBytes) // the first item, which follows no comma
 	switch {
 	case err != nil:
@@ -221,7 +294,12 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	}
 	var req *fingerprint.Request
 	if err == nil {
-		in = &commaReader{ctx: ctx, r: in, h: h, size: n}
+		in = &commaReader{ctx: ctx, r: in, h: h, size: n, in: func() {
+			if poke != nil {
+				h.b.arrived(h.arrival)
+				poke.end(true)
+			}
+		}}
 		if p.cfg.NoContinuation {
 			req, err = skimRequest(p.cfg.Store, in, int(n))
 		} else {
@@ -233,6 +311,62 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 		return nil, nil, err
 	}
 	return req, h, nil
+}
+
+// A poker ends the reads of a request's body, one in progress or to come,
+// once the budget stops the body (start), until the body is in or its
+// reading has failed (end): it sets the connection's read deadline to
+// now, again and again, since whoever reads the body may move the
+// deadline on at each read.
+type poker struct {
+	rc           *http.ResponseController
+	mu           sync.Mutex
+	started      bool
+	ended        bool
+	stop, exited chan struct{}
+}
+
+// pokeEvery is how often a poker ends a body's reads.
+const pokeEvery = 20 * time.Millisecond
+
+func (p *poker) start() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended || p.started {
+		return
+	}
+	p.started = true
+	go func() {
+		defer close(p.exited)
+		t := time.NewTicker(pokeEvery)
+		defer t.Stop()
+		for {
+			if p.rc.SetReadDeadline(time.Now()) != nil {
+				return
+			}
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+}
+
+// end stops the pokes; once the body is in, the connection then has no
+// read deadline, as it has after a body read to its end.
+func (p *poker) end(in bool) {
+	p.mu.Lock()
+	started := p.started && !p.ended
+	p.ended = true
+	p.mu.Unlock()
+	if started {
+		close(p.stop)
+		<-p.exited
+		if in {
+			_ = p.rc.SetReadDeadline(time.Time{})
+		}
+	}
 }
 
 // skimRequest reads a body of n bytes (-1 when unknown) from r and skims
@@ -262,6 +396,7 @@ type commaReader struct {
 	size         int64 // the body's length, -1 when unknown
 	read, commas int64
 	held         bool
+	in           func() // called once the body is in, before its items are held
 }
 
 func (c *commaReader) Read(p []byte) (int, error) {
@@ -270,6 +405,7 @@ func (c *commaReader) Read(p []byte) (int, error) {
 	c.commas += int64(bytes.Count(p[:n], []byte{','}))
 	if !c.held && (err == io.EOF || (c.size >= 0 && c.read >= c.size)) {
 		c.held = true
+		c.in()
 		if herr := c.h.grow(c.ctx, itemBytes*(itemsAtMost(c.read, c.commas)-1)); herr != nil {
 			return 0, herr
 		}
@@ -288,7 +424,8 @@ func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.
 	gap := time.AfterFunc(p.cfg.MessageTimeout, stall)
 	defer gap.Stop()
 	in := &gapReader{r: r, gap: gap, timeout: p.cfg.MessageTimeout}
-	h := &hold{b: p.budget}
+	h := &hold{b: p.budget, arrival: p.budget.arrive(stall)}
+	defer p.budget.arrived(h.arrival)
 	data, err := io.ReadAll(&stepReader{ctx: ctx, r: in, h: h})
 	if err == nil {
 		n := int64(len(data))

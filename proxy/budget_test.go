@@ -227,6 +227,39 @@ func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
 	assert.Zero(t, r.proxy.Stats().RefusedBusy)
 }
 
+// A body that has been arriving for a while gives way to a request that
+// finds no room: a client that sent much of a large body and then stopped
+// keeps the room from nobody. It is answered as a turn without room is.
+func TestASlowBodyGivesWayToARequestThatFindsNoRoom(t *testing.T) {
+	const sent, claimed = 300 << 10, 330 << 10
+	held := itemBytes + weight((sent/readStep+1)*readStep, 0)
+	// Room for the claim, and for too little beside what the slow body holds.
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = held + 32<<10 })
+	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(r.url, "/v1/responses"), "http://"))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
+		"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", claimed, `{"model":"m","input":"`+strings.Repeat("x", sent))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r.proxy.budget.mu.Lock()
+		defer r.proxy.budget.mu.Unlock()
+		return r.proxy.budget.cur == held
+	}, 10*time.Second, 5*time.Millisecond, "the slow body holds what arrived")
+	time.Sleep(preemptAfter) // it has been arriving that long
+
+	a := post(t, r.url, http.Header{"X-Session-Id": {"s2"}}, bigTurn(20<<10))
+	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b)
+	assert.Equal(t, "server_busy", gjson.GetBytes(b, "error.code").String())
+	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 10*time.Second, 5*time.Millisecond)
+}
+
 // A client's WebSocket message holds its bytes as they arrive, as a body
 // does, and one that stalls closes its connection after MessageTimeout,
 // giving back what it held; meanwhile turns are served.

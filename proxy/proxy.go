@@ -165,10 +165,12 @@ type Config struct {
 	// record, when it is in after the end), each WebSocket message until
 	// it is answered, a body weighing twice its size plus 80 bytes an
 	// input item (budget.go); a body still arriving holds what has
-	// arrived, not the length it claims. A turn that finds no room within
-	// a second gets 503, code server_busy, with Retry-After: 1 (an error
-	// event with status 503 in the WebSocket mode, whose connection stops
-	// reading meanwhile); one that could never fit gets 413 at once.
+	// arrived, not the length it claims. A turn that finds no room first
+	// stops the bodies that have been arriving for a second or more, then
+	// waits; if it finds none within a second it gets 503, code
+	// server_busy, with Retry-After: 1 (an error event with status 503 in
+	// the WebSocket mode, whose connection stops reading meanwhile), as
+	// the bodies it stopped do; one that could never fit gets 413 at once.
 	// Default 256 MiB.
 	MaxBytesInFlight int64
 }
