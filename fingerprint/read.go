@@ -3,7 +3,6 @@ package fingerprint
 import (
 	"errors"
 	"io"
-	"slices"
 )
 
 // ReadRequest reads a request body of size bytes from r and parses it as
@@ -12,11 +11,6 @@ import (
 // finds where the input array opens and hashes the array's bytes against
 // the runs of input arrays that began alike (the run cache), so that
 // little is left to do once the last byte is in.
-//
-// The memory a body takes follows its bytes, not the size it claims: at
-// most twice the bytes in, and readAhead before the first, so that a
-// client that claims a large body and sends it slowly, or never, holds
-// little.
 //
 // An error reading r is returned as it is, io.ErrUnexpectedEOF when r ends
 // before size bytes; an invalid body gives Parse's errors, which wrap
@@ -29,18 +23,15 @@ func (p *Parser) ReadRequest(r io.Reader, size int) (*Request, error) {
 		}
 		return p.Parse(body)
 	}
-	body := make([]byte, 0, min(size, readAhead))
+	body := make([]byte, size)
 	a := arrival{input: -1}
-	for len(body) < size {
-		if len(body) == cap(body) {
-			body = slices.Grow(body, min(size, 2*len(body))-len(body))
-		}
-		k, err := r.Read(body[len(body):min(cap(body), size)])
-		body = body[:len(body)+k]
+	for n := 0; n < size; {
+		k, err := r.Read(body[n:])
+		n += k
 		if p.runs != nil && k > 0 {
-			a.take(p.runs, body)
+			a.take(p.runs, body[:n])
 		}
-		if err != nil && len(body) < size {
+		if err != nil && n < size {
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
@@ -49,10 +40,6 @@ func (p *Parser) ReadRequest(r io.Reader, size int) (*Request, error) {
 	}
 	return p.parse(body, false, &a)
 }
-
-// readAhead is the most ReadRequest takes for a body before its first
-// byte is in.
-const readAhead = 64 << 10
 
 // arrival is what ReadRequest learns of a body while it arrives: where the
 // input array opens, found by walking the top-level members as far as

@@ -79,6 +79,32 @@ type budget struct {
 	cur      int64
 	changed  chan struct{} // closed and replaced at each release
 	arriving map[*arrival]struct{}
+	claimed  int64 // see claim
+}
+
+// claimShare bounds the memory taken at once for bodies still arriving
+// (claim): a share of the budget's size.
+const claimShare = 4
+
+// claim takes n bytes, a body's declared length, from the room for the
+// bodies allocated at once, before their bytes arrive; false when it is
+// used up (the body then grows as it arrives). A body holds its bytes as
+// they arrive, claimed or not: the claims bound the memory allocated
+// beyond, which a client that claims much and sends little would take.
+func (b *budget) claim(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.claimed+n > b.size/claimShare {
+		return false
+	}
+	b.claimed += n
+	return true
+}
+
+func (b *budget) unclaim(n int64) {
+	b.mu.Lock()
+	b.claimed -= n
+	b.mu.Unlock()
 }
 
 func newBudget(size int64) *budget {
@@ -276,11 +302,29 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	}
 	var in io.Reader = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
 	var poke *poker
+	size := n // what the body takes at once; -1: it grows as it arrives
+	claimed := int64(0)
+	settle := func(in bool) {} // once the body is in, or its reading has failed
 	if h.b != nil {
 		poke = &poker{rc: http.NewResponseController(w), stop: make(chan struct{}), exited: make(chan struct{})}
 		h.arrival = h.b.arrive(poke.start)
-		defer h.b.arrived(h.arrival)
-		defer poke.end(false)
+		if n > readStep {
+			if h.b.claim(n) {
+				claimed = n
+			} else {
+				size = -1
+			}
+		}
+		settled := false
+		settle = func(in bool) {
+			if !settled {
+				settled = true
+				h.b.arrived(h.arrival)
+				poke.end(in)
+				h.b.unclaim(claimed)
+			}
+		}
+		defer settle(false)
 	}
 	err := h.grow(ctx, itemBytes) // the first item, which follows no comma
 	switch {
@@ -288,22 +332,17 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	case h.b != nil && weight(n, 0) > h.b.size:
 		err = errOverBudget // it could never fit: refused unread
 	default:
-		// Held as it arrives, as ReadRequest's memory grows: a body that
-		// claims many bytes and sends few holds few.
+		// Held as it arrives: a body that claims many bytes and sends few
+		// holds few.
 		in = &stepReader{ctx: ctx, r: in, h: h}
 	}
 	var req *fingerprint.Request
 	if err == nil {
-		in = &commaReader{ctx: ctx, r: in, h: h, size: n, in: func() {
-			if poke != nil {
-				h.b.arrived(h.arrival)
-				poke.end(true)
-			}
-		}}
+		in = &commaReader{ctx: ctx, r: in, h: h, size: n, in: func() { settle(true) }}
 		if p.cfg.NoContinuation {
 			req, err = skimRequest(p.cfg.Store, in, int(n))
 		} else {
-			req, err = p.cfg.Store.ReadRequest(in, int(n))
+			req, err = p.cfg.Store.ReadRequest(in, int(size))
 		}
 	}
 	if err != nil {

@@ -199,7 +199,8 @@ func TestBudgetRefusesAnOversizedBodyUnread(t *testing.T) {
 // A body holds what has arrived of it, not what it claims: clients that
 // claim large bodies and send a little of each, whose claims together
 // weigh the whole budget, hold little of it, and a turn meanwhile is
-// served. Nor does a body that has not arrived hold its items: one with
+// served, and the memory taken at once for them is bounded (the others
+// grow as they arrive). Nor does a body that has not arrived hold its items: one with
 // many commas in a string holds its bytes only, though its commas alone,
 // counted as items, would weigh more than the budget.
 func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
@@ -222,6 +223,10 @@ func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
 		defer r.proxy.budget.mu.Unlock()
 		return r.proxy.budget.cur == most
 	}, 10*time.Second, 5*time.Millisecond, "both slow bodies are being read, holding %d bytes", most)
+	r.proxy.budget.mu.Lock()
+	taken, share := r.proxy.budget.claimed, r.proxy.budget.size/claimShare
+	r.proxy.budget.mu.Unlock()
+	assert.LessOrEqual(t, taken, share, "the memory taken at once for bodies still arriving is bounded")
 	a := post(t, r.url, http.Header{"X-Session-Id": {"s2"}}, bigTurn(10<<10))
 	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
 	assert.Zero(t, r.proxy.Stats().RefusedBusy)
