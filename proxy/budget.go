@@ -43,8 +43,8 @@ const (
 	itemBytes = 80
 	// budgetWait bounds how long a request waits for room, in all.
 	budgetWait = time.Second
-	// readStep is what a body is read by, each step held before it is
-	// read.
+	// readStep is the first step a body is read by, each step held before
+	// it is read (stepReader).
 	readStep = 64 << 10
 )
 
@@ -253,12 +253,14 @@ func (h *hold) pass() *hold {
 	return &k
 }
 
-// stepReader reads a body, holding each step of it before it reads it.
+// stepReader reads a body, holding each step of it before it reads it;
+// the steps grow with the body.
 type stepReader struct {
 	ctx  context.Context
 	r    io.Reader
 	h    *hold
 	free int64 // bytes held and not yet read
+	read int64
 }
 
 func (s *stepReader) Read(p []byte) (int, error) {
@@ -267,13 +269,18 @@ func (s *stepReader) Read(p []byte) (int, error) {
 		return 0, errPreempted
 	}
 	if s.free == 0 {
-		if err := s.h.grow(s.ctx, weight(readStep, 0)); err != nil {
+		// A step as long as what has arrived, readStep at least: few
+		// reads for a large body, and what is held ahead stays within
+		// what came.
+		step := max(readStep, s.read)
+		if err := s.h.grow(s.ctx, weight(step, 0)); err != nil {
 			return 0, err
 		}
-		s.free = readStep
+		s.free = step
 	}
 	n, err := s.r.Read(p[:min(int64(len(p)), s.free)])
 	s.free -= int64(n)
+	s.read += int64(n)
 	if err != nil && a != nil && a.stopped.Load() {
 		err = errPreempted
 	}

@@ -237,14 +237,19 @@ func TestABodyHoldsWhatArrivedNotWhatItClaims(t *testing.T) {
 // keeps the room from nobody. It is answered as a turn without room is.
 func TestASlowBodyGivesWayToARequestThatFindsNoRoom(t *testing.T) {
 	const sent, claimed = 300 << 10, 330 << 10
-	held := itemBytes + weight((sent/readStep+1)*readStep, 0)
+	start := `{"model":"m","input":"` + strings.Repeat("x", sent)
+	stepped := int64(0) // the steps that read it (stepReader)
+	for stepped < int64(len(start)) {
+		stepped += max(readStep, stepped)
+	}
+	held := itemBytes + weight(stepped, 0)
 	// Room for the claim, and for too little beside what the slow body holds.
 	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = held + 32<<10 })
 	conn, err := net.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(r.url, "/v1/responses"), "http://"))
 	require.NoError(t, err)
 	defer conn.Close()
 	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"+
-		"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", claimed, `{"model":"m","input":"`+strings.Repeat("x", sent))
+		"X-Session-Id: s1\r\nContent-Length: %d\r\n\r\n%s", claimed, start)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
 		r.proxy.budget.mu.Lock()
