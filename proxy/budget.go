@@ -32,16 +32,17 @@ import (
 // the parse the weight is exact. A 31 MB body of 1 M small items
 // weighs 142 MB; one that is a single 30 MB string, 60 MB.
 //
-// A WebSocket message weighs twice the body it stands for: the message,
-// its items and that body live beside the body its turn reads and parses,
-// which the message's hold covers.
+// A WebSocket message weighs twice the body it stands for, once it is in:
+// the message, its items and that body live beside the body its turn
+// reads and parses, which the message's hold covers. While it arrives it
+// holds its bytes as a body does.
 const (
 	defaultMaxBytesInFlight = 256 << 20
 	// bodyCopies is how many times a body's bytes count.
 	bodyCopies = 2
 	// itemBytes is what an input item counts for.
 	itemBytes = 80
-	// budgetWait bounds how long a request waits for room, in all.
+	// budgetWait bounds how long a request waits for room, each time.
 	budgetWait = time.Second
 	// readStep is the first step a body is read by, each step held before
 	// it is read (stepReader).
@@ -111,21 +112,75 @@ func newBudget(size int64) *budget {
 	return &budget{size: size, changed: make(chan struct{}), arriving: map[*arrival]struct{}{}}
 }
 
-// preemptAfter is how long a body must have been arriving before a
-// request that finds no room stops it.
-const preemptAfter = budgetWait
+// A request that finds no room stops the bodies that have been arriving
+// for preemptAfter or more and now arrive slowly: no byte for
+// preemptAfter, or less than slowRate bytes a second over the last
+// preemptAfter, the waits for room left out. Those are clients that send
+// part of a body and then a byte now and then, not uploads that move.
+const (
+	preemptAfter = budgetWait
+	slowRate     = 64 << 10
+)
 
 // An arrival is a body or a WebSocket message still arriving.
 type arrival struct {
 	since   time.Time
 	stop    func() // ends the read in progress, if any
 	stopped atomic.Bool
+	waiting atomic.Bool // for room: its slowness is the budget's
+	// The times are Unix nanoseconds: of the last read that got bytes,
+	// and of the start of the window whose bytes are counted; rate is the
+	// last whole window's bytes a second, -1 before one.
+	last, from, bytes, rate atomic.Int64
+}
+
+func newArrival(stop func()) *arrival {
+	a := &arrival{since: time.Now(), stop: stop}
+	a.restart()
+	a.rate.Store(-1)
+	return a
+}
+
+// got counts n bytes arrived.
+func (a *arrival) got(n int64) {
+	if n <= 0 {
+		return
+	}
+	now := time.Now().UnixNano()
+	a.last.Store(now)
+	b := a.bytes.Add(n)
+	if took := now - a.from.Load(); took >= int64(preemptAfter) {
+		a.rate.Store(b * int64(time.Second) / took)
+		a.from.Store(now)
+		a.bytes.Store(0)
+	}
+}
+
+// restart starts the counts afresh: after a wait for room, during which
+// nothing was read.
+func (a *arrival) restart() {
+	now := time.Now().UnixNano()
+	a.last.Store(now)
+	a.from.Store(now)
+	a.bytes.Store(0)
+}
+
+// slow reports whether a may be stopped for a request that finds no room.
+func (a *arrival) slow(now time.Time) bool {
+	if a.waiting.Load() || now.Sub(a.since) < preemptAfter {
+		return false
+	}
+	if now.UnixNano()-a.last.Load() >= int64(preemptAfter) {
+		return true // no byte for that long
+	}
+	r := a.rate.Load()
+	return r >= 0 && r < slowRate
 }
 
 // arrive registers a body that begins to arrive, which stop ends the reads
 // of; arrived unregisters it.
 func (b *budget) arrive(stop func()) *arrival {
-	a := &arrival{since: time.Now(), stop: stop}
+	a := newArrival(stop)
 	b.mu.Lock()
 	b.arriving[a] = struct{}{}
 	b.mu.Unlock()
@@ -138,13 +193,13 @@ func (b *budget) arrived(a *arrival) {
 	b.mu.Unlock()
 }
 
-// preempt stops the bodies, but self, that have been arriving for
-// preemptAfter or more.
+// preempt stops the bodies, but self, that arrive slowly (arrival.slow).
 func (b *budget) preempt(self *arrival) {
 	var stop []*arrival
+	now := time.Now()
 	b.mu.Lock()
 	for a := range b.arriving {
-		if a != self && time.Since(a.since) >= preemptAfter {
+		if a != self && a.slow(now) {
 			delete(b.arriving, a)
 			stop = append(stop, a)
 		}
@@ -200,14 +255,12 @@ type hold struct {
 	// arrival is the request's body while it arrives, which its own waits
 	// do not stop; nil when none.
 	arrival *arrival
-	// deadline ends the request's waits: budgetWait after its first.
-	deadline time.Time
 }
 
-// grow adds n to the hold, waiting for room until budgetWait after the
-// request's first wait. It returns errOverBudget when the hold would
-// exceed the whole budget, errBusy when no room came in time, and ctx's
-// error when ctx ended first.
+// grow adds n to the hold, waiting for room for budgetWait at most. It
+// returns errOverBudget when the hold would exceed the whole budget,
+// errBusy when no room came in time, and ctx's error when ctx ended
+// first.
 func (h *hold) grow(ctx context.Context, n int64) error {
 	switch {
 	case h.b == nil || n <= 0:
@@ -217,10 +270,11 @@ func (h *hold) grow(ctx context.Context, n int64) error {
 	}
 	if ok, _ := h.b.tryAcquire(n); !ok {
 		h.b.preempt(h.arrival)
-		if h.deadline.IsZero() {
-			h.deadline = time.Now().Add(budgetWait)
+		if a := h.arrival; a != nil {
+			a.waiting.Store(true)
+			defer func() { a.restart(); a.waiting.Store(false) }()
 		}
-		wctx, cancel := context.WithDeadline(ctx, h.deadline)
+		wctx, cancel := context.WithTimeout(ctx, budgetWait)
 		err := h.b.acquire(wctx, n)
 		cancel()
 		switch {
@@ -256,11 +310,12 @@ func (h *hold) pass() *hold {
 // stepReader reads a body, holding each step of it before it reads it;
 // the steps grow with the body.
 type stepReader struct {
-	ctx  context.Context
-	r    io.Reader
-	h    *hold
-	free int64 // bytes held and not yet read
-	read int64
+	ctx   context.Context
+	r     io.Reader
+	h     *hold
+	limit int64 // the most the body may hold: its declared length, or MaxBodyBytes
+	free  int64 // bytes held and not yet read
+	read  int64
 }
 
 func (s *stepReader) Read(p []byte) (int, error) {
@@ -271,8 +326,9 @@ func (s *stepReader) Read(p []byte) (int, error) {
 	if s.free == 0 {
 		// A step as long as what has arrived, readStep at least: few
 		// reads for a large body, and what is held ahead stays within
-		// what came.
-		step := max(readStep, s.read)
+		// what came; no further than the limit (a byte past it, to
+		// read the end).
+		step := max(min(max(readStep, s.read), s.limit-s.read), 1)
 		if err := s.h.grow(s.ctx, weight(step, 0)); err != nil {
 			return 0, err
 		}
@@ -281,8 +337,11 @@ func (s *stepReader) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p[:min(int64(len(p)), s.free)])
 	s.free -= int64(n)
 	s.read += int64(n)
-	if err != nil && a != nil && a.stopped.Load() {
-		err = errPreempted
+	if a != nil {
+		a.got(int64(n))
+		if err != nil && err != io.EOF && a.stopped.Load() {
+			err = errPreempted
+		}
 	}
 	return n, err
 }
@@ -292,11 +351,11 @@ func (s *stepReader) Read(p []byte) (int, error) {
 type socketTurn struct{}
 
 // readTurn reads and parses a turn's body, bounded by MaxBodyBytes, and
-// holds its weight, its items counted at most as they arrive, until the
-// caller releases it. Under NoContinuation the input is not read
-// (Store.SkimRequest). An invalid body gives an error wrapping
-// fingerprint.ErrInvalidRequest; the others are the budget's and the
-// read's.
+// holds its weight, its bytes as they arrive and its items counted at
+// most once it is in, until the caller releases it. Under NoContinuation
+// the input is not read (Store.SkimRequest). An invalid body gives an
+// error wrapping fingerprint.ErrInvalidRequest; the others are the
+// budget's and the read's.
 func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.Request, *hold, error) {
 	n := r.ContentLength
 	if n == 0 && r.Body != nil && r.Body != http.NoBody {
@@ -341,7 +400,11 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	default:
 		// Held as it arrives: a body that claims many bytes and sends few
 		// holds few.
-		in = &stepReader{ctx: ctx, r: in, h: h}
+		limit := n
+		if limit < 0 {
+			limit = p.cfg.MaxBodyBytes
+		}
+		in = &stepReader{ctx: ctx, r: in, h: h, limit: limit}
 	}
 	var req *fingerprint.Request
 	if err == nil {
@@ -472,10 +535,14 @@ func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.
 	in := &gapReader{r: r, gap: gap, timeout: p.cfg.MessageTimeout}
 	h := &hold{b: p.budget, arrival: p.budget.arrive(stall)}
 	defer p.budget.arrived(h.arrival)
-	data, err := io.ReadAll(&stepReader{ctx: ctx, r: in, h: h})
+	data, err := io.ReadAll(&stepReader{ctx: ctx, r: in, h: h, limit: p.cfg.MaxBodyBytes})
 	if err == nil {
+		p.budget.arrived(h.arrival) // in: no longer stopped
 		n := int64(len(data))
-		err = h.grow(ctx, 2*weight(n, itemsAtMost(n, int64(bytes.Count(data, []byte{','}))))-h.n)
+		w := 2 * weight(n, itemsAtMost(n, int64(bytes.Count(data, []byte{','}))))
+		if err = h.grow(ctx, w-h.n); err == nil {
+			h.trim(w) // what was held ahead and not read
+		}
 	}
 	if errors.Is(err, errBusy) || errors.Is(err, errOverBudget) {
 		h.release()

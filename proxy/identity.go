@@ -128,7 +128,7 @@ func carriesCredential(h http.Header) bool {
 // empty or invalid id, which the proxy answers with 400.
 //
 // Every owner is scoped by the client's credential: a keyed digest of the
-// Authorization and api-key headers (those present) and of the
+// credential headers present (credentialHeaders) and of the
 // OpenAI-Organization and OpenAI-Project headers, so that clients with
 // other credentials never share a conversation, whatever ids they send.
 // Within that scope:

@@ -173,36 +173,51 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 
 // watchedBody is a request body on its way upstream that tells how reading
 // it ended: ended is closed once a read fails or reaches the end, or the
-// body is closed.
+// body is closed with no read in progress (a read in progress when it is
+// closed ends it when it returns, with its error).
 type watchedBody struct {
 	io.ReadCloser
-	once  sync.Once
-	ended chan struct{}
-	err   error // the failed read's error, set before ended is closed
+	mu                    sync.Mutex
+	reading, closed, done bool
+	err                   error // the failed read's error, set before ended is closed
+	ended                 chan struct{}
 }
 
 // Read implements io.Reader.
 func (b *watchedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	b.reading = true
+	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
-	if err != nil {
-		b.end(err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reading = false
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	if err != nil || b.closed {
+		b.end()
 	}
 	return n, err
 }
 
 // Close implements io.Closer.
 func (b *watchedBody) Close() error {
-	b.end(nil)
+	b.mu.Lock()
+	b.closed = true
+	if !b.reading {
+		b.end()
+	}
+	b.mu.Unlock()
 	return b.ReadCloser.Close()
 }
 
-func (b *watchedBody) end(err error) {
-	b.once.Do(func() {
-		if err != io.EOF {
-			b.err = err
-		}
+// end closes ended, once; b.mu is held.
+func (b *watchedBody) end() {
+	if !b.done {
+		b.done = true
 		close(b.ended)
-	})
+	}
 }
 
 // failure returns the error reading the body failed with, if it did: the
@@ -222,6 +237,8 @@ func (b *watchedBody) failure(client context.Context) error {
 	}
 	select {
 	case <-b.ended:
+		b.mu.Lock()
+		defer b.mu.Unlock()
 		return b.err
 	default:
 		return nil

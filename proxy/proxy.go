@@ -165,8 +165,10 @@ type Config struct {
 	// record, when it is in after the end), each WebSocket message until
 	// it is answered, a body weighing twice its size plus 80 bytes an
 	// input item (budget.go); a body still arriving holds what has
-	// arrived, not the length it claims. A turn that finds no room first
-	// stops the bodies that have been arriving for a second or more, then
+	// arrived, not the length it claims (the bodies of known length
+	// allocated at once, before their bytes arrive, take at most a quarter
+	// of it beside). A turn that finds no room first stops the bodies that
+	// have been arriving for a second or more and now arrive slowly, then
 	// waits; if it finds none within a second it gets 503, code
 	// server_busy, with Retry-After: 1 (an error event with status 503 in
 	// the WebSocket mode, whose connection stops reading meanwhile), as

@@ -66,8 +66,8 @@ func (b *progressBody) Read(p []byte) (int, error) {
 		b.conn.gap.Store(int64(b.timeout))
 	}
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && b.conn != nil {
-		b.conn.gap.Store(0)
+	if b.conn != nil {
+		b.conn.gap.Store(0) // only within a read of the body
 	}
 	switch {
 	case err == io.EOF:
