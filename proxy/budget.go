@@ -326,9 +326,21 @@ func (s *stepReader) Read(p []byte) (int, error) {
 	if s.free == 0 {
 		// A step as long as what has arrived, readStep at least: few
 		// reads for a large body, and what is held ahead stays within
-		// what came; no further than the limit (a byte past it, to
-		// read the end).
-		step := max(min(max(readStep, s.read), s.limit-s.read), 1)
+		// what came; no further than the limit, nor than the whole
+		// budget could hold.
+		step := min(max(readStep, s.read), s.limit-s.read)
+		if s.h.b != nil {
+			step = min(step, (s.h.b.size-s.h.n)/bodyCopies)
+		}
+		if step <= 0 {
+			// Nothing more could be held: the body must end here. A
+			// byte read unheld tells, and is dropped.
+			n, err := s.r.Read(p[:min(len(p), 1)])
+			if n > 0 {
+				return 0, errOverBudget
+			}
+			return 0, err
+		}
 		if err := s.h.grow(s.ctx, weight(step, 0)); err != nil {
 			return 0, err
 		}
@@ -515,6 +527,7 @@ func (c *commaReader) Read(p []byte) (int, error) {
 	if !c.held && (err == io.EOF || (c.size >= 0 && c.read >= c.size)) {
 		c.held = true
 		c.in()
+		c.h.trim(weight(c.read, 1)) // the read step held ahead and not read
 		if herr := c.h.grow(c.ctx, itemBytes*(itemsAtMost(c.read, c.commas)-1)); herr != nil {
 			return 0, herr
 		}
@@ -558,8 +571,9 @@ func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.
 	return data, h, nil
 }
 
-// gapRead is the most a gapReader asks for in one read.
-const gapRead = 4 << 10
+// gapRead is the most a gapReader asks for in one read: a message must
+// move that much within each MessageTimeout.
+const gapRead = 64 << 10
 
 // gapReader reads r, giving gap, which ends the reads when it fires,
 // timeout more after each read that got bytes.

@@ -270,6 +270,24 @@ func TestASlowBodyGivesWayToARequestThatFindsNoRoom(t *testing.T) {
 	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 10*time.Second, 5*time.Millisecond)
 }
 
+// A body of unknown length that fits the budget is served, however far
+// ahead its read steps would have gone.
+func TestABodyOfUnknownLengthThatFitsIsServed(t *testing.T) {
+	turn := bigTurn(17 << 20)
+	body, err := json.Marshal(turn)
+	require.NoError(t, err)
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = 64 << 20 })
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, r.url, io.MultiReader(bytes.NewReader(body)))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	require.Equal(t, int64(0), req.ContentLength, "sent chunked")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%.300s", b)
+}
+
 // A client's WebSocket message holds its bytes as they arrive, as a body
 // does, and one that stalls closes its connection after MessageTimeout,
 // giving back what it held; meanwhile turns are served.

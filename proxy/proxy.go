@@ -156,9 +156,9 @@ type Config struct {
 	ClientSocketLifetime time.Duration
 	// MessageTimeout bounds each wait for the next bytes of a client's
 	// WebSocket message once it has begun (a connection may idle between
-	// messages for as long as it lives): a message that stalls that long
-	// closes the connection, as a stalled body does over HTTP. Default 30
-	// seconds.
+	// messages for as long as it lives): a message that stalls that long,
+	// less than 64 KiB of it arriving, closes the connection, as a stalled
+	// body does over HTTP. Default 30 seconds.
 	MessageTimeout time.Duration
 	// MaxBytesInFlight bounds the memory the requests read in full hold
 	// at once on this replica: each turn's body until its turn ends (its
