@@ -71,9 +71,9 @@ var (
 // budget is the memory the requests in flight may hold. A request that
 // fits the room gets in at once, whoever waits: a waiter gives up after
 // budgetWait anyway, so no order among waiters is kept. A request that
-// finds no room first stops the bodies that have been arriving for
-// preemptAfter or more: slow uploads, or clients that send part of a body
-// and then a byte now and then, may not keep the room from the others.
+// finds no room first stops the bodies that arrive slowly
+// (arrival.slow): clients that send part of a body and then a byte now
+// and then may not keep the room from the others.
 type budget struct {
 	size     int64
 	mu       sync.Mutex
@@ -379,18 +379,19 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 		h.b = nil
 	}
 	var in io.Reader = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
-	var poke *poker
-	size := n // what the body takes at once; -1: it grows as it arrives
-	claimed := int64(0)
-	settle := func(in bool) {} // once the body is in, or its reading has failed
+	// alloc is what ReadRequest allocates at once (-1: it grows as the body
+	// arrives); settle runs once the body is in, or its reading has failed.
+	alloc := n
+	settle := func(in bool) {}
 	if h.b != nil {
-		poke = &poker{rc: http.NewResponseController(w), stop: make(chan struct{}), exited: make(chan struct{})}
+		poke := &poker{rc: http.NewResponseController(w), stop: make(chan struct{}), exited: make(chan struct{})}
 		h.arrival = h.b.arrive(poke.start)
+		claimed := int64(0)
 		if n > readStep {
 			if h.b.claim(n) {
 				claimed = n
 			} else {
-				size = -1
+				alloc = -1
 			}
 		}
 		settled := false
@@ -424,7 +425,7 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 		if p.cfg.NoContinuation {
 			req, err = skimRequest(p.cfg.Store, in, int(n))
 		} else {
-			req, err = p.cfg.Store.ReadRequest(in, int(size))
+			req, err = p.cfg.Store.ReadRequest(in, int(alloc))
 		}
 	}
 	if err != nil {
