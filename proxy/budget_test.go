@@ -270,6 +270,36 @@ func TestASlowBodyGivesWayToARequestThatFindsNoRoom(t *testing.T) {
 	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 10*time.Second, 5*time.Millisecond)
 }
 
+// Only bodies that have been arriving for preemptAfter and now arrive
+// slowly give way: not a young one, not one waiting for room, and not an
+// upload that moves. The rule is read at chosen instants, so the test does
+// not depend on the machine keeping a pace.
+func TestOnlyASlowArrivalGivesWay(t *testing.T) {
+	at := func(age, quiet time.Duration) (*arrival, time.Time) {
+		a := newArrival(func() {})
+		now := time.Now()
+		a.since = now.Add(-age)
+		a.last.Store(now.Add(-quiet).UnixNano())
+		return a, now
+	}
+	a, now := at(preemptAfter/2, 2*preemptAfter)
+	assert.False(t, a.slow(now), "younger than preemptAfter, though silent")
+	a, now = at(2*preemptAfter, 2*preemptAfter)
+	assert.True(t, a.slow(now), "no byte for preemptAfter")
+	a.waiting.Store(true)
+	assert.False(t, a.slow(now), "silent while it waits for room")
+
+	a, now = at(2*preemptAfter, 0)
+	assert.False(t, a.slow(now), "no whole window counted yet")
+	a.from.Store(now.Add(-preemptAfter).UnixNano())
+	a.got(16 * slowRate) // over a window a little longer than preemptAfter
+	require.Positive(t, a.rate.Load())
+	assert.False(t, a.slow(time.Now()), "an upload at %d bytes/s", a.rate.Load())
+	a.from.Store(time.Now().Add(-preemptAfter).UnixNano())
+	a.got(slowRate / 2)
+	assert.True(t, a.slow(time.Now()), "an upload at %d bytes/s", a.rate.Load())
+}
+
 // A body of unknown length that fits the budget is served, however far
 // ahead its read steps would have gone.
 func TestABodyOfUnknownLengthThatFitsIsServed(t *testing.T) {
