@@ -59,7 +59,8 @@ type Identity struct {
 // X-Agent-Id headers and metadata members a gateway's own clients set; the
 // Codex CLI's session-id and thread-id headers and client_metadata (a Codex
 // sub-agent sends its parent's session id and its own thread id); then
-// prompt_cache_key, which clients set per conversation.
+// prompt_cache_key, which Codex and opencode set per conversation and
+// other applications per user or per application.
 var DefaultIdentity = Identity{
 	Session: []Source{
 		{Header: "X-Session-Id"},
@@ -90,7 +91,7 @@ func (id Identity) validate() error {
 
 // Domain strings of the owner ids Owner derives, one per kind of owner.
 const (
-	domainMain    = "contstore/owner/main/v1"    // a named session's main thread
+	domainMain    = "contstore/owner/main/v2"    // a named session's main thread
 	domainSession = "contstore/owner/session/v1" // the session of a named sub-agent
 	domainOpening = "contstore/owner/opening/v1" // a conversation that names no session
 )
@@ -134,9 +135,12 @@ func carriesCredential(h http.Header) bool {
 // Within that scope:
 //
 //   - a named session's main thread is identity.Main of a digest of the
-//     session id and the request's prompt signature, so that a side call
-//     under the same session with another prompt (a title, a summary) is a
-//     thread of its own;
+//     session id, the request's prompt signature and its opening items, up
+//     to and including the first user message (none without one): a side
+//     call under the same session with another prompt (a title, a
+//     summary) is a thread of its own, and so is each conversation under a
+//     session id that names more than one, such as a prompt_cache_key an
+//     application sets per user;
 //   - a named sub-agent is identity.Agent of a digest of the session id,
 //     and its agent id;
 //   - a request that names no session is identity.Main of a digest of its
@@ -174,6 +178,8 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 		}
 		b := appendString(scoped(domainMain, h), session)
 		b = binary.LittleEndian.AppendUint64(b, req.Signature())
+		// The opening: h(0), the chain's seed, without a user message.
+		b = binary.LittleEndian.AppendUint64(b, req.Prefix(firstUserMessage(req)+1))
 		return identity.Main(derivedID(req, b))
 	default:
 		if _, err := identity.Agent(session, agent); err != nil {

@@ -136,7 +136,7 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.Equal(t, derived("Bearer sk-a"), derived("Bearer sk-a"))
 }
 
-func TestMainThreadOwnerFollowsThePrompt(t *testing.T) {
+func TestMainThreadOwnerFollowsThePromptAndTheOpening(t *testing.T) {
 	p := testParser(t)
 	h := http.Header{"Authorization": {"Bearer sk-a"}, "X-Session-Id": {"s1"}}
 	owner := func(h http.Header, body string) identity.Owner { return ownerOf(t, p, h, body) }
@@ -147,6 +147,19 @@ func TestMainThreadOwnerFollowsThePrompt(t *testing.T) {
 	title := owner(h, `{"model":"m","instructions":"write a title","input":[{"role":"user","content":"hi"}]}`)
 	assert.NotEqual(t, main, title, "a side call with other instructions is a thread of its own")
 	assert.NotEqual(t, main, owner(h, `{"model":"m2","instructions":"code","input":[]}`))
+
+	// A session id may name many conversations (one prompt_cache_key per
+	// user): each opening is a thread of its own.
+	for _, other := range []string{
+		`{"model":"m","instructions":"code","input":[{"role":"user","content":"bye"}]}`,
+		`{"model":"m","instructions":"code","input":[{"role":"developer","content":"rules"},{"role":"user","content":"hi"}]}`,
+		`{"model":"m","instructions":"code","input":[]}`,
+	} {
+		assert.NotEqual(t, main, owner(h, other), other)
+	}
+	none := owner(h, `{"model":"m","instructions":"code","input":[]}`)
+	assert.Equal(t, none, owner(h, `{"model":"m","instructions":"code","input":[{"role":"developer","content":"rules"}]}`),
+		"without a user message, the chain's seed is the opening")
 
 	// A sub-agent keeps one owner whatever its prompt.
 	ah := h.Clone()
@@ -271,7 +284,11 @@ func (v ownerVector) ownerKey(key []byte) string {
 		}
 		return b
 	}
-	msg := str(nil, "contstore/owner/"+v.kind+"/v1")
+	version := "/v1"
+	if v.kind == "main" {
+		version = "/v2" // with the opening
+	}
+	msg := str(nil, "contstore/owner/"+v.kind+version)
 	msg = values(str(msg, v.credName), v.cred)
 	if v.credName == "authorization,api-key" {
 		msg = values(msg, v.apiKey)
@@ -280,6 +297,7 @@ func (v ownerVector) ownerKey(key []byte) string {
 	switch v.kind {
 	case "main":
 		msg = binary.LittleEndian.AppendUint64(str(msg, v.session), v.sig)
+		msg = binary.LittleEndian.AppendUint64(msg, v.opening)
 	case "session":
 		msg = str(msg, v.session)
 	case "opening":
@@ -311,9 +329,11 @@ var ownerVectors = []ownerVector{
 		org: []string{"org-1"}, proj: []string{"proj-1"}, kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wQnoHTJpsdDEWGBQ"},
 	{name: "main thread", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
-		sig: 0x0123456789abcdef, key: "m:PO8pqa1A7BC7LYQu"},
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:WyzH4seQcQFb1FtE"},
 	{name: "main thread, other prompt", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
-		sig: 0x0123456789abcdee, key: "m:-AvvdoVtQyFXEqR3"},
+		sig: 0x0123456789abcdee, opening: 0xfedcba9876543210, key: "m:vj_ZdBxaWoTDHyph"},
+	{name: "main thread, other opening", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543211, key: "m:J63QcbeFjxh9TfM1"},
 	{name: "sub-agent", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "session", session: "s1", agent: "helper",
 		key: "a:Fc1O4kqty37B6RGC:helper"},
 }

@@ -254,6 +254,22 @@ func TestConversationsContinue(t *testing.T) {
 	}
 }
 
+// A session id may name many conversations, as a prompt_cache_key an
+// application sets per user does: interleaved, each continues its own.
+func TestConversationsUnderOneSessionIDContinueInterleaved(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	a := newConversation(t, r.url, "per-user", false, true)
+	b := newConversation(t, r.url, "per-user", false, true)
+	for i := range 3 {
+		a.say(fmt.Sprintf("first conversation, turn %d", i))
+		b.say(fmt.Sprintf("second conversation, turn %d", i))
+	}
+	turns := int64(len(a.answers) + len(b.answers))
+	st := r.proxy.Stats()
+	require.Equal(t, turns, st.Turns)
+	assert.Equal(t, turns-2, st.Continued, "every turn after each conversation's first continues")
+}
+
 func TestRefusedContinuationIsRetriedWithFullContext(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
