@@ -246,7 +246,11 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	defer cancel()
 	rep, err := c.send(ctx, body, true)
 	if err != nil {
-		p.warns.warn(p.cfg.Logger, "forwarded turn: upstream request failed; cutting the stream", "err", err)
+		if r.Context().Err() != nil {
+			p.cfg.Logger.Debug("forwarded turn: the forwarding replica went away", "err", err)
+		} else {
+			p.warns.warn(p.cfg.Logger, "forwarded turn: upstream request failed; cutting the stream", "err", err)
+		}
 		cutStream(w)
 		return
 	}

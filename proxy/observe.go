@@ -27,7 +27,8 @@ const (
 	StepRoute Step = "route"
 	// StepAttempt is one send upstream, or to the origin replica, and how
 	// it went: "answered", "unreachable", "not_carried" (the origin ran
-	// nothing) or "refused" (the upstream refused the continuation).
+	// nothing), "refused" (the upstream refused the continuation) or
+	// "client_gone" (the client went away before an answer).
 	StepAttempt Step = "attempt"
 	// StepFallback is the full context sent instead of a continuation the
 	// turn was offered; Cause says why: "paused" (the upstream refuses the
@@ -65,4 +66,5 @@ func (p *Proxy) observe(ev Event) {
 }
 
 // tryNames are the attempt results as events name them.
-var tryNames = [...]string{answered: "answered", unreachable: "unreachable", notCarried: "not_carried", refusedUpstream: "refused"}
+var tryNames = [...]string{answered: "answered", unreachable: "unreachable", notCarried: "not_carried", refusedUpstream: "refused",
+	clientGone: "client_gone"}

@@ -378,8 +378,14 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	a, err := p.attempt(ctx, t, who, res, lg, g)
 	if err != nil {
 		p.abort(sctx, lg, res)
-		p.upstreamError(w, err)
-		p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: "failed", Err: err, Latency: time.Since(start)})
+		end := "aborted"
+		if errors.Is(ctx.Err(), context.Canceled) {
+			lg.Debug("the client went away before the upstream answered", "err", err)
+		} else {
+			end = "failed"
+			p.upstreamError(w, err)
+		}
+		p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: end, Err: err, Latency: time.Since(start)})
 		return
 	}
 	defer a.c.release()
@@ -393,7 +399,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	}
 	lg = lg.With("reason", reason, "continued", a.continued, "items", a.res.Request().Len(),
 		"sent", a.res.UpstreamItems)
-	out := p.deliver(sctx, w, t, a, lg, g, Event{Step: StepEnd, Owner: who, Turn: res.Turn}, start)
+	out := p.deliver(ctx, w, t, a, lg, g, Event{Step: StepEnd, Owner: who, Turn: res.Turn}, start)
 	if out.cut {
 		cutStream(w)
 	}
@@ -404,9 +410,12 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 // end (relay's seal) and is told, once the end is written, whether the
 // client got it. end, StepEnd with its owner and turn, is reported once
 // the turn is over: for a recorded turn, when its record is; its latency
-// is the client's, to the end of the relay.
+// is the client's, to the end of the relay. ctx is the turn's: an answer
+// that broke off once it ended, the client having gone, is the client's
+// doing, not the upstream's.
 func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *sent, lg *slog.Logger, g *gate,
 	end Event, start time.Time) outcome {
+	sctx := context.WithoutCancel(ctx) // the store's calls outlive the client
 	hide := ""
 	if a.continued {
 		hide = a.res.PreviousResponseID
@@ -418,9 +427,12 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 		}
 	}()
 	sealed, result := false, ""
-	out := relay(w, t, a.rep, hide, func(o outcome) { sealed = true; result, rec = p.settle(ctx, &lg, t, a, o, g) })
+	out := relay(w, t, a.rep, hide, func(o outcome) { sealed = true; result, rec = p.settle(sctx, &lg, t, a, o, g) })
+	if out.err != nil && errors.Is(ctx.Err(), context.Canceled) {
+		out.err, out.cut, out.clientGone = nil, false, true
+	}
 	if !sealed {
-		result, rec = p.settle(ctx, &lg, t, a, out, g)
+		result, rec = p.settle(sctx, &lg, t, a, out, g)
 	}
 	end.Err, end.Latency = out.err, time.Since(start)
 	finish := func(lg *slog.Logger, result string) {
@@ -461,6 +473,7 @@ const (
 	unreachable                // the upstream could not be reached: the turn fails
 	notCarried                 // the origin replica refused the forward, or did not accept it in time: it ran nothing
 	refusedUpstream            // the upstream refused the continuation before anything reached the client
+	clientGone                 // the client went away before an answer: the turn ends unanswered
 )
 
 // attempt sends the turn where it goes (route), or keeps the send made
@@ -495,12 +508,12 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 		} else {
 			a.rep, err = p.send(ctx, a.c, a.res, t.stream)
 		}
-		tr := p.judge(a, err)
+		tr := p.judge(ctx, a, err)
 		p.observe(Event{Step: StepAttempt, Owner: who, Turn: res.Turn, Result: tryNames[tr], Err: err})
 		switch tr {
 		case answered:
 			return a, nil
-		case unreachable:
+		case unreachable, clientGone:
 			a.c.release()
 			return nil, err
 		case notCarried:
@@ -545,10 +558,12 @@ func (p *Proxy) route(ctx context.Context, t *turn) (conn, error) {
 	return p.cfg.Upstream.acquire(ctx, &t.target)
 }
 
-// judge says how a send went.
-func (p *Proxy) judge(a *sent, err error) try {
+// judge says how a send made under ctx, the turn's, went.
+func (p *Proxy) judge(ctx context.Context, a *sent, err error) try {
 	_, forwarded := a.c.(*forwardConn)
 	switch {
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+		return clientGone // not the upstream's doing, nor a reason to resend
 	case err != nil && forwarded:
 		return notCarried
 	case err != nil:

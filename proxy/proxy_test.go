@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -467,6 +468,78 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 			assert.Equal(t, http.StatusBadGateway, a.status)
 			assert.Contains(t, string(a.body), "upstream_unreachable")
 			assertTellsNoAddress(t, a.body)
+		})
+	}
+}
+
+// A client that goes away, before the upstream answers or while it
+// streams, ends its turn aborted: no upstream failure is counted or
+// logged, since none happened.
+func TestAClientGoneIsNoUpstreamFailure(t *testing.T) {
+	// stalls answers a stream's first event, then nothing until its
+	// client goes.
+	stalls := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,"+
+			"\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(stalls.Close)
+	for _, tc := range []struct {
+		name string
+		tr   transport
+		mid  bool // gone mid-stream, after the first event
+	}{{"before the answer", overHTTP, false}, {"before the answer", overWebSocket, false}, {"mid-stream", overHTTP, true}} {
+		t.Run(fmt.Sprintf("%s/%s", tc.name, tc.tr), func(t *testing.T) {
+			r := newRig(t, tc.tr, nil)
+			if tc.mid {
+				st, err := store.NewMemory(store.Options{Replica: "r1"})
+				require.NoError(t, err)
+				r.proxy = newProxy(t, overHTTP, st, stalls.URL+"/v1")
+				srv := httptest.NewServer(r.proxy)
+				t.Cleanup(srv.Close)
+				r.url = srv.URL + "/v1/responses"
+			}
+			release := func() {}
+			if !tc.mid {
+				// A WebSocket upstream's answer is read to its end, the
+				// client gone or not, so that the socket carries the next
+				// turn: it is released once the client went.
+				_, release = r.holdUpstream(t)
+			}
+			var steps stepLog
+			r.proxy.cfg.Observer = &steps
+			logs := &logBuffer{}
+			r.proxy.cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+			body, err := json.Marshal(map[string]any{"model": "gpt-test", "stream": true, "input": "hi"})
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(t.Context())
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
+			require.NoError(t, err)
+			req.Header.Set("X-Session-Id", "s1")
+			if tc.mid {
+				resp, err := http.DefaultClient.Do(req)
+				require.NoError(t, err)
+				_, err = bufio.NewReader(resp.Body).ReadString('\n') // the first event came
+				require.NoError(t, err)
+				cancel()
+				resp.Body.Close()
+			} else {
+				time.AfterFunc(100*time.Millisecond, cancel)
+				_, err := http.DefaultClient.Do(req)
+				require.ErrorIs(t, err, context.Canceled)
+				release()
+			}
+			var seen []string
+			require.Eventually(t, func() bool {
+				seen = append(seen, steps.take()...)
+				return slices.Contains(seen, "end:aborted")
+			}, 10*time.Second, 5*time.Millisecond, "%v", seen)
+			assert.NotContains(t, seen, "attempt:unreachable")
+			assert.Zero(t, r.proxy.Stats().UpstreamErrors)
+			assert.Zero(t, logs.count("level=WARN"), "%s", logs.b.String())
 		})
 	}
 }
