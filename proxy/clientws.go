@@ -85,7 +85,7 @@ func (p *Proxy) clientSocketLifetime() time.Duration {
 // serveSocket serves a WebSocket upgrade: the WebSocket mode on
 // /v1/responses, 404 anywhere else.
 func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != turnPath {
+	if !isTurnPath(r.URL.Path) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",
 			fmt.Sprintf("Invalid URL (%s %s): this gateway serves WebSocket connections on %s.", r.Method, r.URL.Path, turnPath))
 		return

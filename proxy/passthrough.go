@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +28,11 @@ import (
 
 // turnPath is the path of the turns.
 const turnPath = "/v1/responses"
+
+// isTurnPath tells whether a request path names the turns: turnPath, also
+// spelled with a trailing slash or doubled slashes, as a client's base URL
+// may make it.
+func isTurnPath(p string) bool { return p == turnPath || path.Clean(p) == turnPath }
 
 // passTarget is where the requests other than turns go.
 type passTarget struct {
@@ -116,7 +122,7 @@ func asksWebSocketUpgrade(r *http.Request) bool {
 // outside /v1 is answered 404.
 func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case r.Method == http.MethodPost && path == turnPath, asksWebSocketUpgrade(r):
+	case r.Method == http.MethodPost && isTurnPath(path), asksWebSocketUpgrade(r):
 		return false
 	case path != "/v1" && !strings.HasPrefix(path, "/v1/"):
 		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",

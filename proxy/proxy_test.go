@@ -271,6 +271,22 @@ func TestConversationsUnderOneSessionIDContinueInterleaved(t *testing.T) {
 	assert.Equal(t, turns-2, st.Continued, "every turn after each conversation's first continues")
 }
 
+// The turns' path with a trailing slash or doubled slashes, as a client's
+// base URL may make it, still names the turns: they continue.
+func TestTheTurnsPathHoweverSlashed(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	base := strings.TrimSuffix(r.url, "/v1/responses")
+	for i, url := range []string{base + "/v1/responses/", base + "//v1//responses", base + "/v1/responses/"} {
+		c := newConversation(t, url, "slashes", false, true)
+		c.say(fmt.Sprintf("hello %d", i))
+		c.say("again")
+	}
+	st := r.proxy.Stats()
+	assert.Equal(t, int64(18), st.Turns, "3 conversations of 2 user turns of 2 tool calls and a reply")
+	assert.Equal(t, int64(15), st.Continued)
+	assert.Zero(t, st.Passthrough)
+}
+
 func TestRefusedContinuationIsRetriedWithFullContext(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
