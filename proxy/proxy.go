@@ -863,11 +863,7 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		}
 		if !gone {
 			buf.Reset()
-			buf.WriteString("event: ")
-			buf.WriteString(ev.typ)
-			buf.WriteString("\ndata: ")
-			buf.Write(hideID(ev.data, "response.previous_response_id", hide))
-			buf.WriteString("\n\n")
+			appendEvent(&buf, ev.typ, hideID(ev.data, "response.previous_response_id", hide))
 			if _, werr := w.Write(buf.Bytes()); werr != nil {
 				gone = true // keep reading: the turn ends when the upstream's does
 			} else if !together {
@@ -893,6 +889,39 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	}
 	out.cut = out.err != nil
 	return out
+}
+
+// appendEvent appends a Server-Sent Event of type typ (none when empty)
+// and data: each line of data on a "data:" line of its own, as the
+// upstream may have sent them (sseReader joins them), or as a WebSocket
+// upstream's indented JSON holds them.
+func appendEvent(buf *bytes.Buffer, typ string, data []byte) {
+	if typ != "" {
+		buf.WriteString("event: ")
+		buf.WriteString(typ)
+		buf.WriteByte('\n')
+	}
+	if bytes.IndexByte(data, '\n') < 0 && bytes.IndexByte(data, '\r') < 0 {
+		buf.WriteString("data: ") // one line, as JSON is sent compact
+		buf.Write(data)
+		buf.WriteString("\n\n")
+		return
+	}
+	for {
+		buf.WriteString("data: ")
+		i := bytes.IndexAny(data, "\r\n") // each ends a line in SSE
+		if i < 0 {
+			buf.Write(data)
+			break
+		}
+		buf.Write(data[:i])
+		buf.WriteByte('\n')
+		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
+			i++
+		}
+		data = data[i+1:]
+	}
+	buf.WriteString("\n\n")
 }
 
 // relayAssembled answers a client that asked for JSON from an upstream

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
@@ -157,4 +160,47 @@ func TestForwardedTurnsReuseConnections(t *testing.T) {
 	t.Logf("%d connections to the origin for the first %d forwards, %d for the next %d (%.3f a forward)",
 		warm, conc, opened, turns, float64(opened)/turns)
 	assert.LessOrEqual(t, float64(opened)/turns, 0.05, "new connections a forward")
+}
+
+// An event whose data spans lines (SSE allows it; a WebSocket upstream's
+// indented JSON holds them) reaches the client whole: each line on a data
+// line of its own. A stream client parses every event, and the turn
+// completes and is recorded.
+func TestEventsOfManyLinesReachTheClientWhole(t *testing.T) {
+	created := "{\n  \"type\": \"response.created\",\r\n  \"response\": {\"id\": \"resp_ml\", \"object\": \"response\", \"status\": \"in_progress\", \"output\": []}\r}"
+	var buf bytes.Buffer
+	appendEvent(&buf, "response.created", []byte(created))
+	ev, ok := parseEvent(bytes.TrimSuffix(buf.Bytes(), []byte("\n\n")))
+	require.True(t, ok, "%q", buf.String())
+	assert.Equal(t, "response.created", ev.typ)
+	assert.JSONEq(t, created, string(ev.data))
+
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, data := range []string{
+			`{"type": "response.created", "response": {"id": "resp_ml", "object": "response", "status": "in_progress", "output": []}}`,
+			`{"type": "response.completed", "response": {"id": "resp_ml", "object": "response", "status": "completed", "output": []}}`,
+		} {
+			_, _ = io.WriteString(w, "data: "+strings.ReplaceAll(data, ", ", ",\ndata:   ")+"\n\n")
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, overHTTP, st, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	resp, err := http.Post(srv.URL+"/v1/responses", "application/json",
+		strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var types []string
+	for _, block := range strings.Split(strings.TrimSpace(string(body)), "\n\n") {
+		ev, ok := parseEvent([]byte(block))
+		require.True(t, ok, "%q", block)
+		require.True(t, json.Valid(ev.data), "%q", block)
+		types = append(types, gjson.GetBytes(ev.data, "type").String())
+	}
+	assert.Equal(t, []string{"response.created", "response.completed"}, types)
 }
