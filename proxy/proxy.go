@@ -817,7 +817,10 @@ func (c *collector) outcome(status int) outcome {
 // relayStream relays events as Server-Sent Events, flushed one by one.
 func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	ev, err := rep.next()
-	if err == nil && ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists() {
+	switch {
+	case err != nil:
+		return writeBrokenOff(w, err) // before the first event: nothing to cut
+	case ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists():
 		// A WebSocket upstream refusing the request: over HTTP it would
 		// have answered this status and error before any event.
 		return writeErrorEvent(w, ev.data)
@@ -937,12 +940,7 @@ func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(ou
 		}
 	}
 	if err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
-			"The upstream ended the response early.")
-		return outcome{status: http.StatusBadGateway, err: err}
+		return writeBrokenOff(w, err)
 	}
 	if col.terminal == "error" {
 		return writeErrorEvent(w, col.errEvent)
@@ -958,6 +956,23 @@ func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(ou
 		out.clientGone = true
 	}
 	return out
+}
+
+// writeBrokenOff answers a turn whose upstream answer broke off, with err,
+// before anything reached the client: 504 when the answer did not come in
+// time, else 502.
+func writeBrokenOff(w http.ResponseWriter, err error) outcome {
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		writeError(w, http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout",
+			"The upstream did not answer in time.")
+		return outcome{status: http.StatusGatewayTimeout, err: err}
+	}
+	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
+		"The upstream ended the response early.")
+	return outcome{status: http.StatusBadGateway, err: err}
 }
 
 // writeErrorEvent answers an error event as the HTTP API answers an

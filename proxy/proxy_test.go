@@ -560,6 +560,24 @@ func TestAClientGoneIsNoUpstreamFailure(t *testing.T) {
 	}
 }
 
+// An upstream that does not begin its answer within UpstreamTimeout gets
+// its client a 504, over either transport, stream or not: no stream is
+// begun and cut.
+func TestASilentUpstreamIs504(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tr, stream), func(t *testing.T) {
+				r := newRig(t, tr, nil)
+				r.proxy.cfg.UpstreamTimeout = 200 * time.Millisecond
+				r.holdUpstream(t)
+				a := post(t, r.url, http.Header{"X-Session-Id": {"s"}}, map[string]any{"model": "m", "input": "hi", "stream": stream})
+				assert.Equal(t, http.StatusGatewayTimeout, a.status, "%s", a.body)
+				assert.Equal(t, "upstream_timeout", gjson.GetBytes(a.body, "error.code").String(), "%s", a.body)
+			})
+		}
+	}
+}
+
 func TestClientHangingUpAbortsTheTurn(t *testing.T) {
 	r := newRig(t, overWebSocket, nil)
 	c := newConversation(t, r.url, "s1", true, false)
