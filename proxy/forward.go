@@ -96,7 +96,7 @@ func (f *Forwarding) check() error {
 	if f.Client == nil {
 		tr := newTransport()
 		tr.ResponseHeaderTimeout = f.Timeout
-		f.Client = &http.Client{Transport: tr}
+		f.Client = newClient(tr)
 	}
 	return nil
 }
@@ -194,7 +194,7 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 	if err != nil {
 		return nil, fmt.Errorf("forwarding to %s at %s: %w", c.origin.Replica, c.addr, err)
 	}
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if resp.StatusCode != http.StatusOK || !isEventStream(resp.Header) {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		_ = resp.Body.Close()
 		return nil, fmt.Errorf("replica %s refused the turn: %d %s", c.origin.Replica, resp.StatusCode,

@@ -130,7 +130,8 @@ type httpUpstream struct {
 // whose transport keeps up to 512 idle connections to the upstream for 90
 // seconds and negotiates HTTP/2 over TLS when the upstream offers it
 // (newTransport): Go's default keeps 2 idle connections a host, so under
-// concurrent turns most would dial, and shake hands, again. A client
+// concurrent turns most would dial, and shake hands, again. That client
+// follows no redirect: the client gets it as the upstream sent it. A client
 // passed in is used as it is. Over HTTP a response is continued only when
 // the request stores it upstream ("store" true or absent): then any
 // replica may continue it. A turn with "store": false goes with its full
@@ -141,7 +142,7 @@ func NewHTTPUpstream(baseURL string, client *http.Client) (Upstream, error) {
 		return nil, err
 	}
 	if client == nil {
-		client = &http.Client{Transport: newTransport()}
+		client = newClient(newTransport())
 	}
 	return &httpUpstream{url: u, client: client}, nil
 }
@@ -182,6 +183,20 @@ func newTransport() *http.Transport {
 	return tr
 }
 
+// newClient returns a client over tr that follows no redirect: a turn is
+// not sent again elsewhere, as a GET at that, and the client gets the
+// redirect as the upstream answered it, as a reverse proxy passes it.
+func newClient(tr http.RoundTripper) *http.Client {
+	return &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// isEventStream tells whether headers h type their body as Server-Sent
+// Events (media types are case-insensitive).
+func isEventStream(h http.Header) bool {
+	t, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(t), "text/event-stream")
+}
+
 // httpConn is one HTTP request.
 type httpConn struct {
 	up *httpUpstream
@@ -213,7 +228,7 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	if err != nil {
 		return nil, err
 	}
-	if stream && resp.StatusCode/100 == 2 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if stream && resp.StatusCode/100 == 2 && isEventStream(resp.Header) {
 		return eventReply(resp), nil
 	}
 	rep := &reply{status: resp.StatusCode, header: resp.Header}

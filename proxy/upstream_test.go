@@ -204,3 +204,61 @@ func TestEventsOfManyLinesReachTheClientWhole(t *testing.T) {
 	}
 	assert.Equal(t, []string{"response.created", "response.completed"}, types)
 }
+
+// A redirect from the upstream reaches the client as sent, the turn sent
+// once; an event stream is one whatever the case of its media type.
+func TestUpstreamRedirectsAndMediaTypes(t *testing.T) {
+	var calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.URL.Path == "/moved/v1/responses" {
+			http.Redirect(w, r, "/v1/responses", http.StatusTemporaryRedirect)
+			return
+		}
+		w.Header().Set("Content-Type", "Text/Event-Stream; Charset=UTF-8")
+		for _, data := range []string{
+			`{"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress","output":[]}}`,
+			`{"type":"response.completed","response":{"id":"resp_1","object":"response","status":"completed","output":[]}}`,
+		} {
+			_, _ = io.WriteString(w, "data: "+data+"\n\n")
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	for _, tc := range []struct {
+		name, base string
+		status     int
+		calls      int64
+	}{{"redirect", upstream.URL + "/moved/v1", http.StatusTemporaryRedirect, 1}, {"media type", upstream.URL + "/v1", http.StatusOK, 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls.Store(0)
+			st, err := store.NewMemory(store.Options{Replica: "r1"})
+			require.NoError(t, err)
+			p := newProxy(t, overHTTP, st, tc.base)
+			srv := httptest.NewServer(p)
+			t.Cleanup(srv.Close)
+			client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+			require.NoError(t, err)
+			req.Header.Set("X-Session-Id", "s1")
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, tc.status, resp.StatusCode, "%s", body)
+			assert.Equal(t, tc.calls, calls.Load())
+			if tc.status == http.StatusOK {
+				assert.True(t, isEventStream(resp.Header))
+				assert.Contains(t, string(body), "event: response.completed")
+				next, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses",
+					strings.NewReader(`{"model":"m","stream":true,"input":["hi",{"role":"user","content":"again"}]}`))
+				require.NoError(t, err)
+				next.Header.Set("X-Session-Id", "s1")
+				resp, err := client.Do(next)
+				require.NoError(t, err)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				assert.Equal(t, int64(1), p.Stats().Continued, "the stream completed, and was recorded")
+			}
+		})
+	}
+}

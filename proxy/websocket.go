@@ -147,7 +147,7 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 	opts.DialTimeout = cmp.Or(opts.DialTimeout, defaultDialTimeout)
 	opts.IdleTimeout = cmp.Or(opts.IdleTimeout, defaultIdleTimeout)
 	if opts.Client == nil {
-		opts.Client = &http.Client{Transport: newTransport()}
+		opts.Client = newClient(newTransport())
 	}
 	return &wsUpstream{url: u, opts: opts, now: time.Now, pools: map[[32]byte]*wsPool{},
 		changed: make(chan struct{})}, nil
