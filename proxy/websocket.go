@@ -113,8 +113,10 @@ type wsSocket struct {
 	frames chan []byte // filled by the socket's reader; closed when it stops
 	born   time.Time
 	// latest is the upstream's latest response on this socket, "" when
-	// it holds none or it is unknown.
-	latest string
+	// it holds none or it is unknown; begun, the last response whose
+	// events began on it (wsConn.send), held or not. Only the turn that
+	// holds the socket uses begun.
+	latest, begun string
 	// released is when the socket last finished a turn.
 	released time.Time
 	// idle closes the socket once it has been idle for IdleTimeout; nil
@@ -563,17 +565,41 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 		cancel()
 		return nil, fmt.Errorf("sending to the upstream socket: %w", err)
 	}
-	finished := false
+	// A response's events begin with its response.created; what comes
+	// before, but an error (this request's refusal), was left over from
+	// an earlier response on the socket, such as an event the upstream
+	// sent after that one's end, or that response's events again: none of
+	// it is this turn's.
+	s := c.s
+	finished, started := false, false
 	next := func() (event, error) {
 		if finished {
 			return event{}, io.EOF
 		}
-		select {
-		case data, ok := <-frames:
-			if !ok {
-				return event{}, fmt.Errorf("the upstream socket closed mid-response: %w", io.ErrUnexpectedEOF)
+		for {
+			var data []byte
+			select {
+			case d, ok := <-frames:
+				if !ok {
+					return event{}, fmt.Errorf("the upstream socket closed mid-response: %w", io.ErrUnexpectedEOF)
+				}
+				data = d
+			case <-rctx.Done():
+				return event{}, fmt.Errorf("waiting for the upstream socket: %w", rctx.Err())
 			}
 			ev := event{typ: eventType(data), data: data}
+			if !started {
+				switch {
+				case ev.typ == "response.created":
+					if id := gjson.GetBytes(data, "response.id").String(); id == "" || id != s.begun {
+						s.begun, started = id, true
+					} else {
+						continue
+					}
+				case ev.typ != "error":
+					continue
+				}
+			}
 			switch ev.typ {
 			case "response.completed", "response.incomplete":
 				c.finish(gjson.GetBytes(data, "response.id").String())
@@ -583,8 +609,6 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 				finished = true
 			}
 			return ev, nil
-		case <-rctx.Done():
-			return event{}, fmt.Errorf("waiting for the upstream socket: %w", rctx.Err())
 		}
 	}
 	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: cancel}, nil

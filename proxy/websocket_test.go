@@ -9,9 +9,11 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -236,4 +238,64 @@ func TestSocketsAreKeptPerCredential(t *testing.T) {
 		assert.Equal(t, k, k2, "one pool")
 		assert.Equal(t, configured, ws.passthroughTarget().credential)
 	}
+}
+
+// What an upstream socket sends after a response's end, or that
+// response's events again, is not the next turn's: the next turn's events
+// begin with its own response.created, or its refusal. Here each request
+// first gets what came after the last response (a rate_limits.updated,
+// and that response again), as an upstream that sent them late would
+// have them arrive; the continuation is then refused, and the full
+// context sent again is answered.
+func TestEventsLeftOverOnASocketAreNotTheNextTurns(t *testing.T) {
+	var refusals, answers atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		send := func(s string) { _ = ws.Write(ctx, websocket.MessageText, []byte(s)) }
+		response := func(id, status string) string {
+			return `{"id":"` + id + `","object":"response","status":"` + status + `","output":[` +
+				`{"type":"message","id":"msg_` + id + `","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` + id + `"}]}]}`
+		}
+		last := ""
+		for n := 1; ; n++ {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			if last != "" {
+				send(`{"type":"rate_limits.updated","rate_limits":[]}`)
+				send(`{"type":"response.created","response":` + response(last, "in_progress") + `}`)
+				send(`{"type":"response.completed","response":` + response(last, "completed") + `}`)
+			}
+			if gjson.GetBytes(msg, "previous_response_id").String() != "" {
+				refusals.Add(1)
+				send(`{"type":"error","status":400,"error":{"type":"invalid_request_error","code":"previous_response_not_found",` +
+					`"message":"Previous response not found.","param":"previous_response_id"}}`)
+				continue
+			}
+			answers.Add(1)
+			last = fmt.Sprintf("resp_%p_%d", ws, n)
+			send(`{"type":"response.created","response":` + response(last, "in_progress") + `}`)
+			send(`{"type":"response.completed","response":` + response(last, "completed") + `}`)
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	srv := httptest.NewServer(newProxy(t, overWebSocket, st, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	h := http.Header{"X-Session-Id": {"s1"}}
+	first := post(t, srv.URL+"/v1/responses", h, map[string]any{"model": "m", "input": "hi", "store": false})
+	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+	second := post(t, srv.URL+"/v1/responses", h, map[string]any{"model": "m", "store": false,
+		"input": first.next([]any{"hi"}, "again")})
+	require.Equal(t, http.StatusOK, second.status, "%s", second.body)
+	assert.Equal(t, int64(1), refusals.Load(), "the continuation was sent, and refused")
+	assert.Equal(t, int64(2), answers.Load(), "then sent again whole")
+	assert.NotEqual(t, string(first.response["id"]), string(second.response["id"]), "the second turn got an answer of its own")
 }
