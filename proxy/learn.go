@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"crypto/sha256"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -16,10 +18,10 @@ const (
 	defaultMaxCooldown   = time.Hour
 )
 
-// maxLearnedModels bounds the models the learner keeps state for: only
-// models with refusals not yet made up for by an accepted continuation
-// take room. Past the bound a new model takes the room of one that is not
-// paused, or is not learned about when every one is.
+// maxLearnedModels bounds the models, of every account, the learner keeps
+// state for: only models with refusals not yet made up for by an accepted
+// continuation take room. Past the bound a new model takes the room of
+// one that is not paused, or is not learned about when every one is.
 const maxLearnedModels = 1024
 
 // Learning says when the proxy stops continuing turns the upstream cannot
@@ -29,7 +31,11 @@ const maxLearnedModels = 1024
 // context for Cooldown; then the next turn that could continue is sent
 // continued, as a probe. A refused probe doubles the pause, up to
 // MaxCooldown; an accepted continuation ends it. The turns are reserved and
-// recorded all along, so that the probe has a continuation to try.
+// recorded all along, so that the probe has a continuation to try. What is
+// learned holds for the account whose continuations were refused (its
+// credential, organization and project headers), as the upstream keeps
+// each account's responses: one whose responses are gone, deleted or
+// never kept, pauses no other.
 type Learning struct {
 	// Refusals is how many refused continuations in a row, with no
 	// accepted one between, pause continuing for a model. Default 3;
@@ -67,13 +73,32 @@ func (l *Learning) check() error {
 	return nil
 }
 
-// learner keeps, per model, whether the upstream refuses continuations.
-// The proxy has one upstream, so the model names the state.
+// learner keeps, per account and model, whether the upstream refuses
+// continuations. The proxy has one upstream, so these name the state.
 type learner struct {
 	cfg Learning
 
 	mu     sync.Mutex
-	models map[string]*modelState
+	models map[learned]*modelState
+}
+
+// learned names what the learner learns about: a model, for an account.
+type learned struct {
+	account [32]byte
+	model   string
+}
+
+// learnedOf returns what a turn of model with request headers h is
+// learned as: its account is a digest of the headers that name it
+// (accountHeaders).
+func learnedOf(h http.Header, model string) learned {
+	d := sha256.New()
+	for _, k := range accountHeaders {
+		fmt.Fprintf(d, "%q\n", h.Values(k))
+	}
+	l := learned{model: model}
+	d.Sum(l.account[:0])
+	return l
 }
 
 // modelState is what the learner knows of one model; a model with none
@@ -100,12 +125,12 @@ const (
 )
 
 func newLearner(cfg Learning) *learner {
-	return &learner{cfg: cfg, models: map[string]*modelState{}}
+	return &learner{cfg: cfg, models: map[learned]*modelState{}}
 }
 
 // allow tells whether a turn of model may be sent continued, and whether
 // it is the probe that ends a pause: one turn once the pause is over.
-func (l *learner) allow(model string) (ok, probe bool) {
+func (l *learner) allow(model learned) (ok, probe bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.models[model]
@@ -121,7 +146,7 @@ func (l *learner) allow(model string) (ok, probe bool) {
 
 // open reports whether model's continuations are not paused, changing
 // nothing: a turn may be sent continued before it asks (allow).
-func (l *learner) open(model string) bool {
+func (l *learner) open(model learned) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.models[model]
@@ -130,7 +155,7 @@ func (l *learner) open(model string) bool {
 
 // refused notes a refused continuation of model; probe tells whether it
 // was the probe. It returns what changed and the pause now running.
-func (l *learner) refused(model string, probe bool) (change, time.Duration) {
+func (l *learner) refused(model learned, probe bool) (change, time.Duration) {
 	if l.cfg.Refusals < 0 {
 		return unchanged, 0
 	}
@@ -172,7 +197,7 @@ func (l *learner) evictOne() bool {
 
 // accepted notes an accepted continuation of model: it forgets the
 // refusals, and ends a pause.
-func (l *learner) accepted(model string) change {
+func (l *learner) accepted(model learned) change {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.models[model]
@@ -189,7 +214,7 @@ func (l *learner) accepted(model string) change {
 // undecided notes a probe that was neither refused nor accepted (it could
 // not be sent continued, or the upstream failed otherwise): the next turn
 // probes.
-func (l *learner) undecided(model string) {
+func (l *learner) undecided(model learned) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if s := l.models[model]; s != nil {
@@ -197,22 +222,23 @@ func (l *learner) undecided(model string) {
 	}
 }
 
-// pausedModels returns the models whose continuations are paused, sorted.
+// pausedModels returns the models whose continuations are paused for
+// some account, sorted, each once.
 func (l *learner) pausedModels() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []string
 	for m, s := range l.models {
 		if s.pause != 0 {
-			out = append(out, m)
+			out = append(out, m.model)
 		}
 	}
 	slices.Sort(out)
-	return out
+	return slices.Compact(out)
 }
 
-// PausedModels returns the models whose continuations are paused now,
-// because the upstream refused them (see Learning), sorted.
+// PausedModels returns the models whose continuations are paused now for
+// some account, because the upstream refused them (see Learning), sorted.
 func (p *Proxy) PausedModels() []string { return p.learn.pausedModels() }
 
 // reasonPaused is the reason a turn's log line gives when it was offered
@@ -222,7 +248,7 @@ const reasonPaused = "continuation_paused"
 // gate is one turn's permission to continue, as the learner gave it.
 type gate struct {
 	p     *Proxy
-	model string
+	model learned
 	// paused tells whether the turn, offered a continuation, goes with
 	// the full context because continuing is paused for its model.
 	paused bool
@@ -239,7 +265,7 @@ func (p *Proxy) gate(t *turn) *gate {
 	if !t.res.Continues() {
 		return g
 	}
-	g.model = member(t.res.Request(), "model").String()
+	g.model = learnedOf(t.header, member(t.res.Request(), "model").String())
 	ok, probe := p.learn.allow(g.model)
 	g.probe = probe
 	if !ok {
@@ -253,7 +279,7 @@ func (p *Proxy) gate(t *turn) *gate {
 func (g *gate) refused() {
 	g.settled = true
 	what, pause := g.p.learn.refused(g.model, g.probe)
-	lg := g.p.cfg.Logger.With("model", g.model)
+	lg := g.p.cfg.Logger.With("model", g.model.model)
 	switch what {
 	case paused:
 		lg.Warn(fmt.Sprintf("upstream refuses continuations; sending full context for %v", pause),
@@ -267,7 +293,7 @@ func (g *gate) refused() {
 func (g *gate) accepted() {
 	g.settled = true
 	if g.p.learn.accepted(g.model) == resumed {
-		g.p.cfg.Logger.Info("upstream accepts continuations again; continuing", "model", g.model)
+		g.p.cfg.Logger.Info("upstream accepts continuations again; continuing", "model", g.model.model)
 	}
 }
 

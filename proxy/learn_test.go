@@ -50,7 +50,7 @@ func testLearner(t *testing.T, cfg Learning) (*learner, *clock) {
 
 // allowed returns allow's answer as "continue", "probe" or "full".
 func allowed(l *learner, model string) string {
-	switch ok, probe := l.allow(model); {
+	switch ok, probe := l.allow(lm(model)); {
 	case probe:
 		return "probe"
 	case ok:
@@ -59,28 +59,36 @@ func allowed(l *learner, model string) string {
 	return "full"
 }
 
+// lm is model learned for the account that sends no account headers.
+func lm(model string) learned { return learnedOf(http.Header{}, model) }
+
 func TestLearnerPausesAfterRefusalsInARowAndProbes(t *testing.T) {
 	l, c := testLearner(t, Learning{})
 	// Two refusals, then an accepted continuation: the count starts over.
 	for range 2 {
-		what, _ := l.refused("m", false)
+		what, _ := l.refused(lm("m"), false)
 		assert.Equal(t, unchanged, what)
 	}
-	assert.Equal(t, unchanged, l.accepted("m"))
+	assert.Equal(t, unchanged, l.accepted(lm("m")))
 	for range 2 {
-		l.refused("m", false)
+		l.refused(lm("m"), false)
 	}
 	assert.Equal(t, "continue", allowed(l, "m"))
-	what, pause := l.refused("m", false)
+	what, pause := l.refused(lm("m"), false)
 	assert.Equal(t, paused, what)
 	assert.Equal(t, time.Minute, pause)
 	assert.Equal(t, "full", allowed(l, "m"))
 	assert.Equal(t, "continue", allowed(l, "other"), "models are learned apart")
+	other := learnedOf(http.Header{"Authorization": {"Bearer sk-b"}}, "m")
+	assert.NotEqual(t, lm("m"), other)
+	assert.Equal(t, other, learnedOf(http.Header{"Authorization": {"Bearer sk-b"}, "X-Session-Id": {"s"}}, "m"))
+	ok, _ := l.allow(other)
+	assert.True(t, ok, "accounts are learned apart: one whose responses are gone pauses no other")
 	assert.Equal(t, []string{"m"}, l.pausedModels())
 
 	// A turn sent continued before the pause and refused now does not
 	// lengthen it.
-	what, _ = l.refused("m", false)
+	what, _ = l.refused(lm("m"), false)
 	assert.Equal(t, unchanged, what)
 
 	// Each refused probe doubles the pause, up to an hour.
@@ -91,7 +99,7 @@ func TestLearnerPausesAfterRefusalsInARowAndProbes(t *testing.T) {
 		c.advance(time.Second)
 		require.Equal(t, "probe", allowed(l, "m"))
 		require.Equal(t, "full", allowed(l, "m"), "one probe at a time")
-		what, pause := l.refused("m", true)
+		what, pause := l.refused(lm("m"), true)
 		want = min(2*want, time.Hour)
 		require.Equal(t, extended, what)
 		require.Equal(t, want, pause)
@@ -101,31 +109,31 @@ func TestLearnerPausesAfterRefusalsInARowAndProbes(t *testing.T) {
 	// A probe that gets no verdict lets the next turn probe.
 	c.advance(time.Hour)
 	assert.Equal(t, "probe", allowed(l, "m"))
-	l.undecided("m")
+	l.undecided(lm("m"))
 	assert.Equal(t, "probe", allowed(l, "m"))
 	// An accepted probe ends the pause and the learner forgets the model.
-	assert.Equal(t, resumed, l.accepted("m"))
+	assert.Equal(t, resumed, l.accepted(lm("m")))
 	assert.Equal(t, "continue", allowed(l, "m"))
 	assert.Empty(t, l.pausedModels())
-	what, _ = l.refused("m", false)
+	what, _ = l.refused(lm("m"), false)
 	assert.Equal(t, unchanged, what, "three refusals in a row again")
 }
 
 func TestLearnerSettings(t *testing.T) {
 	l, _ := testLearner(t, Learning{Refusals: -1})
 	for range 10 {
-		l.refused("m", false)
+		l.refused(lm("m"), false)
 	}
 	assert.Equal(t, "continue", allowed(l, "m"), "negative Refusals never pauses")
 
 	l, c := testLearner(t, Learning{Refusals: 1, Cooldown: time.Second, MaxCooldown: 3 * time.Second})
-	what, pause := l.refused("m", false)
+	what, pause := l.refused(lm("m"), false)
 	assert.Equal(t, paused, what)
 	assert.Equal(t, time.Second, pause)
 	for _, want := range []time.Duration{2 * time.Second, 3 * time.Second, 3 * time.Second} {
 		c.advance(time.Hour)
 		require.Equal(t, "probe", allowed(l, "m"))
-		_, pause = l.refused("m", true)
+		_, pause = l.refused(lm("m"), true)
 		assert.Equal(t, want, pause)
 	}
 
@@ -142,7 +150,7 @@ func TestLearnerSettings(t *testing.T) {
 func TestLearnerKeepsABoundedNumberOfModels(t *testing.T) {
 	l, _ := testLearner(t, Learning{Refusals: 1})
 	for i := range maxLearnedModels + 10 {
-		l.refused(fmt.Sprint("m", i), false)
+		l.refused(lm(fmt.Sprint("m", i)), false)
 	}
 	assert.Len(t, l.pausedModels(), maxLearnedModels)
 	assert.Equal(t, "continue", allowed(l, fmt.Sprint("m", maxLearnedModels)), "past the bound, a model is not learned")
@@ -150,10 +158,10 @@ func TestLearnerKeepsABoundedNumberOfModels(t *testing.T) {
 	// Models refused once, never paused, make room for new ones.
 	l, _ = testLearner(t, Learning{Refusals: 2})
 	for i := range maxLearnedModels {
-		l.refused(fmt.Sprint("m", i), false)
+		l.refused(lm(fmt.Sprint("m", i)), false)
 	}
 	for range 2 {
-		l.refused("new", false)
+		l.refused(lm("new"), false)
 	}
 	assert.Equal(t, []string{"new"}, l.pausedModels())
 	assert.Len(t, l.models, maxLearnedModels)

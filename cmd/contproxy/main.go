@@ -164,7 +164,7 @@ Flags:
 	fs.IntVar(&c.maxConns, "max-conns", 4096, "most client connections open at once, WebSocket ones included; more wait to be accepted")
 	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
 	fs.BoolVar(&c.fakeUpstream, "fake-upstream", false, "serve the built-in fake Responses upstream on a loopback port and use it (over -transport)")
-	fs.BoolVar(&c.noContinuation, "no-continuation", false, "never continue: send every turn upstream as the client sent it, outside the store, for an upstream that keeps no responses (without it, continuing pauses by itself for a model after 3 refused continuations in a row)")
+	fs.BoolVar(&c.noContinuation, "no-continuation", false, "never continue: send every turn upstream as the client sent it, outside the store, for an upstream that keeps no responses (without it, continuing pauses by itself for a model and account after 3 refused continuations in a row)")
 	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream); only websocket continues store:false turns, which Codex sends")
 	fs.StringVar(&c.redisURL, "redis", "", "Redis `URL` (redis://[user:password@]host:port/db, rediss:// for TLS) shared by the replicas")
 	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
