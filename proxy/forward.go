@@ -67,6 +67,11 @@ type Forwarding struct {
 // forwardHeader carries a forwarded turn's authentication.
 const forwardHeader = "Contproxy-Forward"
 
+// originHeader names the replica that ran a forwarded turn, in its answer
+// to the replica that forwarded it, which names it to its client
+// (Config.RoutingHeader): its store knows the origin only by a reference.
+const originHeader = "Contproxy-Origin"
+
 // acceptMargin is how much of a forward's acceptance deadline the origin
 // must have left to accept it (at most half of what was left when the
 // forward arrived): the time its answer headers may take to reach the
@@ -156,6 +161,8 @@ type forwardConn struct {
 	origin store.Socket
 	prev   string
 	tg     *target
+	// name is the origin's name, as its answer gives it (originHeader).
+	name string
 }
 
 // forwardTarget returns the connection that hands tg to its origin
@@ -200,6 +207,8 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 		return nil, fmt.Errorf("replica %s refused the turn: %d %s", c.origin.Replica, resp.StatusCode,
 			gjson.GetBytes(b, "error.message").String())
 	}
+	c.name = resp.Header.Get(originHeader)
+	resp.Header.Del(originHeader)
 	return eventReply(resp), nil
 }
 
@@ -238,6 +247,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	// Accepted: from here on the turn is this replica's, and its outcome
 	// travels in the stream.
 	p.stats.add(cForwardedIn, 1)
+	w.Header().Set(originHeader, p.replica)
 	startEvents(w)
 	if fl, ok := w.(http.Flusher); ok {
 		fl.Flush()

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -116,6 +117,26 @@ func TestAnswersNameTheReplicaHoldingTheSocket(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, "r2", resp.Header.Get("Contproxy-Replica"))
+
+	// The next turn lands on r1, which forwards it to r2: its answer still
+	// names r2, by name.
+	c := newConversation(t, rs.servers[1].URL+"/v1/responses", "s2", true, false)
+	c.say("hello")
+	next := map[string]any{"input": append(c.history, map[string]any{"role": "user", "content": "again"})}
+	for k, v := range c.params {
+		next[k] = v
+	}
+	b, err := json.Marshal(next)
+	require.NoError(t, err)
+	req, _ = http.NewRequest(http.MethodPost, rs.servers[0].URL+"/v1/responses", bytes.NewReader(b))
+	req.Header.Set("X-Session-Id", "s2")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, int64(1), rs.proxies[0].Stats().Forwarded)
+	assert.Equal(t, []string{"r2"}, resp.Header.Values("Contproxy-Replica"))
+	assert.Empty(t, resp.Header.Values(originHeader))
 }
 
 func TestForgedForwardsAreRefused(t *testing.T) {

@@ -391,7 +391,11 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	defer a.c.release()
 	defer a.rep.close()
 	if at := a.c.socket(); at.Replica != "" && p.cfg.RoutingHeader != "-" {
-		w.Header().Set(p.cfg.RoutingHeader, at.Replica)
+		name := at.Replica
+		if fc, ok := a.c.(*forwardConn); ok && fc.name != "" {
+			name = fc.name // the store names other replicas by a reference
+		}
+		w.Header().Set(p.cfg.RoutingHeader, name)
 	}
 	reason := g.reason(a.res.Reason)
 	if t.storeless {
