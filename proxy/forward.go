@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -27,17 +29,23 @@ import (
 // client reached; the origin only carries it. One hop at most: a forwarded
 // turn is never forwarded again.
 //
-// A forwarded turn runs on one replica only. The origin accepts it by
-// answering 200 with its event stream's headers once it holds the socket,
-// before anything goes upstream, and only while at least acceptMargin (or
-// half the time left when the forward arrived) is left of the acceptance
+// A forwarded turn runs on one replica only, however slow the replicas'
+// network, by a three-way handshake. The origin accepts it by answering
+// 200 with its event stream's headers once it holds the socket, before
+// anything goes upstream, and only while at least acceptMargin (or half
+// the time left when the forward arrived) is left of the acceptance
 // deadline the forward carries (Timeout after it was sent); past that it
-// refuses. Refused, unknown to the directory or
-// silent until the deadline, the origin runs nothing, and the turn is
-// served here with the full context; accepted, the turn is the origin's,
-// and this replica relays its events for as long as the upstream timeout
-// allows. An origin that loses the upstream after accepting cuts its
-// stream, which reaches the client as a cut stream.
+// refuses. The forwarding replica then sends the request body's last byte,
+// the go, only if the acceptance reached it within Timeout; the origin
+// runs the turn only once the go reaches it, within Timeout of accepting,
+// and says which in the stream's first event. Refused, unknown to the
+// directory, silent until the deadline or without the go, the origin runs
+// nothing, and the turn is served here with the full context; told to go,
+// the turn is the origin's, and this replica relays its events for as long
+// as the upstream timeout allows. A forward whose first event never comes
+// after the go may have run: the turn fails (502) rather than run twice.
+// An origin that loses the upstream after it began cuts its stream, which
+// reaches the client as a cut stream.
 //
 // Replicas authenticate forwarded turns with Secret: the Contproxy-Forward
 // header carries a timestamp, the acceptance deadline, the socket, the
@@ -51,8 +59,9 @@ type Forwarding struct {
 	Directory *directory.Directory
 	// Secret is shared by the replicas: at least 32 bytes. Required.
 	Secret []byte
-	// Timeout bounds the origin's acceptance: its answer headers. Default
-	// 2s.
+	// Timeout bounds the origin's acceptance, its answer headers as they
+	// reach the forwarding replica, and the origin's wait for the go.
+	// Default 2s.
 	Timeout time.Duration
 	// MaxSkew is how old a forwarded request may be. Default 30s.
 	MaxSkew time.Duration
@@ -110,7 +119,7 @@ func (f *Forwarding) check() error {
 func (f *Forwarding) sign(ts, by int64, socket uint64, prev string, body []byte) string {
 	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, f.Secret)
-	fmt.Fprintf(m, "contproxy-forward-v2\n%d\n%d\n%d\n%s\n%x", ts, by, socket, prev, sum)
+	fmt.Fprintf(m, "contproxy-forward-v3\n%d\n%d\n%d\n%s\n%x", ts, by, socket, prev, sum)
 	return hex.EncodeToString(m.Sum(nil))
 }
 
@@ -191,31 +200,94 @@ func (c *forwardConn) socket() store.Socket { return c.origin }
 func (c *forwardConn) release() {}
 
 func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
-	req, err := newPost(ctx, "http://"+c.addr+"/v1/responses", c.tg.header, body)
+	req, err := newPost(ctx, "http://"+c.addr+"/v1/responses", c.tg.header, nil)
 	if err != nil {
 		return nil, err
 	}
+	// The body, then the go once the origin accepted in time.
+	gate, gated := io.Pipe()
+	req.Body, req.ContentLength = io.NopCloser(io.MultiReader(bytes.NewReader(body), gate)), int64(len(body))+1
 	now := time.Now()
 	req.Header.Set(forwardHeader, c.f.header(now, now.Add(c.f.Timeout), c.origin.ID, c.prev, body))
-	resp, err := c.f.Client.Do(req)
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := c.f.Client.Do(req)
+		answered <- answer{resp, err}
+	}()
+	late := time.NewTimer(c.f.Timeout)
+	defer late.Stop()
+	var a answer
+	select {
+	case a = <-answered:
+	case <-late.C:
+		a.err = fmt.Errorf("no acceptance within %v", c.f.Timeout)
+	case <-ctx.Done():
+		a.err = ctx.Err()
+	}
+	if a.err == nil && (a.resp.StatusCode != http.StatusOK || !isEventStream(a.resp.Header)) {
+		b, _ := io.ReadAll(io.LimitReader(a.resp.Body, 4096))
+		a.err = fmt.Errorf("refused the turn: %d %s", a.resp.StatusCode, gjson.GetBytes(b, "error.message").String())
+	}
+	if a.err != nil {
+		// No go: the origin runs nothing.
+		gated.CloseWithError(errNoGo)
+		go func() {
+			if a := <-answered; a.resp != nil {
+				_ = a.resp.Body.Close()
+			}
+		}()
+		return nil, fmt.Errorf("forwarding to %s at %s: %w", c.origin.Replica, c.addr, a.err)
+	}
+	_, err = gated.Write([]byte{forwardGo})
+	_ = gated.Close()
+	rep := eventReply(a.resp)
 	if err != nil {
-		return nil, fmt.Errorf("forwarding to %s at %s: %w", c.origin.Replica, c.addr, err)
+		rep.close()
+		return nil, fmt.Errorf("%w: sending the go to %s: %v", errForwardLost, c.origin.Replica, err)
 	}
-	if resp.StatusCode != http.StatusOK || !isEventStream(resp.Header) {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		_ = resp.Body.Close()
-		return nil, fmt.Errorf("replica %s refused the turn: %d %s", c.origin.Replica, resp.StatusCode,
-			gjson.GetBytes(b, "error.message").String())
+	// The first event says whether the go arrived in time.
+	ev, err := rep.next()
+	switch {
+	case err != nil:
+		rep.close()
+		return nil, fmt.Errorf("%w: %s: %v", errForwardLost, c.origin.Replica, err)
+	case ev.typ != forwardEvent:
+		rep.close()
+		return nil, fmt.Errorf("%w: %s began with %q", errForwardLost, c.origin.Replica, ev.typ)
+	case !gjson.GetBytes(ev.data, "carried").Bool():
+		rep.close()
+		return nil, fmt.Errorf("replica %s had no go in time", c.origin.Replica)
 	}
-	c.name = resp.Header.Get(originHeader)
-	resp.Header.Del(originHeader)
-	return eventReply(resp), nil
+	c.name = a.resp.Header.Get(originHeader)
+	a.resp.Header.Del(originHeader)
+	return rep, nil
 }
+
+// The handshake's last steps: the go, the forwarded request body's last
+// byte, and the origin's first event, which says whether it carries the
+// turn (data {"type":"contproxy.forward","carried":true|false}).
+const (
+	forwardGo    = 'g'
+	forwardEvent = "contproxy.forward"
+)
+
+var (
+	// errNoGo ends a forwarded request's body without the go.
+	errNoGo = errors.New("proxy: the forward was not accepted in time")
+	// errForwardLost is wrapped by the error of a forward that was told
+	// to go and whose answer broke off before it said whether it ran: the
+	// turn may have run there, so it is not run here.
+	errForwardLost = errors.New("proxy: a forwarded turn's outcome was lost")
+)
 
 // serveForwarded runs a turn another replica handed over: on the socket it
 // names, only while that socket holds the response it continues, its
 // events streamed back as they come.
-func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fingerprint.Request) {
+func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fingerprint.Request, goes io.Reader) {
 	body := req.Body()
 	f := p.cfg.Forwarding
 	if f == nil {
@@ -244,14 +316,27 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 		return
 	}
 	defer c.release()
-	// Accepted: from here on the turn is this replica's, and its outcome
+	// Accepted: the turn runs here once the go comes, and its outcome
 	// travels in the stream.
-	p.stats.add(cForwardedIn, 1)
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex() // the go is read after the answer's headers
 	w.Header().Set(originHeader, p.replica)
 	startEvents(w)
-	if fl, ok := w.(http.Flusher); ok {
-		fl.Flush()
+	_ = rc.Flush()
+	_ = rc.SetReadDeadline(time.Now().Add(f.Timeout))
+	var got [1]byte
+	_, err = io.ReadFull(goes, got[:])
+	_ = rc.SetReadDeadline(time.Time{})
+	carried := err == nil && got[0] == forwardGo
+	var buf bytes.Buffer
+	appendEvent(&buf, forwardEvent, fmt.Appendf(nil, `{"type":%q,"carried":%t}`, forwardEvent, carried))
+	_, _ = w.Write(buf.Bytes())
+	_ = rc.Flush()
+	if !carried {
+		p.cfg.Logger.Debug("forwarded turn: no go; ran nothing", "err", err)
+		return
 	}
+	p.stats.add(cForwardedIn, 1)
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
 	defer cancel()
 	rep, err := c.send(ctx, body, true)

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -152,7 +153,8 @@ func TestForgedForwardsAreRefused(t *testing.T) {
 		"extra members": f.header(time.Now(), soon(), 1, "resp_1", body) + ", x=1",
 		"no deadline":   "t=1, socket=1, prev=resp_1, sig=00",
 	} {
-		req, _ := http.NewRequest(http.MethodPost, rs.servers[0].URL+"/v1/responses", strings.NewReader(string(body)))
+		// The body and the go, at once, as a forger would send them.
+		req, _ := http.NewRequest(http.MethodPost, rs.servers[0].URL+"/v1/responses", strings.NewReader(string(body)+"g"))
 		req.Header.Set(forwardHeader, value)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
@@ -201,7 +203,7 @@ func TestForwardSignatureIsThePublishedOne(t *testing.T) {
 	body := []byte(`{"model":"m","input":[]}`)
 	sum := sha256.Sum256(body)
 	m := hmac.New(sha256.New, testSecret)
-	m.Write([]byte("contproxy-forward-v2\n1800000000\n1800000002000\n7\nresp_abc\n" + hex.EncodeToString(sum[:])))
+	m.Write([]byte("contproxy-forward-v3\n1800000000\n1800000002000\n7\nresp_abc\n" + hex.EncodeToString(sum[:])))
 	want := "t=1800000000, by=1800000002000, socket=7, prev=resp_abc, sig=" + hex.EncodeToString(m.Sum(nil))
 	f := &Forwarding{Secret: testSecret, MaxSkew: 30 * time.Second}
 	assert.Equal(t, want, f.header(time.Unix(1_800_000_000, 0), time.Unix(1_800_000_002, 0), 7, "resp_abc", body))
@@ -286,6 +288,71 @@ func TestASlowOriginRunsAForwardedTurnOnce(t *testing.T) {
 	}
 	assert.Equal(t, s.Turns-1, s.Continued, "the later turn continues on the origin")
 	assert.Positive(t, s.Forwarded)
+}
+
+// A forward whose acceptance reaches the forwarding replica late, on a
+// slow network, runs nowhere but there: the origin accepted in time, but
+// the go never came, so it ran nothing.
+func TestALateAcceptanceRunsAForwardedTurnOnce(t *testing.T) {
+	var ran executions
+	const timeout = 300 * time.Millisecond
+	rs := newReplicaSetWith(t, 2, fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 1},
+		Recorder: fakeupstream.NewRecorder(&ran)}, timeout)
+	for i, p := range rs.proxies {
+		// The replicas reach each other through a link whose answers take
+		// twice the timeout: the requests arrive at once.
+		addr := slowAnswers(t, strings.TrimPrefix(rs.servers[i].URL, "http://"), 2*timeout)
+		require.NoError(t, rs.dir.Announce(t.Context(), p.replica, addr))
+	}
+	c := newConversation(t, rs.url, "s-late", true, false)
+	c.say("hello")
+	s := rs.total()
+	assert.Equal(t, int(s.Turns), ran.count(), "one upstream execution per client turn")
+	assert.Positive(t, s.ForwardFailures, "the forwards were accepted too late")
+	assert.Zero(t, s.Forwarded)
+	assert.Zero(t, s.ForwardedIn, "no origin ran a turn")
+}
+
+// slowAnswers relays TCP connections to addr, delaying what addr sends
+// back by delay, and returns its own address.
+func slowAnswers(t *testing.T, addr string, delay time.Duration) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", addr)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			go func() {
+				_, _ = io.Copy(out, in)
+				_ = out.Close()
+			}()
+			go func() {
+				defer in.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := out.Read(buf)
+					if n > 0 {
+						time.Sleep(delay)
+						if _, werr := in.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 // A continuation the upstream refuses on the origin's socket reaches the

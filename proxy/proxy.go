@@ -299,6 +299,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The body is parsed once, by the fingerprint scanner, once it is in
 	// (its input array matched to a recent one as it arrives): every
 	// member the proxy reads comes from that pass (Request.Member).
+	var goes io.Reader // a forwarded turn's go, its body's last byte (Forwarding)
+	if r.Header.Get(forwardHeader) != "" {
+		goes = r.Body
+	}
+	if goes != nil && r.ContentLength > 0 {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(r.Body, r.ContentLength-1), r.Body}
+		r.ContentLength--
+	}
 	req, h, ok := p.readRequest(w, r)
 	if !ok {
 		return
@@ -307,7 +318,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body := req.Body()
 	h.trim(weight(int64(len(body)), int64(req.Len())))
 	if r.Header.Get(forwardHeader) != "" {
-		p.serveForwarded(w, r, req)
+		p.serveForwarded(w, r, req, goes)
 		return
 	}
 	t := &turn{target: target{header: r.Header, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true",
@@ -568,7 +579,7 @@ func (p *Proxy) judge(ctx context.Context, a *sent, err error) try {
 	switch {
 	case err != nil && errors.Is(ctx.Err(), context.Canceled):
 		return clientGone // not the upstream's doing, nor a reason to resend
-	case err != nil && forwarded:
+	case err != nil && forwarded && !errors.Is(err, errForwardLost):
 		return notCarried
 	case err != nil:
 		return unreachable

@@ -129,9 +129,15 @@ func TestUpstreamConnectionsAreReused(t *testing.T) {
 func TestForwardedTurnsReuseConnections(t *testing.T) {
 	const turns, conc = 400, 64
 	origin := newCountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		// Accepted, then told to go (Forwarding).
+		_, _ = io.CopyN(io.Discard, r.Body, r.ContentLength-1)
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
 		startEvents(w)
-		_, _ = io.WriteString(w, "data: {\"type\":\"response.completed\"}\n\n")
+		_ = rc.Flush()
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, "data: {\"type\":\"contproxy.forward\",\"carried\":true}\n\n"+
+			"data: {\"type\":\"response.completed\"}\n\n")
 	}), conc)
 	dir, err := directory.NewMemory(directory.Options{})
 	require.NoError(t, err)
