@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -111,4 +112,33 @@ func userMessages(t *testing.T, s *store.Store, texts ...string) *fingerprint.Re
 	r, err := s.ParseRequest([]byte(`{"input":[` + strings.Join(items, ",") + `]}`))
 	require.NoError(t, err)
 	return r
+}
+
+// A record keeps its response id apart from the answer it was read from
+// (a gateway takes it from the upstream's answer, whose memory it may
+// share): what the store keeps of a turn is its id, never the answer.
+func TestARecordKeepsTheIDNotTheAnswer(t *testing.T) {
+	s, err := store.NewMemory(store.Options{GuessOwners: 4})
+	require.NoError(t, err)
+	storetest.OwnersStay(t, s)
+	owner, err := identity.Main("session-answer")
+	require.NoError(t, err)
+	answer := `{"id":"resp_kept","output":"` + strings.Repeat("x", 1<<20) + `"}`
+	id := answer[7:16]
+	require.Equal(t, "resp_kept", id)
+	inAnswer := func(s string) bool {
+		p, a := uintptr(unsafe.Pointer(unsafe.StringData(s))), uintptr(unsafe.Pointer(unsafe.StringData(answer)))
+		return p >= a && p < a+uintptr(len(answer))
+	}
+	one, two := userMessages(t, s, "one"), userMessages(t, s, "one", "two")
+	res := s.Reserve(context.Background(), owner, one)
+	_, err = s.Record(context.Background(), res, store.Result{ResponseID: id, Socket: store.Socket{Any: true}})
+	require.NoError(t, err)
+	guess := s.Guess(owner, two)
+	require.NotNil(t, guess)
+	assert.Equal(t, id, guess.PreviousResponseID)
+	assert.False(t, inAnswer(guess.PreviousResponseID), "the guess keeps the answer")
+	next := s.Reserve(context.Background(), owner, two)
+	require.True(t, next.Continues(), "%s", next.Reason)
+	assert.False(t, inAnswer(next.PreviousResponseID), "the state keeps the answer")
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/contstore/contstore/fingerprint"
@@ -462,7 +463,9 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 			out.Socket.Replica = replicaRef(out.Socket.Replica)
 			fp.References = nil // the upstream keeps no response: a reference names nothing
 		}
-		c = continuation{ResponseID: out.ResponseID, Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
+		// The id is kept (guesses, the in-process states) apart from the
+		// answer it was read from, which it may share memory with.
+		c = continuation{ResponseID: strings.Clone(out.ResponseID), Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
 		got, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {
 			return s.backend.publish(ctx, res.Owner, res.Turn, c)
 		})
