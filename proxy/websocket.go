@@ -29,6 +29,7 @@ const (
 	defaultDialTimeout    = 10 * time.Second
 	defaultIdleTimeout    = 5 * time.Minute
 	defaultCredentials    = 1024
+	defaultMaxSockets     = 4096
 )
 
 // WebSocketOptions configure NewWebSocketUpstream.
@@ -72,6 +73,12 @@ type WebSocketOptions struct {
 	// handshake fails (such as a key the upstream refuses with 401) is not
 	// kept. Default 1024.
 	MaxCredentials int
+	// MaxSockets bounds the sockets open at once, of every credential:
+	// each takes a file descriptor, as a client connection does. A turn
+	// that needs a new socket past it closes the socket idle the longest,
+	// of any credential, or waits, as for a socket of its own credential.
+	// contproxy sets it to its -max-conns. Default 4096.
+	MaxSockets int
 }
 
 // handshakeHeaders are the client headers a socket's handshake carries,
@@ -90,6 +97,7 @@ type wsUpstream struct {
 
 	mu      sync.Mutex
 	pools   map[[32]byte]*wsPool
+	slots   int // the sockets of every pool, open or being opened
 	nextID  uint64
 	closed  bool
 	changed chan struct{} // closed and replaced whenever a socket is released
@@ -139,12 +147,14 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 	switch {
 	case opts.Replica == "":
 		return nil, fmt.Errorf("%w: WebSocketOptions.Replica is empty", ErrInvalidConfig)
-	case opts.Sockets < 0 || opts.Lifetime < 0 || opts.DialTimeout < 0 || opts.IdleTimeout < 0 || opts.MaxCredentials < 0:
-		return nil, fmt.Errorf("%w: negative WebSocketOptions (Sockets %d, Lifetime %v, DialTimeout %v, IdleTimeout %v, MaxCredentials %d)",
-			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout, opts.IdleTimeout, opts.MaxCredentials)
+	case opts.Sockets < 0 || opts.Lifetime < 0 || opts.DialTimeout < 0 || opts.IdleTimeout < 0 || opts.MaxCredentials < 0 ||
+		opts.MaxSockets < 0:
+		return nil, fmt.Errorf("%w: negative WebSocketOptions (Sockets %d, Lifetime %v, DialTimeout %v, IdleTimeout %v, MaxCredentials %d, MaxSockets %d)",
+			ErrInvalidConfig, opts.Sockets, opts.Lifetime, opts.DialTimeout, opts.IdleTimeout, opts.MaxCredentials, opts.MaxSockets)
 	}
 	opts.Sockets = cmp.Or(opts.Sockets, defaultSockets)
 	opts.MaxCredentials = cmp.Or(opts.MaxCredentials, defaultCredentials)
+	opts.MaxSockets = cmp.Or(opts.MaxSockets, defaultMaxSockets)
 	opts.Lifetime = cmp.Or(opts.Lifetime, defaultSocketLifetime)
 	opts.DialTimeout = cmp.Or(opts.DialTimeout, defaultDialTimeout)
 	opts.IdleTimeout = cmp.Or(opts.IdleTimeout, defaultIdleTimeout)
@@ -252,6 +262,7 @@ func (u *wsUpstream) newPool(key [32]byte, header http.Header) *wsPool {
 		for _, s := range lru.sockets {
 			s.shut("credential evicted")
 		}
+		u.slots -= len(lru.sockets)
 		delete(u.pools, lru.key)
 	}
 	pool := &wsPool{key: key, header: header, used: u.now()}
@@ -272,7 +283,9 @@ func (p *wsPool) busy() bool {
 // remove takes a socket that is closed and idle out of its pool, and the
 // pool out of u when it has no socket left. u.mu is held.
 func (u *wsUpstream) remove(pool *wsPool, s *wsSocket) {
+	n := len(pool.sockets)
 	pool.sockets = slices.DeleteFunc(pool.sockets, func(o *wsSocket) bool { return o == s })
+	u.slots -= n - len(pool.sockets)
 	if len(pool.sockets) == 0 && u.pools[pool.key] == pool {
 		delete(u.pools, pool.key)
 	}
@@ -355,12 +368,37 @@ func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 			idle = s
 		}
 	}
-	if len(pool.sockets) < u.opts.Sockets {
+	if len(pool.sockets) < u.opts.Sockets && (idle == nil || u.slots < u.opts.MaxSockets) && u.room(pool) {
 		s := &wsSocket{}
 		pool.sockets = append(pool.sockets, s)
+		u.slots++
 		return s, false
 	}
 	return idle, false // the one whose response has waited longest, or none
+}
+
+// room makes room for a new socket of pool within MaxSockets, closing the
+// socket of another credential idle the longest when there is none;
+// false when every socket of the others is busy. u.mu is held.
+func (u *wsUpstream) room(pool *wsPool) bool {
+	if u.slots < u.opts.MaxSockets {
+		return true
+	}
+	var lru *wsSocket
+	var from *wsPool
+	for _, p := range u.pools {
+		for _, s := range p.sockets {
+			if p != pool && !s.busy && (lru == nil || s.released.Before(lru.released)) {
+				lru, from = s, p
+			}
+		}
+	}
+	if lru == nil {
+		return false
+	}
+	lru.shut("room for another credential")
+	u.remove(from, lru)
+	return true
 }
 
 // holds tells whether the socket is open, within its lifetime and holds

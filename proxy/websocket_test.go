@@ -194,8 +194,55 @@ func TestANewCredentialWaitsWhileEveryCredentialIsBusy(t *testing.T) {
 	assert.Equal(t, 1, r.up.poolCount())
 }
 
+// The sockets open at once, of every credential, stay within MaxSockets:
+// a credential past it takes the room of another's idle socket, and waits
+// while every other socket is busy.
+func TestSocketsOfEveryCredentialAreCapped(t *testing.T) {
+	r := newWSRig(t, WebSocketOptions{MaxSockets: 3})
+	open := func() int {
+		r.up.mu.Lock()
+		defer r.up.mu.Unlock()
+		n := 0
+		for _, p := range r.up.pools {
+			for _, s := range p.sockets {
+				if s.ws != nil {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	for i := range 10 {
+		status, b := r.turn(t, fmt.Sprint("Bearer sk-", i))
+		require.Equal(t, http.StatusOK, status, "credential %d: %s", i, b)
+		require.LessOrEqual(t, open(), 3, "credential %d", i)
+	}
+
+	tg := func(key string) *target { return &target{header: http.Header{"Authorization": {key}}} }
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancel()
+	var held []conn
+	for i := range 3 {
+		c, err := r.up.acquire(ctx, tg(fmt.Sprint("Bearer sk-busy-", i)))
+		require.NoError(t, err)
+		held = append(held, c)
+	}
+	short, stop := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := r.up.acquire(short, tg("Bearer sk-late"))
+	stop()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "every socket is busy")
+	held[0].release()
+	c, err := r.up.acquire(ctx, tg("Bearer sk-late"))
+	require.NoError(t, err)
+	c.release()
+	for _, c := range held[1:] {
+		c.release()
+	}
+	assert.LessOrEqual(t, open(), 3)
+}
+
 func TestWebSocketOptionsAreChecked(t *testing.T) {
-	for _, o := range []WebSocketOptions{{Replica: "r", IdleTimeout: -1}, {Replica: "r", MaxCredentials: -1}} {
+	for _, o := range []WebSocketOptions{{Replica: "r", IdleTimeout: -1}, {Replica: "r", MaxCredentials: -1}, {Replica: "r", MaxSockets: -1}} {
 		_, err := NewWebSocketUpstream("ws://x/v1", o)
 		assert.ErrorIs(t, err, ErrInvalidConfig, "%+v", o)
 	}

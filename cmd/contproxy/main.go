@@ -482,11 +482,13 @@ func upstreamURL(c config, logger *slog.Logger) (url string, stop func(), _ erro
 
 // openUpstream returns the upstream at url over the -transport. No client
 // given: the upstream builds one that keeps connections for the turns to
-// reuse.
+// reuse. Its sockets, of every credential, are as many as the client
+// connections at most (-max-conns within the open-file limit), which
+// leaves them room.
 func openUpstream(c config, url string) (proxy.Upstream, error) {
 	if c.transport == "websocket" {
 		return proxy.NewWebSocketUpstream(url, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets,
-			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout})
+			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout, MaxSockets: connsWithin(c.maxConns, fileLimit())})
 	}
 	return proxy.NewHTTPUpstream(url, nil)
 }
