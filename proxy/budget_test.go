@@ -318,6 +318,21 @@ func TestABodyOfUnknownLengthThatFitsIsServed(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%.300s", b)
 }
 
+// A client that sends messages on its WebSocket and does not read the
+// answers keeps what they hold no longer than MessageTimeout: an answer it
+// does not take closes its connection.
+func TestAWebSocketClientThatDoesNotReadGivesItsHoldBack(t *testing.T) {
+	r := newBudgetRig(t, func(c *Config) { c.MessageTimeout = 300 * time.Millisecond })
+	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s1")
+	instructions := strings.Repeat("x", 1<<20) // each answer's events carry them
+	for range 12 {
+		c.create(map[string]any{"model": "m", "instructions": instructions, "input": "hi"})
+	}
+	// The answers fill what the connection buffers, and their writes stall.
+	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 20*time.Second, 10*time.Millisecond,
+		"the messages' hold is given back")
+}
+
 // A client's WebSocket message holds its bytes as they arrive, as a body
 // does, and one that stalls closes its connection after MessageTimeout,
 // giving back what it held; meanwhile turns are served.

@@ -284,7 +284,18 @@ func (s *clientSocket) expire(ctx context.Context) {
 
 // send writes one text message; false when the client is gone.
 func (s *clientSocket) send(ctx context.Context, data []byte) bool {
-	return s.ws.Write(ctx, websocket.MessageText, data) == nil
+	return writeMessage(ctx, s.ws, s.p.cfg.MessageTimeout, data)
+}
+
+// writeMessage writes one text message to a client's connection, which it
+// closes when the client does not take gapRead bytes of it within each
+// timeout, as a message that stalls does when it is read: a client that
+// does not read its answers may not keep what they hold. False when the
+// message was not written.
+func writeMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration, data []byte) bool {
+	wctx, cancel := context.WithTimeout(ctx, timeout*time.Duration(1+len(data)/gapRead))
+	defer cancel()
+	return ws.Write(wctx, websocket.MessageText, data) == nil
 }
 
 // fail answers a message with an error event and drops the connection's
@@ -421,7 +432,7 @@ func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
 	req.Header = s.header.Clone()
 	req.Header.Set("Content-Type", "application/json")
 	req.RemoteAddr = s.remote
-	sw := &socketWriter{ctx: ctx, ws: s.ws, header: http.Header{}, prev: c.prev}
+	sw := &socketWriter{ctx: ctx, ws: s.ws, timeout: s.p.cfg.MessageTimeout, header: http.Header{}, prev: c.prev}
 	sw.serve(s.p, req)
 	s.latest = nil
 	switch {
@@ -498,9 +509,10 @@ func errorEvent(status int, typ, param, code, msg string) []byte {
 // the event's data, and an error answer as the error event the upstream
 // would have sent.
 type socketWriter struct {
-	ctx    context.Context
-	ws     *websocket.Conn
-	header http.Header
+	ctx     context.Context
+	ws      *websocket.Conn
+	timeout time.Duration // MessageTimeout (writeMessage)
+	header  http.Header
 	// prev is the client's previous_response_id, which the response
 	// objects show.
 	prev   string
@@ -603,7 +615,7 @@ func (w *socketWriter) sendEvent(ev event) bool {
 			data = d
 		}
 	}
-	if w.ws.Write(w.ctx, websocket.MessageText, data) != nil {
+	if !writeMessage(w.ctx, w.ws, w.timeout, data) {
 		w.gone = true
 	}
 	return !w.gone

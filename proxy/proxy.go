@@ -158,7 +158,8 @@ type Config struct {
 	// WebSocket message once it has begun (a connection may idle between
 	// messages for as long as it lives): a message that stalls that long,
 	// less than 64 KiB of it arriving, closes the connection, as a stalled
-	// body does over HTTP. Default 30 seconds.
+	// body does over HTTP; so does an answer's event the client does not
+	// take at that pace. Default 30 seconds.
 	MessageTimeout time.Duration
 	// MaxBytesInFlight bounds the memory the requests read in full hold
 	// at once on this replica: each turn's body until its turn ends (its
