@@ -541,7 +541,7 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
 	})
 	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout), ConnContext: connContext,
-		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout}
+		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout, MaxHeaderBytes: maxHeaderBytes}
 	// The operations port: metrics, and health for a prober, off the
 	// clients' network.
 	opsMux := http.NewServeMux()
@@ -609,6 +609,11 @@ func listen(c config, logger *slog.Logger) (client, ops net.Listener, _ error) {
 	}
 	return newLimitListener(tcp, maxConns), ops, nil
 }
+
+// maxHeaderBytes bounds a request's headers (431 past it): a client
+// WebSocket connection keeps its handshake's for as long as it lives, out
+// of the budget. Go's default is 1 MiB; clients send a few KiB.
+const maxHeaderBytes = 64 << 10
 
 // redisPoolSize is the most connections the go-redis client keeps to
 // each Redis server: enough that a busy replica's turns do not queue for

@@ -347,6 +347,26 @@ func TestServesTheFakeUpstreamOverBothTransports(t *testing.T) {
 	}
 }
 
+// Headers over maxHeaderBytes are answered 431, unread: a client
+// WebSocket connection would keep them for as long as it lives.
+func TestHugeHeadersAreRefused(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream")
+	for _, tc := range []struct {
+		size   int
+		status int
+	}{{maxHeaderBytes / 2, http.StatusOK}, {2 * maxHeaderBytes, http.StatusRequestHeaderFieldsTooLarge}} {
+		req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/responses",
+			strings.NewReader(`{"model":"m","input":"hi"}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Padding", strings.Repeat("x", tc.size))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, tc.status, resp.StatusCode, "%d bytes of headers", tc.size)
+	}
+}
+
 func TestShutdownLetsAStreamInFlightFinish(t *testing.T) {
 	up := httptest.NewServer(fakeupstream.New(fakeupstream.Options{EventDelay: 20 * time.Millisecond}))
 	t.Cleanup(up.Close)
