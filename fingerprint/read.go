@@ -14,10 +14,15 @@ import (
 //
 // An error reading r is returned as it is, io.ErrUnexpectedEOF when r ends
 // before size bytes; an invalid body gives Parse's errors, which wrap
-// ErrInvalidRequest.
+// ErrInvalidRequest. A reader that is a BodyChecker checks the body
+// before the parse.
 func (p *Parser) ReadRequest(r io.Reader, size int) (*Request, error) {
+	bc, _ := r.(BodyChecker)
 	if size < 0 {
 		body, err := io.ReadAll(r)
+		if err == nil && bc != nil {
+			err = bc.CheckBody(body)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -38,7 +43,19 @@ func (p *Parser) ReadRequest(r io.Reader, size int) (*Request, error) {
 			return nil, err
 		}
 	}
+	if bc != nil {
+		if err := bc.CheckBody(body); err != nil {
+			return nil, err
+		}
+	}
 	return p.parse(body, false, &a)
+}
+
+// A BodyChecker is a reader that ReadRequest gives the whole body once it
+// is in, before it parses it: an error CheckBody returns is ReadRequest's,
+// and nothing is parsed. A gateway weighs what the parse will keep there.
+type BodyChecker interface {
+	CheckBody(body []byte) error
 }
 
 // arrival is what ReadRequest learns of a body while it arrives: where the

@@ -28,7 +28,8 @@ import (
 // a body of 30-byte items, and many times one of {} items. The bytes are
 // held as the body arrives, a read step ahead, so that a body that claims
 // a large length and sends little holds little; its items, counted at
-// most (itemsAtMost), once it is in, before the parse makes them. After
+// most (itemsIn: by its commas, or those outside its strings when its
+// strings hold many), once it is in, before the parse makes them. After
 // the parse the weight is exact. A 31 MB body of 1 M small items
 // weighs 142 MB; one that is a single 30 MB string, 60 MB.
 //
@@ -56,6 +57,47 @@ func weight(n, items int64) int64 { return bodyCopies*n + itemBytes*items }
 // commas before it is parsed: each item but the first follows a comma,
 // and an item and its comma take two bytes at least.
 func itemsAtMost(n, commas int64) int64 { return min(commas+1, (n+1)/2) }
+
+// itemsIn bounds the input items of body, whose commas are counted, for a
+// hold h that grows by more(items) to hold them: by its commas when that
+// fits the room now, else by its commas outside strings, a pass over the
+// body that only a body whose strings hold many commas (CSV, code) needs.
+func itemsIn(h *hold, body []byte, commas int64, more func(items int64) int64) int64 {
+	n := int64(len(body))
+	items := itemsAtMost(n, commas)
+	if h.b != nil && !h.b.room(h.n, more(items)) {
+		items = itemsAtMost(n, commasOutsideStrings(body))
+	}
+	return items
+}
+
+// commasOutsideStrings counts the commas of JSON text b that are not
+// inside a string.
+func commasOutsideStrings(b []byte) int64 {
+	var n int64
+	for {
+		q := bytes.IndexByte(b, '"')
+		if q < 0 {
+			return n + int64(bytes.Count(b, []byte{','}))
+		}
+		n += int64(bytes.Count(b[:q], []byte{','}))
+		b = b[q+1:]
+		for { // to the string's closing quote: one after an even run of backslashes
+			e := bytes.IndexByte(b, '"')
+			if e < 0 {
+				return n
+			}
+			k := e
+			for k > 0 && b[k-1] == '\\' {
+				k--
+			}
+			b = b[e+1:]
+			if (e-k)%2 == 0 {
+				break
+			}
+		}
+	}
+}
 
 var (
 	// errOverBudget refuses a request that weighs more than the whole
@@ -209,6 +251,14 @@ func (b *budget) preempt(self *arrival) {
 		a.stopped.Store(true)
 		a.stop()
 	}
+}
+
+// room tells whether a hold of held could grow by n now: within the
+// whole budget, and the room left.
+func (b *budget) room(held, n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return held+n <= b.size && b.size-b.cur >= n
 }
 
 // tryAcquire takes n if it fits the room.
@@ -508,9 +558,9 @@ func skimRequest(st *store.Store, r io.Reader, n int) (*fingerprint.Request, err
 }
 
 // commaReader counts a body's bytes and commas as it is read and, once
-// the body is in, holds its items counted at most (itemsAtMost), the
-// first held already: before the parse makes them, and not while a body
-// that sends little arrives.
+// the body is in (fingerprint.BodyChecker), holds its items counted at
+// most (itemsIn), the first held already: before the parse makes them,
+// and not while a body that sends little arrives.
 type commaReader struct {
 	ctx          context.Context
 	r            io.Reader
@@ -529,11 +579,14 @@ func (c *commaReader) Read(p []byte) (int, error) {
 		c.held = true
 		c.in()
 		c.h.trim(weight(c.read, 1)) // the read step held ahead and not read
-		if herr := c.h.grow(c.ctx, itemBytes*(itemsAtMost(c.read, c.commas)-1)); herr != nil {
-			return 0, herr
-		}
 	}
 	return n, err
+}
+
+// CheckBody holds the items of body, which is in.
+func (c *commaReader) CheckBody(body []byte) error {
+	more := func(items int64) int64 { return itemBytes * (items - 1) }
+	return c.h.grow(c.ctx, more(itemsIn(c.h, body, c.commas, more)))
 }
 
 // readMessage reads a client's WebSocket message that has begun, from
@@ -553,7 +606,8 @@ func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.
 	if err == nil {
 		p.budget.arrived(h.arrival) // in: no longer stopped
 		n := int64(len(data))
-		w := 2 * weight(n, itemsAtMost(n, int64(bytes.Count(data, []byte{','}))))
+		more := func(items int64) int64 { return 2*weight(n, items) - h.n }
+		w := 2 * weight(n, itemsIn(h, data, int64(bytes.Count(data, []byte{','})), more))
 		if err = h.grow(ctx, w-h.n); err == nil {
 			h.trim(w) // what was held ahead and not read
 		}

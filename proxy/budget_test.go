@@ -300,6 +300,35 @@ func TestOnlyASlowArrivalGivesWay(t *testing.T) {
 	assert.True(t, a.slow(time.Now()), "an upload at %d bytes/s", a.rate.Load())
 }
 
+// A body whose strings hold many commas (CSV, code) is weighed by the
+// commas outside its strings once those inside would not fit: it is
+// served, where counting every comma as an item would refuse it.
+func TestCommasInsideStringsAreNoItems(t *testing.T) {
+	for _, tc := range []struct {
+		json   string
+		commas int64
+	}{
+		{`{"a":"x,\",y","b":[1,2]}`, 2},
+		{`{"a":"\\","b":",",c:"\\\",",d:1}`, 3},
+		{`[",,,"`, 0},
+		{`"unterminated,\"`, 0},
+		{`1,2,3`, 2},
+	} {
+		assert.Equal(t, tc.commas, commasOutsideStrings([]byte(tc.json)), tc.json)
+	}
+
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = 16 << 20 })
+	csv := strings.Repeat("a,b,c,d\n", 128<<10) // 1 MiB, 384 K commas: 30 MB as items
+	for _, stream := range []bool{false, true} {
+		a := post(t, r.url, http.Header{"X-Session-Id": {"s"}}, map[string]any{"model": "gpt-test", "stream": stream,
+			"input": []any{map[string]any{"role": "user", "content": csv}}})
+		assert.Equal(t, http.StatusOK, a.status, "%.300s", a.body)
+	}
+	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "ws")
+	ev := c.turn(map[string]any{"model": "gpt-test", "input": []any{map[string]any{"role": "user", "content": csv}}})
+	assert.False(t, ev.err.Exists(), ev.err.Raw)
+}
+
 // A body of unknown length that fits the budget is served, however far
 // ahead its read steps would have gone.
 func TestABodyOfUnknownLengthThatFitsIsServed(t *testing.T) {
@@ -431,7 +460,7 @@ func failedTurns() []releaseCase {
 // turn is parsed, or as they are read.
 func failedBodies() []releaseCase {
 	turn := bigTurn(100 << 10)
-	commas := map[string]any{"model": "gpt-test", "input": strings.Repeat(",", 200<<10)} // 200 K items at most
+	commas := map[string]any{"model": "gpt-test", "input": json.RawMessage("[" + strings.Repeat("0,", 200<<10) + "0]")} // 200 K items at most
 	return []releaseCase{
 		{"client gone during the body", func(t *testing.T, r *budgetRig) {
 			sendPartial(t, r.url, 500<<10, bytes.Repeat([]byte("x"), 100<<10))
