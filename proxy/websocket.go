@@ -472,7 +472,7 @@ drain:
 		return errClosed
 	}
 	c.up.nextID++
-	s.id, s.ws, s.born, s.latest, s.frames = c.up.nextID, ws, c.up.now(), "", make(chan []byte, 64)
+	s.id, s.ws, s.born, s.latest, s.frames = c.up.nextID, ws, c.up.now(), "", make(chan []byte, socketFrames)
 	go read(ws, s.frames)
 	c.clean = true
 	return nil
@@ -526,6 +526,12 @@ func (e *upstreamRefusal) write(w http.ResponseWriter) {
 	}
 	writeError(w, e.status, "upstream_error", "", "", "The upstream refused the request.")
 }
+
+// socketFrames is how many of a socket's messages its reader reads ahead
+// of the turn that takes them: a few smooth the relay, and an upstream
+// that sends more than the turn takes, or sends while no turn holds the
+// socket, waits, holding no more memory than these.
+const socketFrames = 4
 
 // read moves a socket's messages to frames until the socket fails.
 func read(ws *websocket.Conn, frames chan<- []byte) {
