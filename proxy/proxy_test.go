@@ -534,12 +534,7 @@ func TestAClientGoneIsNoUpstreamFailure(t *testing.T) {
 			require.NoError(t, err)
 			req.Header.Set("X-Session-Id", "s1")
 			if tc.mid {
-				resp, err := http.DefaultClient.Do(req)
-				require.NoError(t, err)
-				_, err = bufio.NewReader(resp.Body).ReadString('\n') // the first event came
-				require.NoError(t, err)
-				cancel()
-				resp.Body.Close()
+				hangUpAfterFirstLine(t, req, cancel)
 			} else {
 				go func() { <-reached; cancel() }()
 				_, err := http.DefaultClient.Do(req)
@@ -587,6 +582,18 @@ func TestASilentUpstreamIs504(t *testing.T) {
 	}
 }
 
+// hangUpAfterFirstLine sends req, whose context cancel ends, reads the
+// first line of its answer (its first event began) and hangs up.
+func hangUpAfterFirstLine(t *testing.T, req *http.Request, cancel context.CancelFunc) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, err = bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	cancel()
+	resp.Body.Close()
+}
+
 func TestClientHangingUpAbortsTheTurn(t *testing.T) {
 	r := newRig(t, overWebSocket, nil)
 	c := newConversation(t, r.url, "s1", true, false)
@@ -598,12 +605,7 @@ func TestClientHangingUpAbortsTheTurn(t *testing.T) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 	require.NoError(t, err)
 	req.Header = c.header.Clone()
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	_, err = bufio.NewReader(resp.Body).ReadString('\n') // the first event started
-	require.NoError(t, err)
-	cancel()
-	resp.Body.Close()
+	hangUpAfterFirstLine(t, req, cancel)
 	// The socket is read to its end and reused; the conversation goes on.
 	require.Eventually(t, func() bool { return r.proxy.Stats().Turns == int64(len(c.answers))+1 }, 10*time.Second, time.Millisecond)
 	c.say("again")
