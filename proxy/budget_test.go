@@ -353,12 +353,14 @@ func TestABodyOfUnknownLengthThatFitsIsServed(t *testing.T) {
 func TestAWebSocketClientThatDoesNotReadGivesItsHoldBack(t *testing.T) {
 	r := newBudgetRig(t, func(c *Config) { c.MessageTimeout = 300 * time.Millisecond })
 	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s1")
-	instructions := strings.Repeat("x", 1<<20) // each answer's events carry them
-	for range 12 {
+	instructions := strings.Repeat("x", 4<<20) // each answer's events carry them
+	for range 6 {
 		c.create(map[string]any{"model": "m", "instructions": instructions, "input": "hi"})
 	}
-	// The answers fill what the connection buffers, and their writes stall.
-	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 20*time.Second, 10*time.Millisecond,
+	// The answers fill what the connection buffers, and their writes stall:
+	// each 64 KiB of them must go within MessageTimeout, not the whole
+	// answer within as many as it has.
+	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 15*time.Second, 10*time.Millisecond,
 		"the messages' hold is given back")
 }
 

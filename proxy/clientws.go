@@ -290,12 +290,30 @@ func (s *clientSocket) send(ctx context.Context, data []byte) bool {
 // writeMessage writes one text message to a client's connection, which it
 // closes when the client does not take gapRead bytes of it within each
 // timeout, as a message that stalls does when it is read: a client that
-// does not read its answers may not keep what they hold. False when the
+// does not read its answers may not keep what they hold. A longer message
+// goes in frames of gapRead bytes, each given timeout. False when the
 // message was not written.
 func writeMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration, data []byte) bool {
-	wctx, cancel := context.WithTimeout(ctx, timeout*time.Duration(1+len(data)/gapRead))
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	return ws.Write(wctx, websocket.MessageText, data) == nil
+	gap := time.AfterFunc(timeout, cancel) // ends the write, and the connection
+	defer gap.Stop()
+	if len(data) <= gapRead {
+		return ws.Write(wctx, websocket.MessageText, data) == nil
+	}
+	w, err := ws.Writer(wctx, websocket.MessageText)
+	if err != nil {
+		return false
+	}
+	for len(data) > 0 {
+		n := min(len(data), gapRead)
+		if _, err := w.Write(data[:n]); err != nil {
+			return false
+		}
+		gap.Reset(timeout)
+		data = data[n:]
+	}
+	return w.Close() == nil
 }
 
 // fail answers a message with an error event and drops the connection's

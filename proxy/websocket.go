@@ -433,6 +433,11 @@ type wsConn struct {
 	// clean tells whether the last response on the socket was read to its
 	// end, so that the socket can carry the next one.
 	clean bool
+	// errored tells that the last request's answer was an error event:
+	// the socket carries no other request, since what it sends next (that
+	// request's answer after all, if the error was a late one of an earlier
+	// response) could not be told apart from the next request's.
+	errored bool
 }
 
 // ready makes sure the held socket is open, within its lifetime, and has
@@ -572,7 +577,7 @@ func (c *wsConn) socket() store.Socket {
 func (c *wsConn) release() {
 	c.up.mu.Lock()
 	defer c.up.mu.Unlock()
-	if !c.clean {
+	if !c.clean || c.errored {
 		c.drop() // a response may still be arriving on it
 	}
 	c.s.busy, c.s.released = false, c.up.now()
@@ -590,6 +595,15 @@ func (c *wsConn) release() {
 // socket is read to the response's end even when the client hangs up, so
 // that it can carry the next turn.
 func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
+	if c.errored { // a new socket for the request sent again
+		c.up.mu.Lock()
+		c.drop()
+		c.up.mu.Unlock()
+		c.errored = false
+		if err := c.ready(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if !c.clean {
 		return nil, errors.New("upstream socket still busy with the previous response")
 	}
@@ -648,9 +662,12 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			case "response.completed", "response.incomplete":
 				c.finish(gjson.GetBytes(data, "response.id").String())
 				finished = true
-			case "response.failed", "error":
+			case "response.failed":
 				c.finish("") // a failed turn evicts what the socket held
 				finished = true
+			case "error":
+				c.finish("")
+				c.errored, finished = true, true
 			}
 			return ev, nil
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -345,4 +346,61 @@ func TestEventsLeftOverOnASocketAreNotTheNextTurns(t *testing.T) {
 	assert.Equal(t, int64(1), refusals.Load(), "the continuation was sent, and refused")
 	assert.Equal(t, int64(2), answers.Load(), "then sent again whole")
 	assert.NotEqual(t, string(first.response["id"]), string(second.response["id"]), "the second turn got an answer of its own")
+}
+
+// An error event an upstream socket sends late, after a response ended,
+// is taken for the next request's answer (nothing tells them apart), but
+// the socket then carries no other request: the request's own answer,
+// which the upstream sends after it, reaches no other turn. Each turn
+// after that one gets its own answer.
+func TestALateErrorOnASocketReachesNoOtherTurn(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		send := func(s string) { _ = ws.Write(ctx, websocket.MessageText, []byte(s)) }
+		for n := 1; ; n++ {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			if n > 1 { // the last response's late error
+				send(`{"type":"error","error":{"type":"server_error","code":"server_error","message":"Late."}}`)
+			}
+			said := gjson.GetBytes(msg, "input").String()
+			id := fmt.Sprintf("resp_%p_%d", ws, n)
+			resp := `{"id":"` + id + `","object":"response","status":"%s","output":[{"type":"message","id":"msg_` + id +
+				`","role":"assistant","status":"completed","content":[{"type":"output_text","text":` + strconv.Quote(said) + `}]}]}`
+			send(`{"type":"response.created","response":` + fmt.Sprintf(resp, "in_progress") + `}`)
+			send(`{"type":"response.completed","response":` + fmt.Sprintf(resp, "completed") + `}`)
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	up, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(upstream.URL, "http")+"/v1", WebSocketOptions{Replica: "r1", Sockets: 1})
+	require.NoError(t, err)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: up})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	answers := map[string]int{}
+	for i := range 6 {
+		said := fmt.Sprint("conversation ", i)
+		a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {said}}, map[string]any{"model": "m", "input": said, "store": false})
+		if a.status != http.StatusOK {
+			answers["error"]++
+			continue
+		}
+		require.Len(t, a.output, 1, "%s", a.body)
+		got := gjson.GetBytes(a.output[0], "content.0.text").String()
+		require.Equal(t, said, got, "turn %d got another's answer", i)
+		answers["own"]++
+	}
+	t.Logf("answers: %v", answers)
+	assert.LessOrEqual(t, answers["error"], 3, "a late error reaches one turn in two at most")
 }
