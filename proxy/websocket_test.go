@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,6 +58,15 @@ func newWSRig(t *testing.T, opts WebSocketOptions) *wsRig {
 		fake.ServeHTTP(w, r)
 	}))
 	t.Cleanup(upstream.Close)
+	up, url := proxyOverSockets(t, upstream, opts)
+	return &wsRig{up: up, url: url, client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+}
+
+// proxyOverSockets returns a proxy, replica r1 on the in-process store,
+// over upstream in WebSocket mode with opts: its upstream and its
+// /v1/responses.
+func proxyOverSockets(t *testing.T, upstream *httptest.Server, opts WebSocketOptions) (*wsUpstream, string) {
+	t.Helper()
 	opts.Replica = "r1"
 	up, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(upstream.URL, "http")+"/v1", opts)
 	require.NoError(t, err)
@@ -67,8 +77,7 @@ func newWSRig(t *testing.T, opts WebSocketOptions) *wsRig {
 	t.Cleanup(func() { _ = p.Close() })
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	return &wsRig{up: up.(*wsUpstream), url: srv.URL + "/v1/responses",
-		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	return up.(*wsUpstream), srv.URL + "/v1/responses"
 }
 
 // turn sends one turn with key as its credential and returns the status
@@ -297,42 +306,30 @@ func TestSocketsAreKeptPerCredential(t *testing.T) {
 // context sent again is answered.
 func TestEventsLeftOverOnASocketAreNotTheNextTurns(t *testing.T) {
 	var refusals, answers atomic.Int64
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := websocket.Accept(w, r, nil)
-		if err != nil {
+	response := func(id, status string) string {
+		return `{"id":"` + id + `","object":"response","status":"` + status + `","output":[` +
+			`{"type":"message","id":"msg_` + id + `","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` + id + `"}]}]}`
+	}
+	var last sync.Map // each socket's last response
+	upstream := scriptedSockets(t, func(socket, n int, msg []byte, send func(string)) {
+		if v, ok := last.Load(socket); ok {
+			id := v.(string)
+			send(`{"type":"rate_limits.updated","rate_limits":[]}`)
+			send(`{"type":"response.created","response":` + response(id, "in_progress") + `}`)
+			send(`{"type":"response.completed","response":` + response(id, "completed") + `}`)
+		}
+		if gjson.GetBytes(msg, "previous_response_id").String() != "" {
+			refusals.Add(1)
+			send(`{"type":"error","status":400,"error":{"type":"invalid_request_error","code":"previous_response_not_found",` +
+				`"message":"Previous response not found.","param":"previous_response_id"}}`)
 			return
 		}
-		defer ws.CloseNow()
-		ctx := r.Context()
-		send := func(s string) { _ = ws.Write(ctx, websocket.MessageText, []byte(s)) }
-		response := func(id, status string) string {
-			return `{"id":"` + id + `","object":"response","status":"` + status + `","output":[` +
-				`{"type":"message","id":"msg_` + id + `","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` + id + `"}]}]}`
-		}
-		last := ""
-		for n := 1; ; n++ {
-			_, msg, err := ws.Read(ctx)
-			if err != nil {
-				return
-			}
-			if last != "" {
-				send(`{"type":"rate_limits.updated","rate_limits":[]}`)
-				send(`{"type":"response.created","response":` + response(last, "in_progress") + `}`)
-				send(`{"type":"response.completed","response":` + response(last, "completed") + `}`)
-			}
-			if gjson.GetBytes(msg, "previous_response_id").String() != "" {
-				refusals.Add(1)
-				send(`{"type":"error","status":400,"error":{"type":"invalid_request_error","code":"previous_response_not_found",` +
-					`"message":"Previous response not found.","param":"previous_response_id"}}`)
-				continue
-			}
-			answers.Add(1)
-			last = fmt.Sprintf("resp_%p_%d", ws, n)
-			send(`{"type":"response.created","response":` + response(last, "in_progress") + `}`)
-			send(`{"type":"response.completed","response":` + response(last, "completed") + `}`)
-		}
-	}))
-	t.Cleanup(upstream.Close)
+		answers.Add(1)
+		id := fmt.Sprintf("resp_%d_%d", socket, n)
+		last.Store(socket, id)
+		send(`{"type":"response.created","response":` + response(id, "in_progress") + `}`)
+		send(`{"type":"response.completed","response":` + response(id, "completed") + `}`)
+	})
 	st, err := store.NewMemory(store.Options{Replica: "r1"})
 	require.NoError(t, err)
 	srv := httptest.NewServer(newProxy(t, overWebSocket, st, upstream.URL+"/v1"))
@@ -354,44 +351,22 @@ func TestEventsLeftOverOnASocketAreNotTheNextTurns(t *testing.T) {
 // which the upstream sends after it, reaches no other turn. Each turn
 // after that one gets its own answer.
 func TestALateErrorOnASocketReachesNoOtherTurn(t *testing.T) {
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
+	upstream := scriptedSockets(t, func(socket, n int, msg []byte, send func(string)) {
+		if n > 1 { // the last response's late error
+			send(`{"type":"error","error":{"type":"server_error","code":"server_error","message":"Late."}}`)
 		}
-		defer ws.CloseNow()
-		ctx := r.Context()
-		send := func(s string) { _ = ws.Write(ctx, websocket.MessageText, []byte(s)) }
-		for n := 1; ; n++ {
-			_, msg, err := ws.Read(ctx)
-			if err != nil {
-				return
-			}
-			if n > 1 { // the last response's late error
-				send(`{"type":"error","error":{"type":"server_error","code":"server_error","message":"Late."}}`)
-			}
-			said := gjson.GetBytes(msg, "input").String()
-			id := fmt.Sprintf("resp_%p_%d", ws, n)
-			resp := `{"id":"` + id + `","object":"response","status":"%s","output":[{"type":"message","id":"msg_` + id +
-				`","role":"assistant","status":"completed","content":[{"type":"output_text","text":` + strconv.Quote(said) + `}]}]}`
-			send(`{"type":"response.created","response":` + fmt.Sprintf(resp, "in_progress") + `}`)
-			send(`{"type":"response.completed","response":` + fmt.Sprintf(resp, "completed") + `}`)
-		}
-	}))
-	t.Cleanup(upstream.Close)
-	up, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(upstream.URL, "http")+"/v1", WebSocketOptions{Replica: "r1", Sockets: 1})
-	require.NoError(t, err)
-	st, err := store.NewMemory(store.Options{Replica: "r1"})
-	require.NoError(t, err)
-	p, err := New(Config{Store: st, Upstream: up})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
+		said := gjson.GetBytes(msg, "input").String()
+		id := fmt.Sprintf("resp_%d_%d", socket, n)
+		resp := `{"id":"` + id + `","object":"response","status":"%s","output":[{"type":"message","id":"msg_` + id +
+			`","role":"assistant","status":"completed","content":[{"type":"output_text","text":` + strconv.Quote(said) + `}]}]}`
+		send(`{"type":"response.created","response":` + fmt.Sprintf(resp, "in_progress") + `}`)
+		send(`{"type":"response.completed","response":` + fmt.Sprintf(resp, "completed") + `}`)
+	})
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
 	answers := map[string]int{}
 	for i := range 6 {
 		said := fmt.Sprint("conversation ", i)
-		a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {said}}, map[string]any{"model": "m", "input": said, "store": false})
+		a := post(t, url, http.Header{"X-Session-Id": {said}}, map[string]any{"model": "m", "input": said, "store": false})
 		if a.status != http.StatusOK {
 			answers["error"]++
 			continue
@@ -403,4 +378,30 @@ func TestALateErrorOnASocketReachesNoOtherTurn(t *testing.T) {
 	}
 	t.Logf("answers: %v", answers)
 	assert.LessOrEqual(t, answers["error"], 3, "a late error reaches one turn in two at most")
+}
+
+// scriptedSockets is an upstream in WebSocket mode that answers the n-th
+// message (from 1) of its socket-th connection (from 1) with what answer
+// sends, called on the connection's goroutine.
+func scriptedSockets(t *testing.T, answer func(socket, n int, msg []byte, send func(string))) *httptest.Server {
+	var sockets atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		socket := int(sockets.Add(1))
+		send := func(s string) { _ = ws.Write(ctx, websocket.MessageText, []byte(s)) }
+		for n := 1; ; n++ {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				return
+			}
+			answer(socket, n, msg, send)
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	return upstream
 }
