@@ -204,9 +204,15 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 	if err != nil {
 		return nil, err
 	}
-	// The body, then the go once the origin accepted in time.
+	// The body, then the go once the origin accepted in time. The
+	// transport closes the body when it is done with it, even on an
+	// error, which ends a write of the go that nothing will read.
 	gate, gated := io.Pipe()
-	req.Body, req.ContentLength = io.NopCloser(io.MultiReader(bytes.NewReader(body), gate)), int64(len(body))+1
+	req.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), gate), gate}
+	req.ContentLength = int64(len(body)) + 1
 	now := time.Now()
 	req.Header.Set(forwardHeader, c.f.header(now, now.Add(c.f.Timeout), c.origin.ID, c.prev, body))
 	type answer struct {
@@ -221,8 +227,10 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 	late := time.NewTimer(c.f.Timeout)
 	defer late.Stop()
 	var a answer
+	got := false // the answer, or Do's error
 	select {
 	case a = <-answered:
+		got = true
 	case <-late.C:
 		a.err = fmt.Errorf("no acceptance within %v", c.f.Timeout)
 	case <-ctx.Done():
@@ -230,16 +238,19 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 	}
 	if a.err == nil && (a.resp.StatusCode != http.StatusOK || !isEventStream(a.resp.Header)) {
 		b, _ := io.ReadAll(io.LimitReader(a.resp.Body, 4096))
+		_ = a.resp.Body.Close()
 		a.err = fmt.Errorf("refused the turn: %d %s", a.resp.StatusCode, gjson.GetBytes(b, "error.message").String())
 	}
 	if a.err != nil {
 		// No go: the origin runs nothing.
 		gated.CloseWithError(errNoGo)
-		go func() {
-			if a := <-answered; a.resp != nil {
-				_ = a.resp.Body.Close()
-			}
-		}()
+		if !got {
+			go func() {
+				if a := <-answered; a.resp != nil {
+					_ = a.resp.Body.Close()
+				}
+			}()
+		}
 		return nil, fmt.Errorf("forwarding to %s at %s: %w", c.origin.Replica, c.addr, a.err)
 	}
 	_, err = gated.Write([]byte{forwardGo})
@@ -318,8 +329,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	defer c.release()
 	// Accepted: the turn runs here once the go comes, and its outcome
 	// travels in the stream.
-	rc := http.NewResponseController(w)
-	_ = rc.EnableFullDuplex() // the go is read after the answer's headers
+	rc := http.NewResponseController(w) // full duplex (ServeHTTP): the go is read after the answer's headers
 	w.Header().Set(originHeader, p.replica)
 	startEvents(w)
 	_ = rc.Flush()

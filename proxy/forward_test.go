@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -311,6 +312,38 @@ func TestALateAcceptanceRunsAForwardedTurnOnce(t *testing.T) {
 	assert.Positive(t, s.ForwardFailures, "the forwards were accepted too late")
 	assert.Zero(t, s.Forwarded)
 	assert.Zero(t, s.ForwardedIn, "no origin ran a turn")
+}
+
+// A forward the origin refuses is answered at once (it does not wait for
+// the go that will not come), and one it refuses or accepts too late
+// leaves nothing running behind it on the replica that sent it.
+func TestForwardsNotCarriedLeaveNothingBehind(t *testing.T) {
+	rs := newReplicaSet(t, 1) // the origin, r1, whose socket 7 holds nothing
+	origin := strings.TrimPrefix(rs.servers[0].URL, "http://")
+	slow := slowAnswers(t, origin, 300*time.Millisecond)
+	dir, err := directory.NewMemory(directory.Options{})
+	require.NoError(t, err)
+	f := &Forwarding{Directory: dir, Secret: testSecret, Timeout: 100 * time.Millisecond}
+	require.NoError(t, f.check())
+	t.Cleanup(f.Client.CloseIdleConnections)
+	before := runtime.NumGoroutine()
+	for i := range 20 {
+		addr := origin
+		if i%2 == 1 {
+			addr = slow // accepted too late
+		}
+		c := &forwardConn{f: f, addr: addr, origin: store.Socket{Replica: "r1", ID: 7}, prev: "resp_1",
+			tg: &target{header: http.Header{}}}
+		_, err := c.send(t.Context(), []byte(`{"model":"m","store":false,"input":"hi"}`), true)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, errForwardLost, "nothing ran there")
+		if addr == origin {
+			assert.Contains(t, err.Error(), "409", "refused at once")
+		}
+	}
+	f.Client.CloseIdleConnections()
+	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+4 }, 5*time.Second, 10*time.Millisecond,
+		"goroutines: %d before", before)
 }
 
 // slowAnswers relays TCP connections to addr, delaying what addr sends

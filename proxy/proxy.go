@@ -303,6 +303,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var goes io.Reader // a forwarded turn's go, its body's last byte (Forwarding)
 	if r.Header.Get(forwardHeader) != "" {
 		goes = r.Body
+		// An answer goes before the go is read: a refusal at once, not
+		// once the go, which will not come, would have been read.
+		_ = http.NewResponseController(w).EnableFullDuplex()
 	}
 	if goes != nil && r.ContentLength > 0 {
 		r.Body = struct {
