@@ -73,6 +73,9 @@ type Forwarding struct {
 	Client *http.Client
 }
 
+// defaultForwardTimeout is Forwarding.Timeout's default.
+const defaultForwardTimeout = 2 * time.Second
+
 // forwardHeader carries a forwarded turn's authentication.
 const forwardHeader = "Contproxy-Forward"
 
@@ -102,7 +105,7 @@ func (f *Forwarding) check() error {
 		return fmt.Errorf("%w: negative Forwarding.Timeout %v or MaxSkew %v", ErrInvalidConfig, f.Timeout, f.MaxSkew)
 	}
 	if f.Timeout == 0 {
-		f.Timeout = 2 * time.Second
+		f.Timeout = defaultForwardTimeout
 	}
 	if f.MaxSkew == 0 {
 		f.MaxSkew = 30 * time.Second
@@ -294,6 +297,26 @@ var (
 	// turn may have run there, so it is not run here.
 	errForwardLost = errors.New("proxy: a forwarded turn's outcome was lost")
 )
+
+// drainForward reads what is left of a forwarded request's body, the go
+// of one refused or not carried, once its answer is out, for as long as
+// the forwarding replica may take to end it: the server reads no more
+// of a body whose answer went first (full duplex), and a connection is
+// kept for the next request only once its body was read to its end.
+func (p *Proxy) drainForward(rc *http.ResponseController, body io.Reader) {
+	_ = rc.Flush()
+	wait := defaultForwardTimeout
+	if f := p.cfg.Forwarding; f != nil {
+		wait = f.Timeout
+	}
+	_ = rc.SetReadDeadline(time.Now().Add(wait))
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxForwardDrain))
+	_ = rc.SetReadDeadline(time.Time{})
+}
+
+// maxForwardDrain bounds what drainForward reads: past it the connection
+// is closed, as Go's server does with a large body its handler left.
+const maxForwardDrain = 256 << 10
 
 // serveForwarded runs a turn another replica handed over: on the socket it
 // names, only while that socket holds the response it continues, its

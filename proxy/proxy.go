@@ -305,7 +305,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		goes = r.Body
 		// An answer goes before the go is read: a refusal at once, not
 		// once the go, which will not come, would have been read.
-		_ = http.NewResponseController(w).EnableFullDuplex()
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		defer p.drainForward(rc, goes)
 	}
 	if goes != nil && r.ContentLength > 0 {
 		r.Body = struct {
