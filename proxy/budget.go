@@ -113,9 +113,10 @@ var (
 // budget is the memory the requests in flight may hold. A request that
 // fits the room gets in at once, whoever waits: a waiter gives up after
 // budgetWait anyway, so no order among waiters is kept. A request that
-// finds no room first stops the bodies that arrive slowly
-// (arrival.slow): clients that send part of a body and then a byte now
-// and then may not keep the room from the others.
+// finds no room stops the bodies that arrive slowly (arrival.slow), as it
+// begins to wait and while it waits (await): clients that send part of a
+// body and then a byte now and then may not keep the room from the
+// others.
 type budget struct {
 	size     int64
 	mu       sync.Mutex
@@ -319,24 +320,45 @@ func (h *hold) grow(ctx context.Context, n int64) error {
 		return errOverBudget
 	}
 	if ok, _ := h.b.tryAcquire(n); !ok {
-		h.b.preempt(h.arrival)
 		if a := h.arrival; a != nil {
 			a.waiting.Store(true)
 			defer func() { a.restart(); a.waiting.Store(false) }()
 		}
-		wctx, cancel := context.WithTimeout(ctx, budgetWait)
-		err := h.b.acquire(wctx, n)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return ctx.Err()
-		case err != nil:
-			return errBusy
+		if err := h.b.await(ctx, h.arrival, n); err != nil {
+			return err
 		}
 	}
 	h.n += n
 	return nil
 }
+
+// await takes n once it fits, for budgetWait at most, stopping the bodies
+// but self that arrive slowly (preempt) as it begins and every
+// preemptEvery meanwhile: a body may become slow while a request waits.
+// It returns errBusy when no room came in time, and ctx's error when ctx
+// ended first.
+func (b *budget) await(ctx context.Context, self *arrival, n int64) error {
+	wctx, cancel := context.WithTimeout(ctx, budgetWait)
+	defer cancel()
+	for {
+		b.preempt(self)
+		pctx, pcancel := context.WithTimeout(wctx, preemptEvery)
+		err := b.acquire(pctx, n)
+		pcancel()
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case wctx.Err() != nil:
+			return errBusy
+		}
+	}
+}
+
+// preemptEvery is how often a request waiting for room looks again for
+// bodies that arrive slowly.
+const preemptEvery = 100 * time.Millisecond
 
 // trim gives back what the hold has beyond n; a nil hold holds nothing.
 func (h *hold) trim(n int64) {
