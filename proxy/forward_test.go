@@ -320,28 +320,33 @@ func TestALateAcceptanceRunsAForwardedTurnOnce(t *testing.T) {
 func TestForwardsNotCarriedLeaveNothingBehind(t *testing.T) {
 	rs := newReplicaSet(t, 1) // the origin, r1, whose socket 7 holds nothing
 	origin := strings.TrimPrefix(rs.servers[0].URL, "http://")
+	forwarding := func(timeout time.Duration) *Forwarding {
+		dir, err := directory.NewMemory(directory.Options{})
+		require.NoError(t, err)
+		f := &Forwarding{Directory: dir, Secret: testSecret, Timeout: timeout}
+		require.NoError(t, f.check())
+		t.Cleanup(f.Client.CloseIdleConnections)
+		return f
+	}
+	// A wait for acceptance long enough that only a refusal that waits
+	// for the go could outlast it; a short one that answers outlast.
+	patient, hasty := forwarding(10*time.Second), forwarding(100*time.Millisecond)
 	slow := slowAnswers(t, origin, 300*time.Millisecond)
-	dir, err := directory.NewMemory(directory.Options{})
-	require.NoError(t, err)
-	f := &Forwarding{Directory: dir, Secret: testSecret, Timeout: 100 * time.Millisecond}
-	require.NoError(t, f.check())
-	t.Cleanup(f.Client.CloseIdleConnections)
-	before := runtime.NumGoroutine()
-	for i := range 20 {
-		addr := origin
-		if i%2 == 1 {
-			addr = slow // accepted too late
-		}
+	send := func(f *Forwarding, addr string) error {
 		c := &forwardConn{f: f, addr: addr, origin: store.Socket{Replica: "r1", ID: 7}, prev: "resp_1",
 			tg: &target{header: http.Header{}}}
 		_, err := c.send(t.Context(), []byte(`{"model":"m","store":false,"input":"hi"}`), true)
 		require.Error(t, err)
 		require.NotErrorIs(t, err, errForwardLost, "nothing ran there")
-		if addr == origin {
-			assert.Contains(t, err.Error(), "409", "refused at once")
-		}
+		return err
 	}
-	f.Client.CloseIdleConnections()
+	before := runtime.NumGoroutine()
+	for range 10 {
+		require.Contains(t, send(patient, origin).Error(), "409", "refused, and told so at once")
+		assert.Contains(t, send(hasty, slow).Error(), "no acceptance", "accepted too late")
+	}
+	patient.Client.CloseIdleConnections()
+	hasty.Client.CloseIdleConnections()
 	assert.Eventually(t, func() bool { return runtime.NumGoroutine() <= before+4 }, 5*time.Second, 10*time.Millisecond,
 		"goroutines: %d before", before)
 }
