@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"slices"
@@ -92,13 +91,7 @@ type learned struct {
 // learned as: its account is a digest of the headers that name it
 // (accountHeaders).
 func learnedOf(h http.Header, model string) learned {
-	d := sha256.New()
-	for _, k := range accountHeaders {
-		fmt.Fprintf(d, "%q\n", h.Values(k))
-	}
-	l := learned{model: model}
-	d.Sum(l.account[:0])
-	return l
+	return learned{account: headersDigest(h, accountHeaders), model: model}
 }
 
 // modelState is what the learner knows of one model; a model with none

@@ -396,7 +396,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	if err != nil {
 		p.abort(sctx, lg, res)
 		end := "aborted"
-		if errors.Is(ctx.Err(), context.Canceled) {
+		if clientLeft(ctx) {
 			lg.Debug("the client went away before the upstream answered", "err", err)
 		} else {
 			end = "failed"
@@ -449,7 +449,7 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 	}()
 	sealed, result := false, ""
 	out := relay(w, t, a.rep, hide, func(o outcome) { sealed = true; result, rec = p.settle(sctx, &lg, t, a, o, g) })
-	if out.err != nil && errors.Is(ctx.Err(), context.Canceled) {
+	if out.err != nil && clientLeft(ctx) {
 		out.err, out.cut, out.clientGone = nil, false, true
 	}
 	if !sealed {
@@ -579,11 +579,15 @@ func (p *Proxy) route(ctx context.Context, t *turn) (conn, error) {
 	return p.cfg.Upstream.acquire(ctx, &t.target)
 }
 
+// clientLeft tells whether ctx, a turn's, ended because its client went
+// away (not because the turn ran out of time).
+func clientLeft(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
+
 // judge says how a send made under ctx, the turn's, went.
 func (p *Proxy) judge(ctx context.Context, a *sent, err error) try {
 	_, forwarded := a.c.(*forwardConn)
 	switch {
-	case err != nil && errors.Is(ctx.Err(), context.Canceled):
+	case err != nil && clientLeft(ctx):
 		return clientGone // not the upstream's doing, nor a reason to resend
 	case err != nil && forwarded && !errors.Is(err, errForwardLost):
 		return notCarried
@@ -987,8 +991,7 @@ func writeBrokenOff(w http.ResponseWriter, err error) outcome {
 		err = io.ErrUnexpectedEOF
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		writeError(w, http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout",
-			"The upstream did not answer in time.")
+		writeUnreachable(w, err) // as an upstream that never answered
 		return outcome{status: http.StatusGatewayTimeout, err: err}
 	}
 	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",

@@ -3,7 +3,6 @@ package proxy
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -174,17 +173,12 @@ func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
 	if out == nil {
 		out = http.Header{}
 	}
-	key := sha256.New()
 	for _, k := range handshakeHeaders {
-		vs := h.Values(k)
-		if slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
+		if vs := h.Values(k); slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
 			out[http.CanonicalHeaderKey(k)] = slices.Clone(vs)
 		}
-		fmt.Fprintf(key, "%q\n", vs)
 	}
-	var sum [32]byte
-	copy(sum[:], key.Sum(nil))
-	return out, sum
+	return out, headersDigest(h, handshakeHeaders)
 }
 
 func (u *wsUpstream) acquire(ctx context.Context, tg *target) (conn, error) {
