@@ -298,23 +298,39 @@ var (
 	errForwardLost = errors.New("proxy: a forwarded turn's outcome was lost")
 )
 
-// drainForward reads what is left of a forwarded request's body, the go
-// of one refused or not carried, once its answer is out, for as long as
-// the forwarding replica may take to end it: the server reads no more
-// of a body whose answer went first (full duplex), and a connection is
-// kept for the next request only once its body was read to its end.
-func (p *Proxy) drainForward(rc *http.ResponseController, body io.Reader) {
-	_ = rc.Flush()
-	wait := defaultForwardTimeout
-	if f := p.cfg.Forwarding; f != nil {
-		wait = f.Timeout
+// splitGo makes r, a forwarded turn, a request whose body is the turn's,
+// and returns the rest of the body, which holds the go, and drain, to run
+// once the request is served. The answer goes before the go is read (full
+// duplex): a refusal at once, not once the go, which will not come, would
+// have been read. Then Go's server reads no more of the body, so drain
+// does: it reads what is left, the go of a turn refused or not carried,
+// once the answer is out, for as long as the forwarding replica may take
+// to end the request; a connection is kept for the next request only once
+// its body was read to its end.
+func (p *Proxy) splitGo(w http.ResponseWriter, r *http.Request) (goes io.Reader, drain func()) {
+	goes = r.Body
+	if r.ContentLength > 0 {
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(r.Body, r.ContentLength-1), r.Body}
+		r.ContentLength--
 	}
-	_ = rc.SetReadDeadline(time.Now().Add(wait))
-	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxForwardDrain))
-	_ = rc.SetReadDeadline(time.Time{})
+	rc := http.NewResponseController(w)
+	_ = rc.EnableFullDuplex()
+	return goes, func() {
+		_ = rc.Flush()
+		wait := defaultForwardTimeout
+		if f := p.cfg.Forwarding; f != nil {
+			wait = f.Timeout
+		}
+		_ = rc.SetReadDeadline(time.Now().Add(wait))
+		_, _ = io.Copy(io.Discard, io.LimitReader(goes, maxForwardDrain))
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 }
 
-// maxForwardDrain bounds what drainForward reads: past it the connection
+// maxForwardDrain bounds what splitGo's drain reads: past it the connection
 // is closed, as Go's server does with a large body its handler left.
 const maxForwardDrain = 256 << 10
 
@@ -352,7 +368,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	defer c.release()
 	// Accepted: the turn runs here once the go comes, and its outcome
 	// travels in the stream.
-	rc := http.NewResponseController(w) // full duplex (ServeHTTP): the go is read after the answer's headers
+	rc := http.NewResponseController(w) // full duplex (splitGo): the go is read after the answer's headers
 	w.Header().Set(originHeader, p.replica)
 	startEvents(w)
 	_ = rc.Flush()

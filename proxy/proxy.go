@@ -302,19 +302,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// member the proxy reads comes from that pass (Request.Member).
 	var goes io.Reader // a forwarded turn's go, its body's last byte (Forwarding)
 	if r.Header.Get(forwardHeader) != "" {
-		goes = r.Body
-		// An answer goes before the go is read: a refusal at once, not
-		// once the go, which will not come, would have been read.
-		rc := http.NewResponseController(w)
-		_ = rc.EnableFullDuplex()
-		defer p.drainForward(rc, goes)
-	}
-	if goes != nil && r.ContentLength > 0 {
-		r.Body = struct {
-			io.Reader
-			io.Closer
-		}{io.LimitReader(r.Body, r.ContentLength-1), r.Body}
-		r.ContentLength--
+		var drain func()
+		goes, drain = p.splitGo(w, r)
+		defer drain()
 	}
 	req, h, ok := p.readRequest(w, r)
 	if !ok {
@@ -323,7 +313,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.release()
 	body := req.Body()
 	h.trim(weight(int64(len(body)), int64(req.Len())))
-	if r.Header.Get(forwardHeader) != "" {
+	if goes != nil {
 		p.serveForwarded(w, r, req, goes)
 		return
 	}

@@ -338,7 +338,9 @@ func (s *wsSocket) detach() *websocket.Conn {
 // still holds it waits for that socket; a forwarded turn takes only that
 // socket, and gets gone when it holds the response no more. Any other
 // turn takes an idle socket holding no response, else a new one while the
-// pool has room, else the idle socket whose response has waited longest.
+// pool has room and MaxSockets does (or, the pool having no idle socket,
+// another credential's idle socket gives way), else the idle socket whose
+// response has waited longest.
 func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 	if route.Decide(tg.offer(u.opts.Replica, false, true)) == route.Local { // continues on a socket of this pool, if one holds it
 		for _, s := range pool.sockets {
@@ -362,7 +364,7 @@ func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 			idle = s
 		}
 	}
-	if len(pool.sockets) < u.opts.Sockets && (idle == nil || u.slots < u.opts.MaxSockets) && u.room(pool) {
+	if len(pool.sockets) < u.opts.Sockets && (u.slots < u.opts.MaxSockets || idle == nil && u.evictIdle(pool)) {
 		s := &wsSocket{}
 		pool.sockets = append(pool.sockets, s)
 		u.slots++
@@ -371,13 +373,10 @@ func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 	return idle, false // the one whose response has waited longest, or none
 }
 
-// room makes room for a new socket of pool within MaxSockets, closing the
-// socket of another credential idle the longest when there is none;
-// false when every socket of the others is busy. u.mu is held.
-func (u *wsUpstream) room(pool *wsPool) bool {
-	if u.slots < u.opts.MaxSockets {
-		return true
-	}
+// evictIdle makes room within MaxSockets for a new socket of pool, which
+// has none idle: it closes the socket of another credential idle the
+// longest; false when every socket of the others is busy. u.mu is held.
+func (u *wsUpstream) evictIdle(pool *wsPool) bool {
 	var lru *wsSocket
 	var from *wsPool
 	for _, p := range u.pools {
