@@ -451,6 +451,14 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 		h.b = nil
 	}
 	var in io.Reader = http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes)
+	if codings, _ := bodyCodings(r.Header); len(codings) > 0 {
+		// Read decoded, within MaxBodyBytes, and sent upstream so
+		// (encoding.go); its decoded length is unknown.
+		d := &decoder{body: in, codings: codings}
+		defer d.Close()
+		in, n = http.MaxBytesReader(w, d, p.cfg.MaxBodyBytes), -1
+		r.Header.Del("Content-Encoding")
+	}
 	// alloc is what ReadRequest allocates at once (-1: it grows as the body
 	// arrives); settle runs once the body is in, or its reading has failed.
 	alloc := n

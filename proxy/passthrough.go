@@ -118,11 +118,12 @@ func asksWebSocketUpgrade(r *http.Request) bool {
 }
 
 // serveEndpoint serves a request that is not a turn and returns true;
-// false for a turn or a WebSocket upgrade, left to ServeHTTP. A path
-// outside /v1 is answered 404.
+// false for a turn or a WebSocket upgrade, left to ServeHTTP. A turn whose
+// body has a coding the proxy does not decode (encoding.go) is served as
+// the other endpoints are. A path outside /v1 is answered 404.
 func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case r.Method == http.MethodPost && isTurnPath(path), asksWebSocketUpgrade(r):
+	case r.Method == http.MethodPost && isTurnPath(path) && decodes(r.Header), asksWebSocketUpgrade(r):
 		return false
 	case path != "/v1" && !strings.HasPrefix(path, "/v1/"):
 		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",

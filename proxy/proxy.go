@@ -26,8 +26,9 @@
 // see without the proxy: when a turn was continued, the
 // previous_response_id the proxy added is shown as null.
 //
-// A request that carries its own previous_response_id or conversation is
-// forwarded as sent, outside the store. Store failures never fail a
+// A turn's body may be compressed (encoding.go): it is read decoded and
+// sent upstream so. A request that carries its own previous_response_id
+// or conversation is forwarded as sent, outside the store. Store failures never fail a
 // request: the store fails open and the full context goes upstream.
 //
 // Every other request under /v1 (GET /v1/models, POST
@@ -94,7 +95,8 @@ type Config struct {
 	Upstream Upstream
 	// Identity says where requests name their owner. Zero: DefaultIdentity.
 	Identity Identity
-	// MaxBodyBytes bounds a request body (413 above). Default 64 MiB.
+	// MaxBodyBytes bounds a request body, decoded when compressed (413
+	// above). Default 64 MiB.
 	MaxBodyBytes int64
 	// UpstreamTimeout bounds one turn upstream, streaming included.
 	// Default 10 minutes.

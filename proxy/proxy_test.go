@@ -116,11 +116,13 @@ func (a answer) next(input []any, text string) []any {
 	return append(input, map[string]any{"role": "user", "content": text})
 }
 
-// post sends one request as the client would.
+// post sends one request as the client would, its body compressed as
+// header's Content-Encoding says (encode).
 func post(t testing.TB, url string, header http.Header, body map[string]any) answer {
 	t.Helper()
 	b, err := json.Marshal(body)
 	require.NoError(t, err)
+	b = encode(t, b, header.Get("Content-Encoding"))
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(b))
 	require.NoError(t, err)
 	if header != nil {

@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/zstd"
+)
+
+// A turn's body may come compressed: Codex, signed in with ChatGPT,
+// sends its turns with Content-Encoding zstd. The proxy decodes the codings
+// HTTP defines for bodies (gzip, deflate, br, zstd, and several of them in
+// the order applied), reads the decoded body as any other, within
+// MaxBodyBytes of decoded bytes, and sends it upstream uncompressed, with
+// no Content-Encoding. A turn with a coding it does not know goes upstream
+// as the client sent it, outside the store, as the API's other endpoints
+// do (passthrough.go).
+
+// bodyCodings returns the codings of a request's Content-Encoding in the
+// order they were applied, without identity, and whether the proxy decodes
+// every one of them.
+func bodyCodings(h http.Header) ([]string, bool) {
+	var codings []string
+	for _, v := range h.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			switch c = strings.ToLower(strings.TrimSpace(c)); c {
+			case "", "identity":
+			case "gzip", "x-gzip", "deflate", "br", "zstd":
+				codings = append(codings, c)
+			default:
+				return nil, false
+			}
+		}
+	}
+	return codings, true
+}
+
+// decoder reads a body decoded from its codings, applied in their order.
+// It opens its decoders at its first read, which may wait for the body's
+// first bytes, so that making one reads nothing; Close frees them.
+type decoder struct {
+	body    io.Reader
+	codings []string
+	r       io.Reader
+	err     error
+	frees   []func()
+}
+
+func (d *decoder) Read(p []byte) (int, error) {
+	if d.r == nil && d.err == nil {
+		d.r, d.err = d.open()
+	}
+	if d.err != nil {
+		return 0, d.err
+	}
+	n, err := d.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("decoding the %s body: %w", strings.Join(d.codings, ", "), err)
+	}
+	return n, err
+}
+
+// open stacks a decoder for each coding on the body, the last applied
+// first.
+func (d *decoder) open() (io.Reader, error) {
+	r := d.body
+	for i := len(d.codings) - 1; i >= 0; i-- {
+		var err error
+		switch d.codings[i] {
+		case "gzip", "x-gzip":
+			r, err = gzip.NewReader(r)
+		case "deflate":
+			r, err = zlib.NewReader(r)
+		case "br":
+			r = brotli.NewReader(r)
+		case "zstd":
+			z := zstdDecoders.Get().(*zstd.Decoder)
+			d.frees = append(d.frees, func() { _ = z.Reset(nil); zstdDecoders.Put(z) })
+			err = z.Reset(r)
+			r = z
+		}
+		if err != nil {
+			return nil, fmt.Errorf("decoding the %s body: %w", strings.Join(d.codings, ", "), err)
+		}
+	}
+	return r, nil
+}
+
+// Close frees the decoders; the body is not read further.
+func (d *decoder) Close() error {
+	for _, f := range d.frees {
+		f()
+	}
+	d.frees, d.r, d.err = nil, nil, errors.New("decoder closed")
+	return nil
+}
+
+// zstdMaxWindow is the largest window a zstd body may use, the one RFC
+// 9659 sets for the zstd content coding: it bounds a decoder's memory.
+const zstdMaxWindow = 8 << 20
+
+// zstdDecoders keeps zstd decoders, which are costly to make, for reuse;
+// each decodes in the goroutine that reads it.
+var zstdDecoders = sync.Pool{New: func() any {
+	d, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(zstdMaxWindow))
+	if err != nil {
+		panic(err) // the options are constant and valid
+	}
+	return d
+}}
+
+// decodes tells whether the proxy decodes every coding of a request's
+// body.
+func decodes(h http.Header) bool {
+	_, ok := bodyCodings(h)
+	return ok
+}

@@ -1,0 +1,129 @@
+package proxy
+
+import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/andybalholm/brotli"
+	"github.com/klauspost/compress/zstd"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contstore/contstore/store"
+)
+
+// encode returns b compressed with codings, a Content-Encoding value
+// (applied in its order); b itself when it names none.
+func encode(t testing.TB, b []byte, codings string) []byte {
+	t.Helper()
+	for c := range strings.SplitSeq(codings, ",") {
+		var buf bytes.Buffer
+		var w io.WriteCloser
+		switch c = strings.ToLower(strings.TrimSpace(c)); c {
+		case "", "identity":
+			continue
+		case "gzip":
+			w = gzip.NewWriter(&buf)
+		case "deflate":
+			w = zlib.NewWriter(&buf)
+		case "br":
+			w = brotli.NewWriter(&buf)
+		case "zstd":
+			z, err := zstd.NewWriter(&buf)
+			require.NoError(t, err)
+			w = z
+		default:
+			t.Fatalf("no coding %q here", c)
+		}
+		_, err := w.Write(b)
+		require.NoError(t, err)
+		require.NoError(t, w.Close())
+		b = buf.Bytes()
+	}
+	return b
+}
+
+// Codex, signed in with ChatGPT, compresses its turns with zstd: turns in
+// any coding HTTP defines for bodies, or several, continue as others do,
+// and go upstream decoded (the fake upstream reads only JSON).
+func TestCompressedTurnsContinue(t *testing.T) {
+	for _, coding := range []string{"gzip", "deflate", "br", "zstd", "ZSTD", "gzip, zstd", "identity"} {
+		t.Run(coding, func(t *testing.T) {
+			r := newRig(t, overHTTP, nil)
+			c := newConversation(t, r.url, "s1", true, true)
+			c.header.Set("Content-Encoding", coding)
+			c.say("hello")
+			c.say("again")
+			st := r.proxy.Stats()
+			assert.Equal(t, int64(6), st.Turns)
+			assert.Equal(t, st.Turns-1, st.Continued, "every turn after the first continues")
+		})
+	}
+}
+
+// A turn whose body has a coding the proxy does not decode goes upstream
+// as the client sent it, outside the store, as the API's other endpoints
+// do; a body that does not decode is refused, and a body past
+// MaxBodyBytes once decoded gets 413.
+func TestCompressedTurnsTheProxyCannotRead(t *testing.T) {
+	var got struct {
+		coding string
+		body   []byte
+	}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.coding = r.Header.Get("Content-Encoding")
+		got.body, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[]}`)
+	}))
+	t.Cleanup(upstream.Close)
+	st, err := store.NewMemory(store.Options{})
+	require.NoError(t, err)
+	p := newProxy(t, overHTTP, st, upstream.URL+"/v1")
+	p.cfg.MaxBodyBytes = 1 << 20
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	send := func(coding string, body []byte) (int, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", bytes.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", coding)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	turn := []byte(`{"model":"m","input":[{"role":"user","content":"hi"}]}`)
+
+	status, _ := send("compress", []byte("not something this proxy reads"))
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "compress", got.coding)
+	assert.Equal(t, "not something this proxy reads", string(got.body), "sent as received")
+	assert.Zero(t, p.Stats().Turns, "outside the store")
+
+	status, _ = send("gzip", encode(t, turn, "gzip"))
+	assert.Equal(t, http.StatusOK, status)
+	assert.Empty(t, got.coding, "sent decoded")
+	assert.JSONEq(t, string(turn), string(got.body))
+
+	status, body := send("zstd", []byte("not zstd"))
+	assert.Equal(t, http.StatusBadRequest, status, body)
+	assert.Contains(t, body, "zstd")
+
+	bomb, err := json.Marshal(map[string]any{"model": "m", "input": strings.Repeat("x", 8<<20)})
+	require.NoError(t, err)
+	for _, coding := range []string{"gzip", "zstd", "br"} {
+		small := encode(t, bomb, coding)
+		require.Less(t, len(small), 64<<10)
+		status, body = send(coding, small)
+		assert.Equal(t, http.StatusRequestEntityTooLarge, status, "%s: %.200s", coding, body)
+	}
+}
