@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -151,15 +152,90 @@ type clientSocket struct {
 	target string      // the turns' request URI: the handshake's
 	remote string
 	lg     *slog.Logger
-	// latest is the connection's latest response, nil when it keeps none.
+	// latest is the connection's latest response, nil when it keeps none;
+	// Proxy.kept may drop it meanwhile.
 	latest *keptResponse
 }
 
+// keepLatest makes k the connection's latest response, unless it is over
+// MaxBodyBytes or Config.MaxKeptBytes; nil keeps none.
+func (s *clientSocket) keepLatest(k *keptResponse) {
+	s.p.kept.drop(s.latest)
+	s.latest = nil
+	if k != nil && k.size() <= s.p.cfg.MaxBodyBytes && s.p.kept.keep(k) {
+		s.latest = k
+	}
+}
+
 // keptResponse is a response a connection keeps for the client to continue
-// it: the full input of its request, its output items and its id.
+// it: the full input of its request, its output items and its id. Once
+// kept (keptResponses.keep) its fields are read and cleared under the
+// set's lock.
 type keptResponse struct {
 	id            string
 	input, output []json.RawMessage
+	bytes         int64
+	at            *list.Element // in keptResponses.order; nil once dropped
+}
+
+// keptResponses bounds what the client connections keep of their latest
+// responses together (Config.MaxKeptBytes): past it, the responses kept
+// the longest ago are dropped, and a turn that continues one is answered
+// as if its connection kept none.
+type keptResponses struct {
+	mu    sync.Mutex
+	limit int64
+	bytes int64
+	order list.List // of *keptResponse, the oldest first
+}
+
+// keep keeps k, dropping the responses kept the longest ago to make room;
+// false when k alone is over the limit.
+func (ks *keptResponses) keep(k *keptResponse) bool {
+	if k.bytes = k.size(); k.bytes > ks.limit {
+		return false
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	for ks.bytes+k.bytes > ks.limit {
+		ks.dropLocked(ks.order.Front().Value.(*keptResponse))
+	}
+	k.at = ks.order.PushBack(k)
+	ks.bytes += k.bytes
+	return true
+}
+
+// drop drops k (nil for none), if it is still kept.
+func (ks *keptResponses) drop(k *keptResponse) {
+	if k == nil {
+		return
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.dropLocked(k)
+}
+
+func (ks *keptResponses) dropLocked(k *keptResponse) {
+	if k.at == nil {
+		return
+	}
+	ks.order.Remove(k.at)
+	ks.bytes -= k.bytes
+	k.id, k.input, k.output, k.at = "", nil, nil, nil
+}
+
+// continued returns the input and output of k (nil for none) when it is
+// still kept and its id is id.
+func (ks *keptResponses) continued(k *keptResponse, id string) (input, output []json.RawMessage, ok bool) {
+	if k == nil {
+		return nil, nil, false
+	}
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	if k.at == nil || k.id != id {
+		return nil, nil, false
+	}
+	return k.input, k.output, true
 }
 
 // message is a client's message read ahead, with what it holds of the
@@ -221,6 +297,7 @@ func (s *clientSocket) serve(ctx context.Context) {
 	messages := s.readMessages(ctx, cancel)
 	defer func() {
 		cancel()
+		s.keepLatest(nil)
 		for m := range messages {
 			m.held.release() // read, never answered
 		}
@@ -319,7 +396,7 @@ func writeMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration
 // fail answers a message with an error event and drops the connection's
 // latest response, as a failed request does upstream.
 func (s *clientSocket) fail(ctx context.Context, status int, param, code, msg string) bool {
-	s.latest = nil
+	s.keepLatest(nil)
 	return s.send(ctx, errorEvent(status, "invalid_request_error", param, code, msg))
 }
 
@@ -386,10 +463,11 @@ func (s *clientSocket) prepare(data []byte, msg gjson.Result) (socketCreate, err
 		return c, err
 	}
 	items := inputItems(msg.Get("input"))
+	keptIn, keptOut, continues := s.p.kept.continued(s.latest, c.prev)
 	switch {
-	case c.prev != "" && s.latest != nil && c.prev == s.latest.id:
-		full := make([]json.RawMessage, 0, len(s.latest.input)+len(s.latest.output)+len(items))
-		full = append(append(append(full, s.latest.input...), s.latest.output...), items...)
+	case c.prev != "" && continues:
+		full := make([]json.RawMessage, 0, len(keptIn)+len(keptOut)+len(items))
+		full = append(append(append(full, keptIn...), keptOut...), items...)
 		body, err = sjson.SetRawBytes(body, "input", jsonArray(full))
 		if err == nil {
 			body, err = sjson.DeleteBytes(body, "previous_response_id")
@@ -452,7 +530,7 @@ func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
 	req.RemoteAddr = s.remote
 	sw := &socketWriter{ctx: ctx, ws: s.ws, timeout: s.p.cfg.MessageTimeout, header: http.Header{}, prev: c.prev}
 	sw.serve(s.p, req)
-	s.latest = nil
+	s.keepLatest(nil)
 	switch {
 	case sw.gone:
 		return false
@@ -462,10 +540,7 @@ func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
 	}
 	col := &sw.col
 	if c.full && col.id != "" && (col.terminal == "response.completed" || col.terminal == "response.incomplete") {
-		k := &keptResponse{id: col.id, input: c.input, output: col.outcome(http.StatusOK).output}
-		if k.size() <= s.p.cfg.MaxBodyBytes {
-			s.latest = k
-		}
+		s.keepLatest(&keptResponse{id: col.id, input: c.input, output: col.outcome(http.StatusOK).output})
 	}
 	return true
 }
@@ -504,10 +579,7 @@ func (s *clientSocket) warmUp(ctx context.Context, c socketCreate, msg gjson.Res
 	if !s.send(ctx, created) || !s.send(ctx, completed) {
 		return false
 	}
-	s.latest = &keptResponse{id: id, input: c.input}
-	if s.latest.size() > s.p.cfg.MaxBodyBytes {
-		s.latest = nil
-	}
+	s.keepLatest(&keptResponse{id: id, input: c.input})
 	return true
 }
 

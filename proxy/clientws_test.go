@@ -333,6 +333,47 @@ func TestSocketAnswersAnUnknownPreviousResponseAsTheUpstream(t *testing.T) {
 	assert.Equal(t, notFoundCode, a.err.Get("error.code").String())
 }
 
+// What the connections keep of their latest responses is bounded
+// together (MaxKeptBytes): the responses kept the longest ago go first,
+// their clients sending their full context again, and a connection that
+// ends gives back what it kept.
+func TestSocketsKeepAtMostMaxKeptBytes(t *testing.T) {
+	const conns, kept = 6, 3
+	var r *socketRig
+	r = newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
+	one := dialSocket(t, r.url, "s0")
+	newSocketConversation(one, false, false).say("hello")
+	keptBytes := func() int64 {
+		r.proxy.kept.mu.Lock()
+		defer r.proxy.kept.mu.Unlock()
+		return r.proxy.kept.bytes
+	}
+	size := keptBytes() // one connection's latest response
+	require.Positive(t, size)
+
+	r = newSocketRig(t, overWebSocket, fakeupstream.Options{}, func(c *Config) { c.MaxKeptBytes = kept*size + size/2 })
+	convs := make([]*socketConversation, conns)
+	for i := range convs {
+		convs[i] = newSocketConversation(dialSocket(t, r.url, fmt.Sprintf("s%d", i)), false, false)
+		convs[i].say("hello")
+		assert.LessOrEqual(t, keptBytes(), r.proxy.cfg.MaxKeptBytes)
+	}
+	assert.Equal(t, kept*size, keptBytes())
+	for i, conv := range convs[:conns-kept] {
+		a := conv.c.turn(conv.body())
+		assert.Equal(t, notFoundCode, a.err.Get("error.code").String(), "conversation %d: its response was dropped", i)
+	}
+	last := convs[conns-1]
+	last.say("again")
+	assert.Equal(t, last.answers[2].response.Get("id").String(), r.upstreamCalls()[len(r.upstreamCalls())-3].Get("previous_response_id").String(),
+		"the connection kept last continues")
+	for _, conv := range convs {
+		_ = conv.c.ws.Close(websocket.StatusNormalClosure, "")
+	}
+	assert.Eventually(t, func() bool { return keptBytes() == 0 }, 5*time.Second, time.Millisecond,
+		"the connections that ended keep nothing")
+}
+
 func TestSocketSendsAStoredPreviousResponseUpstream(t *testing.T) {
 	r := newSocketRig(t, overHTTP, fakeupstream.Options{}, nil)
 	first := post(t, r.http, http.Header{"X-Session-Id": {"s1"}}, map[string]any{

@@ -85,6 +85,7 @@ const (
 	defaultMaxBodyBytes    = 64 << 20
 	defaultUpstreamTimeout = 10 * time.Minute
 	defaultMessageTimeout  = 30 * time.Second
+	defaultMaxKeptBytes    = 512 << 20
 )
 
 // Config configures a Proxy.
@@ -178,6 +179,14 @@ type Config struct {
 	// the bodies it stopped do; one that could never fit gets 413 at once.
 	// Default 256 MiB.
 	MaxBytesInFlight int64
+	// MaxKeptBytes bounds what the client WebSocket connections keep of
+	// their latest responses together, for their clients to continue with
+	// previous_response_id and the new items only (clientws.go), an item
+	// counted by its bytes: past it, the responses kept the longest ago
+	// are dropped, and a turn that continues one is answered as if its
+	// connection kept none (with "store": false, previous_response_not_found,
+	// and the client sends its full context again). Default 512 MiB.
+	MaxKeptBytes int64
 }
 
 // Proxy is the gateway handler. It is safe for concurrent use.
@@ -189,6 +198,7 @@ type Proxy struct {
 	warns   warnings // at most a line a second per cause
 	sockets socketSet
 	budget  *budget // MaxBytesInFlight
+	kept    *keptResponses
 	records records // the recordings in flight
 }
 
@@ -198,7 +208,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning),
-		budget: newBudget(cfg.MaxBytesInFlight)}, nil
+		budget: newBudget(cfg.MaxBytesInFlight), kept: &keptResponses{limit: cfg.MaxKeptBytes}}, nil
 }
 
 // fill checks cfg and fills its defaults.
@@ -218,6 +228,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: MessageTimeout %v is negative", ErrInvalidConfig, cfg.MessageTimeout)
 	case cfg.MaxBytesInFlight < 0:
 		return fmt.Errorf("%w: MaxBytesInFlight %d is negative", ErrInvalidConfig, cfg.MaxBytesInFlight)
+	case cfg.MaxKeptBytes < 0:
+		return fmt.Errorf("%w: MaxKeptBytes %d is negative", ErrInvalidConfig, cfg.MaxKeptBytes)
 	}
 	if cfg.Identity.Session == nil && cfg.Identity.Agent == nil {
 		cfg.Identity = DefaultIdentity
@@ -229,6 +241,7 @@ func (cfg *Config) fill() error {
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, defaultUpstreamTimeout)
 	cfg.MaxBytesInFlight = cmp.Or(cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
 	cfg.MessageTimeout = cmp.Or(cfg.MessageTimeout, defaultMessageTimeout)
+	cfg.MaxKeptBytes = cmp.Or(cfg.MaxKeptBytes, defaultMaxKeptBytes)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.RoutingHeader = cmp.Or(cfg.RoutingHeader, defaultRoutingHeader)
 	if cfg.Forwarding != nil {

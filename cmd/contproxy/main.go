@@ -98,7 +98,7 @@ type config struct {
 	sockets, maxConns, guessOwners                    int
 	maxCredentials                                    int
 	socketIdleTimeout                                 time.Duration
-	maxBody, maxBytesInFlight                         int64
+	maxBody, maxBytesInFlight, maxKeptBytes           int64
 	upstreamTimeout, shutdownTimeout, opTimeout       time.Duration
 	idleTimeout, readHeaderTimeout                    time.Duration
 	bodyTimeout, writeTimeout                         time.Duration
@@ -184,6 +184,7 @@ Flags:
 	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 0, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten"+proxyDefault("WebSocketOptions.IdleTimeout"))
 	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
 	fs.Int64Var(&c.maxBytesInFlight, "max-bytes-in-flight", 0, "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413"+proxyDefault("Config.MaxBytesInFlight"))
+	fs.Int64Var(&c.maxKeptBytes, "max-kept-bytes", 0, "memory in `bytes` the client WebSocket connections may keep of their latest responses together, for their next turns to continue; past it the responses kept the longest ago are dropped"+proxyDefault("Config.MaxKeptBytes"))
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 0, "bound on one turn upstream, streaming included"+proxyDefault("Config.UpstreamTimeout"))
 	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
@@ -418,7 +419,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxBytesInFlight: c.maxBytesInFlight,
-		UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, Logger: logger, RoutingHeader: c.routingHeader,
+		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
 	announced, err := forward(ctx, c, rdb, logger, &cfg)
 	if err != nil {
