@@ -48,9 +48,13 @@ type passTarget struct {
 // httpBase returns the HTTP base of an upstream's turn URL (base +
 // "/responses"): ws becomes http and wss https.
 func httpBase(turnURL string) *url.URL {
-	u, err := url.Parse(strings.TrimSuffix(turnURL, "/responses"))
+	u, err := url.Parse(turnURL)
 	if err != nil {
 		panic(err) // responsesURL checked it
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/responses")
+	if u.RawPath != "" {
+		u.RawPath = strings.TrimSuffix(u.RawPath, "/responses")
 	}
 	switch u.Scheme {
 	case "ws":
@@ -87,6 +91,7 @@ func (t passTarget) rewrite(pr *httputil.ProxyRequest) {
 	out.URL.Scheme, out.URL.Host, out.Host = t.base.Scheme, t.base.Host, ""
 	out.URL.Path = strings.TrimSuffix(t.base.Path, "/") + strings.TrimPrefix(in.URL.Path, "/v1")
 	out.URL.RawPath = ""
+	out.URL.RawQuery = mergeQuery(t.base.RawQuery, in.URL.RawQuery)
 	if in.URL.RawPath != "" {
 		out.URL.RawPath = strings.TrimSuffix(t.base.EscapedPath(), "/") + strings.TrimPrefix(in.URL.RawPath, "/v1")
 	}

@@ -284,3 +284,44 @@ func TestPathsOutsideV1Are404(t *testing.T) {
 	}
 	assert.Empty(t, r.fake.Requests())
 }
+
+// A query string goes upstream with a turn as with any other request
+// (Azure's api-version), and the upstream URL's own query goes with every
+// request, but for the parameters the client names itself.
+func TestQueriesGoUpstream(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.RequestURI())
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	turn := `{"model":"m","input":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		base, path string
+		want       string
+	}{
+		{"/openai/v1", "/v1/responses?api-version=2025-04-01-preview", "POST /openai/v1/responses?api-version=2025-04-01-preview"},
+		{"/openai/v1?api-version=p", "/v1/responses", "POST /openai/v1/responses?api-version=p"},
+		{"/openai/v1/?api-version=p", "/v1/responses?api-version=q&x=1", "POST /openai/v1/responses?api-version=q&x=1"},
+		{"/openai/v1?api-version=p&y=2", "/v1/responses?x=1", "POST /openai/v1/responses?api-version=p&y=2&x=1"},
+		{"/openai/v1?api-version=p", "/v1/models?x=1", "GET /openai/v1/models?api-version=p&x=1"},
+	} {
+		st, err := store.NewMemory(store.Options{})
+		require.NoError(t, err)
+		srv := httptest.NewServer(newProxy(t, overHTTP, st, up.URL+tc.base))
+		method, body := http.MethodPost, turn
+		if strings.Contains(tc.want, "GET") {
+			method, body = http.MethodGet, ""
+		}
+		resp, b := do(t, method, srv.URL+tc.path, body, http.Header{"Content-Type": {"application/json"}})
+		srv.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		mu.Lock()
+		assert.Equal(t, tc.want, got[len(got)-1], "base %s, %s", tc.base, tc.path)
+		mu.Unlock()
+	}
+}

@@ -270,6 +270,9 @@ func (p *Proxy) Close() error {
 type target struct {
 	// header holds the client's request headers.
 	header http.Header
+	// query is the client's query string, which goes upstream with the
+	// turn over HTTP (Azure's api-version).
+	query string
 	// stores tells whether the upstream keeps the response ("store" true
 	// or absent).
 	stores bool
@@ -332,7 +335,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveForwarded(w, r, req, goes)
 		return
 	}
-	t := &turn{target: target{header: r.Header, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true",
+	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true",
 		hold: h}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))

@@ -102,19 +102,61 @@ func (r *reply) close() {
 	}
 }
 
-// responsesURL returns base + "/responses" after checking base's scheme.
+// responsesURL returns base with "/responses" added to its path, its
+// query kept (Azure's ?api-version=), after checking base's scheme.
 func responsesURL(base string, schemes ...string) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil {
 		return "", fmt.Errorf("%w: upstream URL %q: %v", ErrInvalidConfig, base, err)
 	}
+	if u.Fragment != "" || u.User != nil {
+		return "", fmt.Errorf("%w: upstream URL %q: no fragment or user information, please", ErrInvalidConfig, base)
+	}
 	for _, s := range schemes {
 		if u.Scheme == s && u.Host != "" {
-			return strings.TrimSuffix(base, "/") + "/responses", nil
+			u = u.JoinPath("responses")
+			return u.String(), nil
 		}
 	}
-	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path]", ErrInvalidConfig, base,
+	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path][?query]", ErrInvalidConfig, base,
 		strings.Join(schemes, "/"))
+}
+
+// withQuery returns rawURL with query added to its own: the base's
+// parameters first, but those query names again, then query's.
+func withQuery(rawURL, query string) string {
+	if query == "" {
+		return rawURL
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		panic(err) // responsesURL made it
+	}
+	u.RawQuery = mergeQuery(u.RawQuery, query)
+	return u.String()
+}
+
+// mergeQuery returns the parameters of base that query does not name,
+// then query, each as written.
+func mergeQuery(base, query string) string {
+	if base == "" || query == "" {
+		return base + query
+	}
+	named := map[string]bool{}
+	for kv := range strings.SplitSeq(query, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if k, err := url.QueryUnescape(k); err == nil {
+			named[k] = true
+		}
+	}
+	var kept []string
+	for kv := range strings.SplitSeq(base, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if k, err := url.QueryUnescape(k); err != nil || !named[k] {
+			kept = append(kept, kv)
+		}
+	}
+	return strings.Join(append(kept, query), "&")
 }
 
 // httpUpstream is the Responses HTTP API: any replica can continue a
@@ -220,7 +262,7 @@ func (c *httpConn) socket() store.Socket {
 func (c *httpConn) release() {}
 
 func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
-	req, err := newPost(ctx, c.up.url, c.tg.header, body)
+	req, err := newPost(ctx, withQuery(c.up.url, c.tg.query), c.tg.header, body)
 	if err != nil {
 		return nil, err
 	}
