@@ -37,6 +37,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -532,16 +533,24 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/v1/", p) // the turns; every other /v1 request passes through
-	mux.HandleFunc("GET /healthz", healthz)
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusNotFound)
-		fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
-			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
+	// Routed by hand, not by http.ServeMux, which answers a path it would
+	// clean (/v1//responses, /v1/x/../models) with a redirect: the API
+	// under /v1 goes to p as the client wrote it, as through any reverse
+	// proxy.
+	route := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch clean := path.Clean(r.URL.Path); {
+		case clean == "/v1" || strings.HasPrefix(clean, "/v1/"):
+			p.ServeHTTP(w, r) // the turns; every other /v1 request passes through
+		case r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+			healthz(w, r)
+		default:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
+				fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
+		}
 	})
-	srv := &http.Server{Handler: progress(mux, c.bodyTimeout, c.writeTimeout), ConnContext: connContext,
+	srv := &http.Server{Handler: progress(route, c.bodyTimeout, c.writeTimeout), ConnContext: connContext,
 		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout, MaxHeaderBytes: maxHeaderBytes}
 	// The operations port: metrics, and health for a prober, off the
 	// clients' network.

@@ -280,6 +280,37 @@ func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
 	assert.Contains(t, log.String(), ` ops="" `, "-ops-listen empty serves no operations port")
 }
 
+// A path a client's base URL spells oddly is served as written, not
+// redirected, as through any reverse proxy; one that cleans to a path
+// outside /v1 is 404.
+func TestOddPathsAreServedNotRedirected(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream")
+	for _, c := range []struct {
+		method, path string
+		status       int
+	}{
+		{"POST", "/v1//responses", http.StatusOK},
+		{"POST", "/v1/responses//", http.StatusOK},
+		{"POST", "/v1/x/../responses", http.StatusOK},
+		{"POST", "/v1/./responses", http.StatusOK},
+		{"GET", "/v1//models", http.StatusOK},
+		{"GET", "/v1/../metrics", http.StatusNotFound},
+		{"GET", "/v2/models", http.StatusNotFound},
+	} {
+		conn := dial(t, addr)
+		body := `{"model":"m","input":"hi"}`
+		_, err := fmt.Fprintf(conn, "%s %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			c.method, c.path, len(body), body)
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+		resp, err := http.ReadResponse(conn.r, nil)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, c.status, resp.StatusCode, "%s %s: %.200s", c.method, c.path, b)
+	}
+}
+
 // -max-conns leaves room in the open-file limit for an upstream
 // connection a client connection, and for the files kept apart.
 func TestMaxConnsFitsTheOpenFileLimit(t *testing.T) {
