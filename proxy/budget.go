@@ -501,11 +501,14 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	}
 	var req *fingerprint.Request
 	if err == nil {
-		in = &commaReader{ctx: ctx, r: in, h: h, size: n, in: func() { settle(true) }}
+		cr := &commaReader{ctx: ctx, r: in, h: h, size: n, in: func() { settle(true) }}
 		if p.cfg.NoContinuation {
-			req, err = skimRequest(p.cfg.Store, in, int(n))
+			req, err = skimRequest(p.cfg.Store, cr, int(n))
 		} else {
-			req, err = p.cfg.Store.ReadRequest(in, int(alloc))
+			req, err = p.cfg.Store.ReadRequest(cr, int(alloc))
+		}
+		if errors.Is(err, fingerprint.ErrInvalidRequest) && cr.body != nil {
+			return nil, nil, &unparsed{body: cr.body, hold: h, err: err}
 		}
 	}
 	if err != nil {
@@ -514,6 +517,18 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	}
 	return req, h, nil
 }
+
+// unparsed is readTurn's error for a body that is in but the fingerprint
+// refused (fingerprint.ErrInvalidRequest): the body, still held in the
+// budget until its hold is released.
+type unparsed struct {
+	body []byte
+	hold *hold
+	err  error
+}
+
+func (u *unparsed) Error() string { return u.err.Error() }
+func (u *unparsed) Unwrap() error { return u.err }
 
 // A poker ends the reads of a request's body, one in progress or to come,
 // once the budget stops the body (start), until the body is in or its
@@ -573,7 +588,8 @@ func (p *poker) end(in bool) {
 
 // skimRequest reads a body of n bytes (-1 when unknown) from r and skims
 // it (Store.SkimRequest). Its memory grows as it arrives.
-func skimRequest(st *store.Store, r io.Reader, n int) (*fingerprint.Request, error) {
+func skimRequest(st *store.Store, cr *commaReader, n int) (*fingerprint.Request, error) {
+	var r io.Reader = cr
 	if n >= 0 {
 		r = io.LimitReader(r, int64(n))
 	}
@@ -584,6 +600,7 @@ func skimRequest(st *store.Store, r io.Reader, n int) (*fingerprint.Request, err
 	if err != nil {
 		return nil, err
 	}
+	cr.body = body
 	return st.SkimRequest(body)
 }
 
@@ -599,6 +616,7 @@ type commaReader struct {
 	read, commas int64
 	held         bool
 	in           func() // called once the body is in, before its items are held
+	body         []byte // the body, once it is in
 }
 
 func (c *commaReader) Read(p []byte) (int, error) {
@@ -613,8 +631,10 @@ func (c *commaReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// CheckBody holds the items of body, which is in.
+// CheckBody holds the items of body, which is in, and keeps it for a
+// parse that refuses it (unparsed).
 func (c *commaReader) CheckBody(body []byte) error {
+	c.body = body
 	more := func(items int64) int64 { return itemBytes * (items - 1) }
 	return c.h.grow(c.ctx, more(itemsIn(c.h, body, c.commas, more)))
 }

@@ -431,8 +431,11 @@ func failedTurns() []releaseCase {
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusBadRequest, status)
 		}},
-		{"invalid owner", func(t *testing.T, r *budgetRig) {
-			assert.Equal(t, http.StatusBadRequest, post(t, r.url, http.Header{"X-Session-Id": {""}}, turn).status)
+		{"a body the fingerprint refuses, sent upstream as received", func(t *testing.T, r *budgetRig) {
+			refused := bytes.Replace(valid, []byte(`"model":`), []byte(`"model":"m","model":`), 1)
+			status, _, _, err := postBytes(t.Context(), r.url, "s", refused)
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusOK, status, "the upstream's answer")
 		}},
 		{"upstream error", func(t *testing.T, r *budgetRig) {
 			a := failWith(fakeupstream.Fault{Kind: fakeupstream.FaultStatus, Status: http.StatusInternalServerError})(t, r, turn)

@@ -17,7 +17,8 @@ import (
 )
 
 // errInvalidIdentity is wrapped by the error a request gets when a source
-// holds an empty or invalid session or agent id (answered 400).
+// holds an empty or invalid session or agent id (the turn then goes
+// upstream with its full context, outside the store).
 var errInvalidIdentity = errors.New("proxy: invalid identity")
 
 // Source is one place a request may name its conversation: a request
@@ -140,7 +141,7 @@ func carriesCredential(h http.Header) bool {
 
 // Owner returns the owner of a request with headers h and parsed body req,
 // the zero owner when it has none, or an error naming the source of an
-// empty or invalid id, which the proxy answers with 400.
+// empty or invalid id; the proxy sends such a turn with its full context.
 //
 // Every owner is scoped by the client's credential: a keyed digest of the
 // credential headers present (credentialHeaders) and of the

@@ -28,7 +28,9 @@
 //
 // A turn's body may be compressed (encoding.go): it is read decoded and
 // sent upstream so. A request that carries its own previous_response_id
-// or conversation is forwarded as sent, outside the store. Store failures never fail a
+// or conversation is forwarded as sent, outside the store, and so is one
+// the proxy cannot read: a body the fingerprint refuses, or an owner named
+// in a way Identity cannot take; the client gets the upstream's answer. Store failures never fail a
 // request: the store fails open and the full context goes upstream.
 //
 // Every other request under /v1 (GET /v1/models, POST
@@ -349,8 +351,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.stats.add(cPassthrough, 1)
 	case !p.cfg.NoContinuation:
 		if who, err = p.cfg.Identity.Owner(r.Header, req); err != nil {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_identity", err.Error())
-			return
+			// The upstream takes what names no owner here: the turn goes
+			// with its full context, outside the store.
+			p.warns.warn(p.cfg.Logger, "a turn names its owner in a way the proxy cannot read; sent with its full context", "err", err)
+			who = identity.Owner{}
 		}
 	}
 	p.stats.add(cItemsReceived, int64(req.Len()))
@@ -370,8 +374,20 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 		return nil, nil, false
 	}
 	req, h, err := p.readTurn(w, r)
+	var un *unparsed
 	switch {
+	case errors.As(err, &un) && r.Context().Value(socketTurn{}) == nil:
+		// The upstream answers what the fingerprint cannot read
+		// (duplicate keys, a lone surrogate, a null input…), as it
+		// would without the proxy.
+		p.cfg.Logger.Debug("a turn the fingerprint cannot read goes upstream as sent", "err", un.err)
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(un.body)), int64(len(un.body))
+		p.relayEndpoint(w, r)
+		un.hold.release()
 	case errors.Is(err, fingerprint.ErrInvalidRequest):
+		if un != nil {
+			un.hold.release()
+		}
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
 	case err != nil:
 		p.refuseBody(w, err)
