@@ -75,3 +75,23 @@ func TestExplain(t *testing.T) {
 	_, err = Explain(prev, out, r)
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 }
+
+// A string input becomes the one user message the API takes it for, its
+// string as written, and the array a client sends next continues it.
+func TestMessageInputBody(t *testing.T) {
+	r := mustParse(t, `{"model":"m", "input" : "hi \u00e9" ,"store":true}`)
+	got, ok := r.MessageInputBody()
+	require.True(t, ok)
+	assert.Equal(t, `{"model":"m", "input" : [{"role":"user","content":"hi \u00e9"}] ,"store":true}`, string(got))
+	first := mustParse(t, string(got))
+	next := mustParse(t, `{"model":"m","input":[{"role":"user","content":"hi é"},{"role":"assistant","content":"hello"}],"store":true}`)
+	assert.Equal(t, first.Prefix(1), next.Prefix(1), "the next request's opening is the first's")
+	assert.Equal(t, first.Signature(), next.Signature())
+
+	for _, body := range []string{`{"model":"m","input":["hi"]}`, `{"model":"m"}`, `{"model":"m","input":[]}`} {
+		r := mustParse(t, body)
+		got, ok := r.MessageInputBody()
+		assert.False(t, ok, body)
+		assert.Equal(t, body, string(got))
+	}
+}

@@ -371,6 +371,21 @@ func (r *Request) ContinuedBody(previousResponseID string, from int) ([]byte, er
 	return append(out, r.body[last:]...), nil
 }
 
+// MessageInputBody returns the body with a string input replaced by the
+// array of the one user message the API takes it for,
+// [{"role":"user","content":<the string as written>}], and true; the body
+// and false when the input is not a string. A client that opens with a
+// string and sends its history as an array after that resends its
+// opening as that message: a gateway sending the first form continues
+// the second.
+func (r *Request) MessageInputBody() ([]byte, bool) {
+	if r.input.start < 0 || r.body[r.input.start] != '"' {
+		return r.body, false
+	}
+	return slices.Concat(r.body[:r.input.start], []byte(`[{"role":"user","content":`),
+		r.body[r.input.start:r.input.end], []byte(`}]`), r.body[r.input.end:]), true
+}
+
 func errorf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidRequest}, args...)...)
 }

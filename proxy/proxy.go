@@ -331,12 +331,21 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer h.release()
-	body := req.Body()
-	h.trim(weight(int64(len(body)), int64(req.Len())))
 	if goes != nil {
+		h.trim(weight(int64(len(req.Body())), int64(req.Len())))
 		p.serveForwarded(w, r, req, goes)
 		return
 	}
+	if b, ok := req.MessageInputBody(); ok && !p.cfg.NoContinuation && !passthrough(req) {
+		// A string input goes as the user message it stands for, the
+		// opening the client's next request resends (as the WebSocket
+		// mode does).
+		if m, err := p.cfg.Store.ParseRequest(b); err == nil {
+			req = m
+		}
+	}
+	body := req.Body()
+	h.trim(weight(int64(len(body)), int64(req.Len())))
 	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true",
 		hold: h}
 	p.stats.add(cTurns, 1)

@@ -257,6 +257,22 @@ func TestConversationsContinue(t *testing.T) {
 	}
 }
 
+// A conversation that opens with a string input and sends its history as
+// an array after that, the string as the user message it stands for,
+// continues from its first turn, with or without a session id.
+func TestAStringOpeningContinues(t *testing.T) {
+	for _, header := range []http.Header{nil, {"X-Session-Id": {"s1"}}} {
+		r := newRig(t, overHTTP, nil)
+		params := map[string]any{"model": "gpt-test", "input": "hello"}
+		first := post(t, r.url, header, params)
+		require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+		params["input"] = first.next([]any{map[string]any{"role": "user", "content": "hello"}}, "again")
+		second := post(t, r.url, header, params)
+		require.Equal(t, http.StatusOK, second.status, "%s", second.body)
+		assert.Equal(t, int64(1), r.proxy.Stats().Continued, "header %v", header)
+	}
+}
+
 // A session id may name many conversations, as a prompt_cache_key an
 // application sets per user does: interleaved, each continues its own.
 func TestConversationsUnderOneSessionIDContinueInterleaved(t *testing.T) {
