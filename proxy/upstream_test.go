@@ -256,7 +256,7 @@ func TestUpstreamRedirectsAndMediaTypes(t *testing.T) {
 				assert.True(t, isEventStream(resp.Header))
 				assert.Contains(t, string(body), "event: response.completed")
 				next, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses",
-					strings.NewReader(`{"model":"m","stream":true,"input":["hi",{"role":"user","content":"again"}]}`))
+					strings.NewReader(`{"model":"m","stream":true,"input":[{"role":"user","content":"hi"},{"role":"user","content":"again"}]}`))
 				require.NoError(t, err)
 				next.Header.Set("X-Session-Id", "s1")
 				resp, err := client.Do(next)

@@ -338,7 +338,7 @@ func TestEventsLeftOverOnASocketAreNotTheNextTurns(t *testing.T) {
 	first := post(t, srv.URL+"/v1/responses", h, map[string]any{"model": "m", "input": "hi", "store": false})
 	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
 	second := post(t, srv.URL+"/v1/responses", h, map[string]any{"model": "m", "store": false,
-		"input": first.next([]any{"hi"}, "again")})
+		"input": first.next([]any{map[string]any{"role": "user", "content": "hi"}}, "again")})
 	require.Equal(t, http.StatusOK, second.status, "%s", second.body)
 	assert.Equal(t, int64(1), refusals.Load(), "the continuation was sent, and refused")
 	assert.Equal(t, int64(2), answers.Load(), "then sent again whole")
@@ -355,7 +355,7 @@ func TestALateErrorOnASocketReachesNoOtherTurn(t *testing.T) {
 		if n > 1 { // the last response's late error
 			send(`{"type":"error","error":{"type":"server_error","code":"server_error","message":"Late."}}`)
 		}
-		said := gjson.GetBytes(msg, "input").String()
+		said := gjson.GetBytes(msg, "input.0.content").String() // the string input, as the message it stands for
 		id := fmt.Sprintf("resp_%d_%d", socket, n)
 		resp := `{"id":"` + id + `","object":"response","status":"%s","output":[{"type":"message","id":"msg_` + id +
 			`","role":"assistant","status":"completed","content":[{"type":"output_text","text":` + strconv.Quote(said) + `}]}]}`
