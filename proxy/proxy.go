@@ -915,6 +915,16 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		defer func() { rep.stream.wait = nil }()
 	}
 	gone := false
+	rep.comments = func(line []byte) {
+		if !gone {
+			// Passed on as they come: a client or a balancer that would
+			// close a quiet stream sees what the upstream keeps it with.
+			_, werr := w.Write(append(slices.Clip(line), '\n', '\n'))
+			gone = werr != nil
+			flush()
+		}
+	}
+	defer func() { rep.comments = nil }()
 	var buf bytes.Buffer
 	for ; err == nil; ev, err = rep.next() {
 		done := col.see(ev)

@@ -64,6 +64,9 @@ type reply struct {
 	// the relay sets its wait, to flush what it wrote before next reads
 	// more of the stream.
 	stream *waitReader
+	// comments, when set, gets the comment lines of the event stream read
+	// over HTTP (keep-alives), as they are read: the relay passes them on.
+	comments func(line []byte)
 	// done releases what the reply holds; it may be nil.
 	done func()
 }
@@ -288,7 +291,11 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 func eventReply(resp *http.Response) *reply {
 	rep := &reply{status: resp.StatusCode, header: resp.Header, stream: &waitReader{r: resp.Body},
 		done: func() { _ = resp.Body.Close() }}
-	rep.next = sseReader(rep.stream)
+	rep.next = sseReader(rep.stream, func(line []byte) {
+		if rep.comments != nil {
+			rep.comments(line)
+		}
+	})
 	return rep
 }
 
@@ -309,10 +316,12 @@ func newPost(ctx context.Context, url string, client http.Header, body []byte) (
 const maxUpstreamBody = 64 << 20
 
 // sseReader reads Server-Sent Events: each event's "event:" type (or the
-// data's own "type" member) and its "data:" lines joined.
-func sseReader(r io.Reader) func() (event, error) {
+// data's own "type" member) and its "data:" lines joined; comment gets the
+// comment lines. A line ends with CRLF, LF or CR.
+func sseReader(r io.Reader, comment func(line []byte)) func() (event, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxUpstreamBody)
+	sc.Split(scanEventLines)
 	return func() (event, error) {
 		var ev event
 		var data [][]byte
@@ -332,7 +341,7 @@ func sseReader(r io.Reader) func() (event, error) {
 				}
 				return ev, nil
 			case line[0] == ':':
-				// comment (keep-alive)
+				comment(line) // a keep-alive
 			case bytes.HasPrefix(line, []byte("event:")):
 				ev.typ = string(bytes.TrimSpace(line[len("event:"):]))
 			case bytes.HasPrefix(line, []byte("data:")):
@@ -349,6 +358,26 @@ func sseReader(r io.Reader) func() (event, error) {
 		}
 		return event{}, io.EOF
 	}
+}
+
+// scanEventLines splits an event stream into lines, each ended by CRLF,
+// LF or CR (bufio.ScanLines knows only the first two): a CR at the end of
+// what has arrived waits for the next byte, which may be its LF.
+func scanEventLines(data []byte, atEOF bool) (int, []byte, error) {
+	i := bytes.IndexAny(data, "\r\n")
+	switch {
+	case i < 0 && atEOF && len(data) > 0:
+		return len(data), data, nil
+	case i < 0:
+		return 0, nil, nil
+	case data[i] == '\n':
+		return i + 1, data[:i], nil
+	case i+1 < len(data) && data[i+1] == '\n':
+		return i + 2, data[:i], nil
+	case i+1 < len(data) || atEOF:
+		return i + 1, data[:i], nil
+	}
+	return 0, nil, nil
 }
 
 // waitReader reads r, calling wait, when set, before each read: the point

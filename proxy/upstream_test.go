@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -209,6 +212,49 @@ func TestEventsOfManyLinesReachTheClientWhole(t *testing.T) {
 		types = append(types, gjson.GetBytes(ev.data, "type").String())
 	}
 	assert.Equal(t, []string{"response.created", "response.completed"}, types)
+}
+
+// An event stream whose lines end with CR alone (SSE allows it) is read as
+// one whose lines end with LF, and the upstream's keep-alive comments reach
+// the client as they come, flushed, between the events.
+func TestEventStreamsEndLinesAnyWayAndKeepAlive(t *testing.T) {
+	gap := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		eol := r.URL.Query().Get("eol")
+		_, _ = io.WriteString(w, "event: response.created"+eol+`data: {"type":"response.created","response":{"id":"resp_cr","object":"response","status":"in_progress","output":[]}}`+eol+eol)
+		_, _ = io.WriteString(w, ": keep-alive"+eol+eol)
+		w.(http.Flusher).Flush()
+		select { // the client has the keep-alive before the stream goes on
+		case <-gap:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, `data: {"type":"response.completed","response":{"id":"resp_cr","object":"response","status":"completed","output":[]}}`+eol+eol)
+	}))
+	t.Cleanup(upstream.Close)
+	for _, eol := range []string{"\r", "\r\n", "\n"} {
+		st, err := store.NewMemory(store.Options{Replica: "r1"})
+		require.NoError(t, err)
+		srv := httptest.NewServer(newProxy(t, overHTTP, st, upstream.URL+"/v1?eol="+url.QueryEscape(eol)))
+		client := &http.Client{Timeout: 10 * time.Second} // a keep-alive held back fails, not hangs
+		resp, err := client.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "eol %q", eol)
+		r := bufio.NewReader(resp.Body)
+		var lines []string
+		for !slices.Contains(lines, ": keep-alive") {
+			line, err := r.ReadString('\n')
+			require.NoError(t, err, "eol %q, before the keep-alive: %q", eol, lines)
+			lines = append(lines, strings.TrimSuffix(line, "\n"))
+		}
+		gap <- struct{}{}
+		rest, err := io.ReadAll(r)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		srv.Close()
+		assert.Contains(t, lines, "event: response.created", "eol %q", eol)
+		assert.Contains(t, string(rest), `"type":"response.completed"`, "eol %q", eol)
+	}
 }
 
 // A redirect from the upstream reaches the client as sent, the turn sent
