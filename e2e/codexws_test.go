@@ -160,13 +160,6 @@ func TestCodexWebSocket(t *testing.T) {
 // calling after when each run has ended. It returns each run's standard
 // output and error.
 func runCodexOpenAI(st *stack, tools nodeTools, after func() error) (map[string]string, error) {
-	root := filepath.Join(st.dir, "codex-openai")
-	home, work := filepath.Join(root, "home"), filepath.Join(root, "work")
-	for _, dir := range []string{home, work} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, err
-		}
-	}
 	config := fmt.Sprintf(`model = "gpt-5.5"
 openai_base_url = %q
 model_reasoning_summary = "detailed"
@@ -177,10 +170,29 @@ check_for_update_on_startup = false
 [analytics]
 enabled = false
 `, st.rr.baseURL())
-	if err := os.WriteFile(filepath.Join(home, "config.toml"), []byte(config), 0o644); err != nil {
-		return nil, err
+	env := clientEnv("OPENAI_API_KEY=fake-key", "CODEX_API_KEY=fake-key", "RUST_LOG=warn")
+	return runCodexSession(filepath.Join(st.dir, "codex-openai"), map[string]string{"config.toml": config}, env, tools, after)
+}
+
+// runCodexSession runs one Codex session in root, its runs named after
+// root: codex exec, then codex exec resume --last for each further prompt,
+// in env with CODEX_HOME root/home holding homeFiles (config.toml,
+// auth.json), HOME root and the working directory root/work, calling
+// after (unless nil) when each run has ended. It returns each run's
+// standard output and error.
+func runCodexSession(root string, homeFiles map[string]string, env []string, tools nodeTools, after func() error) (map[string]string, error) {
+	home, work := filepath.Join(root, "home"), filepath.Join(root, "work")
+	for _, dir := range []string{home, work} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
 	}
-	env := clientEnv("CODEX_HOME="+home, "HOME="+root, "OPENAI_API_KEY=fake-key", "CODEX_API_KEY=fake-key", "RUST_LOG=warn")
+	for name, content := range homeFiles {
+		if err := os.WriteFile(filepath.Join(home, name), []byte(content), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	env = append(slices.Clip(env), "CODEX_HOME="+home, "HOME="+root)
 	flags := []string{"exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--color", "never"}
 	outputs := map[string]string{}
 	for i, prompt := range codexPrompts {
@@ -188,7 +200,7 @@ enabled = false
 		if i > 0 {
 			args = slices.Concat(flags, []string{"resume", "--last", prompt})
 		}
-		name := fmt.Sprintf("codex-openai-%d", i+1)
+		name := fmt.Sprintf("%s-%d", filepath.Base(root), i+1)
 		out, err := runClient(name, root, work, env, tools.codex, args...)
 		if err != nil {
 			return outputs, err
@@ -201,8 +213,10 @@ enabled = false
 		if !codexDone.MatchString(out) {
 			return outputs, fmt.Errorf("codex, user turn %d: no %q in its output:\n%s", i+1, codexDone, clip(out, 4000))
 		}
-		if err := after(); err != nil {
-			return outputs, err
+		if after != nil {
+			if err := after(); err != nil {
+				return outputs, err
+			}
 		}
 	}
 	return outputs, nil

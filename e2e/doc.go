@@ -56,7 +56,13 @@
 // with its built-in OpenAI provider pointed at contproxy, over the
 // WebSocket mode that contproxy serves its clients, through two replicas
 // with forwarding: no fallback to HTTP, and at least 95% of the later turns
-// of each connection continued. TestJSSDKOtherEndpoints runs the OpenAI JS
+// of each connection continued.
+// TestCodexSignedInWithChatGPTSendsZstdTurnsThatContinue runs Codex signed
+// in with ChatGPT (an auth.json of fake tokens), which sends its HTTP
+// turns with Content-Encoding zstd, through one replica over a WebSocket
+// upstream: every turn zstd-encoded and answered 200, the upstream given
+// them decoded, at least 95% of the later turns continued.
+// TestJSSDKOtherEndpoints runs the OpenAI JS
 // SDK's models.list(), responses.inputTokens.count() and, after creating a
 // stored response, responses.retrieve() through two replicas, over each
 // upstream transport: from the fake upstream's request log (its -requests

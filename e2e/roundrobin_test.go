@@ -17,6 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // clientCall is one create-response request a client sent through the
@@ -25,8 +27,10 @@ type clientCall struct {
 	// client is the label of the client run the request belongs to.
 	client string
 	// items and bytes measure the full context the client sent: the input
-	// items and the body.
+	// items and the body, decoded (see decodedBody).
 	items, bytes int
+	// encoding is the request's Content-Encoding header, "" without one.
+	encoding string
 	// prompt is the request's prompt (see promptOf).
 	prompt string
 	// body is the request's body, kept only while a hook is set (see
@@ -35,6 +39,8 @@ type clientCall struct {
 	// failure describes an error the client was sent, in the status line,
 	// the body or a streamed error event; "" when there was none.
 	failure string
+	// status is the answer's status code, 0 before it came.
+	status int
 	// holder is the replica the answer says holds the turn's upstream
 	// socket (the Contproxy-Replica header), "" when it names none.
 	holder string
@@ -205,8 +211,10 @@ func (rr *roundRobin) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	encoding := r.Header.Get("Content-Encoding")
+	plain := decodedBody(encoding, body)
 	rr.mu.Lock()
-	c := &clientCall{client: rr.client, items: inputItems(body), bytes: len(body), prompt: promptOf(body)}
+	c := &clientCall{client: rr.client, items: inputItems(plain), bytes: len(plain), prompt: promptOf(plain), encoding: encoding}
 	if rr.before != nil {
 		c.body = body
 	}
@@ -305,6 +313,7 @@ func (rr *roundRobin) watch(resp *http.Response) error {
 		return nil
 	}
 	rr.mu.Lock()
+	c.status = resp.StatusCode
 	c.holder = resp.Header.Get(routingHeader)
 	rr.mu.Unlock()
 	if resp.StatusCode >= 400 {
@@ -367,6 +376,25 @@ func (e *eventWatcher) check(line []byte) {
 			e.report(string(value))
 		}
 	}
+}
+
+// zstdDecoder decodes the zstd bodies Codex sends when signed in with
+// ChatGPT; DecodeAll is safe for concurrent use.
+var zstdDecoder, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(64<<20))
+
+// decodedBody returns a create-response body as the client meant it: a
+// zstd body decoded, any other as sent (the body goes on as sent, and a
+// zstd body that does not decode is measured as it is, for contproxy to
+// refuse).
+func decodedBody(encoding string, body []byte) []byte {
+	if !strings.EqualFold(strings.TrimSpace(encoding), "zstd") {
+		return body
+	}
+	plain, err := zstdDecoder.DecodeAll(body, nil)
+	if err != nil {
+		return body
+	}
+	return plain
 }
 
 // inputItems counts the input items of a create-response body: the
