@@ -339,26 +339,37 @@ func TestSocketAnswersAnUnknownPreviousResponseAsTheUpstream(t *testing.T) {
 // ends gives back what it kept.
 func TestSocketsKeepAtMostMaxKeptBytes(t *testing.T) {
 	const conns, kept = 6, 3
-	var r *socketRig
-	r = newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
-	one := dialSocket(t, r.url, "s0")
-	newSocketConversation(one, false, false).say("hello")
-	keptBytes := func() int64 {
-		r.proxy.kept.mu.Lock()
-		defer r.proxy.kept.mu.Unlock()
-		return r.proxy.kept.bytes
+	// keptAfter waits until the connection of conv keeps its latest
+	// response, which it does once the turn is over, maybe after the
+	// client has its end, and returns its weight and what all keep.
+	keptAfter := func(r *socketRig, conv *socketConversation) (size, all int64) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			r.proxy.kept.mu.Lock()
+			defer r.proxy.kept.mu.Unlock()
+			for e := r.proxy.kept.order.Front(); e != nil; e = e.Next() {
+				if k := e.Value.(*keptResponse); k.id == conv.prev {
+					size, all = k.bytes, r.proxy.kept.bytes
+					return true
+				}
+			}
+			return false
+		}, 5*time.Second, time.Millisecond, "response %s kept", conv.prev)
+		return size, all
 	}
-	size := keptBytes() // one connection's latest response
-	require.Positive(t, size)
+	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
+	one := newSocketConversation(dialSocket(t, r.url, "s0"), false, false)
+	one.say("hello")
+	size, _ := keptAfter(r, one) // one connection's latest response
 
 	r = newSocketRig(t, overWebSocket, fakeupstream.Options{}, func(c *Config) { c.MaxKeptBytes = kept*size + size/2 })
 	convs := make([]*socketConversation, conns)
 	for i := range convs {
 		convs[i] = newSocketConversation(dialSocket(t, r.url, fmt.Sprintf("s%d", i)), false, false)
 		convs[i].say("hello")
-		assert.LessOrEqual(t, keptBytes(), r.proxy.cfg.MaxKeptBytes)
+		_, all := keptAfter(r, convs[i])
+		assert.Equal(t, int64(min(i+1, kept))*size, all, "after conversation %d", i)
 	}
-	assert.Equal(t, kept*size, keptBytes())
 	for i, conv := range convs[:conns-kept] {
 		a := conv.c.turn(conv.body())
 		assert.Equal(t, notFoundCode, a.err.Get("error.code").String(), "conversation %d: its response was dropped", i)
@@ -370,8 +381,11 @@ func TestSocketsKeepAtMostMaxKeptBytes(t *testing.T) {
 	for _, conv := range convs {
 		_ = conv.c.ws.Close(websocket.StatusNormalClosure, "")
 	}
-	assert.Eventually(t, func() bool { return keptBytes() == 0 }, 5*time.Second, time.Millisecond,
-		"the connections that ended keep nothing")
+	assert.Eventually(t, func() bool {
+		r.proxy.kept.mu.Lock()
+		defer r.proxy.kept.mu.Unlock()
+		return r.proxy.kept.bytes == 0 && r.proxy.kept.order.Len() == 0
+	}, 5*time.Second, time.Millisecond, "the connections that ended keep nothing")
 }
 
 func TestSocketSendsAStoredPreviousResponseUpstream(t *testing.T) {
