@@ -83,14 +83,9 @@ func (p *Proxy) clientSocketLifetime() time.Duration {
 	return defaultClientSocketLifetime
 }
 
-// serveSocket serves a WebSocket upgrade: the WebSocket mode on
-// /v1/responses, 404 anywhere else.
+// serveSocket serves a WebSocket upgrade on /v1/responses: the WebSocket
+// mode.
 func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
-	if !isTurnPath(r.URL.Path) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",
-			fmt.Sprintf("Invalid URL (%s %s): this gateway serves WebSocket connections on %s.", r.Method, r.URL.Path, turnPath))
-		return
-	}
 	if p.sockets.isClosing() {
 		writeError(w, http.StatusServiceUnavailable, "server_error", "", "",
 			"The gateway is shutting down: open the connection again.")

@@ -15,8 +15,6 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/contstore/contstore/store"
 )
 
 // encode returns b compressed with codings, a Content-Encoding value
@@ -84,9 +82,7 @@ func TestCompressedTurnsTheProxyCannotRead(t *testing.T) {
 		_, _ = io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[]}`)
 	}))
 	t.Cleanup(upstream.Close)
-	st, err := store.NewMemory(store.Options{})
-	require.NoError(t, err)
-	p := newProxy(t, overHTTP, st, upstream.URL+"/v1")
+	p := newProxy(t, overHTTP, nil, upstream.URL+"/v1")
 	p.cfg.MaxBodyBytes = 1 << 20
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)

@@ -106,15 +106,27 @@ func (t passTarget) rewrite(pr *httputil.ProxyRequest) {
 			}
 		}
 	}
+	if up := pr.Out.Header.Get("Upgrade"); up != "" {
+		// The upgrade httputil.ReverseProxy keeps (the Realtime API's
+		// WebSocket): it relays the connection once the upstream switches.
+		h.Set("Connection", "Upgrade")
+		h.Set("Upgrade", up)
+	}
 	out.Header = h
 }
 
 // asksWebSocketUpgrade tells whether a request asks for a WebSocket
-// upgrade.
+// upgrade (RFC 6455): a GET whose Connection names upgrade and whose
+// Upgrade names websocket.
 func asksWebSocketUpgrade(r *http.Request) bool {
-	for _, v := range r.Header.Values("Upgrade") {
-		for _, token := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(token), "websocket") {
+	return r.Method == http.MethodGet && hasToken(r.Header, "Connection", "upgrade") && hasToken(r.Header, "Upgrade", "websocket")
+}
+
+// hasToken tells whether a header of h lists token, compared without case.
+func hasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
 				return true
 			}
 		}
@@ -123,12 +135,14 @@ func asksWebSocketUpgrade(r *http.Request) bool {
 }
 
 // serveEndpoint serves a request that is not a turn and returns true;
-// false for a turn or a WebSocket upgrade, left to ServeHTTP. A turn whose
+// false for a turn or a WebSocket upgrade on the turns' path, left to
+// ServeHTTP; an upgrade on another path (the Realtime API's) goes upstream
+// as any other request. A turn whose
 // body has a coding the proxy does not decode (encoding.go) is served as
 // the other endpoints are. A path outside /v1 is answered 404.
 func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case r.Method == http.MethodPost && isTurnPath(path) && decodes(r.Header), asksWebSocketUpgrade(r):
+	case r.Method == http.MethodPost && isTurnPath(path) && decodes(r.Header), asksWebSocketUpgrade(r) && isTurnPath(path):
 		return false
 	case path != "/v1" && !strings.HasPrefix(path, "/v1/"):
 		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",

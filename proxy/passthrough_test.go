@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -324,4 +326,45 @@ func TestQueriesGoUpstream(t *testing.T) {
 		assert.Equal(t, tc.want, got[len(got)-1], "base %s, %s", tc.base, tc.path)
 		mu.Unlock()
 	}
+}
+
+// A WebSocket upgrade on another path than the turns' (the Realtime API's
+// /v1/realtime) goes upstream as any other request, and the connection is
+// relayed once the upstream switches; an Upgrade header on a POST that
+// asks for no upgrade (no Connection: upgrade) leaves it a turn.
+func TestOtherWebSocketsAndStrayUpgradeHeaders(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/realtime" || r.URL.RawQuery != "model=m" {
+			http.NotFound(w, r)
+			return
+		}
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		typ, msg, err := ws.Read(r.Context())
+		if err == nil {
+			_ = ws.Write(r.Context(), typ, append([]byte("echo "), msg...))
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	r := newRig(t, overHTTP, nil)
+	p := newProxy(t, overHTTP, nil, upstream.URL+"/v1")
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/realtime?model=m", nil)
+	require.NoError(t, err)
+	defer ws.CloseNow()
+	require.NoError(t, ws.Write(ctx, websocket.MessageText, []byte(`{"type":"session.update"}`)))
+	_, got, err := ws.Read(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, `echo {"type":"session.update"}`, string(got))
+
+	resp, b := do(t, http.MethodPost, r.url, `{"model":"m","input":"hi"}`,
+		http.Header{"Upgrade": {"websocket"}, "Content-Type": {"application/json"}})
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	assert.Equal(t, int64(1), r.proxy.Stats().Turns)
 }

@@ -310,7 +310,7 @@ type turn struct {
 // request under /v1 through to the upstream (passthrough.go); mount it on
 // /v1/.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if asksWebSocketUpgrade(r) {
+	if asksWebSocketUpgrade(r) && isTurnPath(r.URL.Path) {
 		p.serveSocket(w, r) // the WebSocket mode (clientws.go)
 		return
 	}

@@ -63,11 +63,6 @@ func newRig(t testing.TB, tr transport, st *store.Store) *rig {
 	})
 	r.upstream = httptest.NewServer(fake)
 	t.Cleanup(r.upstream.Close)
-	if st == nil {
-		var err error
-		st, err = store.NewMemory(store.Options{Replica: "r1"})
-		require.NoError(t, err)
-	}
 	r.proxy = newProxy(t, tr, st, r.upstream.URL+"/v1")
 	srv := httptest.NewServer(r.proxy)
 	t.Cleanup(srv.Close)
@@ -75,11 +70,16 @@ func newRig(t testing.TB, tr transport, st *store.Store) *rig {
 	return r
 }
 
-// newProxy returns a proxy on st in front of base over tr.
+// newProxy returns a proxy on st (an in-process store when nil) in front
+// of base over tr.
 func newProxy(t testing.TB, tr transport, st *store.Store, base string) *Proxy {
 	t.Helper()
 	var up Upstream
 	var err error
+	if st == nil {
+		st, err = store.NewMemory(store.Options{Replica: "r1"})
+		require.NoError(t, err)
+	}
 	switch tr {
 	case overHTTP:
 		up, err = NewHTTPUpstream(base, nil)
