@@ -473,6 +473,7 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 	hide := ""
 	if a.continued {
 		hide = a.res.PreviousResponseID
+		a.rep.countClientItems(a.res.Request().Len() - a.res.UpstreamItems)
 	}
 	var rec *recording
 	defer func() {

@@ -273,6 +273,33 @@ func TestAStringOpeningContinues(t *testing.T) {
 	}
 }
 
+// An upstream's error about an item of a continued turn names the item
+// as the client's request counts it, not as the delta sent upstream does:
+// the client gets the error the full request gets.
+func TestErrorsOfContinuedTurnsCountTheClientsItems(t *testing.T) {
+	for _, c := range []struct {
+		tr     transport
+		stream bool
+	}{{overHTTP, false}, {overHTTP, true}, {overWebSocket, false}, {overWebSocket, true}} {
+		stream := c.stream
+		r := newRig(t, c.tr, nil)
+		h := http.Header{"X-Session-Id": {"s1"}}
+		first := post(t, r.url, h, map[string]any{"model": "m", "stream": stream, "input": []any{map[string]any{"role": "user", "content": "hi"}}})
+		require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+		body := map[string]any{"model": "m", "stream": stream,
+			"input": append(first.next([]any{map[string]any{"role": "user", "content": "hi"}}, "again"), map[string]any{"note": "not an item"})}
+		before := r.proxy.Stats()
+		got := post(t, r.url, h, body)
+		after := r.proxy.Stats()
+		require.Less(t, after.ItemsSent-before.ItemsSent, after.ItemsReceived-before.ItemsReceived,
+			"%s, stream %v: the turn was continued", c.tr, stream)
+		direct := post(t, r.upstream.URL+"/v1/responses", h, body)
+		require.Equal(t, http.StatusBadRequest, direct.status, "%s", direct.body)
+		assert.Equal(t, direct.status, got.status)
+		assert.JSONEq(t, string(direct.body), string(got.body), "%s, stream %v", c.tr, stream)
+	}
+}
+
 // A session id may name many conversations, as a prompt_cache_key an
 // application sets per user does: interleaved, each continues its own.
 func TestConversationsUnderOneSessionIDContinueInterleaved(t *testing.T) {

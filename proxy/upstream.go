@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -96,6 +98,47 @@ func (r *reply) drain() {
 type event struct {
 	typ  string
 	data []byte
+}
+
+// countClientItems makes the input paths the reply's errors name (a
+// param such as "input[0].content", and the same in their message) count
+// the items of the client's request when the turn sent only its items
+// from index from on, a continuation's: the client gets the error it
+// would get for the request it sent.
+func (r *reply) countClientItems(from int) {
+	if from == 0 {
+		return
+	}
+	if r.status >= 400 && r.body != nil {
+		r.body = shiftInputPaths(r.body, from)
+	}
+	if next := r.next; next != nil {
+		r.next = func() (event, error) {
+			ev, err := next()
+			if err == nil && ev.typ == "error" {
+				ev.data = shiftInputPaths(ev.data, from)
+			}
+			return ev, err
+		}
+	}
+}
+
+// inputPath is an input item's path in an error.
+var inputPath = regexp.MustCompile(`\binput\[(\d+)\]`)
+
+// shiftInputPaths returns data with the index of each input item's path
+// moved on by n.
+func shiftInputPaths(data []byte, n int) []byte {
+	if !bytes.Contains(data, []byte("input[")) {
+		return data
+	}
+	return inputPath.ReplaceAllFunc(data, func(m []byte) []byte {
+		i, err := strconv.Atoi(string(m[len("input[") : len(m)-1]))
+		if err != nil {
+			return m
+		}
+		return fmt.Appendf(nil, "input[%d]", i+n)
+	})
 }
 
 // close releases the reply.
