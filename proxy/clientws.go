@@ -534,7 +534,7 @@ func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
 		return false
 	}
 	col := &sw.col
-	if c.full && col.id != "" && (col.terminal == "response.completed" || col.terminal == "response.incomplete") {
+	if c.full && col.continuable() {
 		s.keepLatest(&keptResponse{id: col.id, input: c.input, output: col.outcome(http.StatusOK).output})
 	}
 	return true

@@ -11,8 +11,9 @@
 // reservation offers a continuation that the turn's upstream connection
 // can continue (Upstream), else it sends the full context. It streams the
 // upstream's events to the client as they arrive (stream true) or relays
-// its JSON answer. It records a completed response (store.Store.Record)
-// before the client gets its end (response.completed, or the JSON body),
+// its JSON answer. It records a completed response, or one cut short
+// (incomplete), which the upstream keeps all the same (store.Store.Record),
+// before the client gets its end (the terminal event, or the JSON body),
 // so that a client sending its next turn at once finds it; on a store
 // that is not in process, it records it as the client gets it with
 // Config.Affinity, or when the turn went on the store's guess (the owner
@@ -644,8 +645,8 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 		p.abort(ctx, *lg, a.res)
 		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
 		return "aborted", nil
-	case !out.completed || out.clientGone:
-		// Nothing completed, or the client never saw what did.
+	case !out.continuable || out.clientGone:
+		// Nothing to continue, or the client never saw it.
 		p.abort(ctx, *lg, a.res)
 		return "aborted", nil
 	}
@@ -772,11 +773,13 @@ const notFoundCode = "previous_response_not_found"
 // outcome is what a relayed answer was.
 type outcome struct {
 	status int
-	// completed tells whether the response completed; id and output are
-	// then its id and output items.
-	completed bool
-	id        string
-	output    []json.RawMessage
+	// continuable tells whether the response ended as the next turn may
+	// continue it: completed, or incomplete (cut short by
+	// max_output_tokens or a content filter, kept upstream all the same);
+	// id and output are then its id and output items.
+	continuable bool
+	id          string
+	output      []json.RawMessage
 	// clientGone tells whether writing to the client failed.
 	clientGone bool
 	// err is set when the upstream's answer broke off; cut, when it did
@@ -808,11 +811,12 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 	if rep.status/100 == 2 {
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
-		out.completed = r.Get("status").String() == "completed" && out.id != ""
+		status := r.Get("status").String()
+		out.continuable = (status == "completed" || status == "incomplete") && out.id != ""
 		out.output = rawArray(r.Get("output"))
 		body = hideID(body, "previous_response_id", hide)
 	}
-	if out.completed && seal != nil {
+	if out.continuable && seal != nil {
 		seal(out)
 	}
 	copyHeader(w.Header(), rep.header)
@@ -860,9 +864,15 @@ func (c *collector) see(ev event) bool {
 	return false
 }
 
+// continuable tells whether the stream ended with a response the next
+// turn may continue (outcome.continuable).
+func (c *collector) continuable() bool {
+	return (c.terminal == "response.completed" || c.terminal == "response.incomplete") && c.id != ""
+}
+
 // outcome returns what the stream was.
 func (c *collector) outcome(status int) outcome {
-	out := outcome{status: status, completed: c.terminal == "response.completed" && c.id != "", id: c.id}
+	out := outcome{status: status, continuable: c.continuable(), id: c.id}
 	out.output = c.final
 	if len(out.output) == 0 && len(c.items) > 0 {
 		slices.Sort(c.order)
@@ -929,7 +939,7 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	var buf bytes.Buffer
 	for ; err == nil; ev, err = rep.next() {
 		done := col.see(ev)
-		if done && !gone && seal != nil && col.terminal == "response.completed" {
+		if done && !gone && seal != nil && col.continuable() {
 			flush() // what came before the end, while the turn is recorded
 			seal(col.outcome(http.StatusOK))
 		}
@@ -1015,7 +1025,7 @@ func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(ou
 		return writeErrorEvent(w, col.errEvent)
 	}
 	out := col.outcome(http.StatusOK)
-	if out.completed && seal != nil {
+	if out.continuable && seal != nil {
 		seal(out)
 	}
 	body := hideID(col.finalResp, "previous_response_id", hide)

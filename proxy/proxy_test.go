@@ -408,6 +408,33 @@ func TestFailedResponsesAreAbortedAndShownAsSent(t *testing.T) {
 	}
 }
 
+// A response cut short (incomplete: max_output_tokens, a content filter)
+// is kept upstream as any other: the client's next turn, which sends its
+// output back, continues it.
+func TestIncompleteResponsesAreContinued(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tr, stream), func(t *testing.T) {
+				r := newRig(t, tr, nil)
+				h := http.Header{"X-Session-Id": {"s1"}}
+				params := map[string]any{"model": "m", "stream": stream, "store": tr == overHTTP}
+				params["input"] = []any{map[string]any{"role": "user", "content": "hello"}}
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+					return fakeupstream.Fault{Kind: fakeupstream.FaultIncomplete}
+				})
+				first := post(t, r.url, h, params)
+				require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+				require.Equal(t, `"incomplete"`, string(first.response["status"]))
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} })
+				params["input"] = first.next(params["input"].([]any), "go on")
+				second := post(t, r.url, h, params)
+				require.Equal(t, http.StatusOK, second.status, "%s", second.body)
+				assert.Equal(t, int64(1), r.proxy.Stats().Continued)
+			})
+		}
+	}
+}
+
 func TestDroppedStreamAbortsTheTurn(t *testing.T) {
 	for _, tr := range []transport{overHTTP, overWebSocket} {
 		t.Run(string(tr), func(t *testing.T) {

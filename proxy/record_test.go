@@ -34,7 +34,7 @@ func TestARecordIsInFlightOnceStarted(t *testing.T) {
 	require.NotZero(t, res.Turn)
 
 	a := &sent{c: &httpConn{up: up, tg: &target{stores: true}}, res: res}
-	rec := r.proxy.record(ctx, r.proxy.cfg.Logger, &hold{}, a, outcome{status: 200, completed: true, id: "resp_1"})
+	rec := r.proxy.record(ctx, r.proxy.cfg.Logger, &hold{}, a, outcome{status: 200, continuable: true, id: "resp_1"})
 	done := r.proxy.records.pending(owner)
 	require.NotNil(t, done, "the record is in flight once record returned")
 	select {
