@@ -386,10 +386,11 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 	req, h, err := p.readTurn(w, r)
 	var un *unparsed
 	switch {
-	case errors.As(err, &un) && r.Context().Value(socketTurn{}) == nil:
+	case errors.As(err, &un) && r.Context().Value(socketTurn{}) == nil && r.Header.Get(forwardHeader) == "":
 		// The upstream answers what the fingerprint cannot read
 		// (duplicate keys, a lone surrogate, a null input…), as it
-		// would without the proxy.
+		// would without the proxy. A client's WebSocket message, or a
+		// forward, which a replica read, gets the proxy's 400.
 		p.cfg.Logger.Debug("a turn the fingerprint cannot read goes upstream as sent", "err", un.err)
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(un.body)), int64(len(un.body))
 		p.relayEndpoint(w, r)
