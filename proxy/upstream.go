@@ -213,7 +213,8 @@ type httpUpstream struct {
 }
 
 // NewHTTPUpstream returns the Responses HTTP API at baseURL (such as
-// "https://api.openai.com/v1"; turns go to baseURL + "/responses"), called
+// "https://api.openai.com/v1"; turns go to its path + "/responses", with
+// its query and the client's), called
 // with client. When client is nil the upstream gets a client of its own
 // whose transport keeps up to 512 idle connections to the upstream for 90
 // seconds and negotiates HTTP/2 over TLS when the upstream offers it

@@ -132,8 +132,8 @@ type wsSocket struct {
 }
 
 // NewWebSocketUpstream returns the Responses WebSocket mode at baseURL
-// (such as "wss://api.openai.com/v1"; sockets open baseURL +
-// "/responses"). Each turn is sent as a response.create event on a socket
+// (such as "wss://api.openai.com/v1"; sockets open its path +
+// "/responses", with its query). Each turn is sent as a response.create event on a socket
 // of the pool, and its events go back to the client as Server-Sent Events,
 // or as the final response object when the client asked for JSON. Request
 // headers other than the credentials are not sent: a socket is shared by
