@@ -487,15 +487,7 @@ func TestTurnsTheProxyCannotReadGetTheUpstreamsAnswer(t *testing.T) {
 	r := newRig(t, overHTTP, nil)
 	valid := `{"model":"m","input":[{"role":"user","content":"hi"}]}`
 	send := func(url string, header http.Header, body string) (int, []byte) {
-		req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-		require.NoError(t, err)
-		for k, v := range header {
-			req.Header[k] = v
-		}
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
+		resp, b := do(t, http.MethodPost, url, body, header)
 		return resp.StatusCode, b
 	}
 	for _, tc := range []struct {
