@@ -276,6 +276,11 @@ type target struct {
 	// query is the client's query string, which goes upstream with the
 	// turn over HTTP (Azure's api-version).
 	query string
+	// own is the previous_response_id the client sent itself, "" for
+	// none: no socket whose latest response it is carries the turn, so
+	// that a response the upstream does not keep (store false) is
+	// continued on no other client's behalf (websocket.go).
+	own string
 	// stores tells whether the upstream keeps the response ("store" true
 	// or absent).
 	stores bool
@@ -347,7 +352,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	body := req.Body()
 	h.trim(weight(int64(len(body)), int64(req.Len())))
-	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false"}, stream: rawMember(req, "stream") == "true",
+	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false",
+		own: member(req, "previous_response_id").String()}, stream: rawMember(req, "stream") == "true",
 		hold: h}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))

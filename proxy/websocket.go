@@ -133,11 +133,11 @@ type wsSocket struct {
 
 // NewWebSocketUpstream returns the Responses WebSocket mode at baseURL
 // (such as "wss://api.openai.com/v1"; sockets open its path +
-// "/responses", with its query). Each turn is sent as a response.create event on a socket
-// of the pool, and its events go back to the client as Server-Sent Events,
-// or as the final response object when the client asked for JSON. Request
-// headers other than the credentials are not sent: a socket is shared by
-// many clients' turns.
+// "/responses", with its query). Each turn is sent as a response.create
+// event on a socket of the pool, and its events go back to the client as
+// Server-Sent Events, or as the final response object when the client
+// asked for JSON. Request headers other than the credentials are not sent:
+// a socket is shared by many clients' turns.
 func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, error) {
 	u, err := responsesURL(baseURL, "ws", "wss")
 	if err != nil {
@@ -355,12 +355,19 @@ func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 	if tg.forwarded {
 		return nil, true
 	}
-	var idle *wsSocket
+	// A turn that names its own previous response goes on no socket
+	// holding it: the upstream would continue there a response it keeps
+	// for that socket alone (store false), which another client's
+	// connection made.
+	var idle, holding *wsSocket
 	for _, s := range pool.sockets {
-		if !s.busy && s.latest == "" {
+		switch {
+		case s.busy:
+		case tg.own != "" && s.latest == tg.own:
+			holding = s
+		case s.latest == "":
 			return s, false
-		}
-		if !s.busy && (idle == nil || s.released.Before(idle.released)) {
+		case idle == nil || s.released.Before(idle.released):
 			idle = s
 		}
 	}
@@ -369,6 +376,10 @@ func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 		pool.sockets = append(pool.sockets, s)
 		u.slots++
 		return s, false
+	}
+	if idle == nil && holding != nil {
+		holding.shut("its response was named on another turn")
+		return holding, false // opened again, as a new socket
 	}
 	return idle, false // the one whose response has waited longest, or none
 }

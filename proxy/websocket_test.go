@@ -405,3 +405,27 @@ func scriptedSockets(t *testing.T, answer func(socket, n int, msg []byte, send f
 	t.Cleanup(upstream.Close)
 	return upstream
 }
+
+// A response the upstream keeps for its socket alone (store false) is
+// continued by no other client that names it: a turn carrying its own
+// previous_response_id goes on no socket holding that response (here the
+// only one, opened again), and gets the upstream's not-found, as it would
+// on a connection of its own.
+func TestAClientsOwnPreviousResponseGoesOnNoSocketHoldingIt(t *testing.T) {
+	upstream := httptest.NewServer(fakeupstream.New(fakeupstream.Options{}))
+	t.Cleanup(upstream.Close)
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+	h := http.Header{"Authorization": {"Bearer k"}, "X-Session-Id": {"a"}}
+	a := post(t, url, h, map[string]any{"model": "m", "store": false, "input": []any{map[string]any{"role": "user", "content": "mine"}}})
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	id := gjson.GetBytes(a.body, "id").String()
+	for _, stores := range []any{false, true, nil} {
+		body := map[string]any{"model": "m", "previous_response_id": id, "input": []any{map[string]any{"role": "user", "content": "theirs?"}}}
+		if stores != nil {
+			body["store"] = stores
+		}
+		b := post(t, url, http.Header{"Authorization": {"Bearer k"}, "X-Session-Id": {"b"}}, body)
+		assert.Equal(t, http.StatusBadRequest, b.status, "store %v: %s", stores, b.body)
+		assert.Equal(t, notFoundCode, gjson.GetBytes(b.body, "error.code").String(), "store %v", stores)
+	}
+}
