@@ -410,6 +410,12 @@ func (s *clientSocket) handle(ctx context.Context, data []byte) bool {
 		return s.fail(ctx, http.StatusBadRequest, "type", "invalid_value",
 			fmt.Sprintf("Invalid value: '%s'. Supported values are: 'response.create'.", typ))
 	}
+	if in := msg.Get("input"); in.Exists() && in.Type != gjson.Null && in.Type != gjson.String && !in.IsArray() {
+		// Refused here as upstream: a continuation the connection expands
+		// would otherwise go without it.
+		return s.fail(ctx, http.StatusBadRequest, "input", "invalid_type",
+			fmt.Sprintf("Invalid type for 'input': expected one of a string or an array of input items, but got %s instead.", jsonKind(in)))
+	}
 	if msg.Get("background").Bool() {
 		return s.fail(ctx, http.StatusBadRequest, "background", "unsupported_parameter",
 			"Unsupported parameter: 'background' is not supported in WebSocket mode.")

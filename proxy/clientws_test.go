@@ -495,6 +495,8 @@ func TestSocketErrorsLeaveTheConnectionUsable(t *testing.T) {
 		{`[1]`, "", ""},
 		{`{"type":"session.update"}`, "type", "invalid_value"},
 		{`{"type":"response.create","model":"gpt-test","input":"hi","background":true}`, "background", "unsupported_parameter"},
+		{`{"type":"response.create","model":"gpt-test","input":{"role":"user","content":"hi"}}`, "input", "invalid_type"},
+		{`{"type":"response.create","model":"gpt-test","input":3}`, "input", "invalid_type"},
 	} {
 		c.sendRaw([]byte(tc.msg))
 		ev, err := c.next()
