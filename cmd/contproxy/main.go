@@ -27,6 +27,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -470,7 +472,12 @@ func upstreamURL(c config, logger *slog.Logger) (url string, stop func(), _ erro
 	if err != nil {
 		return "", nil, fmt.Errorf("fake upstream: %w", err)
 	}
-	fake := &http.Server{Handler: fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}}),
+	// Ids of this process's own: replicas sharing a Redis, each with its
+	// fake, or one restarted, must not answer with ids another fake gave
+	// out, which the store would take for the same responses.
+	var seed [8]byte
+	_, _ = rand.Read(seed[:])
+	fake := &http.Server{Handler: fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}, IDSeed: hex.EncodeToString(seed[:])}),
 		ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = fake.Serve(ln) }()
 	scheme := "http"

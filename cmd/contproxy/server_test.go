@@ -320,3 +320,20 @@ func TestMaxConnsFitsTheOpenFileLimit(t *testing.T) {
 	assert.Equal(t, 4096, connsWithin(4096, 1<<20))
 	assert.Equal(t, 33, connsWithin(4096, 10), "a tiny limit still leaves some")
 }
+
+// Replicas started with -fake-upstream, or one started again, give out
+// response ids of their own: sharing a Redis, they must not take one
+// fake's responses for another's.
+func TestFakeUpstreamsGiveIDsOfTheirOwn(t *testing.T) {
+	ids := map[string]bool{}
+	for range 2 {
+		addr, _, _ := start(t, "-fake-upstream")
+		resp, err := http.Post("http://"+addr+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":"hi"}`))
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		ids[gjson.GetBytes(b, "id").String()] = true
+	}
+	assert.Len(t, ids, 2, "the two fakes' first responses have ids of their own")
+}
