@@ -36,7 +36,10 @@ const (
 	StepFallback Step = "fallback"
 	// StepEnd is how the turn ended: "recorded" (a completed response
 	// stored as the owner's continuation), "not_recorded" (completed, but
-	// the upstream keeps nothing to continue), "not_reserved" (completed,
+	// the upstream keeps nothing to continue, or another turn of the
+	// owner's was recorded first), "record_failed" (completed, but the
+	// store could not record it: the owner's next turn sends its full
+	// context), "not_reserved" (completed,
 	// with no turn to record it for: a request without owner, such as one
 	// carrying its own previous_response_id, or a store that failed
 	// open), "aborted" (no completed response the client received) or

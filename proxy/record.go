@@ -45,6 +45,9 @@ type recording struct {
 	mu  sync.Mutex
 	in  bool   // the record or the ending is in
 	e   ending // the ending, once in
+	// result is how the turn ended once it is recorded and delivered
+	// (StepEnd): "recorded", "not_recorded" or "record_failed".
+	result string
 }
 
 // ending is what a recording is told once the response's end is written.
@@ -82,8 +85,14 @@ func (p *Proxy) record(ctx context.Context, lg *slog.Logger, h *hold, a *sent, o
 func (rec *recording) run(key string, result store.Result) {
 	outcome, err := rec.p.cfg.Store.Record(rec.ctx, rec.res, result)
 	rec.p.records.done(key)
-	if err != nil {
+	switch {
+	case err != nil:
 		rec.p.warns.warn(rec.lg, "record failed; the next turn sends full context", "err", err)
+		rec.result, outcome = "record_failed", "failed"
+	case outcome == store.OutcomePublished:
+		rec.result = "recorded"
+	default:
+		rec.result = "not_recorded" // another turn of the owner's came first, or nothing to continue
 	}
 	rec.lg = rec.lg.With("response_id", result.ResponseID, "outcome", outcome)
 	rec.meet(nil)
@@ -108,7 +117,7 @@ func (rec *recording) meet(e *ending) {
 	if !second {
 		return
 	}
-	end := "recorded"
+	end := rec.result
 	if !rec.e.delivered {
 		rec.p.abort(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
 		end = "aborted"

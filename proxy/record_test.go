@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"log/slog"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -12,7 +14,9 @@ import (
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/identity"
+	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/internal/lua"
+	"github.com/contstore/contstore/internal/redistest"
 	"github.com/contstore/contstore/store"
 )
 
@@ -147,4 +151,26 @@ func (o *eventOwners) seen() []identity.Owner {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return slices.Clone(o.owners)
+}
+
+// A turn whose record the store could not make ends "record_failed", not
+// "recorded", and its log line says so: the owner's next turn sends its
+// full context.
+func TestAFailedRecordIsNoRecord(t *testing.T) {
+	mr, rc := redistest.Miniredis(t)
+	st, err := store.NewRedis(rc, store.Options{Replica: "r1", Namespace: "failed", OpTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	r := newRig(t, overHTTP, st)
+	var steps stepLog
+	r.proxy.cfg.Observer = &steps
+	logs := &logBuffer{}
+	r.proxy.cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+		mr.SetError("ERR the store fails from here on") // reserved; the record fails
+		return fakeupstream.Fault{}
+	})
+	a := post(t, r.url, http.Header{"X-Session-Id": {"s1"}}, map[string]any{"model": "m", "input": []any{map[string]any{"role": "user", "content": "hi"}}})
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	assert.Contains(t, steps.take(), "end:record_failed")
+	assert.Equal(t, 1, logs.count("outcome=failed"))
 }
