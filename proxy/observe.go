@@ -57,7 +57,8 @@ type Event struct {
 	Result, Cause string
 	// Err is the error of an attempt that failed, or of a turn's end.
 	Err error
-	// Latency is the turn's time, at its end.
+	// Latency is the turn's time at its end, from the request's arrival
+	// (its body read, its reservation and its send included).
 	Latency time.Duration
 }
 

@@ -310,12 +310,15 @@ type turn struct {
 	// response a later turn, so that the store was not asked
 	// (Proxy.reserve).
 	storeless bool
+	// arrived is when the request came: a turn's latency counts from it.
+	arrived time.Time
 }
 
 // ServeHTTP serves the turns, POST /v1/responses, and passes every other
 // request under /v1 through to the upstream (passthrough.go); mount it on
 // /v1/.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	arrived := time.Now()
 	if asksWebSocketUpgrade(r) && isTurnPath(r.URL.Path) {
 		p.serveSocket(w, r) // the WebSocket mode (clientws.go)
 		return
@@ -354,7 +357,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.trim(weight(int64(len(body)), int64(req.Len())))
 	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false",
 		own: member(req, "previous_response_id").String()}, stream: rawMember(req, "stream") == "true",
-		hold: h}
+		hold: h, arrived: arrived}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))
 	// A request that keeps its conversation upstream itself, or any with
@@ -417,7 +420,7 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 // run sends a turn upstream, relays the answer and ends the turn: every
 // request that creates a response, reserved or not (passthrough, NoContinuation).
 func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identity.Owner) {
-	start := time.Now()
+	start := t.arrived
 	sctx := context.WithoutCancel(r.Context())
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.UpstreamTimeout)
 	defer cancel()

@@ -4,7 +4,10 @@ import "sync/atomic"
 
 // Stats counts what the proxy did since it started.
 type Stats struct {
-	// Turns counts requests sent upstream, passthrough ones included.
+	// Turns counts the turns served (POST /v1/responses, and
+	// response.create on a client WebSocket), passthrough ones included,
+	// each once however often it went upstream (full-context retries,
+	// dropped guesses).
 	Turns int64
 	// Continued counts turns sent as a continuation and answered.
 	Continued int64
@@ -73,7 +76,7 @@ var counterTable = [nCounters]struct {
 	name, help string
 	field      func(*Stats) *int64
 }{
-	cTurns:           {"turns_total", "Requests sent upstream, passthrough ones included.", func(s *Stats) *int64 { return &s.Turns }},
+	cTurns:           {"turns_total", "Turns served (POST /v1/responses, and response.create on a client WebSocket), passthrough ones included; each once, however often it went upstream.", func(s *Stats) *int64 { return &s.Turns }},
 	cContinued:       {"turns_continued_total", "Turns sent as a continuation and answered.", func(s *Stats) *int64 { return &s.Continued }},
 	cRetries:         {"full_context_retries_total", "Continuations the upstream refused, resent with the full context.", func(s *Stats) *int64 { return &s.FullContextRetries }},
 	cPaused:          {"continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.", func(s *Stats) *int64 { return &s.ContinuationsPaused }},
