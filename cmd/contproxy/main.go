@@ -410,6 +410,15 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	defer closeStore()
+	if rdb != nil {
+		if err := checkRedis(ctx, rdb, c.redisCluster != "", c.opTimeout+time.Second); err != nil {
+			if errors.Is(err, errRedisUnreachable) {
+				logger.Warn("Redis cannot be reached yet; turns go with their full context until it can", "err", err)
+			} else {
+				return err
+			}
+		}
+	}
 	reg.MustRegister(metrics.StatsCollector(st, time.Second))
 
 	upstream, stopFake, err := upstreamURL(c, logger)
@@ -706,6 +715,53 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 		return nil, nil, nil, err
 	}
 	return st, client, closeStore, nil
+}
+
+// errRedisUnreachable wraps checkRedis's error for a Redis it cannot
+// reach: contproxy starts all the same, its turns failing open until Redis
+// comes.
+var errRedisUnreachable = errors.New("cannot reach Redis")
+
+// checkRedis tells a Redis target that cannot serve the store whatever
+// happens from one that is down for now (errRedisUnreachable): an address
+// that is not one, a server that answers the connection with an error (a
+// database index out of range, a password refused), a standalone server
+// for -redis-cluster, or a cluster node for -redis, which answers every
+// owner's call MOVED.
+func checkRedis(ctx context.Context, rdb redis.UniversalClient, cluster bool, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	target := "-redis"
+	if cluster {
+		target = "-redis-cluster"
+	}
+	err := rdb.Ping(ctx).Err()
+	var answered redis.Error
+	var addr *net.AddrError
+	switch {
+	case errors.As(err, &answered) && !passing(answered), errors.As(err, &addr):
+		return fmt.Errorf("%s: %w", target, err)
+	case err != nil:
+		return fmt.Errorf("%w: %v", errRedisUnreachable, err)
+	case cluster:
+		return nil
+	}
+	info, err := rdb.Info(ctx, "cluster").Result()
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
+		return fmt.Errorf("-redis: the server is a node of a Redis Cluster: name its nodes with -redis-cluster")
+	}
+	return nil
+}
+
+// passing tells whether a Redis error is one a server that can serve
+// gives while it starts, fails over or loads its data.
+func passing(err redis.Error) bool {
+	for _, prefix := range []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "READONLY"} {
+		if strings.HasPrefix(err.Error(), prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // sweepEvery is how often idle state is pruned.

@@ -456,3 +456,27 @@ func metric(t *testing.T, ops, name string) float64 {
 	t.Fatalf("no %s in the metrics of %s", name, ops)
 	return 0
 }
+
+// A Redis target that cannot serve the store whatever happens stops
+// contproxy at start, naming the flag; one that is down for now does not
+// (turns fail open until it comes).
+func TestRedisTargetsThatCannotServeStopTheStart(t *testing.T) {
+	standalone := redistest.Standalone(t).Options().Addr
+	node := redistest.Cluster(t).Options().Addrs[0]
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-redis-cluster", "redis://" + standalone}, "-redis-cluster"},
+		{[]string{"-redis-cluster", standalone}, "cluster support disabled"},
+		{[]string{"-redis", "redis://" + node + "/0"}, "node of a Redis Cluster"},
+		{[]string{"-redis", "redis://" + standalone + "/99"}, "DB index is out of range"},
+	} {
+		err := run(t.Context(), append([]string{"-fake-upstream", "-listen", "127.0.0.1:0", "-ops-listen", ""}, tc.args...),
+			noEnv, io.Discard, func(string, string) { t.Errorf("%q: started", tc.args) })
+		assert.ErrorContains(t, err, tc.want, "%q", tc.args)
+	}
+	var log syncBuffer
+	startWith(t, noEnv, &log, "-fake-upstream", "-redis", "redis://127.0.0.1:1/0", "-log-level", "warn")
+	assert.Contains(t, log.String(), "Redis cannot be reached yet")
+}
