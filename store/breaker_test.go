@@ -185,6 +185,29 @@ func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
 	assert.Equal(t, int64(1), st.Breakers[owner.Partition(16)].Opens)
 }
 
+// A breaker open on a partition no owner calls any more closes once Redis
+// is back all the same: the sweep is its probe.
+func TestASweepClosesABreakerNoOwnerProbes(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	clk := redistest.NewClock(time.Now())
+	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: 100 * time.Millisecond, BreakerFailures: 2}, clk.Now))
+	require.NoError(t, err)
+	owner, _ := identity.Main("s")
+	ctx := context.Background()
+	mr.SetError("LOADING Redis is loading the dataset in memory")
+	for range 2 {
+		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
+	}
+	require.Equal(t, store.BreakerOpen, breakerOf(s, owner).State)
+	mr.SetError("")
+	_, _ = s.Sweep(ctx)
+	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State, "still cooling down: the sweep skips it")
+	clk.Add(time.Second)
+	_, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, store.BreakerClosed, breakerOf(s, owner).State)
+}
+
 // A caller that cancels its own context does not count against Redis.
 func TestCallerCancellationDoesNotOpenTheBreaker(t *testing.T) {
 	_, c := redistest.Miniredis(t)

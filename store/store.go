@@ -551,11 +551,16 @@ func (s *Store) named(sock Socket) Socket {
 // errors in ErrUnavailable and reports the event. Operations of an owner go
 // through its partition's breaker; the others (zero owner) through none.
 func run[T any](ctx context.Context, s *Store, op Op, owner identity.Owner, fn func(context.Context) (T, error)) (T, error) {
-	start := time.Now()
 	p := -1
 	if !owner.IsZero() {
 		p = s.partition(owner)
 	}
+	return runOn(ctx, s, op, owner, p, fn)
+}
+
+// runOn is run on partition p's breaker (none for p < 0).
+func runOn[T any](ctx context.Context, s *Store, op Op, owner identity.Owner, p int, fn func(context.Context) (T, error)) (T, error) {
+	start := time.Now()
 	v, err := call(ctx, s, p, fn)
 	if err != nil {
 		err = unavailable(string(op), err)

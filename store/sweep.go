@@ -13,7 +13,10 @@ import (
 // way. It prunes up to sweepConcurrency partitions at once, and returns
 // within OpTimeout like every operation: work left then waits for the next
 // Sweep (or for the operations' own pruning), and is no error. Run it from a
-// maintenance loop so idle partitions give their memory back.
+// maintenance loop so idle partitions give their memory back. Each
+// partition's sweep goes through its circuit breaker: an open one is
+// skipped, and one past its cooldown takes the sweep as its probe, so that
+// it closes once Redis answers even when no owner calls it.
 func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
 	sweepCtx, cancel := context.WithTimeout(ctx, s.opts.OpTimeout)
 	defer cancel()
@@ -29,7 +32,10 @@ func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
 			slots <- struct{}{}
 			defer func() { <-slots }()
 			for sweepCtx.Err() == nil {
-				ev, err := run(sweepCtx, s, OpSweep, identity.Owner{}, func(ctx context.Context) (Evictions, error) {
+				// On the partition's breaker: a sweep is the call that
+				// closes it again once Redis is back, when no owner's
+				// call has come since.
+				ev, err := runOn(sweepCtx, s, OpSweep, identity.Owner{}, p, func(ctx context.Context) (Evictions, error) {
 					return s.backend.prune(ctx, p)
 				})
 				mu.Lock()
