@@ -312,6 +312,10 @@ type turn struct {
 	storeless bool
 	// arrived is when the request came: a turn's latency counts from it.
 	arrived time.Time
+	// unowned says why a turn has no owner, for its log line: "passthrough"
+	// (it carries its own previous_response_id or conversation) or
+	// "invalid_identity"; "" when it has one, or none to name.
+	unowned string
 }
 
 // ServeHTTP serves the turns, POST /v1/responses, and passes every other
@@ -368,12 +372,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case passthrough(req):
 		p.stats.add(cPassthrough, 1)
+		t.unowned = "passthrough"
 	case !p.cfg.NoContinuation:
 		if who, err = p.cfg.Identity.Owner(r.Header, req); err != nil {
 			// The upstream takes what names no owner here: the turn goes
 			// with its full context, outside the store.
 			p.warns.warn(p.cfg.Logger, "a turn names its owner in a way the proxy cannot read; sent with its full context", "err", err)
-			who = identity.Owner{}
+			who, t.unowned = identity.Owner{}, "invalid_identity"
 		}
 	}
 	p.stats.add(cItemsReceived, int64(req.Len()))
@@ -444,7 +449,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 			lg.Debug("the client went away before the upstream answered", "err", err)
 		} else {
 			end = "failed"
-			p.upstreamError(w, err)
+			p.upstreamError(w, lg, err)
 		}
 		p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: end, Err: err, Latency: time.Since(start)})
 		return
@@ -459,8 +464,11 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		w.Header().Set(p.cfg.RoutingHeader, name)
 	}
 	reason := g.reason(a.res.Reason)
-	if t.storeless {
+	switch {
+	case t.storeless:
 		reason = reasonStoreless
+	case t.unowned != "":
+		reason = t.unowned
 	}
 	lg = lg.With("reason", reason, "continued", a.continued, "items", a.res.Request().Len(),
 		"sent", a.res.UpstreamItems)
@@ -720,9 +728,9 @@ func (p *Proxy) abort(ctx context.Context, lg *slog.Logger, res *store.Reservati
 }
 
 // upstreamError answers a turn the upstream could not be reached for.
-func (p *Proxy) upstreamError(w http.ResponseWriter, err error) {
+func (p *Proxy) upstreamError(w http.ResponseWriter, lg *slog.Logger, err error) {
 	p.stats.add(cUpstreamErrors, 1)
-	p.warns.warn(p.cfg.Logger, "upstream request failed", "err", err)
+	p.warns.warn(lg, "upstream request failed", "err", err)
 	writeUnreachable(w, err)
 }
 

@@ -399,6 +399,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	logger := newLogger(c, stderr)
+	redis.SetLogger(redisLog{logger})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := prommetrics.New(prommetrics.Options{})
@@ -603,7 +604,8 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 	err = errors.Join(srv.Shutdown(sctx), <-sockets)
 	_ = ops.Shutdown(sctx) // after the turns, so that metrics show the drain
 	if err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		logger.Warn("stopped, cutting the turns still in flight", "shutdown_timeout", c.shutdownTimeout, "err", err)
+		return fmt.Errorf("shutdown: turns still in flight after -shutdown-timeout %v were cut: %w", c.shutdownTimeout, err)
 	}
 	logger.Info("stopped")
 	return nil
@@ -715,6 +717,17 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 		return nil, nil, nil, err
 	}
 	return st, client, closeStore, nil
+}
+
+// redisLog takes go-redis's own log lines (a dial that failed, a pool
+// that could not refill) into contproxy's log, at debug level: the store
+// tells what Redis failing costs the turns, once a second at most
+// (store/storelog).
+type redisLog struct{ lg *slog.Logger }
+
+// Printf implements go-redis's logger.
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.lg.DebugContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
 
 // errRedisUnreachable wraps checkRedis's error for a Redis it cannot
