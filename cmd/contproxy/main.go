@@ -165,7 +165,7 @@ Flags:
 	fs.DurationVar(&c.bodyTimeout, "body-timeout", 30*time.Second, "longest wait for the next bytes of a request body, or of a WebSocket message once it has begun; a client that sends none for this long has its connection closed (this bounds each gap, not the whole body)")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", time.Minute, "longest a write to a client may take; a client that stops reading for this long has its connection closed (quiet gaps in a stream do not count)")
 	fs.IntVar(&c.maxConns, "max-conns", 4096, "most client connections open at once, WebSocket ones included; more wait to be accepted")
-	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses (required unless -fake-upstream)")
+	fs.StringVar(&c.upstream, "upstream", "", "upstream base `URL`: http(s)://host/v1 for HTTP, ws(s)://host/v1 for the WebSocket mode; turns go to <URL>/responses, with its query and the client's (required unless -fake-upstream)")
 	fs.BoolVar(&c.fakeUpstream, "fake-upstream", false, "serve the built-in fake Responses upstream on a loopback port and use it (over -transport)")
 	fs.BoolVar(&c.noContinuation, "no-continuation", false, "never continue: send every turn upstream as the client sent it, outside the store, for an upstream that keeps no responses (without it, continuing pauses by itself for a model and account after 3 refused continuations in a row)")
 	fs.StringVar(&c.transport, "transport", "", "upstream transport, http or websocket (default: from the -upstream URL's scheme; http for -fake-upstream); only websocket continues store:false turns, which Codex sends")
@@ -257,6 +257,17 @@ func (c *config) check() error {
 	}
 	if err := c.logLevelValue.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return fmt.Errorf("-log-level %q: want debug, info, warn or error", c.logLevel)
+	}
+	if c.upstream != "" {
+		u, err := url.Parse(c.upstream)
+		if err != nil || !slices.Contains([]string{"http", "https", "ws", "wss"}, u.Scheme) || u.Host == "" {
+			return fmt.Errorf("-upstream %q: want http(s)://host[:port]/v1 for HTTP, or ws(s)://host[:port]/v1 for the WebSocket mode", c.upstream)
+		}
+	}
+	for addr := range strings.SplitSeq(c.redisCluster, ",") {
+		if _, _, err := net.SplitHostPort(addr); c.redisCluster != "" && err != nil {
+			return fmt.Errorf("-redis-cluster: %q: want host:port, with no scheme (host:port,host:port,…)", addr)
+		}
 	}
 	ws := strings.HasPrefix(c.upstream, "ws://") || strings.HasPrefix(c.upstream, "wss://")
 	switch {
@@ -448,6 +459,10 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 
 	go sweep(ctx, st, logger)
 	logger = logger.With("replica", c.replica)
+	if u, err := url.Parse(upstream); err == nil && !strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/v1") {
+		logger.Warn("the -upstream URL's path does not end with /v1 (https://api.openai.com/v1): turns go to its path + /responses",
+			"upstream", upstream)
+	}
 	return serve(ctx, c, logger, p, reg, func(addr, opsAddr string) {
 		logger.Info("contproxy listening", "addr", addr, "ops", opsAddr, "upstream", upstream, "transport", c.transport,
 			"redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace)
