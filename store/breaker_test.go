@@ -200,7 +200,8 @@ func TestASweepClosesABreakerNoOwnerProbes(t *testing.T) {
 	}
 	require.Equal(t, store.BreakerOpen, breakerOf(s, owner).State)
 	mr.SetError("")
-	_, _ = s.Sweep(ctx)
+	_, err = s.Sweep(ctx)
+	require.NoError(t, err, "an open breaker is skipped, no error")
 	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State, "still cooling down: the sweep skips it")
 	clk.Add(time.Second)
 	_, err = s.Sweep(ctx)

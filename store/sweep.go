@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/contstore/contstore/identity"
@@ -15,8 +16,8 @@ import (
 // Sweep (or for the operations' own pruning), and is no error. Run it from a
 // maintenance loop so idle partitions give their memory back. Each
 // partition's sweep goes through its circuit breaker: an open one is
-// skipped, and one past its cooldown takes the sweep as its probe, so that
-// it closes once Redis answers even when no owner calls it.
+// skipped (no error), and one past its cooldown takes the sweep as its
+// probe, so that it closes once Redis answers even when no owner calls it.
 func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
 	sweepCtx, cancel := context.WithTimeout(ctx, s.opts.OpTimeout)
 	defer cancel()
@@ -40,8 +41,10 @@ func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
 				})
 				mu.Lock()
 				out.add(ev)
-				if err != nil && (ctx.Err() != nil || sweepCtx.Err() == nil) {
-					errs = append(errs, err) // not the sweep's own time running out
+				// Neither the sweep's own time running out nor an open
+				// breaker, which it skips, is an error of the sweep's.
+				if err != nil && (ctx.Err() != nil || sweepCtx.Err() == nil) && !errors.Is(err, ErrBreakerOpen) {
+					errs = append(errs, err)
 				}
 				mu.Unlock()
 				if err != nil || ev.Total() < evictionBudget {
