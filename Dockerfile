@@ -12,6 +12,8 @@ RUN CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/contbench ./cmd/contproxy
 FROM debian:bookworm-slim AS contproxy
 COPY --from=build /out/contproxy /usr/local/bin/contproxy
 USER nobody
+# Outside the container's loopback: the flags still win.
+ENV CONTPROXY_LISTEN=:8080 CONTPROXY_OPS_LISTEN=:9090
 EXPOSE 8080 9090
 ENTRYPOINT ["/usr/local/bin/contproxy"]
 

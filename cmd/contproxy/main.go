@@ -28,6 +28,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -43,6 +44,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -410,7 +412,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	logger := newLogger(c, stderr)
-	redis.SetLogger(redisLog{logger})
+	redisLogOnce.Do(func() { redis.SetLogger(redisLog{logger}) }) // go-redis keeps one, for the process
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := prommetrics.New(prommetrics.Options{})
@@ -734,6 +736,10 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 	return st, client, closeStore, nil
 }
 
+// redisLogOnce sets go-redis's logger once: it is the process's, which
+// go-redis reads without a lock.
+var redisLogOnce sync.Once
+
 // redisLog takes go-redis's own log lines (a dial that failed, a pool
 // that could not refill) into contproxy's log, at debug level: the store
 // tells what Redis failing costs the turns, once a second at most
@@ -753,9 +759,9 @@ var errRedisUnreachable = errors.New("cannot reach Redis")
 // checkRedis tells a Redis target that cannot serve the store whatever
 // happens from one that is down for now (errRedisUnreachable): an address
 // that is not one, a server that answers the connection with an error (a
-// database index out of range, a password refused), a standalone server
-// for -redis-cluster, or a cluster node for -redis, which answers every
-// owner's call MOVED.
+// database index out of range, a password refused), plain text where
+// rediss:// expects TLS, a standalone server for -redis-cluster, or a
+// cluster node for -redis, which answers every owner's call MOVED.
 func checkRedis(ctx context.Context, rdb redis.UniversalClient, cluster bool, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -766,8 +772,9 @@ func checkRedis(ctx context.Context, rdb redis.UniversalClient, cluster bool, ti
 	err := rdb.Ping(ctx).Err()
 	var answered redis.Error
 	var addr *net.AddrError
+	var tlsRecord tls.RecordHeaderError
 	switch {
-	case errors.As(err, &answered) && !passing(answered), errors.As(err, &addr):
+	case errors.As(err, &answered) && !passing(answered), errors.As(err, &addr), errors.As(err, &tlsRecord):
 		return fmt.Errorf("%s: %w", target, err)
 	case err != nil:
 		return fmt.Errorf("%w: %v", errRedisUnreachable, err)
@@ -782,9 +789,10 @@ func checkRedis(ctx context.Context, rdb redis.UniversalClient, cluster bool, ti
 }
 
 // passing tells whether a Redis error is one a server that can serve
-// gives while it starts, fails over or loads its data.
+// gives while it starts, fails over, loads its data or has all the
+// connections it takes.
 func passing(err redis.Error) bool {
-	for _, prefix := range []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "READONLY"} {
+	for _, prefix := range []string{"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "READONLY", "ERR max number of clients reached"} {
 		if strings.HasPrefix(err.Error(), prefix) {
 			return true
 		}
