@@ -26,17 +26,16 @@ const codexChatGPTClient = "codex-chatgpt"
 // WebSocket upstream (Codex sends store:false). It proves that contproxy
 // serves and continues zstd turns: every turn arrived zstd-encoded and was
 // answered 200, each run printed the fake model's final answer, the
-// upstream got every turn decoded (no content-encoding, the items Codex
-// sent), and at least 95% of the later turns were continued.
+// upstream got every turn decoded (the items Codex sent, as compare
+// checks), and at least 95% of the later turns were continued.
 func TestCodexSignedInWithChatGPTSendsZstdTurnsThatContinue(t *testing.T) {
 	tools := nodeClients(t)
 	addr := redisAddr(t)
 	st := startStack(t, "codex-chatgpt", stackConfig{
-		transport:     "ws",
-		replicas:      1,
-		redis:         addr,
-		toolCalls:     toolCalls,
-		upstreamFlags: []string{"-trace-all-headers"},
+		transport: "ws",
+		replicas:  1,
+		redis:     addr,
+		toolCalls: toolCalls,
 	})
 	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(len(codexPrompts)+1)*clientTimeout)
 	defer cancel()
@@ -87,11 +86,6 @@ stream_max_retries = 0
 	up, err := readTrace(st.up.trace)
 	if err != nil {
 		t.Fatal(err)
-	}
-	for i, u := range up {
-		if u.contentEncoding != "" {
-			t.Errorf("upstream call %d: content-encoding %q, want none", i+1, u.contentEncoding)
-		}
 	}
 	r := measure("codex-chatgpt-zstd-ws-1-replica", codexChatGPTClient, calls, up)
 	d, err := st.settle(ctx, before, &r)

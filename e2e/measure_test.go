@@ -37,9 +37,6 @@ type upstreamCall struct {
 	responseID string
 	// userAgent is the request's User-Agent header.
 	userAgent string
-	// contentEncoding is the request's Content-Encoding header, traced
-	// only with the upstream's -trace-all-headers.
-	contentEncoding string
 	// prompt is the request's prompt: its instructions, else the text of
 	// the system and developer messages its input opens with.
 	prompt string
@@ -72,17 +69,16 @@ func readTrace(path string) ([]upstreamCall, error) {
 			return nil, fmt.Errorf("%s:%d: request: %v", path, len(calls)+1, err)
 		}
 		calls = append(calls, upstreamCall{
-			owner:           line.Owner,
-			transport:       line.Transport,
-			previous:        req.PreviousResponseID,
-			store:           req.Store,
-			items:           inputItems(line.Request),
-			bytes:           len(line.Request),
-			seen:            itemsSeen(line.Output),
-			responseID:      line.ResponseID,
-			userAgent:       line.Headers["user-agent"],
-			prompt:          promptOf(line.Request),
-			contentEncoding: line.Headers["content-encoding"],
+			owner:      line.Owner,
+			transport:  line.Transport,
+			previous:   req.PreviousResponseID,
+			store:      req.Store,
+			items:      inputItems(line.Request),
+			bytes:      len(line.Request),
+			seen:       itemsSeen(line.Output),
+			responseID: line.ResponseID,
+			userAgent:  line.Headers["user-agent"],
+			prompt:     promptOf(line.Request),
 		})
 	}
 	return calls, sc.Err()
