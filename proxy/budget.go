@@ -430,9 +430,17 @@ func (s *stepReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// socketTurn marks the context of a WebSocket turn's request: its
-// message's hold covers it.
+// socketTurn keys the context of a WebSocket turn's request: its
+// message's hold covers it. Its value is a socketTurnOf.
 type socketTurn struct{}
+
+// socketTurnOf is what a WebSocket turn's request carries of its message.
+type socketTurnOf struct {
+	// prepended is the number of items the connection put before the
+	// message's own (its latest response's input and output), 0 when it
+	// put none.
+	prepended int
+}
 
 // readTurn reads and parses a turn's body, bounded by MaxBodyBytes, and
 // holds its weight, its bytes as they arrive and its items counted at
@@ -454,7 +462,7 @@ func (p *Proxy) readTurn(w http.ResponseWriter, r *http.Request) (*fingerprint.R
 	if codings, _ := bodyCodings(r.Header); len(codings) > 0 {
 		// Read decoded, within MaxBodyBytes, and sent upstream so
 		// (encoding.go); its decoded length is unknown.
-		d := &decoder{body: in, codings: codings}
+		d := &decoder{body: in, codings: codings, hold: func(n int64) error { return h.grow(ctx, n) }}
 		defer d.Close()
 		in, n = http.MaxBytesReader(w, d, p.cfg.MaxBodyBytes), -1
 		r.Header.Del("Content-Encoding")

@@ -437,6 +437,16 @@ func failedTurns() []releaseCase {
 			require.NoError(t, err)
 			assert.Equal(t, http.StatusOK, status, "the upstream's answer")
 		}},
+		{"a body the fingerprint refuses, its stream dropped upstream", func(t *testing.T, r *budgetRig) {
+			r.setFault(func(fakeupstream.Request) fakeupstream.Fault {
+				return fakeupstream.Fault{Kind: fakeupstream.FaultDrop, Events: 2}
+			})
+			defer r.setFault(noFault)
+			body, _ := json.Marshal(streamed)
+			refused := bytes.Replace(body, []byte(`"model":`), []byte(`"model":"m","model":`), 1)
+			_, _, _, err := postBytes(t.Context(), r.url, "s", refused)
+			assert.Error(t, err, "the stream broke off")
+		}},
 		{"upstream error", func(t *testing.T, r *budgetRig) {
 			a := failWith(fakeupstream.Fault{Kind: fakeupstream.FaultStatus, Status: http.StatusInternalServerError})(t, r, turn)
 			assert.Equal(t, http.StatusInternalServerError, a.status)

@@ -157,7 +157,7 @@ type clientSocket struct {
 func (s *clientSocket) keepLatest(k *keptResponse) {
 	s.p.kept.drop(s.latest)
 	s.latest = nil
-	if k != nil && k.size() <= s.p.cfg.MaxBodyBytes && s.p.kept.keep(k) {
+	if k != nil && s.p.kept.keep(k, s.p.cfg.MaxBodyBytes) {
 		s.latest = k
 	}
 }
@@ -185,9 +185,10 @@ type keptResponses struct {
 }
 
 // keep keeps k, dropping the responses kept the longest ago to make room;
-// false when k alone is over the limit.
-func (ks *keptResponses) keep(k *keptResponse) bool {
-	if k.bytes = k.size(); k.bytes > ks.limit {
+// false when k alone is over the limit, or over most (a body it expands
+// into could not be read).
+func (ks *keptResponses) keep(k *keptResponse, most int64) bool {
+	if k.bytes = k.size(); k.bytes > min(ks.limit, most) {
 		return false
 	}
 	ks.mu.Lock()
@@ -447,6 +448,9 @@ type socketCreate struct {
 	// input.
 	full  bool
 	input []json.RawMessage
+	// prepended is the number of items the connection's latest response
+	// put before the message's own, when it continues that response.
+	prepended int
 }
 
 // prepare turns a response.create into the body it stands for: the full
@@ -476,7 +480,7 @@ func (s *clientSocket) prepare(data []byte, msg gjson.Result) (socketCreate, err
 		if err != nil {
 			return c, err
 		}
-		c.full, c.input = true, full
+		c.full, c.input, c.prepended = true, full, len(keptIn)+len(keptOut)
 	case c.prev == "" && !msg.Get("conversation").Exists():
 		c.full, c.input = true, items
 		if msg.Get("input").Type == gjson.String {
@@ -521,7 +525,7 @@ func jsonArray(items []json.RawMessage) []byte {
 // client may continue it; false when the connection is over.
 func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
 	// The message's hold covers the turn.
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, socketTurn{}, true), http.MethodPost, s.target,
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, socketTurn{}, socketTurnOf{prepended: c.prepended}), http.MethodPost, s.target,
 		bytes.NewReader(c.body))
 	if err != nil {
 		return s.fail(ctx, http.StatusBadRequest, "", "", "Invalid message: "+err.Error())

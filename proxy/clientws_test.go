@@ -686,3 +686,19 @@ func TestSocketSendsAJSONAnswerAsEvents(t *testing.T) {
 	assert.Equal(t, "missing_required_parameter", a.err.Get("error.code").String())
 	assert.Equal(t, "model", a.err.Get("error.param").String())
 }
+
+// An upstream's error about an item of a message that continues the
+// connection's latest response names the item as the message counts it:
+// the client sent the new items only.
+func TestSocketErrorsCountTheMessagesItems(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		r := newSocketRig(t, tr, fakeupstream.Options{}, nil)
+		conv := newSocketConversation(dialSocket(t, r.url, "s1"), tr == overHTTP, false)
+		conv.say("hello")
+		body := conv.body()
+		body["input"] = append(body["input"].([]any), map[string]any{"role": "user", "content": "again"}, map[string]any{"note": "not an item"})
+		a := conv.c.turn(body)
+		require.True(t, a.err.Exists(), "%s: events %v", tr, a.events)
+		assert.Contains(t, a.err.Get("error.message").String(), "input[1]", "%s: %s", tr, a.err.Raw)
+	}
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"compress/gzip"
 	"compress/zlib"
 	"errors"
@@ -48,9 +49,12 @@ func bodyCodings(h http.Header) ([]string, bool) {
 type decoder struct {
 	body    io.Reader
 	codings []string
-	r       io.Reader
-	err     error
-	frees   []func()
+	// hold, when not nil, takes what a decoder's buffers weigh beside the
+	// body (zstdWeight) before it decodes.
+	hold  func(n int64) error
+	r     io.Reader
+	err   error
+	frees []func()
 }
 
 func (d *decoder) Read(p []byte) (int, error) {
@@ -62,9 +66,14 @@ func (d *decoder) Read(p []byte) (int, error) {
 	}
 	n, err := d.r.Read(p)
 	if err != nil && err != io.EOF {
-		err = fmt.Errorf("decoding the %s body: %w", strings.Join(d.codings, ", "), err)
+		err = d.failed(err)
 	}
 	return n, err
+}
+
+// failed names the body's codings in a decoding error.
+func (d *decoder) failed(err error) error {
+	return fmt.Errorf("decoding the %s body: %w", strings.Join(d.codings, ", "), err)
 }
 
 // open stacks a decoder for each coding on the body, the last applied
@@ -81,13 +90,22 @@ func (d *decoder) open() (io.Reader, error) {
 		case "br":
 			r = brotli.NewReader(r)
 		case "zstd":
+			// Its window, up to 8 MiB, is held twice while it decodes:
+			// weighed from the frame's header before the decoder sees it.
+			br := bufio.NewReader(r)
+			head, _ := br.Peek(zstd.HeaderMaxSize) // a shorter body fails below
+			if d.hold != nil {
+				if err := d.hold(zstdWeight(head)); err != nil {
+					return nil, err
+				}
+			}
 			z := zstdDecoders.Get().(*zstd.Decoder)
 			d.frees = append(d.frees, func() { _ = z.Reset(nil); zstdDecoders.Put(z) })
-			err = z.Reset(r)
+			err = z.Reset(br)
 			r = z
 		}
 		if err != nil {
-			return nil, fmt.Errorf("decoding the %s body: %w", strings.Join(d.codings, ", "), err)
+			return nil, d.failed(err)
 		}
 	}
 	return r, nil
@@ -105,6 +123,25 @@ func (d *decoder) Close() error {
 // zstdMaxWindow is the largest window a zstd body may use, the one RFC
 // 9659 sets for the zstd content coding: it bounds a decoder's memory.
 const zstdMaxWindow = 8 << 20
+
+// zstdWeight is what a decoder's buffers weigh for a zstd body whose first
+// frame's header is head: twice its window (the whole content for a frame
+// of one segment) and a block, the most when the header does not tell.
+// Later frames of the same body are taken to use no larger window.
+func zstdWeight(head []byte) int64 {
+	const block = 128 << 10
+	var h zstd.Header
+	w := uint64(zstdMaxWindow)
+	if h.Decode(head) == nil {
+		switch {
+		case h.SingleSegment && h.HasFCS:
+			w = min(w, h.FrameContentSize)
+		case h.WindowSize > 0:
+			w = min(w, h.WindowSize)
+		}
+	}
+	return int64(2*w) + block
+}
 
 // zstdDecoders keeps zstd decoders, which are costly to make, for reuse;
 // each decodes in the goroutine that reads it.

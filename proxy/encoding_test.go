@@ -6,6 +6,7 @@ import (
 	"compress/zlib"
 	"encoding/json"
 	"io"
+	"math/bits"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -122,4 +123,36 @@ func TestCompressedTurnsTheProxyCannotRead(t *testing.T) {
 		status, body = send(coding, small)
 		assert.Equal(t, http.StatusRequestEntityTooLarge, status, "%s: %.200s", coding, body)
 	}
+}
+
+// A zstd body holds its decoder's window, twice, in the budget while it
+// decodes: a window the budget cannot hold is refused (413), a small one
+// is served.
+func TestAZstdBodyHoldsItsWindow(t *testing.T) {
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = 4 << 20 })
+	turn := []byte(`{"model":"m","input":[{"role":"user","content":"hi"}]}`)
+	for _, tc := range []struct {
+		window int
+		status int
+	}{{8 << 20, http.StatusRequestEntityTooLarge}, {64 << 10, http.StatusOK}} {
+		// A frame written by hand, as an encoder streaming a body of
+		// unknown length writes it: its window declared (RFC 8878
+		// 3.1.1.1.2), no content size, one raw block.
+		frame := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, byte(bits.Len(uint(tc.window))-1-10) << 3}
+		block := 1 | len(turn)<<3 // the last block, raw
+		frame = append(append(frame, byte(block), byte(block>>8), byte(block>>16)), turn...)
+		var h zstd.Header
+		require.NoError(t, h.Decode(frame))
+		require.Equal(t, uint64(tc.window), h.WindowSize)
+		req, err := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(frame))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", "zstd")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, tc.status, resp.StatusCode, "window %d: %s", tc.window, b)
+	}
+	assert.True(t, budgetFree(r.proxy), "the budget is free once the bodies are done")
 }

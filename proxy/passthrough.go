@@ -15,16 +15,19 @@ import (
 )
 
 // The API's other endpoints: every request under /v1 but the turns (POST
-// /v1/responses) and WebSocket upgrades goes to the upstream's HTTP base as
-// the client sent it, its path under /v1 appended to the base's path:
-// GET /v1/models, POST /v1/responses/compact, GET or DELETE
-// /v1/responses/{id}, POST /v1/chat/completions and any other. Both bodies
-// stream through unbuffered, the answer flushed as it arrives. The headers
-// that go upstream are those of a turn over HTTP (copyHeader), without the
-// proxy's own; over the WebSocket mode the HTTP base has the socket's host
-// and path, and WebSocketOptions.Header's credential, when it has one,
-// replaces the client's as it does on the handshakes.
-// Nothing is reserved or recorded, and no counter of Stats moves.
+// /v1/responses) and the WebSocket mode's upgrades (GET /v1/responses)
+// goes to the upstream's HTTP base as the client sent it, its path under
+// /v1 (dot segments resolved) appended to the base's path, its query
+// merged with the base's: GET /v1/models, POST /v1/responses/compact, GET
+// or DELETE /v1/responses/{id}, POST /v1/chat/completions, the Realtime
+// API's WebSocket upgrade and any other. Both bodies stream through
+// unbuffered, the answer flushed as it arrives. The headers that go
+// upstream are those of a turn over HTTP (copyHeader), without the proxy's
+// own; over the WebSocket mode the HTTP base has the socket's host and
+// path, and WebSocketOptions.Header's credential, when it has one,
+// replaces the client's as it does on the handshakes. Nothing is reserved
+// or recorded, and no counter of Stats moves but Unread, for a turn in a
+// content coding the proxy does not decode, which goes this way too.
 
 // turnPath is the path of the turns.
 const turnPath = "/v1/responses"
@@ -33,6 +36,24 @@ const turnPath = "/v1/responses"
 // spelled with a trailing slash or doubled slashes, as a client's base URL
 // may make it.
 func isTurnPath(p string) bool { return p == turnPath || path.Clean(p) == turnPath }
+
+// underV1 tells whether a request path, its dot segments resolved, is
+// /v1 or under it.
+func underV1(p string) bool {
+	p = path.Clean("/" + p)
+	return p == "/v1" || strings.HasPrefix(p, "/v1/")
+}
+
+// resolved returns a path with its dot segments and doubled slashes
+// resolved (RFC 3986 5.2.4), its trailing slash kept: what goes upstream
+// stays under the upstream's base.
+func resolved(p string) string {
+	c := path.Clean("/" + p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
+}
 
 // passTarget is where the requests other than turns go.
 type passTarget struct {
@@ -89,11 +110,11 @@ func (u *wsUpstream) passthroughTarget() passTarget {
 func (t passTarget) rewrite(pr *httputil.ProxyRequest) {
 	in, out := pr.In, pr.Out
 	out.URL.Scheme, out.URL.Host, out.Host = t.base.Scheme, t.base.Host, ""
-	out.URL.Path = strings.TrimSuffix(t.base.Path, "/") + strings.TrimPrefix(in.URL.Path, "/v1")
+	out.URL.Path = strings.TrimSuffix(t.base.Path, "/") + strings.TrimPrefix(resolved(in.URL.Path), "/v1")
 	out.URL.RawPath = ""
 	out.URL.RawQuery = mergeQuery(t.base.RawQuery, in.URL.RawQuery)
 	if in.URL.RawPath != "" {
-		out.URL.RawPath = strings.TrimSuffix(t.base.EscapedPath(), "/") + strings.TrimPrefix(in.URL.RawPath, "/v1")
+		out.URL.RawPath = strings.TrimSuffix(t.base.EscapedPath(), "/") + strings.TrimPrefix(resolved(in.URL.RawPath), "/v1")
 	}
 	h := make(http.Header, len(in.Header))
 	copyHeader(h, in.Header) // as a turn: hop-by-hop headers stay here
@@ -135,26 +156,31 @@ func hasToken(h http.Header, name, token string) bool {
 }
 
 // serveEndpoint serves a request that is not a turn and returns true;
-// false for a turn or a WebSocket upgrade on the turns' path, left to
-// ServeHTTP; an upgrade on another path (the Realtime API's) goes upstream
-// as any other request. A turn whose
+// false for a turn, left to ServeHTTP (which serves a WebSocket upgrade on
+// the turns' path before); an upgrade on another path (the Realtime API's)
+// goes upstream as any other request. A turn whose
 // body has a coding the proxy does not decode (encoding.go) is served as
 // the other endpoints are. A path outside /v1 is answered 404.
 func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	switch path := r.URL.Path; {
-	case r.Method == http.MethodPost && isTurnPath(path) && decodes(r.Header), asksWebSocketUpgrade(r) && isTurnPath(path):
+	case r.Method == http.MethodPost && isTurnPath(path) && decodes(r.Header):
 		return false
-	case path != "/v1" && !strings.HasPrefix(path, "/v1/"):
+	case !underV1(path):
 		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",
 			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, path))
 		return true
+	}
+	if r.Method == http.MethodPost && isTurnPath(r.URL.Path) {
+		p.stats.add(cUnread, 1) // a turn in a coding the proxy does not decode
 	}
 	p.relayEndpoint(w, r)
 	return true
 }
 
 // relayEndpoint sends a request upstream as the client sent it and streams
-// the answer back, within MaxBodyBytes and UpstreamTimeout.
+// the answer back, within MaxBodyBytes and UpstreamTimeout (a WebSocket
+// upgrade, relayed once the upstream switches, for as long as both sides
+// keep it open).
 func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		p.tooLarge(w)
@@ -162,7 +188,15 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	client := r.Context()
-	ctx, cancel := context.WithTimeout(client, p.cfg.UpstreamTimeout)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if asksWebSocketUpgrade(r) {
+		// A connection relayed once the upstream switches lasts until
+		// either side closes it, as through any reverse proxy.
+		ctx, cancel = context.WithCancel(client)
+	} else {
+		ctx, cancel = context.WithTimeout(client, p.cfg.UpstreamTimeout)
+	}
 	defer cancel()
 	out := r.WithContext(ctx)
 	var body *watchedBody

@@ -30,8 +30,11 @@
 // A turn's body may be compressed (encoding.go): it is read decoded and
 // sent upstream so. A request that carries its own previous_response_id
 // or conversation is forwarded as sent, outside the store, and so is one
-// the proxy cannot read: a body the fingerprint refuses, or an owner named
-// in a way Identity cannot take; the client gets the upstream's answer. Store failures never fail a
+// whose owner Identity cannot read; a body the fingerprint refuses goes
+// upstream as received (decoded, when it came compressed), counted in
+// Stats.Unread. The client gets the upstream's answer. A client's
+// WebSocket message or a forwarded turn the fingerprint refuses gets the
+// proxy's 400. Store failures never fail a
 // request: the store fails open and the full context goes upstream.
 //
 // Every other request under /v1 (GET /v1/models, POST
@@ -399,6 +402,11 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 	}
 	req, h, err := p.readTurn(w, r)
 	var un *unparsed
+	if errors.As(err, &un) {
+		// Released however the relay ends: httputil.ReverseProxy panics
+		// with http.ErrAbortHandler when the answer breaks off.
+		defer un.hold.release()
+	}
 	switch {
 	case errors.As(err, &un) && r.Context().Value(socketTurn{}) == nil && r.Header.Get(forwardHeader) == "":
 		// The upstream answers what the fingerprint cannot read
@@ -407,12 +415,9 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 		// forward, which a replica read, gets the proxy's 400.
 		p.cfg.Logger.Debug("a turn the fingerprint cannot read goes upstream as sent", "err", un.err)
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(un.body)), int64(len(un.body))
+		p.stats.add(cUnread, 1)
 		p.relayEndpoint(w, r)
-		un.hold.release()
 	case errors.Is(err, fingerprint.ErrInvalidRequest):
-		if un != nil {
-			un.hold.release()
-		}
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
 	case err != nil:
 		p.refuseBody(w, err)
@@ -492,7 +497,10 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 	hide := ""
 	if a.continued {
 		hide = a.res.PreviousResponseID
-		a.rep.countClientItems(a.res.Request().Len() - a.res.UpstreamItems)
+		// The client's items: a WebSocket message continuing its
+		// connection's latest response holds only the new ones.
+		st, _ := ctx.Value(socketTurn{}).(socketTurnOf)
+		a.rep.countClientItems(a.res.Request().Len() - a.res.UpstreamItems - st.prepended)
 	}
 	var rec *recording
 	defer func() {
@@ -763,10 +771,13 @@ func refused(rep *reply) bool {
 		return rep.status/100 == 4 && isRefusal(gjson.GetBytes(rep.body, "error"))
 	}
 	ev, err := rep.next()
-	next := rep.next
-	rep.next = func() (event, error) {
-		rep.next = next
-		return ev, err
+	next, peeked := rep.next, true
+	rep.next = func() (event, error) { // the event peeked, then the rest
+		if peeked {
+			peeked = false
+			return ev, err
+		}
+		return next()
 	}
 	if err != nil {
 		return false
@@ -829,8 +840,7 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 	if rep.status/100 == 2 {
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
-		status := r.Get("status").String()
-		out.continuable = (status == "completed" || status == "incomplete") && out.id != ""
+		out.continuable = continues("response."+r.Get("status").String()) && out.id != ""
 		out.output = rawArray(r.Get("output"))
 		body = hideID(body, "previous_response_id", hide)
 	}
@@ -884,8 +894,12 @@ func (c *collector) see(ev event) bool {
 
 // continuable tells whether the stream ended with a response the next
 // turn may continue (outcome.continuable).
-func (c *collector) continuable() bool {
-	return (c.terminal == "response.completed" || c.terminal == "response.incomplete") && c.id != ""
+func (c *collector) continuable() bool { return continues(c.terminal) && c.id != "" }
+
+// continues tells whether a terminal event ends a response the next turn
+// may continue: completed, or incomplete (cut short, kept all the same).
+func continues(terminal string) bool {
+	return terminal == "response.completed" || terminal == "response.incomplete"
 }
 
 // outcome returns what the stream was.
@@ -978,7 +992,8 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		flush() // events that came with the stream's end or error
 	}
 	if err == nil {
-		rep.drain() // after the terminal event, the stream's end
+		rep.comments = nil // the client has its end: what comes after is no keep-alive of its
+		rep.drain()        // after the terminal event, the stream's end
 	}
 	out := col.outcome(http.StatusOK)
 	out.clientGone = gone

@@ -257,6 +257,37 @@ func TestConversationsContinue(t *testing.T) {
 	}
 }
 
+// An error event in the middle of a continued turn's stream names the item
+// as the client's request counts it too.
+func TestLateErrorEventsOfContinuedTurnsCountTheClientsItems(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		resp := `{"id":"resp_1","object":"response","status":"in_progress","output":[]}`
+		_, _ = io.WriteString(w, "data: {\"type\":\"response.created\",\"response\":"+resp+"}\n\n")
+		if gjson.GetBytes(body, "previous_response_id").Exists() {
+			_, _ = io.WriteString(w, `data: {"type":"error","code":"invalid_value","message":"Invalid 'input[0].content'.","param":"input[0].content"}`+"\n\n")
+			return
+		}
+		done := `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","id":"msg_1","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hello"}]}]}`
+		_, _ = io.WriteString(w, "data: {\"type\":\"response.completed\",\"response\":"+done+"}\n\n")
+	}))
+	t.Cleanup(upstream.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	h := http.Header{"X-Session-Id": {"s1"}}
+	input := []any{map[string]any{"role": "user", "content": "hi"}}
+	first := post(t, srv.URL+"/v1/responses", h, map[string]any{"model": "m", "stream": true, "input": input})
+	require.Equal(t, http.StatusOK, first.status)
+	input = append(input, map[string]any{"type": "message", "role": "assistant", "content": []any{map[string]any{"type": "output_text", "text": "hello"}}},
+		map[string]any{"role": "user", "content": "again"})
+	body, err := json.Marshal(map[string]any{"model": "m", "stream": true, "input": input})
+	require.NoError(t, err)
+	resp, b := do(t, http.MethodPost, srv.URL+"/v1/responses", string(body), h)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), `"param":"input[2].content"`, "the third item of the client's request: %s", b)
+}
+
 // A conversation that opens with a string input and sends its history as
 // an array after that, the string as the user message it stands for,
 // continues from its first turn, with or without a session id.
@@ -517,7 +548,7 @@ func TestTurnsTheProxyCannotReadGetTheUpstreamsAnswer(t *testing.T) {
 			}
 		})
 	}
-	assert.Zero(t, r.proxy.Stats().Continued)
+	assert.Equal(t, int64(7), r.proxy.Stats().Unread, "the seven bodies the fingerprint refuses")
 
 	status, b := send(r.url, nil, `{"model":"m","input":"`+strings.Repeat("x", defaultMaxBodyBytes)+`"}`)
 	assert.Equal(t, http.StatusRequestEntityTooLarge, status)

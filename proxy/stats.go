@@ -21,6 +21,10 @@ type Stats struct {
 	// Passthrough counts requests that carried their own
 	// previous_response_id or conversation.
 	Passthrough int64
+	// Unread counts the turns sent upstream as the client sent them, not
+	// counted in Turns, because the proxy cannot read their body: one the
+	// fingerprint refuses, or in a content coding it does not decode.
+	Unread int64
 	// UpstreamErrors counts turns the upstream could not be reached for,
 	// or that it dropped.
 	UpstreamErrors int64
@@ -56,6 +60,7 @@ const (
 	cRetries
 	cPaused
 	cPassthrough
+	cUnread
 	cUpstreamErrors
 	cForwarded
 	cForwardFailures
@@ -81,6 +86,7 @@ var counterTable = [nCounters]struct {
 	cRetries:         {"full_context_retries_total", "Continuations the upstream refused, resent with the full context.", func(s *Stats) *int64 { return &s.FullContextRetries }},
 	cPaused:          {"continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.", func(s *Stats) *int64 { return &s.ContinuationsPaused }},
 	cPassthrough:     {"passthrough_total", "Requests carrying their own previous_response_id or conversation.", func(s *Stats) *int64 { return &s.Passthrough }},
+	cUnread:          {"turns_unread_total", "Turns sent upstream as received, outside turns_total, their body one the proxy cannot read (refused by the fingerprint, or in a coding it does not decode).", func(s *Stats) *int64 { return &s.Unread }},
 	cUpstreamErrors:  {"upstream_errors_total", "Turns the upstream could not be reached for, or dropped.", func(s *Stats) *int64 { return &s.UpstreamErrors }},
 	cForwarded:       {"forwarded_total", "Turns handed to the replica holding their socket and answered there.", func(s *Stats) *int64 { return &s.Forwarded }},
 	cForwardFailures: {"forward_failures_total", "Turns the origin replica could not take, served here with full context.", func(s *Stats) *int64 { return &s.ForwardFailures }},

@@ -104,7 +104,9 @@ type event struct {
 // param such as "input[0].content", and the same in their message) count
 // the items of the client's request when the turn sent only its items
 // from index from on, a continuation's: the client gets the error it
-// would get for the request it sent.
+// would get for the request it sent. from may be negative (a WebSocket
+// message holds fewer items than the turn continued from): an item the
+// client's request does not hold keeps its path.
 func (r *reply) countClientItems(from int) {
 	if from == 0 {
 		return
@@ -134,7 +136,7 @@ func shiftInputPaths(data []byte, n int) []byte {
 	}
 	return inputPath.ReplaceAllFunc(data, func(m []byte) []byte {
 		i, err := strconv.Atoi(string(m[len("input[") : len(m)-1]))
-		if err != nil {
+		if err != nil || i+n < 0 {
 			return m
 		}
 		return fmt.Appendf(nil, "input[%d]", i+n)
@@ -365,7 +367,7 @@ const maxUpstreamBody = 64 << 20
 func sseReader(r io.Reader, comment func(line []byte)) func() (event, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxUpstreamBody)
-	sc.Split(scanEventLines)
+	sc.Split(eventLines())
 	return func() (event, error) {
 		var ev event
 		var data [][]byte
@@ -404,24 +406,34 @@ func sseReader(r io.Reader, comment func(line []byte)) func() (event, error) {
 	}
 }
 
-// scanEventLines splits an event stream into lines, each ended by CRLF,
-// LF or CR (bufio.ScanLines knows only the first two): a CR at the end of
-// what has arrived waits for the next byte, which may be its LF.
-func scanEventLines(data []byte, atEOF bool) (int, []byte, error) {
-	i := bytes.IndexAny(data, "\r\n")
-	switch {
-	case i < 0 && atEOF && len(data) > 0:
-		return len(data), data, nil
-	case i < 0:
-		return 0, nil, nil
-	case data[i] == '\n':
-		return i + 1, data[:i], nil
-	case i+1 < len(data) && data[i+1] == '\n':
-		return i + 2, data[:i], nil
-	case i+1 < len(data) || atEOF:
-		return i + 1, data[:i], nil
+// eventLines returns a split function for an event stream's lines, each
+// ended by CRLF, LF or CR (bufio.ScanLines knows only the first two): a
+// line ends at its CR at once, and an LF right after that CR is passed
+// over with the next line, so that an event ended by a blank line is
+// dispatched when that line arrives. (A split function that only passed
+// over the LF would have the scanner read more before the next line, which
+// may have arrived already.)
+func eventLines() bufio.SplitFunc {
+	afterCR := false
+	return func(data []byte, atEOF bool) (int, []byte, error) {
+		off := 0
+		if afterCR && len(data) > 0 && data[0] == '\n' {
+			off = 1
+		}
+		i := bytes.IndexAny(data[off:], "\r\n")
+		switch {
+		case i < 0 && atEOF && len(data) > off:
+			afterCR = false
+			return len(data), data[off:], nil
+		case i < 0 && atEOF && off == 1:
+			afterCR = false
+			return 1, nil, nil // the stream ended with that LF
+		case i < 0:
+			return 0, nil, nil
+		}
+		afterCR = data[off+i] == '\r'
+		return off + i + 1, data[off : off+i], nil
 	}
-	return 0, nil, nil
 }
 
 // waitReader reads r, calling wait, when set, before each read: the point

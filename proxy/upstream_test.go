@@ -11,11 +11,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -215,45 +215,72 @@ func TestEventsOfManyLinesReachTheClientWhole(t *testing.T) {
 }
 
 // An event stream whose lines end with CR alone (SSE allows it) is read as
-// one whose lines end with LF, and the upstream's keep-alive comments reach
-// the client as they come, flushed, between the events.
+// one whose lines end with LF, each event passed on as soon as its blank
+// line arrives, and the upstream's keep-alive comments reach the client as
+// they come, flushed, between the events.
 func TestEventStreamsEndLinesAnyWayAndKeepAlive(t *testing.T) {
-	gap := make(chan struct{})
+	gaps := make(chan struct{})
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		eol := r.URL.Query().Get("eol")
-		_, _ = io.WriteString(w, "event: response.created"+eol+`data: {"type":"response.created","response":{"id":"resp_cr","object":"response","status":"in_progress","output":[]}}`+eol+eol)
-		_, _ = io.WriteString(w, ": keep-alive"+eol+eol)
-		w.(http.Flusher).Flush()
-		select { // the client has the keep-alive before the stream goes on
-		case <-gap:
-		case <-r.Context().Done():
+		gap := func() { // the client has what came before the stream goes on
+			w.(http.Flusher).Flush()
+			select {
+			case <-gaps:
+			case <-r.Context().Done():
+			}
 		}
+		_, _ = io.WriteString(w, "event: response.created"+eol+`data: {"type":"response.created","response":{"id":"resp_cr","object":"response","status":"in_progress","output":[]}}`+eol+eol)
+		gap()
+		_, _ = io.WriteString(w, ": keep-alive"+eol+eol)
+		gap()
 		_, _ = io.WriteString(w, `data: {"type":"response.completed","response":{"id":"resp_cr","object":"response","status":"completed","output":[]}}`+eol+eol)
 	}))
 	t.Cleanup(upstream.Close)
 	for _, eol := range []string{"\r", "\r\n", "\n"} {
-		st, err := store.NewMemory(store.Options{Replica: "r1"})
-		require.NoError(t, err)
-		srv := httptest.NewServer(newProxy(t, overHTTP, st, upstream.URL+"/v1?eol="+url.QueryEscape(eol)))
-		client := &http.Client{Timeout: 10 * time.Second} // a keep-alive held back fails, not hangs
+		srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1?eol="+url.QueryEscape(eol)))
+		client := &http.Client{Timeout: 10 * time.Second} // an event held back fails, not hangs
 		resp, err := client.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
-		require.NoError(t, err)
+		require.NoError(t, err, "eol %q", eol)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "eol %q", eol)
 		r := bufio.NewReader(resp.Body)
-		var lines []string
-		for !slices.Contains(lines, ": keep-alive") {
-			line, err := r.ReadString('\n')
-			require.NoError(t, err, "eol %q, before the keep-alive: %q", eol, lines)
-			lines = append(lines, strings.TrimSuffix(line, "\n"))
+		readUntil := func(want string) {
+			for {
+				line, err := r.ReadString('\n')
+				require.NoError(t, err, "eol %q, waiting for %q", eol, want)
+				if strings.HasPrefix(line, want) {
+					return
+				}
+			}
 		}
-		gap <- struct{}{}
+		readUntil(`data: {"type":"response.created"`)
+		gaps <- struct{}{}
+		readUntil(": keep-alive")
+		gaps <- struct{}{}
 		rest, err := io.ReadAll(r)
 		require.NoError(t, err)
 		_ = resp.Body.Close()
 		srv.Close()
-		assert.Contains(t, lines, "event: response.created", "eol %q", eol)
 		assert.Contains(t, string(rest), `"type":"response.completed"`, "eol %q", eol)
+	}
+}
+
+// An event stream's lines split the same whatever their ends and however
+// the bytes arrive, one at a time included.
+func TestEventLines(t *testing.T) {
+	want := []string{"event: a", "data: b", "", ": c", "", "data: d", ""}
+	for _, eol := range []string{"\r", "\n", "\r\n"} {
+		stream := strings.Join(want, eol) + eol
+		for _, r := range []io.Reader{strings.NewReader(stream), iotest.OneByteReader(strings.NewReader(stream))} {
+			sc := bufio.NewScanner(r)
+			sc.Split(eventLines())
+			var got []string
+			for sc.Scan() {
+				got = append(got, sc.Text())
+			}
+			require.NoError(t, sc.Err())
+			assert.Equal(t, want, got, "eol %q", eol)
+		}
 	}
 }
 

@@ -358,7 +358,8 @@ func (u *wsUpstream) pick(pool *wsPool, tg *target) (s *wsSocket, gone bool) {
 	// A turn that names its own previous response goes on no socket
 	// holding it: the upstream would continue there a response it keeps
 	// for that socket alone (store false), which another client's
-	// connection made.
+	// connection made. When only such a socket is free it is opened
+	// again: that response's own next turn then sends its full context.
 	var idle, holding *wsSocket
 	for _, s := range pool.sockets {
 		switch {
@@ -662,14 +663,14 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 					continue
 				}
 			}
-			switch ev.typ {
-			case "response.completed", "response.incomplete":
+			switch {
+			case continues(ev.typ):
 				c.finish(gjson.GetBytes(data, "response.id").String())
 				finished = true
-			case "response.failed":
+			case ev.typ == "response.failed":
 				c.finish("") // a failed turn evicts what the socket held
 				finished = true
-			case "error":
+			case ev.typ == "error":
 				c.finish("")
 				c.errored, finished = true, true
 			}
