@@ -39,21 +39,13 @@ var fallbackLine = regexp.MustCompile(`(?i)falling back (to https?\b|from websoc
 // out), and contproxy's counters must agree with the upstream.
 func TestCodexWebSocket(t *testing.T) {
 	tools := nodeClients(t)
-	addr := redisAddr(t)
-	st := startStack(t, "codex-ws", stackConfig{
+	st, ctx, before := startCodexStack(t, "codex-ws", codexWSClient, stackConfig{
 		transport: "ws",
 		replicas:  2,
-		redis:     addr,
+		redis:     redisAddr(t),
 		toolCalls: toolCalls,
 		forward:   true,
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(len(codexPrompts)+1)*clientTimeout)
-	defer cancel()
-	before, err := st.counters(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.rr.begin(codexWSClient, nil)
 	// runs[i] is the number of upstream calls when run i had ended.
 	var runs []int
 	outputs, err := runCodexOpenAI(st, tools, func() error {
@@ -152,6 +144,23 @@ func TestCodexWebSocket(t *testing.T) {
 	t.Log(summary)
 	report.add("## Codex over the WebSocket mode\n\nThe Codex CLI's built-in OpenAI provider (openai_base_url) over the " +
 		"WebSocket mode, a WebSocket upstream, forwarding: " + summary + ".\n")
+}
+
+// startCodexStack starts the stack of a Codex session's test (named name),
+// the round-robin proxy's calls labelled client from now on, and returns
+// it, a context that bounds the session's runs (ended with the test), and
+// contproxy's counters before them.
+func startCodexStack(t *testing.T, name, client string, cfg stackConfig) (*stack, context.Context, counters) {
+	t.Helper()
+	st := startStack(t, name, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(len(codexPrompts)+1)*clientTimeout)
+	t.Cleanup(cancel)
+	before, err := st.counters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.rr.begin(client, nil)
+	return st, ctx, before
 }
 
 // runCodexOpenAI runs one Codex session with the built-in OpenAI provider

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -30,20 +29,12 @@ const codexChatGPTClient = "codex-chatgpt"
 // checks), and at least 95% of the later turns were continued.
 func TestCodexSignedInWithChatGPTSendsZstdTurnsThatContinue(t *testing.T) {
 	tools := nodeClients(t)
-	addr := redisAddr(t)
-	st := startStack(t, "codex-chatgpt", stackConfig{
+	st, ctx, before := startCodexStack(t, "codex-chatgpt", codexChatGPTClient, stackConfig{
 		transport: "ws",
 		replicas:  1,
-		redis:     addr,
+		redis:     redisAddr(t),
 		toolCalls: toolCalls,
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), time.Duration(len(codexPrompts)+1)*clientTimeout)
-	defer cancel()
-	before, err := st.counters(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.rr.begin(codexChatGPTClient, nil)
 	// Codex compresses only for a provider named "OpenAI" (its id may be
 	// anything) when signed in with ChatGPT, and only over HTTP.
 	config := fmt.Sprintf(`model = "gpt-5.5"

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -155,19 +156,27 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 }
 
 // Once Redis answers again, the probe closes the breaker.
-func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
+// openBreaker returns a store on miniredis, on clock clk, whose owner
+// "s" has opened its partition's breaker: miniredis fails two of its
+// calls, and is then answering again.
+func openBreaker(t *testing.T, obs store.Observer) (*store.Store, identity.Owner, *redistest.Clock, *miniredis.Miniredis) {
+	t.Helper()
 	mr, c := redistest.Miniredis(t)
-	obs := &recorder{}
 	clk := redistest.NewClock(time.Now())
 	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: 100 * time.Millisecond, Observer: obs, BreakerFailures: 2}, clk.Now))
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")
-	ctx := context.Background()
-
 	mr.SetError("LOADING Redis is loading the dataset in memory")
 	for range 2 {
-		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
+		require.Equal(t, store.ReasonStoreUnavailable, s.Reserve(context.Background(), owner, nil).Reason)
 	}
+	return s, owner, clk, mr
+}
+
+func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
+	obs := &recorder{}
+	s, owner, clk, mr := openBreaker(t, obs)
+	ctx := context.Background()
 	st, err := s.Stats(ctx)
 	require.Error(t, err)
 	require.Len(t, st.Breakers, 16, "a failed Stats still holds the breakers")
@@ -188,19 +197,11 @@ func TestBreakerClosesWhenRedisRecovers(t *testing.T) {
 // A breaker open on a partition no owner calls any more closes once Redis
 // is back all the same: the sweep is its probe.
 func TestASweepClosesABreakerNoOwnerProbes(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	clk := redistest.NewClock(time.Now())
-	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: 100 * time.Millisecond, BreakerFailures: 2}, clk.Now))
-	require.NoError(t, err)
-	owner, _ := identity.Main("s")
+	s, owner, clk, mr := openBreaker(t, nil)
 	ctx := context.Background()
-	mr.SetError("LOADING Redis is loading the dataset in memory")
-	for range 2 {
-		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
-	}
 	require.Equal(t, store.BreakerOpen, breakerOf(s, owner).State)
 	mr.SetError("")
-	_, err = s.Sweep(ctx)
+	_, err := s.Sweep(ctx)
 	require.NoError(t, err, "an open breaker is skipped, no error")
 	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State, "still cooling down: the sweep skips it")
 	clk.Add(time.Second)
