@@ -689,16 +689,21 @@ func TestSocketSendsAJSONAnswerAsEvents(t *testing.T) {
 
 // An upstream's error about an item of a message that continues the
 // connection's latest response names the item as the message counts it:
-// the client sent the new items only.
+// the client sent the new items only, whether the turn went continued or
+// with the full context (store false over HTTP).
 func TestSocketErrorsCountTheMessagesItems(t *testing.T) {
-	for _, tr := range []transport{overHTTP, overWebSocket} {
+	for _, c := range []struct {
+		tr     transport
+		stores bool
+	}{{overHTTP, true}, {overHTTP, false}, {overWebSocket, false}} {
+		tr := c.tr
 		r := newSocketRig(t, tr, fakeupstream.Options{}, nil)
-		conv := newSocketConversation(dialSocket(t, r.url, "s1"), tr == overHTTP, false)
+		conv := newSocketConversation(dialSocket(t, r.url, "s1"), c.stores, false)
 		conv.say("hello")
 		body := conv.body()
 		body["input"] = append(body["input"].([]any), map[string]any{"role": "user", "content": "again"}, map[string]any{"note": "not an item"})
 		a := conv.c.turn(body)
 		require.True(t, a.err.Exists(), "%s: events %v", tr, a.events)
-		assert.Contains(t, a.err.Get("error.message").String(), "input[1]", "%s: %s", tr, a.err.Raw)
+		assert.Contains(t, a.err.Get("error.message").String(), "input[1]", "%s, store %v: %s", tr, c.stores, a.err.Raw)
 	}
 }

@@ -17,16 +17,21 @@ import (
 
 // A turn's body may come compressed: Codex, signed in with ChatGPT,
 // sends its turns with Content-Encoding zstd. The proxy decodes the codings
-// HTTP defines for bodies (gzip, deflate, br, zstd, and several of them in
-// the order applied), reads the decoded body as any other, within
-// MaxBodyBytes of decoded bytes, and sends it upstream uncompressed, with
-// no Content-Encoding. A turn with a coding it does not know goes upstream
-// as the client sent it, outside the store, as the API's other endpoints
-// do (passthrough.go).
+// HTTP defines for bodies (gzip, deflate, br, zstd, and two of them in the
+// order applied), reads the decoded body as any other, within MaxBodyBytes
+// of decoded bytes, and sends it upstream uncompressed, with no
+// Content-Encoding. A turn with a coding it does not know, or more than
+// two, goes upstream as the client sent it, outside the store, as the
+// API's other endpoints do (passthrough.go).
+
+// maxCodings is the most codings the proxy decodes for one body: each
+// takes a decoder's buffers beside the body's bytes, and clients apply
+// one.
+const maxCodings = 2
 
 // bodyCodings returns the codings of a request's Content-Encoding in the
 // order they were applied, without identity, and whether the proxy decodes
-// every one of them.
+// every one of them: not past maxCodings.
 func bodyCodings(h http.Header) ([]string, bool) {
 	var codings []string
 	for _, v := range h.Values("Content-Encoding") {
@@ -40,7 +45,7 @@ func bodyCodings(h http.Header) ([]string, bool) {
 			}
 		}
 	}
-	return codings, true
+	return codings, len(codings) <= maxCodings
 }
 
 // decoder reads a body decoded from its codings, applied in their order.
@@ -91,17 +96,20 @@ func (d *decoder) open() (io.Reader, error) {
 			r = brotli.NewReader(r)
 		case "zstd":
 			// Its window, up to 8 MiB, is held twice while it decodes:
-			// weighed from the frame's header before the decoder sees it.
+			// weighed from the first frame's header before the decoder
+			// sees it, and no later frame of the body may declare a larger
+			// one.
 			br := bufio.NewReader(r)
 			head, _ := br.Peek(zstd.HeaderMaxSize) // a shorter body fails below
+			window := zstdWindow(head)
 			if d.hold != nil {
-				if err := d.hold(zstdWeight(head)); err != nil {
+				if err := d.hold(2*int64(window) + zstdBlock); err != nil {
 					return nil, err
 				}
 			}
 			z := zstdDecoders.Get().(*zstd.Decoder)
 			d.frees = append(d.frees, func() { _ = z.Reset(nil); zstdDecoders.Put(z) })
-			err = z.Reset(br)
+			err = z.ResetWithOptions(br, zstd.WithDecoderMaxWindow(max(window, zstd.MinWindowSize)))
 			r = z
 		}
 		if err != nil {
@@ -124,12 +132,11 @@ func (d *decoder) Close() error {
 // 9659 sets for the zstd content coding: it bounds a decoder's memory.
 const zstdMaxWindow = 8 << 20
 
-// zstdWeight is what a decoder's buffers weigh for a zstd body whose first
-// frame's header is head: twice its window (the whole content for a frame
-// of one segment) and a block, the most when the header does not tell.
-// Later frames of the same body are taken to use no larger window.
-func zstdWeight(head []byte) int64 {
-	const block = 128 << 10
+// zstdWindow is the window of a zstd body whose first frame's header is
+// head, what its decoder's buffers take twice (and a block, zstdBlock):
+// the frame's window, its whole content for a frame of one segment, the
+// most when the header does not tell.
+func zstdWindow(head []byte) uint64 {
 	var h zstd.Header
 	w := uint64(zstdMaxWindow)
 	if h.Decode(head) == nil {
@@ -140,8 +147,11 @@ func zstdWeight(head []byte) int64 {
 			w = min(w, h.WindowSize)
 		}
 	}
-	return int64(2*w) + block
+	return w
 }
+
+// zstdBlock is the largest block of a zstd frame.
+const zstdBlock = 128 << 10
 
 // zstdDecoders keeps zstd decoders, which are costly to make, for reuse;
 // each decodes in the goroutine that reads it.

@@ -105,6 +105,12 @@ func TestCompressedTurnsTheProxyCannotRead(t *testing.T) {
 	assert.Equal(t, "compress", got.coding)
 	assert.Equal(t, "not something this proxy reads", string(got.body), "sent as received")
 	assert.Zero(t, p.Stats().Turns, "outside the store")
+	thrice := encode(t, turn, "gzip, gzip, gzip")
+	status, _ = send("gzip, gzip, gzip", thrice)
+	assert.Equal(t, http.StatusOK, status)
+	assert.Equal(t, "gzip, gzip, gzip", got.coding, "more codings than the proxy decodes: sent as received")
+	assert.Equal(t, thrice, got.body)
+	assert.Equal(t, int64(2), p.Stats().Unread)
 
 	status, _ = send("gzip", encode(t, turn, "gzip"))
 	assert.Equal(t, http.StatusOK, status)
@@ -138,9 +144,7 @@ func TestAZstdBodyHoldsItsWindow(t *testing.T) {
 		// A frame written by hand, as an encoder streaming a body of
 		// unknown length writes it: its window declared (RFC 8878
 		// 3.1.1.1.2), no content size, one raw block.
-		frame := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, byte(bits.Len(uint(tc.window))-1-10) << 3}
-		block := 1 | len(turn)<<3 // the last block, raw
-		frame = append(append(frame, byte(block), byte(block>>8), byte(block>>16)), turn...)
+		frame := append([]byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, byte(bits.Len(uint(tc.window))-1-10) << 3}, rawBlock(turn)...)
 		var h zstd.Header
 		require.NoError(t, h.Decode(frame))
 		require.Equal(t, uint64(tc.window), h.WindowSize)
@@ -155,4 +159,25 @@ func TestAZstdBodyHoldsItsWindow(t *testing.T) {
 		assert.Equal(t, tc.status, resp.StatusCode, "window %d: %s", tc.window, b)
 	}
 	assert.True(t, budgetFree(r.proxy), "the budget is free once the bodies are done")
+
+	// A first frame of one small segment, then one declaring an 8 MiB
+	// window: refused, not decoded with a window the budget did not hold.
+	first, second := turn[:13], turn[13:]
+	body := append([]byte{0x28, 0xb5, 0x2f, 0xfd, 0x20, byte(len(first))}, rawBlock(first)...)
+	body = append(append(body, 0x28, 0xb5, 0x2f, 0xfd, 0x00, byte(23-10)<<3), rawBlock(second)...)
+	req, err := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Encoding", "zstd")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
+	assert.Contains(t, string(b), "window")
+}
+
+// rawBlock is a zstd frame's last block, raw, holding b.
+func rawBlock(b []byte) []byte {
+	h := 1 | len(b)<<3
+	return append([]byte{byte(h), byte(h >> 8), byte(h >> 16)}, b...)
 }

@@ -494,14 +494,15 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *sent, lg *slog.Logger, g *gate,
 	end Event, start time.Time) outcome {
 	sctx := context.WithoutCancel(ctx) // the store's calls outlive the client
-	hide := ""
+	hide, from := "", 0
 	if a.continued {
-		hide = a.res.PreviousResponseID
-		// The client's items: a WebSocket message continuing its
-		// connection's latest response holds only the new ones.
-		st, _ := ctx.Value(socketTurn{}).(socketTurnOf)
-		a.rep.countClientItems(a.res.Request().Len() - a.res.UpstreamItems - st.prepended)
+		hide, from = a.res.PreviousResponseID, a.res.Request().Len()-a.res.UpstreamItems
 	}
+	// The errors name the client's items: those after the ones a
+	// continuation left out, and of a WebSocket message continuing its
+	// connection's latest response, only the new ones it holds.
+	st, _ := ctx.Value(socketTurn{}).(socketTurnOf)
+	a.rep.countClientItems(from - st.prepended)
 	var rec *recording
 	defer func() {
 		if rec != nil {

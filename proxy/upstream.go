@@ -117,7 +117,7 @@ func (r *reply) countClientItems(from int) {
 	if next := r.next; next != nil {
 		r.next = func() (event, error) {
 			ev, err := next()
-			if err == nil && ev.typ == "error" {
+			if err == nil && (ev.typ == "error" || ev.typ == "response.failed") {
 				ev.data = shiftInputPaths(ev.data, from)
 			}
 			return ev, err

@@ -759,9 +759,11 @@ var errRedisUnreachable = errors.New("cannot reach Redis")
 // checkRedis tells a Redis target that cannot serve the store whatever
 // happens from one that is down for now (errRedisUnreachable): an address
 // that is not one, a server that answers the connection with an error (a
-// database index out of range, a password refused), plain text where
-// rediss:// expects TLS, a standalone server for -redis-cluster, or a
-// cluster node for -redis, which answers every owner's call MOVED.
+// database index out of range, a password refused), a TLS handshake
+// answered in plain text, a standalone server for -redis-cluster, or a
+// cluster node for -redis, which answers every owner's call MOVED. (A
+// plain-text Redis that waits for the rest of a TLS handshake, or a TLS
+// one that closes a plain connection, looks down for now.)
 func checkRedis(ctx context.Context, rdb redis.UniversalClient, cluster bool, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
