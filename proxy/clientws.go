@@ -125,11 +125,9 @@ func turnHeader(h http.Header) http.Header {
 		out.Del(k)
 	}
 	var beta []string
-	for _, v := range out.Values("OpenAI-Beta") {
-		for _, flag := range strings.Split(v, ",") {
-			if flag = strings.TrimSpace(flag); flag != "" && !strings.HasPrefix(flag, "responses_websockets=") {
-				beta = append(beta, flag)
-			}
+	for flag := range headerList(out, "OpenAI-Beta") {
+		if !strings.HasPrefix(flag, "responses_websockets=") {
+			beta = append(beta, flag)
 		}
 	}
 	out.Del("OpenAI-Beta")

@@ -34,15 +34,13 @@ const maxCodings = 2
 // every one of them: not past maxCodings.
 func bodyCodings(h http.Header) ([]string, bool) {
 	var codings []string
-	for _, v := range h.Values("Content-Encoding") {
-		for c := range strings.SplitSeq(v, ",") {
-			switch c = strings.ToLower(strings.TrimSpace(c)); c {
-			case "", "identity":
-			case "gzip", "x-gzip", "deflate", "br", "zstd":
-				codings = append(codings, c)
-			default:
-				return nil, false
-			}
+	for c := range headerList(h, "Content-Encoding") {
+		switch c = strings.ToLower(c); c {
+		case "identity":
+		case "gzip", "x-gzip", "deflate", "br", "zstd":
+			codings = append(codings, c)
+		default:
+			return nil, false
 		}
 	}
 	return codings, len(codings) <= maxCodings
@@ -55,7 +53,7 @@ type decoder struct {
 	body    io.Reader
 	codings []string
 	// hold, when not nil, takes what a decoder's buffers weigh beside the
-	// body (zstdWeight) before it decodes.
+	// body (zstdWindow) before it decodes.
 	hold  func(n int64) error
 	r     io.Reader
 	err   error

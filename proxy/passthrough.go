@@ -145,11 +145,9 @@ func asksWebSocketUpgrade(r *http.Request) bool {
 
 // hasToken tells whether a header of h lists token, compared without case.
 func hasToken(h http.Header, name, token string) bool {
-	for _, v := range h.Values(name) {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
+	for t := range headerList(h, name) {
+		if strings.EqualFold(t, token) {
+			return true
 		}
 	}
 	return false

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -463,14 +464,27 @@ func copyHeader(dst, src http.Header) {
 	for _, k := range hopHeaders {
 		skip[k] = true
 	}
-	for _, f := range src.Values("Connection") {
-		for _, k := range strings.Split(f, ",") {
-			skip[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
-		}
+	for k := range headerList(src, "Connection") {
+		skip[http.CanonicalHeaderKey(k)] = true
 	}
 	for k, vs := range src {
 		if !skip[k] {
 			dst[k] = append(dst[k], vs...)
+		}
+	}
+}
+
+// headerList yields the elements of the comma-separated lists that header
+// name of h holds, every value's in turn, each without its surrounding
+// white space, none empty (RFC 9110 5.6.1).
+func headerList(h http.Header, name string) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, v := range h.Values(name) {
+			for e := range strings.SplitSeq(v, ",") {
+				if e = strings.TrimSpace(e); e != "" && !yield(e) {
+					return
+				}
+			}
 		}
 	}
 }
