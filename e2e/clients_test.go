@@ -5,10 +5,8 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -307,23 +305,8 @@ var codexPrompts = []string{
 // runCodex runs one Codex session: codex exec, then resumed user turns, in
 // a fresh CODEX_HOME whose provider is the round-robin proxy.
 func runCodex(_ context.Context, e clientEnvironment) error {
-	root := filepath.Join(e.st.dir, "codex")
-	home, work := filepath.Join(root, "home"), filepath.Join(root, "work")
-	for _, dir := range []string{home, work} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-	}
-	config := fmt.Sprintf(`model = "gpt-5.5"
-model_provider = "fake"
-model_reasoning_summary = "detailed"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-check_for_update_on_startup = false
-
-[analytics]
-enabled = false
-
+	config := codexConfig(`model_provider = "fake"
+`, fmt.Sprintf(`
 [model_providers.fake]
 name = "Fake upstream"
 base_url = %q
@@ -332,24 +315,8 @@ env_key = "FAKE_API_KEY"
 supports_websockets = false
 request_max_retries = 0
 stream_max_retries = 0
-`, e.st.rr.baseURL())
-	if err := os.WriteFile(filepath.Join(home, "config.toml"), []byte(config), 0o644); err != nil {
-		return err
-	}
-	env := clientEnv("CODEX_HOME="+home, "HOME="+root, "FAKE_API_KEY=fake-key")
-	flags := []string{"exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--color", "never"}
-	for i, prompt := range codexPrompts {
-		args := slices.Concat(flags, []string{prompt})
-		if i > 0 {
-			args = slices.Concat(flags, []string{"resume", "--last", prompt})
-		}
-		out, err := runClient(fmt.Sprintf("codex-%d", i+1), root, work, env, e.codex, args...)
-		if err != nil {
-			return err
-		}
-		if !codexDone.MatchString(out) {
-			return fmt.Errorf("codex, user turn %d: no %q in its output:\n%s", i+1, codexDone, clip(out, 4000))
-		}
-	}
-	return nil
+`, e.st.rr.baseURL()))
+	_, err := runCodexSession(filepath.Join(e.st.dir, "codex"), map[string]string{"config.toml": config},
+		clientEnv("FAKE_API_KEY=fake-key"), e.nodeTools, nil)
+	return err
 }

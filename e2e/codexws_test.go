@@ -169,18 +169,24 @@ func startCodexStack(t *testing.T, name, client string, cfg stackConfig) (*stack
 // calling after when each run has ended. It returns each run's standard
 // output and error.
 func runCodexOpenAI(st *stack, tools nodeTools, after func() error) (map[string]string, error) {
-	config := fmt.Sprintf(`model = "gpt-5.5"
-openai_base_url = %q
-model_reasoning_summary = "detailed"
+	config := codexConfig(fmt.Sprintf("openai_base_url = %q\n", st.rr.baseURL()), "")
+	env := clientEnv("OPENAI_API_KEY=fake-key", "CODEX_API_KEY=fake-key", "RUST_LOG=warn")
+	return runCodexSession(filepath.Join(st.dir, "codex-openai"), map[string]string{"config.toml": config}, env, tools, after)
+}
+
+// codexConfig returns a Codex config.toml: the model, then top's keys (its
+// provider), the settings every run here shares (no approvals, no
+// sandbox, no update check, no analytics), then tables (a provider's).
+func codexConfig(top, tables string) string {
+	return `model = "gpt-5.5"
+` + top + `model_reasoning_summary = "detailed"
 approval_policy = "never"
 sandbox_mode = "danger-full-access"
 check_for_update_on_startup = false
 
 [analytics]
 enabled = false
-`, st.rr.baseURL())
-	env := clientEnv("OPENAI_API_KEY=fake-key", "CODEX_API_KEY=fake-key", "RUST_LOG=warn")
-	return runCodexSession(filepath.Join(st.dir, "codex-openai"), map[string]string{"config.toml": config}, env, tools, after)
+` + tables
 }
 
 // runCodexSession runs one Codex session in root, its runs named after

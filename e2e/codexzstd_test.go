@@ -37,17 +37,9 @@ func TestCodexSignedInWithChatGPTSendsZstdTurnsThatContinue(t *testing.T) {
 	})
 	// Codex compresses only for a provider named "OpenAI" (its id may be
 	// anything) when signed in with ChatGPT, and only over HTTP.
-	config := fmt.Sprintf(`model = "gpt-5.5"
-model_provider = "gw"
+	config := codexConfig(`model_provider = "gw"
 cli_auth_credentials_store = "file"
-model_reasoning_summary = "detailed"
-approval_policy = "never"
-sandbox_mode = "danger-full-access"
-check_for_update_on_startup = false
-
-[analytics]
-enabled = false
-
+`, fmt.Sprintf(`
 [model_providers.gw]
 name = "OpenAI"
 base_url = %q
@@ -56,7 +48,7 @@ requires_openai_auth = true
 supports_websockets = false
 request_max_retries = 0
 stream_max_retries = 0
-`, st.rr.baseURL())
+`, st.rr.baseURL()))
 	// clientEnv leaves out OPENAI_API_KEY and CODEX_API_KEY: with
 	// CODEX_API_KEY set, Codex signs in with the key and sends plain JSON.
 	home := map[string]string{"config.toml": config, "auth.json": chatGPTAuth(t)}
