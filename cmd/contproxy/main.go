@@ -40,7 +40,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -568,21 +567,15 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 		_, _ = io.WriteString(w, "ok\n")
 	}
 	// Routed by hand, not by http.ServeMux, which answers a path it would
-	// clean (/v1//responses, /v1/x/../models) with a redirect: the API
-	// under /v1 goes to p as the client wrote it, as through any reverse
-	// proxy.
+	// clean (/v1//responses, /v1/x/../models) with a redirect: every
+	// request but the health check goes to p as the client wrote it, as
+	// through any reverse proxy, and p answers 404 outside /v1.
 	route := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch clean := path.Clean(r.URL.Path); {
-		case clean == "/v1" || strings.HasPrefix(clean, "/v1/"):
-			p.ServeHTTP(w, r) // the turns; every other /v1 request passes through
-		case r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+		if r.URL.Path == "/healthz" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			healthz(w, r)
-		default:
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusNotFound)
-			fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`+"\n",
-				fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
+			return
 		}
+		p.ServeHTTP(w, r)
 	})
 	srv := &http.Server{Handler: progress(route, c.bodyTimeout, c.writeTimeout), ConnContext: connContext,
 		ReadHeaderTimeout: c.readHeaderTimeout, IdleTimeout: c.idleTimeout, MaxHeaderBytes: maxHeaderBytes}
