@@ -694,7 +694,7 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 		*lg = (*lg).With("response_id", out.id, "outcome", "not_recorded", "why", "the upstream keeps no responses (store:false)")
 		return "not_recorded", nil
 	}
-	return "recorded", p.record(ctx, *lg, t.hold, a, out)
+	return "", p.record(ctx, *lg, t.hold, a, out) // the recording tells how the turn ended
 }
 
 // localConn returns c, or, when c forwards the turn, a connection of this
