@@ -35,7 +35,7 @@ var fallbackLine = regexp.MustCompile(`(?i)falling back (to https?\b|from websoc
 // HTTP and each process opens one connection; at least 95% of the later
 // turns of the session must reach the upstream continued, the first turn
 // of each resumed process included (Codex then sends its whole history,
-// its items tagged with its own turn metadata, which profile v3 leaves
+// its items tagged with its own turn metadata, which the profile leaves
 // out), and contproxy's counters must agree with the upstream.
 func TestCodexWebSocket(t *testing.T) {
 	tools := nodeClients(t)

@@ -6,7 +6,7 @@
 // Two requests continue the same conversation when the upstream holds the
 // same conversation for both, not when their bytes match. A [Profile] says
 // which differences real clients introduce without changing the
-// conversation ([V3] is the default); a [Parser] applies it under a secret
+// conversation ([V4] is the default); a [Parser] applies it under a secret
 // [Key], and [Request] is what it returns. [Explain] says where a request
 // departs from the transcript it was meant to continue.
 //

@@ -75,7 +75,7 @@ func cacheCorpus(t *testing.T) [][]byte {
 func TestItemCacheNeverChangesAResult(t *testing.T) {
 	bodies := cacheCorpus(t)
 	t.Logf("%d bodies", len(bodies))
-	for _, profile := range []Profile{V2(), V3()} {
+	for _, profile := range []Profile{V2(), V3(), V4()} {
 		cached := mustParser(profile, testKey)
 		plain := mustParser(profile, testKey)
 		plain.items, plain.runs = nil, nil

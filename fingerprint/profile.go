@@ -45,6 +45,11 @@ type Profile struct {
 	// recorded turn count as that item when the upstream keeps responses
 	// ([Request.Transcript], [Transcript.Matches]).
 	References bool
+	// ReasoningIDs keeps the id of a reasoning item that carries no
+	// encrypted_content, even when ItemMembers names "id": the upstream
+	// holds that reasoning by its id, and the item shows nothing else of
+	// it.
+	ReasoningIDs bool
 }
 
 // V2 returns the default profile since protocol version 2. Each rule answers
@@ -93,15 +98,31 @@ func V3() Profile {
 	return p
 }
 
-// Named returns the built-in profile called name: "v2" or "v3".
+// V4 returns the default profile since protocol version 6: V3, and a
+// reasoning item without encrypted_content keeps its id. Its summary is
+// often empty, so without the id two such items of different responses
+// were equal, and a conversation could continue from another that had
+// shown the same text, its model then reasoning on with the other's
+// hidden reasoning. A client that sends such an item back sends its id:
+// the upstream needs it.
+func V4() Profile {
+	p := V3()
+	p.Name = "v4"
+	p.ReasoningIDs = true
+	return p
+}
+
+// Named returns the built-in profile called name: "v2", "v3" or "v4".
 func Named(name string) (Profile, error) {
 	switch name {
 	case "v2":
 		return V2(), nil
 	case "v3":
 		return V3(), nil
+	case "v4":
+		return V4(), nil
 	}
-	return Profile{}, fmt.Errorf("%w: no built-in profile %q (v2 or v3)", ErrInvalidProfile, name)
+	return Profile{}, fmt.Errorf("%w: no built-in profile %q (v2, v3 or v4)", ErrInvalidProfile, name)
 }
 
 // ID returns the profile's identity, the text a namespace records:
@@ -109,7 +130,7 @@ func Named(name string) (Profile, error) {
 //	<name>;item=<members>;part=<members>;prompt=<members>[;empty=<members>][;forms=<forms>]
 //
 // with each list sorted, without duplicates and joined by commas; forms
-// lists "references" and "short-messages" when set. The optional parts are
+// lists "reasoning-ids", "references" and "short-messages" when set. The optional parts are
 // absent when empty, so that V2's identity is the one earlier versions
 // recorded.
 func (p Profile) ID() string {
@@ -123,6 +144,9 @@ func (p Profile) ID() string {
 		id += ";empty=" + list(p.EmptyPartMembers)
 	}
 	var forms []string
+	if p.ReasoningIDs {
+		forms = append(forms, "reasoning-ids")
+	}
 	if p.References {
 		forms = append(forms, "references")
 	}
@@ -153,13 +177,14 @@ func (p Profile) validate() (*rules, error) {
 		}
 	}
 	return &rules{item: slices.Clone(p.ItemMembers), part: slices.Clone(p.PartMembers), prompt: slices.Clone(p.PromptMembers),
-		emptyPart: slices.Clone(p.EmptyPartMembers), shortMessages: p.ShortMessages, references: p.References}, nil
+		emptyPart: slices.Clone(p.EmptyPartMembers), shortMessages: p.ShortMessages, references: p.References,
+		reasoningIDs: p.ReasoningIDs}, nil
 }
 
 // rules is a validated profile, as the scanner applies it.
 type rules struct {
-	item, part, prompt, emptyPart names
-	shortMessages, references     bool
+	item, part, prompt, emptyPart           names
+	shortMessages, references, reasoningIDs bool
 }
 
 // names is a short list of member names.

@@ -38,7 +38,7 @@ func (c *chunks) Read(p []byte) (int, error) {
 // the one before it (so that the runs the arrivals match are there).
 func TestReadRequestParsesAsParse(t *testing.T) {
 	bodies := append(runBodies(), cacheCorpus(t)...)
-	for _, profile := range []Profile{V2(), V3()} {
+	for _, profile := range []Profile{V2(), V3(), V4()} {
 		plain := mustParser(profile, testKey)
 		plain.items, plain.runs = nil, nil
 		read := mustParser(profile, testKey)
@@ -60,7 +60,7 @@ func TestReadRequestParsesAsParse(t *testing.T) {
 // A body whose input array begins as the previous turn's did is matched
 // to that turn's run before its last bytes are in.
 func TestReadRequestMatchesWhileTheBodyArrives(t *testing.T) {
-	p := mustParser(V3(), testKey)
+	p := mustParser(V4(), testKey)
 	_, err := p.Parse(agentchat.Body(100))
 	require.NoError(t, err)
 	prev := p.runs.order.Back().Value.(*run)
@@ -118,7 +118,7 @@ func TestReadRequestErrors(t *testing.T) {
 // a body read a few bytes at a time costs a few walks.
 func TestArrivalWalksALongMemberAFewTimes(t *testing.T) {
 	body := []byte(`{"tools":[` + strings.Repeat(`{"type":"function","name":"f"},`, 10_000) + `{}],"input":[]}`)
-	p := mustParser(V3(), testKey)
+	p := mustParser(V4(), testKey)
 	a := arrival{input: -1}
 	walks, stopped := 0, 0
 	for n := 1; n <= len(body); n += 64 {

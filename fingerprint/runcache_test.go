@@ -63,7 +63,7 @@ func runBodies() [][]byte {
 // that runs are taken).
 func TestRunCacheNeverChangesAResult(t *testing.T) {
 	bodies := runBodies()
-	for _, profile := range []Profile{V2(), V3()} {
+	for _, profile := range []Profile{V2(), V3(), V4()} {
 		cached := mustParser(profile, testKey)
 		plain := mustParser(profile, testKey)
 		plain.items, plain.runs = nil, nil
@@ -79,13 +79,13 @@ func TestRunCacheNeverChangesAResult(t *testing.T) {
 // without caches gives.
 func TestRunCacheConcurrentParses(t *testing.T) {
 	bodies := runBodies()
-	plain := mustParser(V3(), testKey)
+	plain := mustParser(V4(), testKey)
 	plain.items, plain.runs = nil, nil
 	want := make([]*Request, len(bodies))
 	for i, b := range bodies {
 		want[i], _ = plain.Parse(b)
 	}
-	cached := mustParser(V3(), testKey)
+	cached := mustParser(V4(), testKey)
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {

@@ -118,8 +118,11 @@ type scanner struct {
 	dropped, reference, keepMembers bool
 	// itemID is the canonical value of the item's own id when it is a
 	// string (hasID), whether or not the profile leaves it out.
-	itemID  []byte
-	hasID   bool
+	itemID []byte
+	hasID  bool
+	// idOut is the canonical value of the item's id, kept for
+	// Profile.ReasoningIDs.
+	idOut   []byte
 	formOut []byte // a short message's content in full form
 
 	// Request parsing.
@@ -661,7 +664,7 @@ func (p *scanner) object(pl place) bool {
 	sorted := true
 	written := 0
 	typeIdx, argsIdx, argsTok := -1, -1, 0
-	roleIdx, contentIdx := -1, -1
+	roleIdx, contentIdx, idIdx, encIdx := -1, -1, -1, -1
 	if p.pos < len(p.data) && p.data[p.pos] == '}' {
 		p.pos++
 	} else {
@@ -759,9 +762,15 @@ func (p *scanner) object(pl place) bool {
 					case "content":
 						contentIdx = len(p.members)
 					case "id":
+						idIdx = len(p.members)
 						if p.out[m.val] == '"' {
 							p.itemID, p.hasID = append(p.itemID[:0], p.out[m.val:m.end]...), true
 						}
+						if p.rules != nil && p.rules.reasoningIDs {
+							p.idOut = append(p.idOut[:0], p.out[m.val:m.end]...)
+						}
+					case "encrypted_content":
+						encIdx = len(p.members)
 					}
 				}
 				if p.drop(pl, key, p.out[m.val:m.end]) {
@@ -796,6 +805,10 @@ func (p *scanner) object(pl place) bool {
 			repl = p.arguments(argsTok)
 			replVal = p.members[argsIdx].val
 		}
+	}
+	if pl == placeItem && p.rules != nil && p.rules.reasoningIDs && p.keepReasoningID(typeIdx, idIdx, encIdx, written > 0) {
+		sorted = false
+		written++
 	}
 	if pl == placeItem && repl == nil && p.rules != nil {
 		var added bool
@@ -852,6 +865,27 @@ var (
 	typeKey     = []byte("type")
 	messageType = []byte(`"message"`)
 )
+
+// keepReasoningID writes back the id the profile left out of an item, from
+// p.members[idIdx], when the item is a reasoning item without
+// encrypted_content (Profile.ReasoningIDs), and reports whether it did.
+func (p *scanner) keepReasoningID(typeIdx, idIdx, encIdx int, comma bool) bool {
+	given := func(i int) bool { return i >= 0 && p.members[i].start >= 0 }
+	if idIdx < 0 || given(idIdx) || string(p.idOut) == "null" || given(encIdx) ||
+		!given(typeIdx) || string(p.out[p.members[typeIdx].val:p.members[typeIdx].end]) != `"reasoning"` {
+		return false
+	}
+	if comma {
+		p.out = append(p.out, ',')
+	}
+	m := member{key: p.members[idIdx].key, keyOff: p.members[idIdx].keyOff, start: len(p.out)}
+	p.out = append(p.out, `"id":`...)
+	m.val = len(p.out)
+	p.out = append(p.out, p.idOut...)
+	m.end = len(p.out)
+	p.members[idIdx] = m
+	return true
+}
 
 // itemForm applies the profile's rules on the form of an item whose
 // members, from p.members[base:], are all written: an item without type

@@ -36,7 +36,7 @@ var vecKey = func() (k Key) {
 	return k
 }()
 
-var vecParser = mustParser(V3(), vecKey)
+var vecParser = mustParser(V4(), vecKey)
 
 // vecFile is the layout of testdata/fingerprint-vectors.json.
 type vecFile struct {
@@ -47,7 +47,7 @@ type vecFile struct {
 }
 
 var vecAbout = []string{
-	"Test vectors of contstore's canonical JSON and request fingerprints (profile v3, since protocol version 5); PROTOCOL.md describes every rule they exercise.",
+	"Test vectors of contstore's canonical JSON and request fingerprints (profile v4, since protocol version 6); PROTOCOL.md describes every rule they exercise.",
 	"Regenerate with: go test ./fingerprint -run TestVectors -update-vectors. go test ./fingerprint fails when this file and the code disagree.",
 	"Every digest is HighwayHash-64 keyed with constants.key_hex (the bytes 0..31); a namespace's real key is a random secret kept in its meta hash.",
 	"A 64-bit digest is given as {hex: 16 lowercase hex digits, dec: the same 64 bits as a signed decimal int64, the form stored in Redis}.",
@@ -70,7 +70,7 @@ type vecCanonical struct {
 	Name     string  `json:"name"`
 	Input    *string `json:"input,omitempty"`
 	InputHex string  `json:"input_hex,omitempty"`
-	// Item: canonicalised as a request item (the item rules of the v3
+	// Item: canonicalised as a request item (the item rules of the v4
 	// profile apply), else as a value (the canonical rules alone).
 	Item      bool               `json:"item,omitempty"`
 	Valid     bool               `json:"valid"`
@@ -94,6 +94,9 @@ var vecItemCases = []canonicalCase{
 	{name: "v3: another type keeps its string", input: `{"type":"x","role":"user","content":"T"}`},
 	{name: "v3: non-empty annotations stay", input: `{"role":"assistant","content":[{"type":"output_text","text":"T","annotations":[{"type":"url_citation","url":"u"}],"logprobs":[]}]}`},
 	{name: "v3: an item without type and role is a reference", input: `{"id":"msg_1","status":"completed"}`},
+	{name: "v4: a reasoning item without encrypted_content keeps its id", input: `{"id":"rs_1","status":"completed","type":"reasoning","summary":[],"content":null}`},
+	{name: "v4: encrypted_content null is none", input: `{"encrypted_content":null,"summary":[],"type":"reasoning","id":"rs_1"}`},
+	{name: "v4: with encrypted_content the id goes", input: `{"id":"rs_1","type":"reasoning","summary":[],"encrypted_content":"gAAA"}`},
 
 	{name: "function_call arguments are canonicalised", input: `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1.0}"}`},
 	{name: "function_call rule does not depend on member order", input: `{"arguments":"{\"b\": 2, \"a\": 1.0}","type":"function_call"}`},
@@ -250,7 +253,7 @@ func vecRequestCases() []vecRequestCase {
 			`{"id":"fc_1","type":"function_call","status":"completed","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"}`,
 		}},
 		{name: "v3: the AI SDK's next turn, with a reference", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]},{"type":"item_reference","id":"rs_1"},{"type":"function_call","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"},{"type":"function_call_output","call_id":"call_1","output":"/home"}]}`},
-		{name: "v3: the same turn in full", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]},{"type":"reasoning","summary":[{"type":"summary_text","text":"Run pwd."}]},{"type":"function_call","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"},{"type":"function_call_output","call_id":"call_1","output":"/home"}]}`},
+		{name: "v3: the same turn in full", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]},{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"Run pwd."}]},{"type":"function_call","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"},{"type":"function_call_output","call_id":"call_1","output":"/home"}]}`},
 		{name: "function call rule does not apply to the body", body: `{"type":"function_call","arguments":"{\"b\": 2, \"a\": 1}","input":[]}`},
 		{name: "mixed items", body: `{"input":["text", 1.0, null, [true, {"b": 1, "a": 2}]], "instructions": "\u2028 \/ \u007f"}`},
 		{name: "synthetic", body: string(syntheticBody(6, 3000))},
@@ -357,7 +360,7 @@ func vecBuild(t *testing.T) vecFile {
 	return vecFile{
 		About: vecAbout,
 		Constants: vecConstants{
-			KeyHex: hex.EncodeToString(vecKey[:]), ProfileID: V3().ID(),
+			KeyHex: hex.EncodeToString(vecKey[:]), ProfileID: vecParser.ProfileID(),
 			ChainSeedText: ChainSeedText, ChainSeed: vectorfile.NewDigest(vecParser.seed),
 			EmptySignatureText: "{}", EmptySignature: vectorfile.NewDigest(vecParser.sum([]byte("{}"))),
 			MaxDepth: MaxDepth,

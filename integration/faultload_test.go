@@ -239,7 +239,7 @@ type faultItem struct {
 }
 
 // faultParser computes the digests of faultItem.
-var faultParser, _ = fingerprint.New(fingerprint.V3(), fingerprint.Key{})
+var faultParser, _ = fingerprint.New(fingerprint.V4(), fingerprint.Key{})
 
 func newFaultItem(raw string) faultItem {
 	r, err := faultParser.Parse([]byte(`{"input":[` + raw + `]}`))

@@ -23,7 +23,7 @@ func testParser(t testing.TB) *fingerprint.Parser {
 	for i := range key {
 		key[i] = byte(i)
 	}
-	p, err := fingerprint.New(fingerprint.V3(), key)
+	p, err := fingerprint.New(fingerprint.V4(), key)
 	require.NoError(t, err)
 	return p
 }

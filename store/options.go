@@ -111,7 +111,7 @@ type Options struct {
 	now func() time.Time
 
 	// Profile says which differences between requests do not change a
-	// conversation (package fingerprint). Default fingerprint.V3(). It is
+	// conversation (package fingerprint). Default fingerprint.V4(). It is
 	// fixed for a namespace.
 	Profile fingerprint.Profile
 }
@@ -140,7 +140,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.Replica = randomReplica()
 	}
 	if o.Profile.Name == "" {
-		o.Profile = fingerprint.V3()
+		o.Profile = fingerprint.V4()
 	}
 	if _, err := fingerprint.New(o.Profile, fingerprint.Key{}); err != nil {
 		return o, fmt.Errorf("%w: Profile: %w", ErrInvalidOptions, err)

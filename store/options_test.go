@@ -62,7 +62,7 @@ func TestDefaults(t *testing.T) {
 	assert.Equal(t, 5, o.BreakerFailures)
 	assert.Equal(t, time.Second, o.BreakerCooldown)
 	assert.Regexp(t, `^replica-[0-9a-f]{12}$`, o.Replica)
-	assert.Equal(t, fingerprint.V3().Name, o.Profile.Name)
+	assert.Equal(t, fingerprint.V4().Name, o.Profile.Name)
 }
 
 func TestPartitionCountIsFixedPerNamespace(t *testing.T) {
@@ -89,7 +89,7 @@ func TestProfileAndKeyAreFixedPerNamespace(t *testing.T) {
 	require.NoError(t, err)
 	key := mr.HGet("fp:{fp}:meta", "key")
 	assert.Len(t, key, 64)
-	assert.Equal(t, fingerprint.V3().ID(), mr.HGet("fp:{fp}:meta", "profile"))
+	assert.Equal(t, fingerprint.V4().ID(), mr.HGet("fp:{fp}:meta", "profile"))
 
 	b, err := store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "fp"})
 	require.NoError(t, err)

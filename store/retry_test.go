@@ -38,7 +38,7 @@ func openRedis(t *testing.T, c redis.UniversalClient) (*Store, *redisBackend) {
 
 // testParser parses the tests' requests; each store parses them again under
 // its namespace's key.
-var testParser, _ = fingerprint.New(fingerprint.V3(), fingerprint.Key{})
+var testParser, _ = fingerprint.New(fingerprint.V4(), fingerprint.Key{})
 
 func testRequest(t testing.TB, body string) *fingerprint.Request {
 	r, err := testParser.Parse([]byte(body))

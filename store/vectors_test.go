@@ -799,7 +799,7 @@ var vecKey = func() (k fingerprint.Key) {
 	return k
 }()
 
-var vecParser, _ = fingerprint.New(fingerprint.V3(), vecKey)
+var vecParser, _ = fingerprint.New(fingerprint.V4(), vecKey)
 
 // vecOpIDs draws the ops of a scenario's stores from a counter they
 // share and the server's clock, so that its calls are reproducible.

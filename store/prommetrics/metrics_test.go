@@ -29,7 +29,7 @@ var errDown = errors.New("redis down")
 
 // testParser parses the tests' requests; the store parses them again under
 // its own key.
-var testParser, _ = fingerprint.New(fingerprint.V3(), fingerprint.Key{})
+var testParser, _ = fingerprint.New(fingerprint.V4(), fingerprint.Key{})
 
 func parse(t *testing.T, body string) *fingerprint.Request {
 	t.Helper()

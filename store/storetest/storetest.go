@@ -140,7 +140,7 @@ func body(extra string, items ...string) string {
 
 // parser parses the suite's requests; each store parses them again under
 // its namespace's key.
-var parser, _ = fingerprint.New(fingerprint.V3(), fingerprint.Key{})
+var parser, _ = fingerprint.New(fingerprint.V4(), fingerprint.Key{})
 
 func parse(t testing.TB, b string) *fingerprint.Request {
 	t.Helper()
