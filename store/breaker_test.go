@@ -158,12 +158,14 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 // Once Redis answers again, the probe closes the breaker.
 // openBreaker returns a store on miniredis, on clock clk, whose owner
 // "s" has opened its partition's breaker: miniredis fails two of its
-// calls, and is then answering again.
+// calls, and is then answering again. Its calls have seconds: on a busy
+// machine one answered after a short OpTimeout would count as the
+// process's starvation, not as a failure of Redis, and open nothing.
 func openBreaker(t *testing.T, obs store.Observer) (*store.Store, identity.Owner, *redistest.Clock, *miniredis.Miniredis) {
 	t.Helper()
 	mr, c := redistest.Miniredis(t)
 	clk := redistest.NewClock(time.Now())
-	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: 100 * time.Millisecond, Observer: obs, BreakerFailures: 2}, clk.Now))
+	s, err := store.NewRedis(c, storehooks.WithClock(store.Options{OpTimeout: 5 * time.Second, Observer: obs, BreakerFailures: 2}, clk.Now))
 	require.NoError(t, err)
 	owner, _ := identity.Main("s")
 	mr.SetError("LOADING Redis is loading the dataset in memory")
