@@ -675,27 +675,23 @@ func (w *socketWriter) Flush() {}
 // cutStream notes a stream that broke off upstream (see run).
 func (w *socketWriter) cutStream() { w.cut = true }
 
-// parseEvent parses one Server-Sent Event: its type and data.
+// parseEvent parses one Server-Sent Event: its name and data (newEvent).
 func parseEvent(block []byte) (event, bool) {
-	var ev event
+	var name string
 	var data [][]byte
 	for _, line := range bytes.Split(block, []byte("\n")) {
 		line = bytes.TrimSuffix(line, []byte("\r"))
 		switch {
 		case bytes.HasPrefix(line, []byte("event:")):
-			ev.typ = string(bytes.TrimSpace(line[len("event:"):]))
+			name = string(bytes.TrimSpace(line[len("event:"):]))
 		case bytes.HasPrefix(line, []byte("data:")):
 			data = append(data, bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
 		}
 	}
 	if data == nil {
-		return ev, false // a comment
+		return event{}, false // a comment
 	}
-	ev.data = bytes.Join(data, []byte("\n"))
-	if ev.typ == "" {
-		ev.typ = eventType(ev.data)
-	}
-	return ev, true
+	return newEvent(name, bytes.Join(data, []byte("\n"))), true
 }
 
 // sendEvent sends one event, its response object showing the client's own

@@ -259,6 +259,7 @@ func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, er
 	_, err = gated.Write([]byte{forwardGo})
 	_ = gated.Close()
 	rep := eventReply(a.resp)
+	rep.socket = true // the holder's socket's events
 	if err != nil {
 		rep.close()
 		return nil, fmt.Errorf("%w: sending the go to %s: %v", errForwardLost, c.origin.Replica, err)

@@ -921,8 +921,9 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outco
 	ev, err := rep.next()
 	switch {
 	case err != nil:
-		return writeBrokenOff(w, err) // before the first event: nothing to cut
-	case ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists():
+		copyHeader(w.Header(), rep.header) // the upstream's request id, for whoever looks into it
+		return writeBrokenOff(w, err)      // before the first event: nothing to cut
+	case rep.socket && ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists():
 		// A WebSocket upstream refusing the request: over HTTP it would
 		// have answered this status and error before any event.
 		return writeErrorEvent(w, ev.data)
@@ -978,7 +979,7 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		}
 		if !gone {
 			buf.Reset()
-			appendEvent(&buf, ev.typ, hideID(ev.data, "response.previous_response_id", hide))
+			appendEvent(&buf, ev.wireName(), hideID(ev.data, "response.previous_response_id", hide))
 			if _, werr := w.Write(buf.Bytes()); werr != nil {
 				gone = true // keep reading: the turn ends when the upstream's does
 			} else if !together {
@@ -1095,12 +1096,13 @@ func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
 	if status < 400 || status > 599 {
 		status = http.StatusInternalServerError
 	}
-	e := r.Get("error")
-	if !e.Exists() {
-		e = r // a flat error event
+	e, typ := r.Get("error"), ""
+	if e.Exists() {
+		typ = e.Get("type").String()
+	} else {
+		e = r // a flat error event, whose type is the event's: the error's is the default
 	}
-	writeError(w, status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(),
-		e.Get("message").String())
+	writeError(w, status, typ, e.Get("param").String(), e.Get("code").String(), e.Get("message").String())
 	return outcome{status: status}
 }
 

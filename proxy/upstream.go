@@ -72,6 +72,11 @@ type reply struct {
 	comments func(line []byte)
 	// done releases what the reply holds; it may be nil.
 	done func()
+	// socket tells that the events are an upstream socket's (the
+	// WebSocket mode, or a forward to the replica holding the socket),
+	// where an error event with a status stands for the HTTP error the
+	// HTTP API answers before any event.
+	socket bool
 }
 
 // drainWait bounds how long a relay waits, after a stream's terminal
@@ -95,10 +100,35 @@ func (r *reply) drain() {
 	}
 }
 
-// event is one streaming event: its type and its JSON object.
+// event is one streaming event: what it is, its name as sent and its
+// JSON object.
 type event struct {
-	typ  string
+	// typ is what the event is: its data's own "type" member, which
+	// clients go by (the OpenAI SDKs read the data, not the event: line),
+	// else its name.
+	typ string
+	// name is the type its "event:" line gave, relayed as it came; ""
+	// when it had none.
+	name string
 	data []byte
+}
+
+// newEvent returns the event named name (from its "event:" line, "" for
+// none) that carries data.
+func newEvent(name string, data []byte) event {
+	typ := eventType(data)
+	if typ == "" {
+		typ = name
+	}
+	return event{typ: typ, name: name, data: data}
+}
+
+// wireName is the name the event goes on with: its own, else what it is.
+func (ev event) wireName() string {
+	if ev.name != "" {
+		return ev.name
+	}
+	return ev.typ
 }
 
 // countClientItems makes the input paths the reply's errors name (a
@@ -289,6 +319,35 @@ func isEventStream(h http.Header) bool {
 	return strings.EqualFold(strings.TrimSpace(t), "text/event-stream")
 }
 
+// untypedEvents tells whether resp, a 2xx answer to a turn that asked for
+// a stream, whose Content-Type names no type of its own (none,
+// application/octet-stream or text/plain), begins as an event stream does;
+// resp.Body then reads on from what was looked at.
+func untypedEvents(resp *http.Response) bool {
+	t, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	switch strings.ToLower(strings.TrimSpace(t)) {
+	case "", "application/octet-stream", "text/plain":
+	default:
+		return false
+	}
+	br := bufio.NewReader(resp.Body)
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{br, resp.Body}
+	head, _ := br.Peek(len(byteOrderMark) + len("retry:"))
+	head = bytes.TrimPrefix(head, byteOrderMark)
+	for _, field := range []string{":", "event:", "data:", "id:", "retry:"} {
+		if bytes.HasPrefix(head, []byte(field)) {
+			return true
+		}
+	}
+	return false
+}
+
+// byteOrderMark may begin an event stream (UTF-8's).
+var byteOrderMark = []byte("\uFEFF")
+
 // httpConn is one HTTP request.
 type httpConn struct {
 	up *httpUpstream
@@ -320,7 +379,7 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	if err != nil {
 		return nil, err
 	}
-	if stream && resp.StatusCode/100 == 2 && isEventStream(resp.Header) {
+	if stream && resp.StatusCode/100 == 2 && (isEventStream(resp.Header) || untypedEvents(resp)) {
 		return eventReply(resp), nil
 	}
 	rep := &reply{status: resp.StatusCode, header: resp.Header}
@@ -362,35 +421,37 @@ func newPost(ctx context.Context, url string, client http.Header, body []byte) (
 // maxUpstreamBody bounds a JSON answer and one streamed event.
 const maxUpstreamBody = 64 << 20
 
-// sseReader reads Server-Sent Events: each event's "event:" type (or the
-// data's own "type" member) and its "data:" lines joined; comment gets the
-// comment lines. A line ends with CRLF, LF or CR.
+// sseReader reads Server-Sent Events: each event's "event:" name and its
+// "data:" lines joined (newEvent); comment gets the comment lines. A line
+// ends with CRLF, LF or CR; a byte order mark before the first is passed
+// over.
 func sseReader(r io.Reader, comment func(line []byte)) func() (event, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxUpstreamBody)
 	sc.Split(eventLines())
+	first := true
 	return func() (event, error) {
-		var ev event
+		var name string
 		var data [][]byte
 		for sc.Scan() {
 			line := sc.Bytes()
+			if first {
+				line, first = bytes.TrimPrefix(line, byteOrderMark), false
+			}
 			switch {
 			case len(line) == 0:
 				if data == nil {
 					continue // blank lines between events, or a comment-only block
 				}
-				ev.data = data[0]
+				d := data[0]
 				if len(data) > 1 {
-					ev.data = bytes.Join(data, []byte("\n"))
+					d = bytes.Join(data, []byte("\n"))
 				}
-				if ev.typ == "" {
-					ev.typ = eventType(ev.data)
-				}
-				return ev, nil
+				return newEvent(name, d), nil
 			case line[0] == ':':
 				comment(line) // a keep-alive
 			case bytes.HasPrefix(line, []byte("event:")):
-				ev.typ = string(bytes.TrimSpace(line[len("event:"):]))
+				name = string(bytes.TrimSpace(line[len("event:"):]))
 			case bytes.HasPrefix(line, []byte("data:")):
 				d := line[len("data:"):]
 				d = bytes.TrimPrefix(d, []byte(" "))

@@ -341,3 +341,99 @@ func TestUpstreamRedirectsAndMediaTypes(t *testing.T) {
 		})
 	}
 }
+
+// Event streams an HTTP upstream may answer that are unusual but read as
+// the OpenAI SDKs read them (an event is what its data's type says; a
+// byte order mark may begin the stream; an error event over HTTP is an
+// event, whatever it carries) reach a stream client as events, and the
+// turn is recorded when its response completed. The upstream's headers
+// reach the client, on an answer the proxy writes itself too.
+func TestUnusualEventStreamsFromAnHTTPUpstream(t *testing.T) {
+	const (
+		created   = `{"type":"response.created","response":{"id":"resp_u","object":"response","status":"in_progress","output":[]}}`
+		completed = `{"type":"response.completed","response":{"id":"resp_u","object":"response","status":"completed","output":[]}}`
+		failed    = `{"type":"response.failed","response":{"id":"resp_u","object":"response","status":"failed","output":[],"error":{"code":"server_error","message":"m"}}}`
+		rateError = `{"type":"error","status":429,"code":"rate_limit_exceeded","message":"Slow down.","param":null}`
+	)
+	named := func(name, data string) string { return "event: " + name + "\ndata: " + data + "\n\n" }
+	type streamCase struct {
+		name        string
+		contentType string // "-" for none
+		stream      string
+		status      int
+		types       []string // the data types of the events the client gets
+		continues   bool     // whether the next turn continues from resp_u
+	}
+	cases := []streamCase{
+		{"a byte order mark first", "text/event-stream", "\uFEFFdata: " + created + "\n\ndata: " + completed + "\n\n",
+			http.StatusOK, []string{"response.created", "response.completed"}, true},
+		{"no content type", "-", named("response.created", created) + named("response.completed", completed),
+			http.StatusOK, []string{"response.created", "response.completed"}, true},
+		{"octet-stream", "application/octet-stream", named("response.created", created) + named("response.completed", completed),
+			http.StatusOK, []string{"response.created", "response.completed"}, true},
+		{"an error event with a status first", "text/event-stream", named("error", rateError),
+			http.StatusOK, []string{"error"}, false},
+		{"a completion named otherwise", "text/event-stream", named("response.created", created) + named("response.output_text.delta", completed),
+			http.StatusOK, []string{"response.created", "response.completed"}, true},
+		{"a failure named a completion", "text/event-stream", named("response.created", created) + named("response.completed", failed),
+			http.StatusOK, []string{"response.created", "response.failed"}, false},
+		{"no event at all", "text/event-stream", "", http.StatusBadGateway, nil, false},
+	}
+	var prev atomic.Value
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Request-Id", "req_u")
+		if p := gjson.GetBytes(body, "previous_response_id"); gjson.GetBytes(body, "input.#").Int() != 1 || p.Exists() {
+			prev.Store(p.String()) // the next turn
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, named("response.created", created)+named("response.completed", completed))
+			return
+		}
+		var tc streamCase
+		for _, c := range cases {
+			if c.name == r.URL.Query().Get("case") {
+				tc = c
+			}
+		}
+		if tc.contentType == "-" {
+			w.Header()["Content-Type"] = nil // not sniffed either
+		} else {
+			w.Header().Set("Content-Type", tc.contentType)
+		}
+		_, _ = io.WriteString(w, tc.stream)
+	}))
+	t.Cleanup(upstream.Close)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1?case="+url.QueryEscape(tc.name)))
+			t.Cleanup(srv.Close)
+			resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			require.NoError(t, err)
+			require.Equal(t, tc.status, resp.StatusCode, "%s", body)
+			assert.Equal(t, "req_u", resp.Header.Get("X-Request-Id"))
+			if tc.status == http.StatusOK {
+				var types []string
+				for _, block := range strings.Split(strings.TrimSpace(string(body)), "\n\n") {
+					ev, ok := parseEvent([]byte(block))
+					require.True(t, ok, "%q", block)
+					types = append(types, gjson.GetBytes(ev.data, "type").String())
+				}
+				assert.Equal(t, tc.types, types, "%s", body)
+			}
+			prev.Store("")
+			next, err := http.Post(srv.URL+"/v1/responses", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"input":[{"role":"user","content":"hi"},{"role":"user","content":"next"}]}`))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, next.Body)
+			_ = next.Body.Close()
+			want := ""
+			if tc.continues {
+				want = "resp_u"
+			}
+			assert.Equal(t, want, prev.Load(), "the next turn's previous_response_id")
+		})
+	}
+}

@@ -650,7 +650,7 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			case <-rctx.Done():
 				return event{}, fmt.Errorf("waiting for the upstream socket: %w", rctx.Err())
 			}
-			ev := event{typ: eventType(data), data: data}
+			ev := newEvent("", data)
 			if !started {
 				switch {
 				case ev.typ == "response.created":
@@ -677,7 +677,7 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			return ev, nil
 		}
 	}
-	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: cancel}, nil
+	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: cancel, socket: true}, nil
 }
 
 // finish notes the end of the socket's response: latest is what the

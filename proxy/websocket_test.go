@@ -429,3 +429,20 @@ func TestAClientsOwnPreviousResponseGoesOnNoSocketHoldingIt(t *testing.T) {
 		assert.Equal(t, notFoundCode, gjson.GetBytes(b.body, "error.code").String(), "store %v", stores)
 	}
 }
+
+// A flat error event on a socket (the type of the event, "error", beside
+// its code and message) answers a client that asked for JSON with the
+// API's error: its code and message, and the error type the API gives
+// one without, not the event's.
+func TestAFlatErrorEventIsAnAPIError(t *testing.T) {
+	upstream := scriptedSockets(t, func(_, _ int, _ []byte, send func(string)) {
+		send(`{"type":"error","code":"server_error","message":"Boom.","param":null,"sequence_number":0}`)
+	})
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+	a := post(t, url, nil, map[string]any{"model": "m", "input": "hi", "store": false})
+	require.Equal(t, http.StatusInternalServerError, a.status, "%s", a.body)
+	e := gjson.GetBytes(a.body, "error")
+	assert.Equal(t, "server_error", e.Get("type").String(), "%s", a.body)
+	assert.Equal(t, "server_error", e.Get("code").String())
+	assert.Equal(t, "Boom.", e.Get("message").String())
+}
