@@ -731,10 +731,10 @@ func (p *Proxy) refusal(err error) refusal {
 
 // refuseBody answers a turn whose body could not be read and held.
 func (p *Proxy) refuseBody(w http.ResponseWriter, err error) {
-	_, tooLarge := errors.AsType[*http.MaxBytesError](err)
+	over, isOver := errors.AsType[*http.MaxBytesError](err)
 	switch {
-	case tooLarge:
-		p.tooLarge(w)
+	case isOver:
+		tooLarge(w, over.Limit)
 	case errors.Is(err, errBusy), errors.Is(err, errOverBudget):
 		rf := p.refusal(err)
 		if rf.status == http.StatusServiceUnavailable {

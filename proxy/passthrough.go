@@ -176,12 +176,16 @@ func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // relayEndpoint sends a request upstream as the client sent it and streams
-// the answer back, within MaxBodyBytes and UpstreamTimeout (a WebSocket
-// upgrade, relayed once the upstream switches, for as long as both sides
-// keep it open).
+// the answer back, within UpstreamTimeout (a WebSocket upgrade, relayed
+// once the upstream switches, for as long as both sides keep it open) and
+// MaxPassthroughBytes (MaxBodyBytes for a turn the proxy does not read).
 func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength > p.cfg.MaxBodyBytes {
-		p.tooLarge(w)
+	limit := p.cfg.MaxPassthroughBytes
+	if isTurnPath(r.URL.Path) {
+		limit = p.cfg.MaxBodyBytes
+	}
+	if r.ContentLength > limit {
+		tooLarge(w, limit)
 		return
 	}
 	start := time.Now()
@@ -199,7 +203,7 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 	out := r.WithContext(ctx)
 	var body *watchedBody
 	if r.Body != nil && r.Body != http.NoBody {
-		body = &watchedBody{ReadCloser: http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes), ended: make(chan struct{})}
+		body = &watchedBody{ReadCloser: http.MaxBytesReader(w, r.Body, limit), ended: make(chan struct{})}
 		out.Body = body
 	}
 	lg := p.cfg.Logger.With("method", r.Method, "path", r.URL.Path)
@@ -279,7 +283,7 @@ func (b *watchedBody) end() {
 }
 
 // failure returns the error reading the body failed with, if it did: the
-// body is over MaxBodyBytes, or the client stopped sending it. A read that
+// body is over its bound, or the client stopped sending it. A read that
 // fails also ends the client's context, which can end the upstream call
 // before the read returns: once client has ended, failure waits for the
 // read, briefly. nil for no body.
@@ -306,8 +310,8 @@ func (b *watchedBody) failure(client context.Context) error {
 // bodyEndWait bounds watchedBody.failure's wait.
 const bodyEndWait = time.Second
 
-// tooLarge answers a request whose body is larger than MaxBodyBytes.
-func (p *Proxy) tooLarge(w http.ResponseWriter) {
+// tooLarge answers a request whose body is larger than limit.
+func tooLarge(w http.ResponseWriter, limit int64) {
 	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
-		fmt.Sprintf("The request body is larger than %d bytes.", p.cfg.MaxBodyBytes))
+		fmt.Sprintf("The request body is larger than %d bytes.", limit))
 }

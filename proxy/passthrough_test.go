@@ -253,7 +253,7 @@ func TestEndpointBodiesAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	u, err := NewHTTPUpstream(up.URL+"/v1", nil)
 	require.NoError(t, err)
-	p, err := New(Config{Store: st, Upstream: u, MaxBodyBytes: 16})
+	p, err := New(Config{Store: st, Upstream: u, MaxBodyBytes: 16, MaxPassthroughBytes: 32})
 	require.NoError(t, err)
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
@@ -275,6 +275,12 @@ func TestEndpointBodiesAreBounded(t *testing.T) {
 
 	resp, b = do(t, http.MethodPost, srv.URL+"/v1/embeddings", `{"model":"e"}`, nil)
 	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "within the bound, it goes: %s", b)
+	over := `{"model":"e","input":"x"}` // over MaxBodyBytes, within MaxPassthroughBytes
+	resp, b = do(t, http.MethodPost, srv.URL+"/v1/embeddings", over, nil)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "a turn's bound is not another endpoint's: %s", b)
+	resp, b = do(t, http.MethodPost, srv.URL+"/v1/responses", over, http.Header{"Content-Encoding": {"compress"}})
+	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "a turn the proxy does not read has a turn's bound: %s", b)
+	assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "larger than 16 bytes")
 }
 
 func TestPathsOutsideV1Are404(t *testing.T) {

@@ -89,6 +89,7 @@ var ErrInvalidConfig = errors.New("proxy: invalid config")
 // Defaults of Config.
 const (
 	defaultMaxBodyBytes    = 64 << 20
+	defaultMaxPassthrough  = 512 << 20
 	defaultUpstreamTimeout = 10 * time.Minute
 	defaultMessageTimeout  = 30 * time.Second
 	defaultMaxKeptBytes    = 512 << 20
@@ -102,9 +103,14 @@ type Config struct {
 	Upstream Upstream
 	// Identity says where requests name their owner. Zero: DefaultIdentity.
 	Identity Identity
-	// MaxBodyBytes bounds a request body, decoded when compressed (413
+	// MaxBodyBytes bounds a turn's body, decoded when compressed (413
 	// above). Default 64 MiB.
 	MaxBodyBytes int64
+	// MaxPassthroughBytes bounds the body of a request to another
+	// endpoint (a file upload), which goes upstream as it streams in and
+	// is never held (413 above). Default 512 MiB, the largest file the
+	// Files API takes.
+	MaxPassthroughBytes int64
 	// UpstreamTimeout bounds one turn upstream, streaming included.
 	// Default 10 minutes.
 	UpstreamTimeout time.Duration
@@ -226,6 +232,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: no Upstream", ErrInvalidConfig)
 	case cfg.MaxBodyBytes < 0:
 		return fmt.Errorf("%w: MaxBodyBytes %d is negative", ErrInvalidConfig, cfg.MaxBodyBytes)
+	case cfg.MaxPassthroughBytes < 0:
+		return fmt.Errorf("%w: MaxPassthroughBytes %d is negative", ErrInvalidConfig, cfg.MaxPassthroughBytes)
 	case cfg.UpstreamTimeout < 0:
 		return fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
 	case cfg.ClientSocketLifetime < 0:
@@ -244,6 +252,7 @@ func (cfg *Config) fill() error {
 		return err
 	}
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, defaultMaxBodyBytes)
+	cfg.MaxPassthroughBytes = cmp.Or(cfg.MaxPassthroughBytes, defaultMaxPassthrough)
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, defaultUpstreamTimeout)
 	cfg.MaxBytesInFlight = cmp.Or(cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
 	cfg.MessageTimeout = cmp.Or(cfg.MessageTimeout, defaultMessageTimeout)
@@ -397,7 +406,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // answers the error and reports false.
 func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprint.Request, *hold, bool) {
 	if r.ContentLength > p.cfg.MaxBodyBytes {
-		p.tooLarge(w) // unread
+		tooLarge(w, p.cfg.MaxBodyBytes) // unread
 		return nil, nil, false
 	}
 	req, h, err := p.readTurn(w, r)

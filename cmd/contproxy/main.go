@@ -94,19 +94,19 @@ func exitCode(err error, stderr io.Writer) int {
 
 // config is the command line.
 type config struct {
-	listen, opsListen, upstream, transport, redisURL  string
-	redisCluster, redisClient, namespace, replica     string
-	logLevel, advertise, forwardSecret, routingHeader string
-	profile                                           fingerprint.Profile
-	fakeUpstream, noContinuation, affinity            bool
-	sockets, maxConns, guessOwners                    int
-	maxCredentials                                    int
-	socketIdleTimeout                                 time.Duration
-	maxBody, maxBytesInFlight, maxKeptBytes           int64
-	upstreamTimeout, shutdownTimeout, opTimeout       time.Duration
-	idleTimeout, readHeaderTimeout                    time.Duration
-	bodyTimeout, writeTimeout                         time.Duration
-	logLevelValue                                     slog.Level
+	listen, opsListen, upstream, transport, redisURL        string
+	redisCluster, redisClient, namespace, replica           string
+	logLevel, advertise, forwardSecret, routingHeader       string
+	profile                                                 fingerprint.Profile
+	fakeUpstream, noContinuation, affinity                  bool
+	sockets, maxConns, guessOwners                          int
+	maxCredentials                                          int
+	socketIdleTimeout                                       time.Duration
+	maxBody, maxPassthrough, maxBytesInFlight, maxKeptBytes int64
+	upstreamTimeout, shutdownTimeout, opTimeout             time.Duration
+	idleTimeout, readHeaderTimeout                          time.Duration
+	bodyTimeout, writeTimeout                               time.Duration
+	logLevelValue                                           slog.Level
 	// unknownEnv holds the CONTPROXY_ variables no flag reads.
 	unknownEnv []unknownVar
 }
@@ -186,7 +186,8 @@ Flags:
 	fs.IntVar(&c.sockets, "sockets", 0, "WebSocket transport: upstream sockets kept per client credential"+proxyDefault("WebSocketOptions.Sockets"))
 	fs.IntVar(&c.maxCredentials, "max-credentials", 0, "WebSocket transport: most client credentials whose upstream sockets are kept; a new one replaces the least recently used with no turn in flight, or waits while all have one"+proxyDefault("WebSocketOptions.MaxCredentials"))
 	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 0, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten"+proxyDefault("WebSocketOptions.IdleTimeout"))
-	fs.Int64Var(&c.maxBody, "max-body", 0, "largest request body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
+	fs.Int64Var(&c.maxBody, "max-body", 0, "largest turn body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
+	fs.Int64Var(&c.maxPassthrough, "max-passthrough-body", 0, "largest body in `bytes` of a request to another endpoint (a file upload), which goes upstream as it comes and is never held (413 above)"+proxyDefault("Config.MaxPassthroughBytes"))
 	fs.Int64Var(&c.maxBytesInFlight, "max-bytes-in-flight", 0, "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413"+proxyDefault("Config.MaxBytesInFlight"))
 	fs.Int64Var(&c.maxKeptBytes, "max-kept-bytes", 0, "memory in `bytes` the client WebSocket connections may keep of their latest responses together, for their next turns to continue; past it the responses kept the longest ago are dropped"+proxyDefault("Config.MaxKeptBytes"))
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 0, "bound on one turn upstream, streaming included"+proxyDefault("Config.UpstreamTimeout"))
@@ -443,7 +444,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	if err != nil {
 		return err
 	}
-	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxBytesInFlight: c.maxBytesInFlight,
+	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxPassthroughBytes: c.maxPassthrough, MaxBytesInFlight: c.maxBytesInFlight,
 		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
 	announced, err := forward(ctx, c, rdb, logger, &cfg)
