@@ -98,17 +98,23 @@ func V3() Profile {
 	return p
 }
 
-// V4 returns the default profile since protocol version 6: V3, and a
-// reasoning item without encrypted_content keeps its id. Its summary is
-// often empty, so without the id two such items of different responses
-// were equal, and a conversation could continue from another that had
-// shown the same text, its model then reasoning on with the other's
-// hidden reasoning. A client that sends such an item back sends its id:
-// the upstream needs it.
+// V4 returns the default profile since protocol version 6: V3, and
+//
+//   - a reasoning item without encrypted_content keeps its id. Its summary
+//     is often empty, so without the id two such items of different
+//     responses were equal, and a conversation could continue from
+//     another that had shown the same text, its model then reasoning on
+//     with the other's hidden reasoning. A client that sends such an item
+//     back sends its id: the upstream needs it.
+//   - prompt members previous_response_id and conversation: null, as a
+//     client may send them, is the same request as none; any other value
+//     keeps the conversation upstream, and the gateway does not continue
+//     such a request.
 func V4() Profile {
 	p := V3()
 	p.Name = "v4"
 	p.ReasoningIDs = true
+	p.PromptMembers = append(slices.Clone(p.PromptMembers), "conversation", "previous_response_id")
 	return p
 }
 

@@ -67,8 +67,21 @@ func TestV4ContinuesFromItsOwnReasoningOnly(t *testing.T) {
 	}
 }
 
+func TestV4LeavesANullPreviousResponseOutOfThePrompt(t *testing.T) {
+	sig := func(p *Parser, body string) uint64 {
+		r, err := p.Parse([]byte(body))
+		require.NoError(t, err)
+		return r.Signature()
+	}
+	for _, member := range []string{"previous_response_id", "conversation"} {
+		with, without := `{"model":"m","`+member+`":null,"input":[]}`, `{"model":"m","input":[]}`
+		assert.Equal(t, sig(v4Parser, without), sig(v4Parser, with), member)
+		assert.NotEqual(t, sig(v3Parser, without), sig(v3Parser, with), "V3 counts %s null", member)
+	}
+}
+
 func TestV4ProfileID(t *testing.T) {
-	assert.Equal(t, "v4;item=id,internal_chat_message_metadata_passthrough,parsed_arguments,status;part=parsed;prompt=client_metadata,metadata,prompt_cache_key,prompt_cache_retention,safety_identifier,stream,stream_options,user;empty=annotations,logprobs;forms=reasoning-ids,references,short-messages", V4().ID())
+	assert.Equal(t, "v4;item=id,internal_chat_message_metadata_passthrough,parsed_arguments,status;part=parsed;prompt=client_metadata,conversation,metadata,previous_response_id,prompt_cache_key,prompt_cache_retention,safety_identifier,stream,stream_options,user;empty=annotations,logprobs;forms=reasoning-ids,references,short-messages", V4().ID())
 	p, err := Named("v4")
 	require.NoError(t, err)
 	assert.Equal(t, V4().ID(), p.ID())

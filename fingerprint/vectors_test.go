@@ -248,6 +248,7 @@ func vecRequestCases() []vecRequestCase {
 		{name: "v2: prompt members left out of the signature", body: `{"model":"gpt-5.5","client_metadata":{"turn_id":"t1"},"metadata":{"a":"b"},"user":"u","safety_identifier":"s","prompt_cache_key":"k","prompt_cache_retention":"24h","stream":true,"stream_options":{"include_obfuscation":false},"input":["q"]}`},
 		{name: "v2: the same prompt without them", body: `{"model":"gpt-5.5","input":["q"]}`, sameAs: "v2: prompt members left out of the signature"},
 		{name: "v2: null at the top level of the body counts", body: `{"model":"gpt-5.5","instructions":null,"input":["q"]}`},
+		{name: "v4: previous_response_id and conversation null are no members", body: `{"model":"gpt-5.5","previous_response_id":null,"conversation":null,"input":["q"]}`, sameAs: "v2: the same prompt without them"},
 		{name: "v3: the AI SDK's first turn", body: `{"model":"gpt-5.1","input":[{"role":"developer","content":"Be terse."},{"role":"user","content":[{"type":"input_text","text":"Where am I?"}]}]}`, output: []string{
 			`{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"Run pwd."}]}`,
 			`{"id":"fc_1","type":"function_call","status":"completed","call_id":"call_1","name":"run","arguments":"{\"command\":\"pwd\"}"}`,
