@@ -678,12 +678,12 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 	switch {
 	case out.err != nil:
 		p.stats.add(cUpstreamErrors, 1)
-		p.abort(ctx, *lg, a.res)
+		p.giveBack(ctx, *lg, a.res)
 		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
 		return "aborted", nil
 	case !out.continuable || out.clientGone:
 		// Nothing to continue, or the client never saw it.
-		p.abort(ctx, *lg, a.res)
+		p.giveBack(ctx, *lg, a.res)
 		return "aborted", nil
 	}
 	if a.continued {
@@ -736,6 +736,21 @@ func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, stream
 		p.stats.add(cBytesSent, int64(len(body)))
 	}
 	return rep, err
+}
+
+// giveBack ends a turn that went upstream as res and published nothing
+// the client got: when res continued from a response the upstream keeps,
+// the owner gets that continuation back (Store.Restore), for the client's
+// next try to continue from it too (the upstream answered an error, or the
+// client did not get the stream to its end); any other turn aborts.
+func (p *Proxy) giveBack(ctx context.Context, lg *slog.Logger, res *store.Reservation) {
+	out, err := p.cfg.Store.Restore(ctx, res)
+	switch {
+	case err != nil:
+		p.warns.warn(lg, "restore failed", "err", err)
+	case out == store.OutcomeIgnored:
+		p.abort(ctx, lg, res)
+	}
 }
 
 // abort ends a turn that published nothing.

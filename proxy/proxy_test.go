@@ -439,6 +439,41 @@ func TestFailedResponsesAreAbortedAndShownAsSent(t *testing.T) {
 	}
 }
 
+// A continued turn the upstream answered with an error, or with a stream
+// the client did not get to its end, gives its continuation back: sent
+// again as it was (an SDK's retry), it continues from the same response.
+func TestAFailedContinuedTurnSentAgainContinues(t *testing.T) {
+	for _, f := range []fakeupstream.Fault{
+		{Kind: fakeupstream.FaultStatus, Status: http.StatusInternalServerError},
+		{Kind: fakeupstream.FaultStatus, Status: http.StatusTooManyRequests},
+		{Kind: fakeupstream.FaultError},
+		{Kind: fakeupstream.FaultFailed},
+		{Kind: fakeupstream.FaultDrop, Events: 3},
+	} {
+		for _, stream := range []bool{false, true} {
+			if f.Kind == fakeupstream.FaultDrop && !stream {
+				continue // a JSON answer dropped is never answered
+			}
+			t.Run(fmt.Sprintf("fault=%d/%d/stream=%v", f.Kind, f.Status, stream), func(t *testing.T) {
+				r := newRig(t, overHTTP, nil)
+				c := newConversation(t, r.url, "s1", stream, true)
+				c.say("hello")
+				body := map[string]any{"input": append(c.history, map[string]any{"role": "user", "content": "x"})}
+				for k, v := range c.params {
+					body[k] = v
+				}
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return f })
+				before := r.proxy.Stats().Continued
+				_ = post(t, r.url, c.header, body)
+				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} })
+				again := post(t, r.url, c.header, body)
+				require.Equal(t, http.StatusOK, again.status, "%s", again.body)
+				assert.Equal(t, before+1, r.proxy.Stats().Continued, "the turn sent again continued (a failed one counts not)")
+			})
+		}
+	}
+}
+
 // A response cut short (incomplete: max_output_tokens, a content filter)
 // is kept upstream as any other: the client's next turn, which sends its
 // output back, continues it.

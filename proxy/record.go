@@ -119,7 +119,7 @@ func (rec *recording) meet(e *ending) {
 	}
 	end := rec.result
 	if !rec.e.delivered {
-		rec.p.abort(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
+		rec.p.giveBack(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
 		end = "aborted"
 	}
 	if rec.e.finish != nil {

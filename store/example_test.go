@@ -47,7 +47,11 @@ func turn(ctx context.Context, s *store.Store, owner identity.Owner, body []byte
 	out, err := callUpstream(res.UpstreamBody())
 	ctx = context.WithoutCancel(ctx) // record even if the client hung up
 	if err != nil {
-		_, _ = s.Abort(ctx, res)
+		// Sent again, the request continues from the same response; a turn
+		// that took no such continuation aborts.
+		if o, _ := s.Restore(ctx, res); o == store.OutcomeIgnored {
+			_, _ = s.Abort(ctx, res)
+		}
 		return "502 " + err.Error()
 	}
 	outcome, err := s.Record(ctx, res, store.Result{ResponseID: out.ID, Socket: store.Socket{Any: true}, Output: out.Output})

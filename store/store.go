@@ -84,6 +84,7 @@ type Reservation struct {
 	Err error
 
 	req     *fingerprint.Request // the request reserved
+	taken   *continuation        // the continuation it continues from (Restore)
 	replica string               // the reserving store's replica
 	at      time.Time            // when the reserve was sent: the state lives a TTL from then (guesses)
 	stay    stay                 // how the owner has stayed on this store (guesses)
@@ -395,7 +396,7 @@ func (s *Store) decide(res *Reservation, existed bool, prev *continuation) {
 	case prev.Transcript.Items == req.Len():
 		res.Reason = ReasonEmptyDelta
 	default:
-		res.PreviousResponseID = prev.ResponseID
+		res.PreviousResponseID, res.taken = prev.ResponseID, prev
 		res.Origin = s.named(prev.Origin)
 		res.Delta = make([]json.RawMessage, 0, req.Len()-prev.Transcript.Items)
 		for i := prev.Transcript.Items; i < req.Len(); i++ {
@@ -466,10 +467,41 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 		// The id is kept (guesses, the in-process states) apart from the
 		// answer it was read from, which it may share memory with.
 		c = continuation{ResponseID: strings.Clone(out.ResponseID), Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
-		got, err = call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {
-			return s.backend.publish(ctx, res.Owner, res.Turn, c)
-		})
+		got, err = s.publish(ctx, res, c)
 	}
+	return s.published(res, c, got, err, removed, start)
+}
+
+// Restore gives the owner back the continuation res took, when res
+// continues from a response the upstream keeps (Socket{Any: true}) and is
+// still the owner's current turn: for a continued turn that published
+// nothing the client got (the upstream answered an error, or a stream the
+// client did not get to its end), so that the client's next try continues
+// from the same response. It reports what Record does (OutcomePublished,
+// OutcomeStale, OutcomeGone), and OutcomeIgnored, sending nothing, for a
+// reservation that took no such continuation: one on a socket is not
+// given back, as a socket that failed a turn keeps no response. Give it a
+// context that outlives the client's request, as Record.
+func (s *Store) Restore(ctx context.Context, res *Reservation) (Outcome, error) {
+	if !res.Continues() || res.taken == nil || !res.taken.Origin.Any || res.Owner.IsZero() || res.Turn == 0 {
+		return OutcomeIgnored, nil
+	}
+	start := time.Now()
+	got, err := s.publish(ctx, res, *res.taken)
+	return s.published(res, *res.taken, got, err, false, start)
+}
+
+// publish publishes c as res's owner's continuation at res's turn.
+func (s *Store) publish(ctx context.Context, res *Reservation, c continuation) (published, error) {
+	return call(ctx, s, s.partition(res.Owner), func(ctx context.Context) (published, error) {
+		return s.backend.publish(ctx, res.Owner, res.Turn, c)
+	})
+}
+
+// published ends a Record or Restore of c for res that got got and err
+// (removed: a dropped record removed the state): the guesses learn it,
+// and the observer sees it.
+func (s *Store) published(res *Reservation, c continuation, got published, err error, removed bool, start time.Time) (Outcome, error) {
 	if err != nil {
 		err = unavailable("record", err)
 		got.Outcome = ""

@@ -608,6 +608,57 @@ func testAnySocket(t *testing.T, open Opener) {
 	assert.Equal(t, store.ReasonNone, onA.Reason, "the original keeps its reason")
 }
 
+// A turn that continued from a response the upstream keeps, and published
+// nothing, gives its continuation back: the next try continues from the
+// same response, on every replica; a later turn's reservation makes the
+// give-back stale. A continuation on a socket, a turn that did not
+// continue and a full-context retry give nothing back.
+func testRestore(t *testing.T, open Opener) {
+	ctx := context.Background()
+	a := open(t, store.Options{Replica: "replica-a"})
+	b := open(t, store.Options{Replica: "replica-b"})
+	owner := mainOwner(t, "session-restore")
+	first := a.Reserve(ctx, owner, req(t, "one"))
+	out, err := a.Record(ctx, first, store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+
+	failed := a.Reserve(ctx, owner, req(t, "one", "two"))
+	require.True(t, failed.Continues(), "reason %q", failed.Reason)
+	out, err = a.Restore(ctx, failed.FullContextRetry())
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeIgnored, out, "a full-context retry took nothing")
+	out, err = a.Restore(ctx, failed)
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomePublished, out)
+	again := b.Reserve(ctx, owner, req(t, "one", "two"))
+	require.True(t, again.Continues(), "reason %q", again.Reason)
+	assert.Equal(t, "resp_1", again.PreviousResponseID)
+	assert.Equal(t, 1, again.UpstreamItems)
+
+	later := a.Reserve(ctx, owner, req(t, "one", "two"))
+	assert.Equal(t, store.ReasonSupersededTurn, later.Reason, "again took it")
+	out, err = b.Restore(ctx, again)
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeStale, out, "a later turn holds the state")
+	out, err = a.Restore(ctx, later)
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeIgnored, out, "later took no continuation")
+	st, err := a.Inspect(ctx, owner)
+	require.NoError(t, err)
+	assert.Equal(t, later.Turn, st.Turn)
+	assert.False(t, st.HasContinuation, "nothing given back over a later turn")
+
+	out, err = a.Record(ctx, later, store.Result{ResponseID: "resp_2", Socket: store.Socket{ID: 3}})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+	onSocket := a.Reserve(ctx, owner, req(t, "one", "two", "three"))
+	require.True(t, onSocket.Continues(), "reason %q", onSocket.Reason)
+	out, err = a.Restore(ctx, onSocket)
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomeIgnored, out, "a socket's continuation is not given back")
+}
+
 // An item_reference to an output item of the recorded turn counts as that
 // item when the upstream keeps the response (any socket), and never on a
 // socket of a replica (store:false); a reference to another id never does.

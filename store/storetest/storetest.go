@@ -100,6 +100,7 @@ var cases = []struct {
 	{"ChangedPromptIsNotContinued", testPromptChanged, nil},
 	{"EditedHistoryAndEmptyDelta", testNotAppendOnlyAndEmptyDelta, nil},
 	{"AnySocketContinuesOnEveryReplica", testAnySocket, nil},
+	{"RestoreGivesBackAStoredContinuation", testRestore, nil},
 	{"ReferencesStandForStoredOutputItems", testReferences, nil},
 	{"UpstreamBodyCarriesTheDelta", testUpstreamBody, nil},
 	{"TranscriptOverOwnerCapIsDropped", testOwnerCap, nil},
