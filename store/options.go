@@ -111,9 +111,17 @@ type Options struct {
 	now func() time.Time
 
 	// Profile says which differences between requests do not change a
-	// conversation (package fingerprint). Default fingerprint.V4(). It is
-	// fixed for a namespace.
+	// conversation (package fingerprint). It is fixed for a namespace: a
+	// store given one that differs from the namespace's fails every
+	// operation open (ErrSchemaMismatch). Zero takes the namespace's own
+	// when it is a built-in one (fingerprint.Named: a namespace made
+	// before fingerprint.V4 was the default keeps working), and
+	// fingerprint.V4() for a new namespace.
 	Profile fingerprint.Profile
+
+	// namespaceProfile tells that Profile was left zero: the namespace's
+	// built-in profile is taken.
+	namespaceProfile bool
 }
 
 // withDefaults returns o with defaults filled in, or an error naming the
@@ -140,7 +148,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.Replica = randomReplica()
 	}
 	if o.Profile.Name == "" {
-		o.Profile = fingerprint.V4()
+		o.Profile, o.namespaceProfile = fingerprint.V4(), true
 	}
 	if _, err := fingerprint.New(o.Profile, fingerprint.Key{}); err != nil {
 		return o, fmt.Errorf("%w: Profile: %w", ErrInvalidOptions, err)

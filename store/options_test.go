@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
@@ -112,6 +113,41 @@ func TestProfileAndKeyAreFixedPerNamespace(t *testing.T) {
 	_, err = store.NewRedis(c, store.Options{Namespace: "fp2", Profile: fingerprint.Profile{Name: "bad name"}})
 	require.ErrorIs(t, err, store.ErrInvalidOptions)
 	require.ErrorIs(t, err, fingerprint.ErrInvalidProfile)
+}
+
+// A store left without a profile takes the built-in one its namespace
+// records: a namespace made under v3 keeps working, with v3's equality,
+// beside stores that name v3; one that names v4 is refused. A new
+// namespace gets v4.
+func TestAStoreWithoutAProfileTakesTheNamespaces(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	opts := func(p fingerprint.Profile) store.Options {
+		return store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "old", Profile: p}
+	}
+	old, err := store.NewRedis(c, opts(fingerprint.V3()))
+	require.NoError(t, err)
+	require.Equal(t, fingerprint.V3().ID(), mr.HGet("old:{old}:meta", "profile"))
+	taking, err := store.NewRedis(c, opts(fingerprint.Profile{}))
+	require.NoError(t, err)
+	_, err = store.NewRedis(c, opts(fingerprint.V4()))
+	require.ErrorIs(t, err, store.ErrSchemaMismatch, "a store naming v4 is refused")
+
+	ctx := context.Background()
+	owner, _ := identity.Main("s")
+	first, err := old.ParseRequest([]byte(`{"model":"m","input":["q"]}`))
+	require.NoError(t, err)
+	res := old.Reserve(ctx, owner, first)
+	out, err := old.Record(ctx, res, store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true},
+		Output: []json.RawMessage{json.RawMessage(`{"id":"rs_1","type":"reasoning","summary":[]}`)}})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, out)
+	next, err := taking.ParseRequest([]byte(`{"model":"m","input":["q",{"id":"rs_2","type":"reasoning","summary":[]},"r"]}`))
+	require.NoError(t, err)
+	assert.True(t, taking.Reserve(ctx, owner, next).Continues(), "v3 compares reasoning without its id")
+
+	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "new"})
+	require.NoError(t, err)
+	assert.Equal(t, fingerprint.V4().ID(), mr.HGet("new:{new}:meta", "profile"))
 }
 
 // A gateway starts even when Redis is down: the store fails open, and checks

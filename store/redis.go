@@ -131,14 +131,18 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 		r.servers.Seed(server)
 	}
 	field := func(i int) string { s, _ := got[i].(string); return s }
+	profile := r.opts.Profile
+	if recorded, ok := r.namespaceProfile(field(2)); ok {
+		profile = recorded
+	}
 	var mismatch error
-	if field(0) != strconv.Itoa(schemaVersion) || field(1) != strconv.Itoa(r.opts.Partitions) || field(2) != proposed.ProfileID() {
+	if field(0) != strconv.Itoa(schemaVersion) || field(1) != strconv.Itoa(r.opts.Partitions) || field(2) != profile.ID() {
 		mismatch = fmt.Errorf("%w: namespace %q has schema %s with %s partitions and profile %q; this store has schema %d with %d partitions and profile %q",
-			ErrSchemaMismatch, r.opts.Namespace, field(0), field(1), field(2), schemaVersion, r.opts.Partitions, proposed.ProfileID())
+			ErrSchemaMismatch, r.opts.Namespace, field(0), field(1), field(2), schemaVersion, r.opts.Partitions, profile.ID())
 	} else if key, err := hex.DecodeString(field(3)); err != nil || len(key) != fingerprint.KeySize {
 		mismatch = fmt.Errorf("%w: namespace %q holds no valid fingerprint key", ErrSchemaMismatch, r.opts.Namespace)
-	} else if !bytes.Equal(key, proposedKey[:]) {
-		p, err := fingerprint.New(r.opts.Profile, fingerprint.Key(key))
+	} else if !bytes.Equal(key, proposedKey[:]) || profile.ID() != proposed.ProfileID() {
+		p, err := fingerprint.New(profile, fingerprint.Key(key))
 		if err != nil {
 			return err // not reached: the profile was checked
 		}
@@ -154,6 +158,21 @@ func (r *redisBackend) checkSchema(ctx context.Context) error {
 		r.schema.passed.Store(&at)
 	}
 	return mismatch
+}
+
+// namespaceProfile returns the built-in profile whose identity is id, the
+// namespace's, when the store takes the namespace's profile (Options.Profile
+// left zero).
+func (r *redisBackend) namespaceProfile(id string) (fingerprint.Profile, bool) {
+	if !r.opts.namespaceProfile {
+		return fingerprint.Profile{}, false
+	}
+	name, _, _ := strings.Cut(id, ";")
+	p, err := fingerprint.Named(name)
+	if err != nil || p.ID() != id {
+		return fingerprint.Profile{}, false
+	}
+	return p, true
 }
 
 // schemaError returns the mismatch the last check found, and starts a check

@@ -174,8 +174,7 @@ Flags:
 	fs.StringVar(&c.redisCluster, "redis-cluster", "", "Redis Cluster seed `nodes`, host:port,host:port,... (instead of -redis)")
 	fs.StringVar(&c.redisClient, "redis-client", "go-redis", "client library of the store on Redis: go-redis, or rueidis, faster at many turns in flight but connecting at start, so contproxy does not start while Redis is unreachable (the forwarding directory uses go-redis either way)")
 	fs.StringVar(&c.namespace, "namespace", "cont", "key namespace in Redis; replicas sharing it share continuations")
-	c.profile = fingerprint.V4()
-	fs.Func("profile", "fingerprint `profile`, fixed per namespace: v4 (the default), or v3 or v2 to keep a namespace earlier versions made", func(v string) (err error) {
+	fs.Func("profile", "fingerprint `profile`, fixed per namespace: v2, v3 or v4, which the namespace must record (default: the namespace's own; v4 for a new one)", func(v string) (err error) {
 		c.profile, err = fingerprint.Named(v)
 		return err
 	})
