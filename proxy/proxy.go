@@ -457,7 +457,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	a, err := p.attempt(ctx, t, who, res, lg, g)
 	if err != nil {
-		p.abort(sctx, lg, res)
+		p.giveBack(sctx, lg, a.res) // the turn went as a.res, or went nowhere
 		end := "aborted"
 		if clientLeft(ctx) {
 			lg.Debug("the client went away before the upstream answered", "err", err)
@@ -574,7 +574,9 @@ const (
 // with the full context from this replica: after a forward the origin did
 // not carry, and after a continuation the upstream refused, wherever it
 // was refused. Each resend continues nothing, so the loop ends by the
-// second try. Its events name who, the turn's owner.
+// second try. Its events name who, the turn's owner. On an error, a holds
+// no connection and no reply, and a.res is the reservation last sent (res
+// when none was).
 func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
 	guessed := t.early != nil && t.early.keep(res)
 	var c conn
@@ -586,7 +588,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 			p.stats.add(cGuessesDropped, 1)
 		}
 		if c, err = p.route(ctx, t); err != nil {
-			return nil, err
+			return &sent{res: res}, err
 		}
 	}
 	a := &sent{c: c, res: res, continued: c.continues(res), guessed: guessed}
@@ -607,7 +609,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 			return a, nil
 		case unreachable, clientGone:
 			a.c.release()
-			return nil, err
+			return a, err
 		case notCarried:
 			lg.Info("forwarding failed; serving the turn here with full context", "origin", a.res.Origin.Replica, "err", err)
 			p.stats.add(cForwardFailures, 1)
@@ -621,10 +623,10 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 		p.observe(Event{Step: StepFallback, Owner: who, Turn: res.Turn, Cause: tryNames[tr]})
 		// A forward holds nothing to release; the origin's socket no
 		// longer holds the response: the full context goes from here.
-		if a.c, err = p.localConn(ctx, t, a.c); err != nil {
-			return nil, err
-		}
 		a.res, a.continued = a.res.FullContextRetry(), false
+		if a.c, err = p.localConn(ctx, t, a.c); err != nil {
+			return a, err
+		}
 	}
 }
 
@@ -680,6 +682,12 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 		p.stats.add(cUpstreamErrors, 1)
 		p.giveBack(ctx, *lg, a.res)
 		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
+		return "aborted", nil
+	case out.refused && a.continued:
+		// The continuation is gone upstream, refused once the answer had
+		// begun, too late to send the turn again: the refusal counts.
+		p.abort(ctx, *lg, a.res)
+		g.refused()
 		return "aborted", nil
 	case !out.continuable || out.clientGone:
 		// Nothing to continue, or the client never saw it.
@@ -789,11 +797,8 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 // error about the previous_response_id parameter. It peeks at a stream's
 // first event and keeps it for the relay.
 func refused(rep *reply) bool {
-	isRefusal := func(errObj gjson.Result) bool {
-		return errObj.Get("code").String() == notFoundCode || errObj.Get("param").String() == "previous_response_id"
-	}
 	if rep.next == nil {
-		return rep.status/100 == 4 && isRefusal(gjson.GetBytes(rep.body, "error"))
+		return rep.status/100 == 4 && refusesContinuation(gjson.GetBytes(rep.body, "error"))
 	}
 	ev, err := rep.next()
 	next, peeked := rep.next, true
@@ -809,15 +814,27 @@ func refused(rep *reply) bool {
 	}
 	switch ev.typ {
 	case "error":
-		e := gjson.GetBytes(ev.data, "error")
-		if !e.Exists() {
-			e = gjson.ParseBytes(ev.data) // the SSE error event is flat
-		}
-		return isRefusal(e)
+		return refusesContinuation(eventError(ev.data))
 	case "response.failed":
-		return isRefusal(gjson.GetBytes(ev.data, "response.error"))
+		return refusesContinuation(gjson.GetBytes(ev.data, "response.error"))
 	}
 	return false
+}
+
+// refusesContinuation tells whether an upstream error refuses a turn's
+// continuation: previous_response_not_found, or an error about the
+// previous_response_id parameter.
+func refusesContinuation(e gjson.Result) bool {
+	return e.Get("code").String() == notFoundCode || e.Get("param").String() == "previous_response_id"
+}
+
+// eventError returns the error an error event carries: its "error"
+// member, or the event itself (the SSE error event is flat).
+func eventError(data []byte) gjson.Result {
+	if e := gjson.GetBytes(data, "error"); e.Exists() {
+		return e
+	}
+	return gjson.ParseBytes(data)
 }
 
 // notFoundCode is the upstream's error code for a previous response it
@@ -834,6 +851,9 @@ type outcome struct {
 	continuable bool
 	id          string
 	output      []json.RawMessage
+	// refused tells that the response failed as the upstream refused its
+	// continuation (refusesContinuation), after the answer began.
+	refused bool
 	// clientGone tells whether writing to the client failed.
 	clientGone bool
 	// err is set when the upstream's answer broke off; cut, when it did
@@ -866,6 +886,7 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
 		out.continuable = continues("response."+r.Get("status").String()) && out.id != ""
+		out.refused = refusesContinuation(r.Get("error"))
 		out.output = rawArray(r.Get("output"))
 		body = hideID(body, "previous_response_id", hide)
 	}
@@ -930,6 +951,12 @@ func continues(terminal string) bool {
 // outcome returns what the stream was.
 func (c *collector) outcome(status int) outcome {
 	out := outcome{status: status, continuable: c.continuable(), id: c.id}
+	switch c.terminal {
+	case "response.failed":
+		out.refused = refusesContinuation(gjson.GetBytes(c.finalResp, "error"))
+	case "error":
+		out.refused = refusesContinuation(eventError(c.errEvent))
+	}
 	out.output = c.final
 	if len(out.output) == 0 && len(c.items) > 0 {
 		slices.Sort(c.order)

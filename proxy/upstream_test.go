@@ -437,3 +437,104 @@ func TestUnusualEventStreamsFromAnHTTPUpstream(t *testing.T) {
 		})
 	}
 }
+
+// A continued turn whose upstream refused the continuation inside its
+// stream (a failed response, previous_response_not_found) does not give it
+// back: sent again, the turn goes with its full context; such refusals
+// count as the ones before an answer do, three in a row pausing
+// continuations for the model. One the upstream closed the connection on
+// before answering gives it back: sent again, it continues.
+func TestAContinuationRefusedMidStreamIsNotGivenBack(t *testing.T) {
+	const (
+		created   = `{"type":"response.created","response":{"id":"resp_%d","object":"response","status":"in_progress","output":[]}}`
+		completed = `{"type":"response.completed","response":{"id":"resp_%d","object":"response","status":"completed","output":[]}}`
+		refusal   = `{"type":"response.failed","response":{"id":"resp_%d","object":"response","status":"failed","output":[],"error":{"code":"previous_response_not_found","message":"Previous response not found."}}}`
+	)
+	var (
+		mu    sync.Mutex
+		calls int
+		mode  string   // how the next continued call fails: "refuse", "hang up" or ""
+		prevs []string // each call's previous_response_id
+	)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		prev := gjson.GetBytes(body, "previous_response_id").String()
+		mu.Lock()
+		calls++
+		n, fail := calls, mode
+		prevs = append(prevs, prev)
+		if prev != "" && mode != "refuse always" {
+			mode = ""
+		}
+		mu.Unlock()
+		if prev != "" && fail == "hang up" {
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = c.Close()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = fmt.Fprintf(w, "data: "+created+"\n\n", n)
+		if prev != "" && strings.HasPrefix(fail, "refuse") {
+			_, _ = fmt.Fprintf(w, "data: "+refusal+"\n\n", n)
+			return
+		}
+		_, _ = fmt.Fprintf(w, "data: "+completed+"\n\n", n)
+	}))
+	t.Cleanup(upstream.Close)
+	for _, tc := range []struct {
+		fail, want string // the second call's previous_response_id when sent again
+	}{{"refuse", ""}, {"hang up", "resp_1"}} {
+		t.Run(tc.fail, func(t *testing.T) {
+			mu.Lock()
+			calls, mode, prevs = 0, "", nil
+			mu.Unlock()
+			srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+			t.Cleanup(srv.Close)
+			send := func(body string) {
+				resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(body))
+				require.NoError(t, err)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+			send(`{"model":"m","stream":true,"input":"hi"}`)
+			mu.Lock()
+			mode = tc.fail
+			mu.Unlock()
+			next := `{"model":"m","stream":true,"input":[{"role":"user","content":"hi"},{"role":"user","content":"next"}]}`
+			send(next) // continued from resp_1, and failed
+			send(next) // sent again
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, prevs, 3)
+			assert.Equal(t, "resp_1", prevs[1], "the turn continued")
+			assert.Equal(t, tc.want, prevs[2], "the turn sent again")
+		})
+	}
+	t.Run("refused every time", func(t *testing.T) {
+		mu.Lock()
+		calls, mode, prevs = 0, "refuse always", nil
+		mu.Unlock()
+		srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+		t.Cleanup(srv.Close)
+		input := []string{`{"role":"user","content":"hi"}`}
+		for i := range 12 {
+			input = append(input, fmt.Sprintf(`{"role":"user","content":"%d"}`, i))
+			resp, err := http.Post(srv.URL+"/v1/responses", "application/json",
+				strings.NewReader(`{"model":"m","stream":true,"input":[`+strings.Join(input, ",")+`]}`))
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		continued := 0
+		for _, p := range prevs {
+			if p != "" {
+				continued++
+			}
+		}
+		assert.Equal(t, 3, continued, "three refusals in a row pause continuing for the model")
+	})
+}
