@@ -602,7 +602,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 		} else {
 			a.rep, err = p.send(ctx, a.c, a.res, t.stream)
 		}
-		tr := p.judge(ctx, a, err)
+		tr := p.judge(ctx, a, err, t.stream)
 		p.observe(Event{Step: StepAttempt, Owner: who, Turn: res.Turn, Result: tryNames[tr], Err: err})
 		switch tr {
 		case answered:
@@ -656,8 +656,9 @@ func (p *Proxy) route(ctx context.Context, t *turn) (conn, error) {
 // away (not because the turn ran out of time).
 func clientLeft(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
 
-// judge says how a send made under ctx, the turn's, went.
-func (p *Proxy) judge(ctx context.Context, a *sent, err error) try {
+// judge says how a send made under ctx, the turn's, went; stream tells
+// whether the client asked for a stream.
+func (p *Proxy) judge(ctx context.Context, a *sent, err error, stream bool) try {
 	_, forwarded := a.c.(*forwardConn)
 	switch {
 	case err != nil && clientLeft(ctx):
@@ -666,7 +667,7 @@ func (p *Proxy) judge(ctx context.Context, a *sent, err error) try {
 		return notCarried
 	case err != nil:
 		return unreachable
-	case a.continued && refused(a.rep):
+	case a.continued && refused(a.rep, !stream):
 		return refusedUpstream
 	}
 	return answered
@@ -794,18 +795,31 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 
 // refused tells whether an upstream answer, before anything reached the
 // client, refuses the continuation: previous_response_not_found, or an
-// error about the previous_response_id parameter. It peeks at a stream's
-// first event and keeps it for the relay.
-func refused(rep *reply) bool {
+// error about the previous_response_id parameter, answered as an error or
+// as a failed response. It peeks at a stream's first event, and, when the
+// client waits for the whole answer (whole), past the events that only
+// begin a response, and keeps them for the relay.
+func refused(rep *reply, whole bool) bool {
 	if rep.next == nil {
-		return rep.status/100 == 4 && refusesContinuation(gjson.GetBytes(rep.body, "error"))
+		r := gjson.ParseBytes(rep.body)
+		return rep.status/100 == 4 && refusesContinuation(r.Get("error")) ||
+			rep.status/100 == 2 && r.Get("status").String() == "failed" && refusesContinuation(r.Get("error"))
 	}
+	var kept []event
 	ev, err := rep.next()
-	next, peeked := rep.next, true
-	rep.next = func() (event, error) { // the event peeked, then the rest
-		if peeked {
-			peeked = false
-			return ev, err
+	for whole && err == nil && (ev.typ == "response.created" || ev.typ == "response.in_progress") && len(kept) < 4 {
+		kept = append(kept, ev)
+		ev, err = rep.next()
+	}
+	kept = append(kept, ev)
+	next := rep.next
+	rep.next = func() (event, error) { // the events peeked, then the rest
+		if len(kept) > 0 {
+			e := kept[0]
+			if kept = kept[1:]; len(kept) == 0 {
+				return e, err
+			}
+			return e, nil
 		}
 		return next()
 	}

@@ -474,6 +474,15 @@ func TestAContinuationRefusedMidStreamIsNotGivenBack(t *testing.T) {
 			}
 			return
 		}
+		if !gjson.GetBytes(body, "stream").Bool() { // the response object, as JSON
+			ev := fmt.Sprintf(completed, n)
+			if prev != "" && strings.HasPrefix(fail, "refuse") {
+				ev = fmt.Sprintf(refusal, n)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, gjson.Get(ev, "response").Raw)
+			return
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = fmt.Fprintf(w, "data: "+created+"\n\n", n)
 		if prev != "" && strings.HasPrefix(fail, "refuse") {
@@ -485,25 +494,39 @@ func TestAContinuationRefusedMidStreamIsNotGivenBack(t *testing.T) {
 	t.Cleanup(upstream.Close)
 	for _, tc := range []struct {
 		fail, want string // the second call's previous_response_id when sent again
-	}{{"refuse", ""}, {"hang up", "resp_1"}} {
-		t.Run(tc.fail, func(t *testing.T) {
+		stream     bool
+	}{{"refuse", "", true}, {"hang up", "resp_1", true}, {"refuse", "", false}} {
+		t.Run(fmt.Sprintf("%s/stream=%v", tc.fail, tc.stream), func(t *testing.T) {
 			mu.Lock()
 			calls, mode, prevs = 0, "", nil
 			mu.Unlock()
 			srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
 			t.Cleanup(srv.Close)
-			send := func(body string) {
+			send := func(body string) []byte {
 				resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(body))
 				require.NoError(t, err)
-				_, _ = io.Copy(io.Discard, resp.Body)
+				b, _ := io.ReadAll(resp.Body)
 				_ = resp.Body.Close()
+				return b
 			}
-			send(`{"model":"m","stream":true,"input":"hi"}`)
+			stream := fmt.Sprintf(`"stream":%v`, tc.stream)
+			send(`{"model":"m",` + stream + `,"input":"hi"}`)
 			mu.Lock()
 			mode = tc.fail
 			mu.Unlock()
-			next := `{"model":"m","stream":true,"input":[{"role":"user","content":"hi"},{"role":"user","content":"next"}]}`
-			send(next) // continued from resp_1, and failed
+			next := `{"model":"m",` + stream + `,"input":[{"role":"user","content":"hi"},{"role":"user","content":"next"}]}`
+			got := send(next) // continued from resp_1, and failed
+			if !tc.stream {
+				// The client waits for the whole answer: the refusal is
+				// seen before it, and the turn sent again with its full
+				// context, unseen.
+				assert.Equal(t, "completed", gjson.GetBytes(got, "status").String(), "%s", got)
+				mu.Lock()
+				defer mu.Unlock()
+				require.Len(t, prevs, 3)
+				assert.Equal(t, []string{"", "resp_1", ""}, prevs)
+				return
+			}
 			send(next) // sent again
 			mu.Lock()
 			defer mu.Unlock()

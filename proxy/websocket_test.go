@@ -446,3 +446,30 @@ func TestAFlatErrorEventIsAnAPIError(t *testing.T) {
 	assert.Equal(t, "server_error", e.Get("code").String())
 	assert.Equal(t, "Boom.", e.Get("message").String())
 }
+
+// A client that asked for JSON waits for the whole answer: a continuation
+// its socket refuses after response.created (a failed response,
+// previous_response_not_found) is seen before anything reaches the
+// client, and the turn goes again with its full context, unseen.
+func TestAContinuationRefusedAfterItBeganIsRetriedForAJSONClient(t *testing.T) {
+	upstream := scriptedSockets(t, func(socket, n int, msg []byte, send func(string)) {
+		id := fmt.Sprintf("resp_%d_%d", socket, n)
+		resp := `{"id":"` + id + `","object":"response","status":"%s","output":%s%s}`
+		send(`{"type":"response.created","response":` + fmt.Sprintf(resp, "in_progress", "[]", "") + `}`)
+		if gjson.GetBytes(msg, "previous_response_id").Exists() {
+			send(`{"type":"response.failed","response":` + fmt.Sprintf(resp, "failed", "[]",
+				`,"error":{"code":"previous_response_not_found","message":"Previous response not found."}`) + `}`)
+			return
+		}
+		out := `[{"type":"message","id":"msg_` + id + `","role":"assistant","status":"completed","content":[{"type":"output_text","text":"ok"}]}]`
+		send(`{"type":"response.completed","response":` + fmt.Sprintf(resp, "completed", out, "") + `}`)
+	})
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+	h := http.Header{"X-Session-Id": {"s1"}}
+	input := []any{map[string]any{"role": "user", "content": "hi"}}
+	first := post(t, url, h, map[string]any{"model": "m", "input": input, "store": false})
+	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+	second := post(t, url, h, map[string]any{"model": "m", "input": first.next(input, "next"), "store": false})
+	require.Equal(t, http.StatusOK, second.status, "%s", second.body)
+	assert.Equal(t, `"completed"`, string(second.response["status"]), "%s", second.body)
+}
