@@ -759,6 +759,8 @@ func (p *Proxy) giveBack(ctx context.Context, lg *slog.Logger, res *store.Reserv
 		p.warns.warn(lg, "restore failed", "err", err)
 	case out == store.OutcomeIgnored:
 		p.abort(ctx, lg, res)
+	default:
+		lg.Debug("continuation given back", "previous_response_id", res.PreviousResponseID, "outcome", out)
 	}
 }
 
