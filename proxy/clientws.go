@@ -60,7 +60,8 @@ import (
 //     close frame, as the upstream's was;
 //   - a connection lasts Config.ClientSocketLifetime (60 minutes, as the
 //     upstream's), then gets websocket_connection_limit_reached and is
-//     closed; Proxy.Shutdown closes the connections (1001, going away)
+//     closed; one that sends no message within Config.FirstMessageTimeout
+//     is closed (1008, policy violation); Proxy.Shutdown closes the connections (1001, going away)
 //     once their turn in flight is over.
 
 // defaultClientSocketLifetime is how long a client's connection lasts: the
@@ -249,11 +250,18 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 	go func() {
 		defer close(messages)
 		defer cancel() // the client went away: a turn in flight sees it
+		// A connection idles between turns: the wait for a message to
+		// begin is bounded for the first one only (one that never comes
+		// closes the connection), each message's reads are
+		// (readMessage).
+		first := time.AfterFunc(s.p.cfg.FirstMessageTimeout, func() {
+			_ = s.ws.Close(websocket.StatusPolicyViolation, "no message within "+s.p.cfg.FirstMessageTimeout.String())
+		})
+		defer first.Stop()
 		for {
-			// A connection idles between turns: the wait for a message
-			// to begin is not bounded, its reads are (readMessage).
 			mctx, cancelMessage := context.WithCancel(ctx)
 			_, r, err := s.ws.Reader(mctx)
+			first.Stop()
 			var m message
 			if err == nil {
 				m.data, m.held, err = s.p.readMessage(mctx, cancelMessage, r)

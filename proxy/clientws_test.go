@@ -602,6 +602,26 @@ func TestTurnHeader(t *testing.T) {
 	assert.Empty(t, turnHeader(http.Header{"Openai-Beta": {"responses_websockets=2026-02-06"}}))
 }
 
+// A connection that sends no message within FirstMessageTimeout is closed
+// (it holds one of the replica's connections); one that has sent one may
+// idle between turns.
+func TestASocketThatSendsNoMessageIsClosed(t *testing.T) {
+	const wait = 200 * time.Millisecond
+	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, func(c *Config) { c.FirstMessageTimeout = wait })
+	silent := dialSocket(t, r.url, "s1")
+	start := time.Now()
+	_, err := silent.next()
+	assert.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "%v", err)
+	assert.GreaterOrEqual(t, time.Since(start), wait)
+
+	c := dialSocket(t, r.url, "s2")
+	a := c.turn(map[string]any{"model": "gpt-test", "store": false, "input": "hello"})
+	require.Equal(t, "response.completed", a.events[len(a.events)-1])
+	time.Sleep(2 * wait)
+	a = c.turn(map[string]any{"model": "gpt-test", "store": false, "input": "again"})
+	assert.Equal(t, "response.completed", a.events[len(a.events)-1], "an idle connection that has sent a message is kept")
+}
+
 func TestClientSocketLifetimeIsChecked(t *testing.T) {
 	st, err := store.NewMemory(store.Options{Replica: "r1"})
 	require.NoError(t, err)

@@ -92,6 +92,7 @@ const (
 	defaultMaxPassthrough  = 512 << 20
 	defaultUpstreamTimeout = 10 * time.Minute
 	defaultMessageTimeout  = 30 * time.Second
+	defaultFirstMessage    = 2 * time.Minute
 	defaultMaxKeptBytes    = 512 << 20
 )
 
@@ -169,6 +170,13 @@ type Config struct {
 	// client gets websocket_connection_limit_reached, as from the
 	// upstream. Default 60 minutes, the upstream's.
 	ClientSocketLifetime time.Duration
+	// FirstMessageTimeout bounds the wait for a client WebSocket
+	// connection's first message: one that sends none that long is
+	// closed, as an HTTP connection that sends no request is at the
+	// server's idle timeout (a connection holds one of the replica's
+	// connections while it waits). Between messages a connection waits as
+	// long as it lives. Default 2 minutes.
+	FirstMessageTimeout time.Duration
 	// MessageTimeout bounds each wait for the next bytes of a client's
 	// WebSocket message once it has begun (a connection may idle between
 	// messages for as long as it lives): a message that stalls that long,
@@ -238,6 +246,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
 	case cfg.ClientSocketLifetime < 0:
 		return fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
+	case cfg.FirstMessageTimeout < 0:
+		return fmt.Errorf("%w: FirstMessageTimeout %v is negative", ErrInvalidConfig, cfg.FirstMessageTimeout)
 	case cfg.MessageTimeout < 0:
 		return fmt.Errorf("%w: MessageTimeout %v is negative", ErrInvalidConfig, cfg.MessageTimeout)
 	case cfg.MaxBytesInFlight < 0:
@@ -256,6 +266,7 @@ func (cfg *Config) fill() error {
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, defaultUpstreamTimeout)
 	cfg.MaxBytesInFlight = cmp.Or(cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
 	cfg.MessageTimeout = cmp.Or(cfg.MessageTimeout, defaultMessageTimeout)
+	cfg.FirstMessageTimeout = cmp.Or(cfg.FirstMessageTimeout, defaultFirstMessage)
 	cfg.MaxKeptBytes = cmp.Or(cfg.MaxKeptBytes, defaultMaxKeptBytes)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.RoutingHeader = cmp.Or(cfg.RoutingHeader, defaultRoutingHeader)

@@ -604,6 +604,28 @@ func deadUpstreamProxy(t *testing.T, tr transport) *httptest.Server {
 	return srv
 }
 
+// The log names an unreachable upstream's URL without its query, which
+// may carry a credential: the operator's in the upstream URL, or the
+// client's (?key=), over both transports.
+func TestUpstreamErrorsLogNoQuery(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			dead := httptest.NewServer(http.NotFoundHandler())
+			base := dead.URL + "/v1?api-key=OPERATORSECRET"
+			dead.Close()
+			p := newProxy(t, tr, nil, base)
+			logs := &logBuffer{}
+			p.cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			srv := httptest.NewServer(p)
+			t.Cleanup(srv.Close)
+			a := post(t, srv.URL+"/v1/responses?key=CLIENTSECRET", nil, map[string]any{"model": "m", "input": "hi"})
+			require.Equal(t, http.StatusBadGateway, a.status, "%s", a.body)
+			assert.Positive(t, logs.count(strings.TrimPrefix(dead.URL, "http://")+"/v1/responses"), "the log names where")
+			assert.Zero(t, logs.count("SECRET"), "%s", logs.b.String())
+		})
+	}
+}
+
 // assertTellsNoAddress checks that an error body shows the client no
 // address, dial error or replica name: those go to the log.
 func assertTellsNoAddress(t *testing.T, body []byte) {

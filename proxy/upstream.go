@@ -319,6 +319,34 @@ func isEventStream(h http.Header) bool {
 	return strings.EqualFold(strings.TrimSpace(t), "text/event-stream")
 }
 
+// withoutQuery returns err with the URL it names (a *url.Error's) shown
+// without its query and user information, which may carry a credential
+// (?api-key=): errors go to the log. The errors wrapping the URL's have
+// their messages written already: the message is rewritten.
+func withoutQuery(err error) error {
+	ue, ok := errors.AsType[*url.Error](err)
+	if !ok {
+		return err
+	}
+	u, perr := url.Parse(ue.URL)
+	if perr != nil {
+		return err
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment = nil, "", false, ""
+	raw, shown := ue.URL, u.String()
+	ue.URL = shown
+	return &shownError{msg: strings.ReplaceAll(err.Error(), raw, shown), err: err}
+}
+
+// shownError is an error whose message is written anew (withoutQuery).
+type shownError struct {
+	msg string
+	err error
+}
+
+func (e *shownError) Error() string { return e.msg }
+func (e *shownError) Unwrap() error { return e.err }
+
 // untypedEvents tells whether resp, a 2xx answer to a turn that asked for
 // a stream, whose Content-Type names no type of its own (none,
 // application/octet-stream or text/plain), begins as an event stream does;
@@ -377,7 +405,7 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	}
 	resp, err := c.up.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, withoutQuery(err)
 	}
 	if stream && resp.StatusCode/100 == 2 && (isEventStream(resp.Header) || untypedEvents(resp)) {
 		return eventReply(resp), nil

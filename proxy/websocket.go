@@ -502,7 +502,7 @@ func (c *wsConn) dial(ctx context.Context) (*websocket.Conn, error) {
 		return nil, &upstreamRefusal{status: resp.StatusCode, contentType: resp.Header.Get("Content-Type"), body: body}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("opening an upstream socket: %w", err)
+		return nil, fmt.Errorf("opening an upstream socket: %w", withoutQuery(err))
 	}
 	ws.SetReadLimit(maxUpstreamBody)
 	return ws, nil

@@ -161,7 +161,7 @@ Flags:
 	}
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve clients on")
 	fs.StringVar(&c.opsListen, "ops-listen", "127.0.0.1:9090", "`address` of the operations port, GET /metrics (Prometheus) and GET /healthz, to keep off the clients' network; empty for none")
-	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may sit idle before it is closed")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may sit idle before it is closed, and a WebSocket connection wait for its first message")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "bound on reading a request's headers; a slower client's connection is closed")
 	fs.DurationVar(&c.bodyTimeout, "body-timeout", 30*time.Second, "longest wait for the next bytes of a request body, or of a WebSocket message once it has begun; a client that sends none for this long has its connection closed (this bounds each gap, not the whole body)")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", time.Minute, "longest a write to a client may take; a client that stops reading for this long has its connection closed (quiet gaps in a stream do not count)")
@@ -262,7 +262,7 @@ func (c *config) check() error {
 	if c.upstream != "" {
 		u, err := url.Parse(c.upstream)
 		if err != nil || !slices.Contains([]string{"http", "https", "ws", "wss"}, u.Scheme) || u.Host == "" {
-			return fmt.Errorf("-upstream %q: want http(s)://host[:port]/v1 for HTTP, or ws(s)://host[:port]/v1 for the WebSocket mode", c.upstream)
+			return fmt.Errorf("-upstream %q: want http(s)://host[:port]/v1 for HTTP, or ws(s)://host[:port]/v1 for the WebSocket mode", shownURL(c.upstream))
 		}
 	}
 	for addr := range strings.SplitSeq(c.redisCluster, ",") {
@@ -444,7 +444,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxPassthroughBytes: c.maxPassthrough, MaxBytesInFlight: c.maxBytesInFlight,
-		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, Logger: logger, RoutingHeader: c.routingHeader,
+		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, FirstMessageTimeout: c.idleTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
 	announced, err := forward(ctx, c, rdb, logger, &cfg)
 	if err != nil {
@@ -462,10 +462,10 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	logger = logger.With("replica", c.replica)
 	if u, err := url.Parse(upstream); err == nil && !strings.HasSuffix(strings.TrimSuffix(u.Path, "/"), "/v1") {
 		logger.Warn("the -upstream URL's path does not end with /v1 (https://api.openai.com/v1): turns go to its path + /responses",
-			"upstream", upstream)
+			"upstream", shownURL(upstream))
 	}
 	return serve(ctx, c, logger, p, reg, func(addr, opsAddr string) {
-		logger.Info("contproxy listening", "addr", addr, "ops", opsAddr, "upstream", upstream, "transport", c.transport,
+		logger.Info("contproxy listening", "addr", addr, "ops", opsAddr, "upstream", shownURL(upstream), "transport", c.transport,
 			"redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace)
 		if ready != nil {
 			ready(addr, opsAddr)
@@ -874,4 +874,21 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, model := range s.p.PausedModels() {
 		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, 1, model)
 	}
+}
+
+// shownURL returns raw as the log shows it: its password and the values
+// of its query hidden, as either may carry a credential (?api-key=).
+func shownURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an invalid URL)"
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			q[k] = []string{"redacted"}
+		}
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
 }

@@ -480,3 +480,12 @@ func TestRedisTargetsThatCannotServeStopTheStart(t *testing.T) {
 	startWith(t, noEnv, &log, "-fake-upstream", "-redis", "redis://127.0.0.1:1/0", "-log-level", "warn")
 	assert.Contains(t, log.String(), "Redis cannot be reached yet")
 }
+
+// The log shows the -upstream URL without what may carry a credential: its
+// password and its query's values.
+func TestTheLogShowsNoUpstreamCredential(t *testing.T) {
+	assert.Equal(t, "https://x.example/openai/v1?api-key=redacted&api-version=redacted",
+		shownURL("https://x.example/openai/v1?api-version=preview&api-key=SECRET"))
+	assert.Equal(t, "http://user:xxxxx@h:8080/v1", shownURL("http://user:SECRET@h:8080/v1"))
+	assert.Equal(t, "wss://api.example/v1", shownURL("wss://api.example/v1"))
+}
