@@ -446,11 +446,15 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxPassthroughBytes: c.maxPassthrough, MaxBytesInFlight: c.maxBytesInFlight,
 		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, FirstMessageTimeout: c.idleTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
-	announced, err := forward(ctx, c, rdb, logger, &cfg)
+	// The replica is announced until the signal, or until serving ends
+	// otherwise (its port taken): then run returns once it is withdrawn.
+	actx, withdraw := context.WithCancel(ctx)
+	defer withdraw()
+	announced, err := forward(actx, c, rdb, logger, &cfg)
 	if err != nil {
 		return err
 	}
-	defer func() { <-announced }()
+	defer func() { withdraw(); <-announced }()
 	p, err := proxy.New(cfg)
 	if err != nil {
 		return err

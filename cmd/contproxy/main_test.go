@@ -429,6 +429,30 @@ func replicasForwardTurns(t *testing.T, client string) {
 	assert.Equal(t, 2.0, forwarded, "the conversation's socket stays on gw-1: gw-2's turns go there")
 }
 
+// A replica that forwards, whose port is taken, stops at once with the
+// error, as one that does not: its announcement is withdrawn.
+func TestAForwardingReplicaWhosePortIsTakenStops(t *testing.T) {
+	rdb := redistest.Standalone(t)
+	ns := redistest.Namespace(t)
+	redistest.CleanupNamespace(t, rdb, ns)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(t.Context(), []string{"-fake-upstream", "-transport", "websocket", "-listen", taken.Addr().String(),
+			"-ops-listen", "", "-redis", "redis://" + rdb.Options().Addr, "-namespace", ns,
+			"-forward-secret", strings.Repeat("k", 32)}, nil, io.Discard, nil)
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "address already in use")
+	case <-time.After(20 * time.Second):
+		t.Fatal("contproxy kept running without its port")
+	}
+}
+
 // freePort returns a loopback address nothing listens on.
 func freePort(t *testing.T) string {
 	t.Helper()
