@@ -42,7 +42,9 @@ const (
 	// context), "not_reserved" (completed,
 	// with no turn to record it for: a request without owner, such as one
 	// carrying its own previous_response_id, or a store that failed
-	// open), "aborted" (no completed response the client received) or
+	// open), "aborted" (no completed response the client received),
+	// "given_back" (as aborted, and the continuation the turn took given
+	// back to its owner, Store.Restore: its next try continues) or
 	// "failed" (the upstream could not be reached). Latency is the turn's.
 	StepEnd Step = "end"
 )

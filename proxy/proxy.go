@@ -468,8 +468,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	a, err := p.attempt(ctx, t, who, res, lg, g)
 	if err != nil {
-		p.giveBack(sctx, lg, a.res) // the turn went as a.res, or went nowhere
-		end := "aborted"
+		end := p.giveBack(sctx, lg, a.res) // the turn went as a.res, or went nowhere
 		if clientLeft(ctx) {
 			lg.Debug("the client went away before the upstream answered", "err", err)
 		} else {
@@ -692,9 +691,8 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 	switch {
 	case out.err != nil:
 		p.stats.add(cUpstreamErrors, 1)
-		p.giveBack(ctx, *lg, a.res)
 		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
-		return "aborted", nil
+		return p.giveBack(ctx, *lg, a.res), nil
 	case out.refused && a.continued:
 		// The continuation is gone upstream, refused once the answer had
 		// begun, too late to send the turn again: the refusal counts.
@@ -703,8 +701,7 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 		return "aborted", nil
 	case !out.continuable || out.clientGone:
 		// Nothing to continue, or the client never saw it.
-		p.giveBack(ctx, *lg, a.res)
-		return "aborted", nil
+		return p.giveBack(ctx, *lg, a.res), nil
 	}
 	if a.continued {
 		p.stats.add(cContinued, 1)
@@ -762,17 +759,20 @@ func (p *Proxy) send(ctx context.Context, c conn, res *store.Reservation, stream
 // the client got: when res continued from a response the upstream keeps,
 // the owner gets that continuation back (Store.Restore), for the client's
 // next try to continue from it too (the upstream answered an error, or the
-// client did not get the stream to its end); any other turn aborts.
-func (p *Proxy) giveBack(ctx context.Context, lg *slog.Logger, res *store.Reservation) {
+// client did not get the stream to its end); any other turn aborts. It
+// returns how the turn ended (StepEnd): "given_back" or "aborted".
+func (p *Proxy) giveBack(ctx context.Context, lg *slog.Logger, res *store.Reservation) string {
 	out, err := p.cfg.Store.Restore(ctx, res)
 	switch {
 	case err != nil:
 		p.warns.warn(lg, "restore failed", "err", err)
 	case out == store.OutcomeIgnored:
 		p.abort(ctx, lg, res)
-	default:
-		lg.Debug("continuation given back", "previous_response_id", res.PreviousResponseID, "outcome", out)
+	case out == store.OutcomePublished:
+		lg.Debug("continuation given back", "previous_response_id", res.PreviousResponseID)
+		return "given_back"
 	}
+	return "aborted"
 }
 
 // abort ends a turn that published nothing.

@@ -464,7 +464,11 @@ func TestAFailedContinuedTurnSentAgainContinues(t *testing.T) {
 				}
 				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return f })
 				before := r.proxy.Stats().Continued
+				var steps stepLog
+				r.proxy.cfg.Observer = &steps
 				_ = post(t, r.url, c.header, body)
+				require.Eventually(t, func() bool { return slices.Contains(steps.take(), "end:given_back") },
+					5*time.Second, 10*time.Millisecond, "the failed turn ends given_back")
 				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} })
 				again := post(t, r.url, c.header, body)
 				require.Equal(t, http.StatusOK, again.status, "%s", again.body)

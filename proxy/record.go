@@ -119,8 +119,7 @@ func (rec *recording) meet(e *ending) {
 	}
 	end := rec.result
 	if !rec.e.delivered {
-		rec.p.giveBack(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
-		end = "aborted"
+		end = rec.p.giveBack(rec.ctx, rec.lg, rec.res) // recorded, but the client never got the end
 	}
 	if rec.e.finish != nil {
 		rec.e.finish(rec.lg, end)

@@ -20,6 +20,7 @@ type Op string
 const (
 	OpReserve   Op = "reserve"
 	OpRecord    Op = "record"
+	OpRestore   Op = "restore"
 	OpAbort     Op = "abort"
 	OpIsCurrent Op = "is_current"
 	OpClear     Op = "clear"
@@ -34,7 +35,7 @@ type Event struct {
 	// and Stats.
 	Op    Op
 	Owner identity.Owner
-	// Reason is Reserve's answer; Outcome is Record's.
+	// Reason is Reserve's answer; Outcome is Record's and Restore's.
 	Reason  Reason
 	Outcome Outcome
 	// Latency is the operation's duration as the caller saw it.

@@ -469,7 +469,7 @@ func (s *Store) Record(ctx context.Context, res *Reservation, out Result) (Outco
 		c = continuation{ResponseID: strings.Clone(out.ResponseID), Origin: out.Socket, Signature: req.Signature(), Transcript: fp}
 		got, err = s.publish(ctx, res, c)
 	}
-	return s.published(res, c, got, err, removed, start)
+	return s.published(OpRecord, res, c, got, err, removed, start)
 }
 
 // Restore gives the owner back the continuation res took, when res
@@ -488,7 +488,7 @@ func (s *Store) Restore(ctx context.Context, res *Reservation) (Outcome, error) 
 	}
 	start := time.Now()
 	got, err := s.publish(ctx, res, *res.taken)
-	return s.published(res, *res.taken, got, err, false, start)
+	return s.published(OpRestore, res, *res.taken, got, err, false, start)
 }
 
 // publish publishes c as res's owner's continuation at res's turn.
@@ -498,10 +498,10 @@ func (s *Store) publish(ctx context.Context, res *Reservation, c continuation) (
 	})
 }
 
-// published ends a Record or Restore of c for res that got got and err
-// (removed: a dropped record removed the state): the guesses learn it,
-// and the observer sees it.
-func (s *Store) published(res *Reservation, c continuation, got published, err error, removed bool, start time.Time) (Outcome, error) {
+// published ends op, a Record or Restore of c for res that got got and
+// err (removed: a dropped record removed the state): the guesses learn
+// it, and the observer sees it.
+func (s *Store) published(op Op, res *Reservation, c continuation, got published, err error, removed bool, start time.Time) (Outcome, error) {
 	if err != nil {
 		err = unavailable("record", err)
 		got.Outcome = ""
@@ -514,7 +514,7 @@ func (s *Store) published(res *Reservation, c continuation, got published, err e
 	default:
 		s.guesses.forget(res.Owner)
 	}
-	s.observe(Event{Op: OpRecord, Owner: res.Owner, Outcome: got.Outcome, Err: err, Evicted: got.Evicted}, start)
+	s.observe(Event{Op: op, Owner: res.Owner, Outcome: got.Outcome, Err: err, Evicted: got.Evicted}, start)
 	return got.Outcome, err
 }
 

@@ -74,7 +74,7 @@ type opSeries struct {
 }
 
 var (
-	knownOps = []store.Op{store.OpReserve, store.OpRecord, store.OpAbort, store.OpIsCurrent,
+	knownOps = []store.Op{store.OpReserve, store.OpRecord, store.OpRestore, store.OpAbort, store.OpIsCurrent,
 		store.OpClear, store.OpInspect, store.OpSweep, store.OpStats}
 	knownReasons = []store.Reason{store.ReasonNone, store.ReasonDisabled, store.ReasonMissingIdentity,
 		store.ReasonMissingState, store.ReasonSupersededTurn, store.ReasonPromptChanged,

@@ -114,12 +114,12 @@ contstore_records_total{outcome="stale"} 1
 `), "contstore_reservations_total", "contstore_records_total"))
 
 	ops := map[string]float64{"reserve": 3, "record": 4, "abort": 1, "clear": 1}
-	for _, op := range []string{"reserve", "record", "abort", "is_current", "clear", "inspect", "sweep", "stats"} {
+	for _, op := range []string{"reserve", "record", "restore", "abort", "is_current", "clear", "inspect", "sweep", "stats"} {
 		c, err := m.Metric("operations_total", op, "ok")
 		require.NoError(t, err)
 		assert.Equal(t, ops[op], testutil.ToFloat64(c), op)
 	}
-	assert.Equal(t, 8, testutil.CollectAndCount(m, "contstore_operation_duration_seconds"),
+	assert.Equal(t, 9, testutil.CollectAndCount(m, "contstore_operation_duration_seconds"),
 		"one latency series per operation")
 	assert.Equal(t, uint64(3), sampleCount(t, reg, "contstore_operation_duration_seconds", "reserve"))
 	assert.Equal(t, uint64(4), sampleCount(t, reg, "contstore_operation_duration_seconds", "record"))

@@ -154,7 +154,7 @@ func attrs(ev store.Event, suppressed int) []slog.Attr {
 	switch ev.Op {
 	case store.OpReserve:
 		a = append(a, slog.String("reason", string(ev.Reason)))
-	case store.OpRecord:
+	case store.OpRecord, store.OpRestore:
 		if ev.Outcome != "" {
 			a = append(a, slog.String("outcome", string(ev.Outcome)))
 		}
