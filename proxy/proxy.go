@@ -688,6 +688,9 @@ func (p *Proxy) judge(ctx context.Context, a *sent, err error, stream bool) try 
 // the turn otherwise. It adds what it did to *lg and returns how the turn
 // ended (StepEnd), or the recording that will tell.
 func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, out outcome, g *gate) (string, *recording) {
+	if out.failed {
+		p.stats.add(cErrorAnswers, 1)
+	}
 	switch {
 	case out.err != nil:
 		p.stats.add(cUpstreamErrors, 1)
@@ -878,9 +881,11 @@ type outcome struct {
 	continuable bool
 	id          string
 	output      []json.RawMessage
-	// refused tells that the response failed as the upstream refused its
-	// continuation (refusesContinuation), after the answer began.
-	refused bool
+	// failed tells that the upstream answered an error: an HTTP error
+	// status, a failed response or an error event; refused, that it
+	// refused the continuation so (refusesContinuation), after the
+	// answer began.
+	failed, refused bool
 	// clientGone tells whether writing to the client failed.
 	clientGone bool
 	// err is set when the upstream's answer broke off; cut, when it did
@@ -907,12 +912,13 @@ func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(ou
 
 // relayBody relays a whole JSON answer.
 func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
-	out := outcome{status: rep.status}
+	out := outcome{status: rep.status, failed: rep.status >= 400}
 	body := rep.body
 	if rep.status/100 == 2 {
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
 		out.continuable = continues("response."+r.Get("status").String()) && out.id != ""
+		out.failed = r.Get("status").String() == "failed"
 		out.refused = refusesContinuation(r.Get("error"))
 		out.output = rawArray(r.Get("output"))
 		body = hideID(body, "previous_response_id", hide)
@@ -980,9 +986,9 @@ func (c *collector) outcome(status int) outcome {
 	out := outcome{status: status, continuable: c.continuable(), id: c.id}
 	switch c.terminal {
 	case "response.failed":
-		out.refused = refusesContinuation(gjson.GetBytes(c.finalResp, "error"))
+		out.failed, out.refused = true, refusesContinuation(gjson.GetBytes(c.finalResp, "error"))
 	case "error":
-		out.refused = refusesContinuation(eventError(c.errEvent))
+		out.failed, out.refused = true, refusesContinuation(eventError(c.errEvent))
 	}
 	out.output = c.final
 	if len(out.output) == 0 && len(c.items) > 0 {
@@ -1181,7 +1187,7 @@ func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
 		e = r // a flat error event, whose type is the event's: the error's is the default
 	}
 	writeError(w, status, typ, e.Get("param").String(), e.Get("code").String(), e.Get("message").String())
-	return outcome{status: status}
+	return outcome{status: status, failed: true}
 }
 
 // hideID shows the member at path as null when it holds id.

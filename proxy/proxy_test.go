@@ -469,6 +469,9 @@ func TestAFailedContinuedTurnSentAgainContinues(t *testing.T) {
 				_ = post(t, r.url, c.header, body)
 				require.Eventually(t, func() bool { return slices.Contains(steps.take(), "end:given_back") },
 					5*time.Second, 10*time.Millisecond, "the failed turn ends given_back")
+				if f.Kind != fakeupstream.FaultDrop {
+					assert.Equal(t, int64(1), r.proxy.Stats().ErrorAnswers, "an error answer is counted")
+				}
 				r.setFault(func(fakeupstream.Request) fakeupstream.Fault { return fakeupstream.Fault{} })
 				again := post(t, r.url, c.header, body)
 				require.Equal(t, http.StatusOK, again.status, "%s", again.body)

@@ -28,6 +28,10 @@ type Stats struct {
 	// UpstreamErrors counts turns the upstream could not be reached for,
 	// or that it dropped.
 	UpstreamErrors int64
+	// ErrorAnswers counts turns the upstream answered with an error: an
+	// HTTP error status (a 429, a 500…), a failed response or an error
+	// event.
+	ErrorAnswers int64
 	// Forwarded counts turns handed to the replica holding their socket
 	// and answered there; ForwardFailures those it could not take, served
 	// here with the full context; ForwardedIn the turns this replica
@@ -62,6 +66,7 @@ const (
 	cPassthrough
 	cUnread
 	cUpstreamErrors
+	cErrorAnswers
 	cForwarded
 	cForwardFailures
 	cForwardedIn
@@ -88,6 +93,7 @@ var counterTable = [nCounters]struct {
 	cPassthrough:     {"passthrough_total", "Requests carrying their own previous_response_id or conversation.", func(s *Stats) *int64 { return &s.Passthrough }},
 	cUnread:          {"turns_unread_total", "Turns sent upstream as received, outside turns_total, their body one the proxy cannot read (refused by the fingerprint, or in a coding it does not decode).", func(s *Stats) *int64 { return &s.Unread }},
 	cUpstreamErrors:  {"upstream_errors_total", "Turns the upstream could not be reached for, or dropped.", func(s *Stats) *int64 { return &s.UpstreamErrors }},
+	cErrorAnswers:    {"upstream_error_answers_total", "Turns the upstream answered with an error: an HTTP error status (a 429, a 500…), a failed response or an error event.", func(s *Stats) *int64 { return &s.ErrorAnswers }},
 	cForwarded:       {"forwarded_total", "Turns handed to the replica holding their socket and answered there.", func(s *Stats) *int64 { return &s.Forwarded }},
 	cForwardFailures: {"forward_failures_total", "Turns the origin replica could not take, served here with full context.", func(s *Stats) *int64 { return &s.ForwardFailures }},
 	cForwardedIn:     {"forwarded_in_total", "Turns this replica carried for others.", func(s *Stats) *int64 { return &s.ForwardedIn }},
