@@ -734,7 +734,7 @@ func (p *Proxy) refuseBody(w http.ResponseWriter, err error) {
 	over, isOver := errors.AsType[*http.MaxBytesError](err)
 	switch {
 	case isOver:
-		tooLarge(w, over.Limit)
+		p.tooLarge(w, over.Limit)
 	case errors.Is(err, errBusy), errors.Is(err, errOverBudget):
 		rf := p.refusal(err)
 		if rf.status == http.StatusServiceUnavailable {

@@ -185,7 +185,7 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 		limit = p.cfg.MaxBodyBytes
 	}
 	if r.ContentLength > limit {
-		tooLarge(w, limit)
+		p.tooLarge(w, limit)
 		return
 	}
 	start := time.Now()
@@ -311,7 +311,8 @@ func (b *watchedBody) failure(client context.Context) error {
 const bodyEndWait = time.Second
 
 // tooLarge answers a request whose body is larger than limit.
-func tooLarge(w http.ResponseWriter, limit int64) {
+func (p *Proxy) tooLarge(w http.ResponseWriter, limit int64) {
+	p.stats.add(cTooLarge, 1)
 	writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "", "request_too_large",
 		fmt.Sprintf("The request body is larger than %d bytes.", limit))
 }

@@ -281,6 +281,7 @@ func TestEndpointBodiesAreBounded(t *testing.T) {
 	resp, b = do(t, http.MethodPost, srv.URL+"/v1/responses", over, http.Header{"Content-Encoding": {"compress"}})
 	assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "a turn the proxy does not read has a turn's bound: %s", b)
 	assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "larger than 16 bytes")
+	assert.Equal(t, int64(3), p.Stats().TooLarge, "the 413s counted")
 }
 
 func TestPathsOutsideV1Are404(t *testing.T) {

@@ -417,7 +417,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // answers the error and reports false.
 func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprint.Request, *hold, bool) {
 	if r.ContentLength > p.cfg.MaxBodyBytes {
-		tooLarge(w, p.cfg.MaxBodyBytes) // unread
+		p.tooLarge(w, p.cfg.MaxBodyBytes) // unread
 		return nil, nil, false
 	}
 	req, h, err := p.readTurn(w, r)

@@ -48,6 +48,9 @@ type Stats struct {
 	// RefusedBusy counts requests answered 503 because the bodies in
 	// flight held the whole MaxBytesInFlight.
 	RefusedBusy int64
+	// TooLarge counts requests answered 413: a body over MaxBodyBytes (a
+	// turn) or MaxPassthroughBytes (another endpoint).
+	TooLarge int64
 	// Guessed counts turns sent upstream on a guess while the store
 	// reserved them (store.Options.GuessOwners, see Config.Affinity);
 	// GuessesDropped those whose reservation did not agree, their answer
@@ -75,6 +78,7 @@ const (
 	cBytesReceived
 	cBytesSent
 	cRefusedBusy
+	cTooLarge
 	cGuessed
 	cGuessesDropped
 	nCounters
@@ -102,6 +106,7 @@ var counterTable = [nCounters]struct {
 	cBytesReceived:   {"request_bytes_received_total", "Request body bytes from clients.", func(s *Stats) *int64 { return &s.BytesReceived }},
 	cBytesSent:       {"request_bytes_sent_total", "Request body bytes sent upstream.", func(s *Stats) *int64 { return &s.BytesSent }},
 	cRefusedBusy:     {"requests_refused_busy_total", "Requests answered 503 because the bodies in flight held the whole MaxBytesInFlight.", func(s *Stats) *int64 { return &s.RefusedBusy }},
+	cTooLarge:        {"requests_too_large_total", "Requests answered 413: a body over -max-body (a turn) or -max-passthrough-body (another endpoint).", func(s *Stats) *int64 { return &s.TooLarge }},
 	cGuessed:         {"turns_guessed_total", "Turns sent upstream on a guessed continuation while the store reserved them.", func(s *Stats) *int64 { return &s.Guessed }},
 	cGuessesDropped:  {"guesses_dropped_total", "Guessed turns whose reservation disagreed: the answer dropped, the turn sent again.", func(s *Stats) *int64 { return &s.GuessesDropped }},
 }

@@ -129,6 +129,7 @@ func TestAStoreWithoutAProfileTakesTheNamespaces(t *testing.T) {
 	require.Equal(t, fingerprint.V3().ID(), mr.HGet("old:{old}:meta", "profile"))
 	taking, err := store.NewRedis(c, opts(fingerprint.Profile{}))
 	require.NoError(t, err)
+	assert.Equal(t, fingerprint.V3().ID(), taking.ProfileID())
 	_, err = store.NewRedis(c, opts(fingerprint.V4()))
 	require.ErrorIs(t, err, store.ErrSchemaMismatch, "a store naming v4 is refused")
 

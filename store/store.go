@@ -294,6 +294,11 @@ func (s *Store) withReplica(replica string) *Store {
 	return &c
 }
 
+// ProfileID returns the identity of the fingerprint profile the store
+// parses with (fingerprint.Profile.ID): Options.Profile's, or, when it was
+// left zero, the namespace's once the store has read it.
+func (s *Store) ProfileID() string { return s.backend.parser().ProfileID() }
+
 // ParseRequest parses a request body under the namespace's fingerprint
 // profile and key; errors wrap ErrInvalidRequest and name the problem's path
 // and offset (see package fingerprint). The request refers to body, which

@@ -470,7 +470,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 	}
 	return serve(ctx, c, logger, p, reg, func(addr, opsAddr string) {
 		logger.Info("contproxy listening", "addr", addr, "ops", opsAddr, "upstream", shownURL(upstream), "transport", c.transport,
-			"redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace)
+			"redis", c.redisURL != "" || c.redisCluster != "", "namespace", c.namespace, "profile", profileName(st.ProfileID()))
 		if ready != nil {
 			ready(addr, opsAddr)
 		}
@@ -673,7 +673,10 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 		opts.GuessOwners = c.guessOwners
 	}
 	// The client settings docs/operating.md recommends: the client honours the
-	// store's deadline, and a re-sent script answers as its first run.
+	// store's deadline, and a re-sent script answers as its first run. A
+	// dial that fails is not tried again after a backoff (go-redis: 5
+	// tries 100 ms apart): a Redis that refuses connections fails turns
+	// open at once, not at -op-timeout, and their breakers open sooner.
 	timeout := c.opTimeout + 300*time.Millisecond
 	var client redis.UniversalClient
 	// rueidisOptions reads the same target for -redis-client rueidis.
@@ -684,7 +687,7 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("-redis: %w", err)
 		}
-		ro.ContextTimeoutEnabled, ro.MaxRetries = true, 1
+		ro.ContextTimeoutEnabled, ro.MaxRetries, ro.DialerRetries = true, 1, 1
 		ro.ReadTimeout, ro.WriteTimeout, ro.DialTimeout, ro.PoolTimeout = timeout, timeout, time.Second, c.opTimeout
 		if ro.PoolSize == 0 { // no pool_size in the URL
 			ro.PoolSize = redisPoolSize
@@ -693,7 +696,7 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 		rueidisOptions = func() (rueidis.ClientOption, error) { return rueidis.ParseURL(c.redisURL) }
 	case c.redisCluster != "":
 		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1,
+			Addrs: strings.Split(c.redisCluster, ","), ContextTimeoutEnabled: true, MaxRetries: 1, DialerRetries: 1,
 			ReadTimeout: timeout, WriteTimeout: timeout, DialTimeout: time.Second, PoolTimeout: c.opTimeout,
 			PoolSize: redisPoolSize,
 		})
@@ -878,6 +881,12 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, model := range s.p.PausedModels() {
 		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, 1, model)
 	}
+}
+
+// profileName returns the name of the profile whose identity is id.
+func profileName(id string) string {
+	name, _, _ := strings.Cut(id, ";")
+	return name
 }
 
 // shownURL returns raw as the log shows it: its password and the values

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -233,6 +234,27 @@ func TestRedisURLIsReadByTheChosenClient(t *testing.T) {
 		}
 		require.NoError(t, err, client)
 		assert.NotNil(t, st)
+		closeStore()
+	}
+}
+
+// The go-redis client honours the store's deadlines, sends a script once
+// more at most, and dials once: a Redis that refuses connections fails a
+// turn open at once, not after four more dials 100 ms apart.
+func TestTheRedisClientFailsFast(t *testing.T) {
+	for _, args := range [][]string{{"-redis", "redis://127.0.0.1:1/0"}, {"-redis-cluster", "127.0.0.1:1,127.0.0.1:2"}} {
+		c, err := parse(append([]string{"-fake-upstream"}, args...), noEnv, io.Discard)
+		require.NoError(t, err)
+		_, rdb, closeStore, err := openStore(c, prommetrics.New(prommetrics.Options{}))
+		require.NoError(t, err, "%q", args)
+		switch o := rdb.(type) {
+		case *redis.Client:
+			assert.Equal(t, []any{true, 1, 1}, []any{o.Options().ContextTimeoutEnabled, o.Options().MaxRetries, o.Options().DialerRetries})
+		case *redis.ClusterClient:
+			assert.Equal(t, []any{true, 1, 1}, []any{o.Options().ContextTimeoutEnabled, o.Options().MaxRetries, o.Options().DialerRetries})
+		default:
+			t.Fatalf("%q: a %T", args, rdb)
+		}
 		closeStore()
 	}
 }
