@@ -170,6 +170,8 @@ func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if r.Method == http.MethodPost && isTurnPath(r.URL.Path) {
 		p.stats.add(cUnread, 1) // a turn in a coding the proxy does not decode
+	} else {
+		p.stats.add(cEndpoints, 1)
 	}
 	p.relayEndpoint(w, r)
 	return true

@@ -369,6 +369,7 @@ func TestOtherWebSocketsAndStrayUpgradeHeaders(t *testing.T) {
 	_, got, err := ws.Read(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, `echo {"type":"session.update"}`, string(got))
+	assert.Equal(t, int64(1), p.Stats().Endpoints, "the relayed upgrade is an endpoint's request")
 
 	resp, b := do(t, http.MethodPost, r.url, `{"model":"m","input":"hi"}`,
 		http.Header{"Upgrade": {"websocket"}, "Content-Type": {"application/json"}})

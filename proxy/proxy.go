@@ -494,8 +494,8 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	case t.unowned != "":
 		reason = t.unowned
 	}
-	lg = lg.With("reason", reason, "continued", a.continued, "items", a.res.Request().Len(),
-		"sent", a.res.UpstreamItems)
+	lg = lg.With("reason", reason, "route", a.where(), "continued", a.continued, "items", a.res.Request().Len(),
+		"sent", a.res.UpstreamItems, "model", member(a.res.Request(), "model").String(), "stream", t.stream)
 	out := p.deliver(ctx, w, t, a, lg, g, Event{Step: StepEnd, Owner: who, Turn: res.Turn}, start)
 	if out.cut {
 		cutStream(w)

@@ -18,9 +18,12 @@ type Stats struct {
 	// with the full context because the upstream refuses continuations
 	// of their model (see Learning).
 	ContinuationsPaused int64
-	// Passthrough counts requests that carried their own
-	// previous_response_id or conversation.
+	// Passthrough counts turns that carried their own
+	// previous_response_id or conversation, sent upstream as received.
 	Passthrough int64
+	// Endpoints counts the requests to other endpoints than the turns'
+	// (GET /v1/models, POST /v1/files…), relayed upstream as sent.
+	Endpoints int64
 	// Unread counts the turns sent upstream as the client sent them, not
 	// counted in Turns, because the proxy cannot read their body: one the
 	// fingerprint refuses, or in a content coding it does not decode.
@@ -67,6 +70,7 @@ const (
 	cRetries
 	cPaused
 	cPassthrough
+	cEndpoints
 	cUnread
 	cUpstreamErrors
 	cErrorAnswers
@@ -94,7 +98,8 @@ var counterTable = [nCounters]struct {
 	cContinued:       {"turns_continued_total", "Turns sent as a continuation and answered.", func(s *Stats) *int64 { return &s.Continued }},
 	cRetries:         {"full_context_retries_total", "Continuations the upstream refused, resent with the full context.", func(s *Stats) *int64 { return &s.FullContextRetries }},
 	cPaused:          {"continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.", func(s *Stats) *int64 { return &s.ContinuationsPaused }},
-	cPassthrough:     {"passthrough_total", "Requests carrying their own previous_response_id or conversation.", func(s *Stats) *int64 { return &s.Passthrough }},
+	cPassthrough:     {"passthrough_total", "Turns carrying their own previous_response_id or conversation, sent upstream as received.", func(s *Stats) *int64 { return &s.Passthrough }},
+	cEndpoints:       {"endpoint_requests_total", "Requests to other endpoints than the turns' (GET /v1/models, POST /v1/files…), relayed upstream as sent.", func(s *Stats) *int64 { return &s.Endpoints }},
 	cUnread:          {"turns_unread_total", "Turns sent upstream as received, outside turns_total, their body one the proxy cannot read (refused by the fingerprint, or in a coding it does not decode).", func(s *Stats) *int64 { return &s.Unread }},
 	cUpstreamErrors:  {"upstream_errors_total", "Turns the upstream could not be reached for, or dropped.", func(s *Stats) *int64 { return &s.UpstreamErrors }},
 	cErrorAnswers:    {"upstream_error_answers_total", "Turns the upstream answered with an error: an HTTP error status (a 429, a 500…), a failed response or an error event.", func(s *Stats) *int64 { return &s.ErrorAnswers }},

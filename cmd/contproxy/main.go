@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -185,10 +186,10 @@ Flags:
 	fs.IntVar(&c.sockets, "sockets", 0, "WebSocket transport: upstream sockets kept per client credential"+proxyDefault("WebSocketOptions.Sockets"))
 	fs.IntVar(&c.maxCredentials, "max-credentials", 0, "WebSocket transport: most client credentials whose upstream sockets are kept; a new one replaces the least recently used with no turn in flight, or waits while all have one"+proxyDefault("WebSocketOptions.MaxCredentials"))
 	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 0, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten"+proxyDefault("WebSocketOptions.IdleTimeout"))
-	fs.Int64Var(&c.maxBody, "max-body", 0, "largest turn body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
-	fs.Int64Var(&c.maxPassthrough, "max-passthrough-body", 0, "largest body in `bytes` of a request to another endpoint (a file upload), which goes upstream as it comes and is never held (413 above)"+proxyDefault("Config.MaxPassthroughBytes"))
-	fs.Int64Var(&c.maxBytesInFlight, "max-bytes-in-flight", 0, "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413"+proxyDefault("Config.MaxBytesInFlight"))
-	fs.Int64Var(&c.maxKeptBytes, "max-kept-bytes", 0, "memory in `bytes` the client WebSocket connections may keep of their latest responses together, for their next turns to continue; past it the responses kept the longest ago are dropped"+proxyDefault("Config.MaxKeptBytes"))
+	fs.Var((*byteSize)(&c.maxBody), "max-body", "largest turn body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
+	fs.Var((*byteSize)(&c.maxPassthrough), "max-passthrough-body", "largest body in `bytes` of a request to another endpoint (a file upload), which goes upstream as it comes and is never held (413 above)"+proxyDefault("Config.MaxPassthroughBytes"))
+	fs.Var((*byteSize)(&c.maxBytesInFlight), "max-bytes-in-flight", "memory in `bytes` the request bodies read in full may hold at once, each weighing twice its size plus 80 bytes an input item; a turn finding no room within 1 s gets 503 with Retry-After: 1, one that could never fit 413"+proxyDefault("Config.MaxBytesInFlight"))
+	fs.Var((*byteSize)(&c.maxKeptBytes), "max-kept-bytes", "memory in `bytes` the client WebSocket connections may keep of their latest responses together, for their next turns to continue; past it the responses kept the longest ago are dropped"+proxyDefault("Config.MaxKeptBytes"))
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 0, "bound on one turn upstream, streaming included"+proxyDefault("Config.UpstreamTimeout"))
 	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
@@ -729,6 +730,9 @@ func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalC
 	} else {
 		st, err = store.NewRedis(client, opts)
 	}
+	if errors.Is(err, store.ErrSchemaMismatch) {
+		err = fmt.Errorf("%w (leave -profile out to take the namespace's, or name another -namespace)", err)
+	}
 	if err != nil {
 		closeStore()
 		return nil, nil, nil, err
@@ -881,6 +885,36 @@ func (s statsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, model := range s.p.PausedModels() {
 		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, 1, model)
 	}
+}
+
+// byteSize is a flag of a number of bytes, written plain (67108864) or
+// with a unit: B, KB, MB, GB (powers of 1,000), KiB, MiB, GiB (of 1,024),
+// as the docs write the defaults (64 MiB).
+type byteSize int64
+
+// byteUnits are the units byteSize takes, by their lower-case names.
+var byteUnits = map[string]int64{"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+func (b *byteSize) String() string {
+	if b == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*b), 10)
+}
+
+func (b *byteSize) Set(s string) error {
+	s = strings.TrimSpace(s)
+	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '-' })
+	if i < 0 {
+		i = len(s)
+	}
+	n, err := strconv.ParseInt(s[:i], 10, 64)
+	unit, ok := byteUnits[strings.ToLower(strings.TrimSpace(s[i:]))]
+	if err != nil || !ok || n > math.MaxInt64/unit || n < math.MinInt64/unit {
+		return errors.New("want a number of bytes, plain or with a unit: 67108864, 64MiB, 512 MB")
+	}
+	*b = byteSize(n * unit)
+	return nil
 }
 
 // profileName returns the name of the profile whose identity is id.

@@ -535,3 +535,38 @@ func TestTheLogShowsNoUpstreamCredential(t *testing.T) {
 	assert.Equal(t, "http://user:xxxxx@h:8080/v1", shownURL("http://user:SECRET@h:8080/v1"))
 	assert.Equal(t, "wss://api.example/v1", shownURL("wss://api.example/v1"))
 }
+
+// A byte flag takes a plain number or one with a unit, as the docs write
+// the defaults; anything else is refused naming the forms it takes.
+func TestByteFlagsTakeUnits(t *testing.T) {
+	for in, want := range map[string]int64{"67108864": 64 << 20, "64MiB": 64 << 20, "64 MiB": 64 << 20, "512mb": 512e6, "2GiB": 2 << 30, "10kB": 10e3, "0": 0, "7B": 7} {
+		c, err := parse([]string{"-fake-upstream", "-max-body", in}, noEnv, io.Discard)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, c.maxBody, in)
+	}
+	for _, in := range []string{"64MB/s", "MiB", "1.5GiB", "9999999999GiB", "abc", ""} {
+		_, err := parse([]string{"-fake-upstream", "-max-passthrough-body", in}, noEnv, io.Discard)
+		assert.ErrorContains(t, err, "want a number of bytes", "%q", in)
+	}
+	c, err := parse([]string{"-fake-upstream"}, []string{"CONTPROXY_MAX_KEPT_BYTES=1GiB"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1<<30), c.maxKeptBytes)
+}
+
+// A replica without -profile takes the one its namespace records and says
+// so; one naming another stops, saying what to do.
+func TestAReplicaTakesTheNamespacesProfile(t *testing.T) {
+	rdb := redistest.Standalone(t)
+	ns := redistest.Namespace(t)
+	redistest.CleanupNamespace(t, rdb, ns)
+	args := []string{"-fake-upstream", "-redis", "redis://" + rdb.Options().Addr, "-namespace", ns}
+	_, _, stop := start(t, append(args, "-profile", "v3")...)
+	require.NoError(t, stop())
+	var log syncBuffer
+	_, _, stop = startWith(t, noEnv, &log, append(args, "-log-level", "info")...)
+	require.NoError(t, stop())
+	assert.Contains(t, log.String(), "profile=v3")
+	err := run(t.Context(), append([]string{"-listen", "127.0.0.1:0", "-ops-listen", "", "-profile", "v4"}, args...),
+		noEnv, io.Discard, func(string, string) { t.Error("started") })
+	assert.ErrorContains(t, err, "leave -profile out to take the namespace's")
+}
