@@ -61,8 +61,8 @@ type sdkRequest struct {
 // upstream's request log, each passthrough call must have reached the
 // upstream once, with the method, path, query, headers (the API key among
 // them) and body the SDK sent, and the SDK must have returned the
-// upstream's answer; contproxy's counters must not move for them, and do
-// for the response created.
+// upstream's answer; contproxy's counters must not move for them (but
+// the count of such requests), and do for the response created.
 func TestJSSDKOtherEndpoints(t *testing.T) {
 	tools := nodeClients(t)
 	addr := redisAddr(t)
@@ -153,7 +153,7 @@ type passedStep struct {
 // passthrough runs the steps of calls to the other endpoints and checks
 // that the SDK sent one request a step, that each reached the fake
 // upstream once, as the SDK sent it, answered 200, and that no counter of
-// the replicas moved.
+// the replicas moved but the one of such requests, by one a request.
 func (e *endpointsRun) passthrough(ctx context.Context, args ...string) []passedStep {
 	t := e.t
 	t.Helper()
@@ -179,11 +179,24 @@ func (e *endpointsRun) passthrough(ctx context.Context, args ...string) []passed
 		t.Fatal(err)
 	}
 	after := e.counters(ctx)
+	if n := sum(after, endpointRequests) - sum(before, endpointRequests); n != float64(len(sent)) {
+		t.Errorf("%s: %s moved by %v, want %d", strings.Join(args, " "), endpointRequests, n, len(sent))
+	}
+	for k := range after {
+		if strings.HasSuffix(k, " "+endpointRequests) {
+			delete(after, k)
+			delete(before, k)
+		}
+	}
 	if d := changed(before, after); len(d) > 0 {
 		t.Errorf("counters moved for %s, which contproxy passes through: %s", strings.Join(args, " "), strings.Join(d, "; "))
 	}
 	return passed
 }
+
+// endpointRequests is the counter of the requests to other endpoints: the
+// one that moves for them.
+const endpointRequests = "contproxy_endpoint_requests_total"
 
 // checkRequest checks that the upstream got request s as the SDK handed it
 // to fetch, and answered it 200.
