@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"container/list"
 	"context"
@@ -10,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -60,8 +63,9 @@ import (
 //     close frame, as the upstream's was;
 //   - a connection lasts Config.ClientSocketLifetime (60 minutes, as the
 //     upstream's), then gets websocket_connection_limit_reached and is
-//     closed; one that sends no message within Config.FirstMessageTimeout
-//     is closed (1008, policy violation); Proxy.Shutdown closes the connections (1001, going away)
+//     closed; Proxy.CloseUnusedSocket closes the one that has waited the
+//     longest without sending a message (1013, try again later), for a
+//     server at its connection limit to make room; Proxy.Shutdown closes the connections (1001, going away)
 //     once their turn in flight is over.
 
 // defaultClientSocketLifetime is how long a client's connection lasts: the
@@ -94,14 +98,15 @@ func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	// Accept refuses a browser page of another origin: the upstream
 	// credential may be the gateway's own.
-	ws, err := websocket.Accept(w, r, nil)
+	cw := &connCapture{ResponseWriter: w}
+	ws, err := websocket.Accept(cw, r, nil)
 	if err != nil {
 		return // Accept answered
 	}
 	defer ws.CloseNow()
 	ws.SetReadLimit(p.cfg.MaxBodyBytes)
 	s := &clientSocket{p: p, ws: ws, header: turnHeader(r.Header), target: r.URL.RequestURI(), remote: r.RemoteAddr,
-		lg: p.cfg.Logger.With("socket", r.RemoteAddr)}
+		lg: p.cfg.Logger.With("socket", r.RemoteAddr), opened: time.Now(), conn: cw.conn}
 	if !p.sockets.add(s) {
 		s.goAway()
 		return
@@ -146,6 +151,10 @@ type clientSocket struct {
 	target string      // the turns' request URI: the handshake's
 	remote string
 	lg     *slog.Logger
+	opened time.Time
+	conn   net.Conn // the connection the handshake hijacked
+	// used tells that a message began on the connection (CloseUnusedSocket).
+	used atomic.Bool
 	// latest is the connection's latest response, nil when it keeps none;
 	// Proxy.kept may drop it meanwhile.
 	latest *keptResponse
@@ -250,18 +259,12 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 	go func() {
 		defer close(messages)
 		defer cancel() // the client went away: a turn in flight sees it
-		// A connection idles between turns: the wait for a message to
-		// begin is bounded for the first one only (one that never comes
-		// closes the connection), each message's reads are
-		// (readMessage).
-		first := time.AfterFunc(s.p.cfg.FirstMessageTimeout, func() {
-			_ = s.ws.Close(websocket.StatusPolicyViolation, "no message within "+s.p.cfg.FirstMessageTimeout.String())
-		})
-		defer first.Stop()
 		for {
+			// A connection idles between turns: the wait for a message
+			// to begin is not bounded, its reads are (readMessage).
 			mctx, cancelMessage := context.WithCancel(ctx)
 			_, r, err := s.ws.Reader(mctx)
-			first.Stop()
+			s.used.Store(true)
 			var m message
 			if err == nil {
 				m.data, m.held, err = s.p.readMessage(mctx, cancelMessage, r)
@@ -801,6 +804,60 @@ func (ss *socketSet) remove(s *clientSocket) {
 		ss.empty = nil
 	}
 }
+
+// CloseUnusedSocket closes the client WebSocket connection that has waited
+// the longest for its first message (1013, try again later), and reports
+// whether there was one. A server at its connection limit calls it to
+// make room for a new connection: connections opened and never used
+// would otherwise hold the limit for as long as they live (a client
+// that opens its connection early and sends later reconnects when it
+// needs it; the OpenAI SDKs reconnect after 1013).
+func (p *Proxy) CloseUnusedSocket() bool {
+	ss := &p.sockets
+	ss.mu.Lock()
+	var oldest *clientSocket
+	for s := range ss.open {
+		if !s.used.Load() && (oldest == nil || s.opened.Before(oldest.opened)) {
+			oldest = s
+		}
+	}
+	if oldest != nil {
+		oldest.used.Store(true) // closed once
+	}
+	ss.mu.Unlock()
+	if oldest == nil {
+		return false
+	}
+	oldest.lg.Debug("client socket closed: never used, and its slot wanted")
+	// The close frame goes at once; the slot is free once the connection
+	// closes, which a client that reads nothing would not answer.
+	go func() { _ = oldest.ws.Close(websocket.StatusTryAgainLater, "the gateway is at its connection limit") }()
+	time.AfterFunc(unusedCloseWait, func() { _ = oldest.conn.Close() })
+	return true
+}
+
+// connCapture is a ResponseWriter that keeps the connection a WebSocket
+// handshake hijacks: CloseUnusedSocket closes it without waiting for the
+// client to answer the close frame, which the WebSocket library does.
+type connCapture struct {
+	http.ResponseWriter
+	conn net.Conn
+}
+
+// Hijack implements http.Hijacker.
+func (c *connCapture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(c.ResponseWriter).Hijack()
+	c.conn = conn
+	return conn, rw, err
+}
+
+// Unwrap returns the server's ResponseWriter, for
+// http.NewResponseController.
+func (c *connCapture) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// unusedCloseWait is how long CloseUnusedSocket lets a client answer its
+// close frame before it closes the connection.
+const unusedCloseWait = 100 * time.Millisecond
 
 // Shutdown closes the clients' WebSocket connections (going away, 1001),
 // each once its turn in flight is over, refuses new ones, and waits until

@@ -602,24 +602,29 @@ func TestTurnHeader(t *testing.T) {
 	assert.Empty(t, turnHeader(http.Header{"Openai-Beta": {"responses_websockets=2026-02-06"}}))
 }
 
-// A connection that sends no message within FirstMessageTimeout is closed
-// (it holds one of the replica's connections); one that has sent one may
-// idle between turns.
-func TestASocketThatSendsNoMessageIsClosed(t *testing.T) {
-	const wait = 200 * time.Millisecond
-	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, func(c *Config) { c.FirstMessageTimeout = wait })
-	silent := dialSocket(t, r.url, "s1")
-	start := time.Now()
-	_, err := silent.next()
-	assert.Equal(t, websocket.StatusPolicyViolation, websocket.CloseStatus(err), "%v", err)
-	assert.GreaterOrEqual(t, time.Since(start), wait)
-
-	c := dialSocket(t, r.url, "s2")
-	a := c.turn(map[string]any{"model": "gpt-test", "store": false, "input": "hello"})
+// CloseUnusedSocket closes the connection that has waited the longest
+// without sending a message (1013, try again later), then the next; one
+// that has sent a message it leaves.
+func TestCloseUnusedSocketClosesTheOldestUnusedConnection(t *testing.T) {
+	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
+	used := dialSocket(t, r.url, "s0")
+	a := used.turn(map[string]any{"model": "gpt-test", "store": false, "input": "hello"})
 	require.Equal(t, "response.completed", a.events[len(a.events)-1])
-	time.Sleep(2 * wait)
-	a = c.turn(map[string]any{"model": "gpt-test", "store": false, "input": "again"})
-	assert.Equal(t, "response.completed", a.events[len(a.events)-1], "an idle connection that has sent a message is kept")
+	first := dialSocket(t, r.url, "s1")
+	second := dialSocket(t, r.url, "s2")
+	require.Eventually(t, func() bool {
+		r.proxy.sockets.mu.Lock()
+		defer r.proxy.sockets.mu.Unlock()
+		return len(r.proxy.sockets.open) == 3
+	}, 5*time.Second, 10*time.Millisecond, "the three connections served")
+	for _, c := range []*socketClient{first, second} {
+		require.True(t, r.proxy.CloseUnusedSocket())
+		_, err := c.next()
+		assert.Equal(t, websocket.StatusTryAgainLater, websocket.CloseStatus(err), "%v", err)
+	}
+	assert.False(t, r.proxy.CloseUnusedSocket(), "no unused connection left")
+	a = used.turn(map[string]any{"model": "gpt-test", "store": false, "input": "again"})
+	assert.Equal(t, "response.completed", a.events[len(a.events)-1], "a used connection is kept")
 }
 
 func TestClientSocketLifetimeIsChecked(t *testing.T) {

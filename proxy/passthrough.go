@@ -170,8 +170,6 @@ func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if r.Method == http.MethodPost && isTurnPath(r.URL.Path) {
 		p.stats.add(cUnread, 1) // a turn in a coding the proxy does not decode
-	} else {
-		p.stats.add(cEndpoints, 1)
 	}
 	p.relayEndpoint(w, r)
 	return true
@@ -182,13 +180,17 @@ func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 // once the upstream switches, for as long as both sides keep it open) and
 // MaxPassthroughBytes (MaxBodyBytes for a turn the proxy does not read).
 func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
+	turn := r.Method == http.MethodPost && isTurnPath(r.URL.Path)
 	limit := p.cfg.MaxPassthroughBytes
-	if isTurnPath(r.URL.Path) {
+	if turn {
 		limit = p.cfg.MaxBodyBytes
 	}
 	if r.ContentLength > limit {
 		p.tooLarge(w, limit)
 		return
+	}
+	if !turn {
+		p.stats.add(cEndpoints, 1)
 	}
 	start := time.Now()
 	client := r.Context()

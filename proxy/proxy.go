@@ -92,7 +92,6 @@ const (
 	defaultMaxPassthrough  = 512 << 20
 	defaultUpstreamTimeout = 10 * time.Minute
 	defaultMessageTimeout  = 30 * time.Second
-	defaultFirstMessage    = 2 * time.Minute
 	defaultMaxKeptBytes    = 512 << 20
 )
 
@@ -170,13 +169,6 @@ type Config struct {
 	// client gets websocket_connection_limit_reached, as from the
 	// upstream. Default 60 minutes, the upstream's.
 	ClientSocketLifetime time.Duration
-	// FirstMessageTimeout bounds the wait for a client WebSocket
-	// connection's first message: one that sends none that long is
-	// closed, as an HTTP connection that sends no request is at the
-	// server's idle timeout (a connection holds one of the replica's
-	// connections while it waits). Between messages a connection waits as
-	// long as it lives. Default 2 minutes.
-	FirstMessageTimeout time.Duration
 	// MessageTimeout bounds each wait for the next bytes of a client's
 	// WebSocket message once it has begun (a connection may idle between
 	// messages for as long as it lives): a message that stalls that long,
@@ -227,6 +219,10 @@ func New(cfg Config) (*Proxy, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
+	if most := cfg.MaxBytesInFlight / bodyCopies; cfg.MaxBodyBytes > most {
+		cfg.Logger.Warn("turn bodies over half of MaxBytesInFlight (-max-bytes-in-flight) never fit, whatever MaxBodyBytes (-max-body) allows: they get 413",
+			"max_body_bytes", cfg.MaxBodyBytes, "max_bytes_in_flight", cfg.MaxBytesInFlight, "largest_turn_body", most)
+	}
 	return &Proxy{cfg: cfg, replica: cfg.Store.Options().Replica, learn: newLearner(cfg.Learning),
 		budget: newBudget(cfg.MaxBytesInFlight), kept: &keptResponses{limit: cfg.MaxKeptBytes}}, nil
 }
@@ -246,8 +242,6 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: UpstreamTimeout %v is negative", ErrInvalidConfig, cfg.UpstreamTimeout)
 	case cfg.ClientSocketLifetime < 0:
 		return fmt.Errorf("%w: ClientSocketLifetime %v is negative", ErrInvalidConfig, cfg.ClientSocketLifetime)
-	case cfg.FirstMessageTimeout < 0:
-		return fmt.Errorf("%w: FirstMessageTimeout %v is negative", ErrInvalidConfig, cfg.FirstMessageTimeout)
 	case cfg.MessageTimeout < 0:
 		return fmt.Errorf("%w: MessageTimeout %v is negative", ErrInvalidConfig, cfg.MessageTimeout)
 	case cfg.MaxBytesInFlight < 0:
@@ -266,7 +260,6 @@ func (cfg *Config) fill() error {
 	cfg.UpstreamTimeout = cmp.Or(cfg.UpstreamTimeout, defaultUpstreamTimeout)
 	cfg.MaxBytesInFlight = cmp.Or(cfg.MaxBytesInFlight, defaultMaxBytesInFlight)
 	cfg.MessageTimeout = cmp.Or(cfg.MessageTimeout, defaultMessageTimeout)
-	cfg.FirstMessageTimeout = cmp.Or(cfg.FirstMessageTimeout, defaultFirstMessage)
 	cfg.MaxKeptBytes = cmp.Or(cfg.MaxKeptBytes, defaultMaxKeptBytes)
 	cfg.Logger = cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
 	cfg.RoutingHeader = cmp.Or(cfg.RoutingHeader, defaultRoutingHeader)
@@ -475,6 +468,8 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 			end = "failed"
 			p.upstreamError(w, lg, err)
 		}
+		lg.Debug("turn", "route", a.where(), "model", member(a.res.Request(), "model").String(), "stream", t.stream,
+			"end", end, "latency", time.Since(start))
 		p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: end, Err: err, Latency: time.Since(start)})
 		return
 	}
@@ -785,9 +780,14 @@ func (p *Proxy) abort(ctx context.Context, lg *slog.Logger, res *store.Reservati
 	}
 }
 
-// upstreamError answers a turn the upstream could not be reached for.
+// upstreamError answers a turn the upstream could not be reached for, or
+// whose socket's handshake it refused (an error answer).
 func (p *Proxy) upstreamError(w http.ResponseWriter, lg *slog.Logger, err error) {
-	p.stats.add(cUpstreamErrors, 1)
+	if _, ok := errors.AsType[*upstreamRefusal](err); ok {
+		p.stats.add(cErrorAnswers, 1)
+	} else {
+		p.stats.add(cUpstreamErrors, 1)
+	}
 	p.warns.warn(lg, "upstream request failed", "err", err)
 	writeUnreachable(w, err)
 }

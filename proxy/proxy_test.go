@@ -633,6 +633,37 @@ func TestUpstreamErrorsLogNoQuery(t *testing.T) {
 	}
 }
 
+// A MaxBodyBytes that MaxBytesInFlight can never hold is warned of.
+func TestABodyBoundTheBudgetCannotHoldIsWarnedOf(t *testing.T) {
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream("http://127.0.0.1:1/v1", nil)
+	require.NoError(t, err)
+	for body, warned := range map[int64]int{1000: 1, 500: 0} {
+		logs := &logBuffer{}
+		p, err := New(Config{Store: st, Upstream: up, MaxBodyBytes: body, MaxBytesInFlight: 1000,
+			Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		require.NoError(t, err)
+		assert.Equal(t, warned, logs.count("never fit"), "MaxBodyBytes %d", body)
+		_ = p.Close()
+	}
+}
+
+// An upstream URL the proxy refuses is named without what may carry a
+// credential: user information, query, fragment.
+func TestARefusedUpstreamURLShowsNoCredential(t *testing.T) {
+	for _, u := range []string{"https://u:PW@api.example/v1?api-key=SECRET", "https://api.example/v1?api-key=SECRET#PW",
+		"ftp://api.example/v1?api-key=SECRET", "http://[::1?api-key=SECRET"} {
+		_, err := NewHTTPUpstream(u, nil)
+		require.ErrorIs(t, err, ErrInvalidConfig, u)
+		assert.NotContains(t, err.Error(), "SECRET")
+		assert.NotContains(t, err.Error(), "PW")
+		_, err = NewWebSocketUpstream(strings.Replace(u, "https", "wss", 1), WebSocketOptions{Replica: "r1"})
+		require.ErrorIs(t, err, ErrInvalidConfig, u)
+		assert.NotContains(t, err.Error(), "SECRET")
+	}
+}
+
 // assertTellsNoAddress checks that an error body shows the client no
 // address, dial error or replica name: those go to the log.
 func assertTellsNoAddress(t *testing.T, body []byte) {

@@ -186,10 +186,12 @@ func (r *reply) close() {
 func responsesURL(base string, schemes ...string) (string, error) {
 	u, err := url.Parse(base)
 	if err != nil {
-		return "", fmt.Errorf("%w: upstream URL %q: %v", ErrInvalidConfig, base, err)
+		// url.Parse's error holds the URL, which may hold a credential.
+		return "", fmt.Errorf("%w: upstream URL: not a URL", ErrInvalidConfig)
 	}
+	shown := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
 	if u.Fragment != "" || u.User != nil {
-		return "", fmt.Errorf("%w: upstream URL %q: no fragment or user information, please", ErrInvalidConfig, base)
+		return "", fmt.Errorf("%w: upstream URL %q: no fragment or user information, please", ErrInvalidConfig, shown.String())
 	}
 	for _, s := range schemes {
 		if u.Scheme == s && u.Host != "" {
@@ -197,7 +199,7 @@ func responsesURL(base string, schemes ...string) (string, error) {
 			return u.String(), nil
 		}
 	}
-	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path][?query]", ErrInvalidConfig, base,
+	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path][?query]", ErrInvalidConfig, shown.String(),
 		strings.Join(schemes, "/"))
 }
 

@@ -508,7 +508,7 @@ func (s *Store) publish(ctx context.Context, res *Reservation, c continuation) (
 // it, and the observer sees it.
 func (s *Store) published(op Op, res *Reservation, c continuation, got published, err error, removed bool, start time.Time) (Outcome, error) {
 	if err != nil {
-		err = unavailable("record", err)
+		err = unavailable(string(op), err)
 		got.Outcome = ""
 	}
 	switch {

@@ -162,7 +162,7 @@ Flags:
 	}
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:8080", "`address` to serve clients on")
 	fs.StringVar(&c.opsListen, "ops-listen", "127.0.0.1:9090", "`address` of the operations port, GET /metrics (Prometheus) and GET /healthz, to keep off the clients' network; empty for none")
-	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may sit idle before it is closed, and a WebSocket connection wait for its first message")
+	fs.DurationVar(&c.idleTimeout, "idle-timeout", 2*time.Minute, "how long a client's keep-alive connection may sit idle before it is closed")
 	fs.DurationVar(&c.readHeaderTimeout, "read-header-timeout", 10*time.Second, "bound on reading a request's headers; a slower client's connection is closed")
 	fs.DurationVar(&c.bodyTimeout, "body-timeout", 30*time.Second, "longest wait for the next bytes of a request body, or of a WebSocket message once it has begun; a client that sends none for this long has its connection closed (this bounds each gap, not the whole body)")
 	fs.DurationVar(&c.writeTimeout, "write-timeout", time.Minute, "longest a write to a client may take; a client that stops reading for this long has its connection closed (quiet gaps in a stream do not count)")
@@ -445,7 +445,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, ready fu
 		return err
 	}
 	cfg := proxy.Config{Store: st, Upstream: up, MaxBodyBytes: c.maxBody, MaxPassthroughBytes: c.maxPassthrough, MaxBytesInFlight: c.maxBytesInFlight,
-		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, FirstMessageTimeout: c.idleTimeout, Logger: logger, RoutingHeader: c.routingHeader,
+		MaxKeptBytes: c.maxKeptBytes, UpstreamTimeout: c.upstreamTimeout, MessageTimeout: c.bodyTimeout, Logger: logger, RoutingHeader: c.routingHeader,
 		NoContinuation: c.noContinuation, Affinity: c.affinity, Observer: newStepCounter(reg)}
 	// The replica is announced until the signal, or until serving ends
 	// otherwise (its port taken): then run returns once it is withdrawn.
@@ -594,6 +594,9 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 	ln, opsLn, err := listen(c, logger)
 	if err != nil {
 		return err
+	}
+	if ll, ok := ln.(*limitListener); ok {
+		ll.full = p.CloseUnusedSocket // room for a new connection
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()

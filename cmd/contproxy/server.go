@@ -118,16 +118,20 @@ func (w *progressWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // http.NewResponseController.
 func (w *progressWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// limitListener accepts at most cap(sem) connections open at once; the
-// others wait in the accept queue. It is golang.org/x/net/netutil's
-// LimitListener, but its connections are *net.TCPConn still: the server
-// half-closes one (CloseWrite) so that the client reads a refusal, such
-// as the 413 of a body over -max-body, before the connection closes.
+// limitListener serves at most cap(sem) connections open at once; the
+// others wait: the first accepted, unanswered, the rest in the accept
+// queue. It is golang.org/x/net/netutil's LimitListener, but its
+// connections are *net.TCPConn still: the server half-closes one
+// (CloseWrite) so that the client reads a refusal, such as the 413 of a
+// body over -max-body, before the connection closes. A connection
+// accepted while every slot is taken first asks full, when set, to make
+// room (proxy.Proxy.CloseUnusedSocket).
 type limitListener struct {
 	*net.TCPListener
 	sem       chan struct{}
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
+	full      func() bool
 }
 
 // fileReserve is the open files kept out of the client connections'
@@ -150,17 +154,24 @@ func newLimitListener(ln *net.TCPListener, n int) *limitListener {
 	return &limitListener{TCPListener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
 }
 
-// Accept waits for a free slot, then for a connection.
+// Accept waits for a connection, then for a free slot for it.
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
 	c, err := l.AcceptTCP()
 	if err != nil {
-		<-l.sem
 		return nil, err
+	}
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		if l.full != nil {
+			l.full()
+		}
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			_ = c.Close()
+			return nil, net.ErrClosed
+		}
 	}
 	return &limitedConn{TCPConn: c, release: func() { <-l.sem }}, nil
 }

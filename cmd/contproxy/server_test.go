@@ -258,6 +258,31 @@ func TestConnectionsPastMaxConnsWait(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
+// At -max-conns, a new connection takes the place of the WebSocket
+// connection that has waited the longest without sending a message: a
+// client holding every slot with connections it never uses does not keep
+// the others out.
+func TestAnUnusedWebSocketMakesRoomAtMaxConns(t *testing.T) {
+	var log syncBuffer
+	addr, _, _ := startWith(t, noEnv, &log, "-fake-upstream", "-max-conns", "2", "-log-level", "debug")
+	t.Cleanup(func() { t.Log(log.String()) })
+	var idle []*websocket.Conn
+	for range 2 {
+		ws, _, err := websocket.Dial(t.Context(), "ws://"+addr+"/v1/responses", nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ws.CloseNow() })
+		idle = append(idle, ws)
+	}
+	c := dial(t, addr)
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	status, _ := c.get(t, "/healthz")
+	assert.Equal(t, http.StatusOK, status, "served in an unused connection's place")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, _, err := idle[0].Read(ctx)
+	assert.Equal(t, websocket.StatusTryAgainLater, websocket.CloseStatus(err), "the oldest closed: %v", err)
+}
+
 func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
 	addr, ops, _ := start(t, "-fake-upstream")
 	for _, c := range []struct {
