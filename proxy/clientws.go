@@ -65,8 +65,9 @@ import (
 //     upstream's), then gets websocket_connection_limit_reached and is
 //     closed; Proxy.CloseUnusedSocket closes the one that has waited the
 //     longest without sending a message (1013, try again later), for a
-//     server at its connection limit to make room; Proxy.Shutdown closes the connections (1001, going away)
-//     once their turn in flight is over.
+//     server at its connection limit to make room; Proxy.Shutdown closes
+//     the connections (1001, going away) once their turn in flight is
+//     over.
 
 // defaultClientSocketLifetime is how long a client's connection lasts: the
 // upstream's lifetime.
