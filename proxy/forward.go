@@ -401,7 +401,10 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	}
 	defer rep.close()
 	ev, err := rep.next()
-	if out := writeEvents(w, rep, "", ev, err, nil); out.err != nil {
+	out := writeEvents(w, rep, "", ev, err, nil)
+	p.cfg.Logger.Debug("forwarded turn", "from", r.RemoteAddr, "socket", fw.socket, "continued", fw.prev != "",
+		"model", member(req, "model").String(), "response_id", out.id, "err", out.err)
+	if out.err != nil {
 		cutStream(w)
 	}
 }
