@@ -116,13 +116,11 @@ type scanner struct {
 	// members, whether it is an item_reference, and whether to keep every
 	// member (the second pass over an item_reference).
 	dropped, reference, keepMembers bool
-	// itemID is the canonical value of the item's own id when it is a
-	// string (hasID), whether or not the profile leaves it out.
-	itemID []byte
-	hasID  bool
-	// idOut is the canonical value of the item's id, kept for
-	// Profile.ReasoningIDs.
-	idOut   []byte
+	// itemID is the canonical value of the item's own id, whether or not
+	// the profile leaves it out; hasID tells that the item has one, a
+	// string.
+	itemID  []byte
+	hasID   bool
 	formOut []byte // a short message's content in full form
 
 	// Request parsing.
@@ -763,12 +761,7 @@ func (p *scanner) object(pl place) bool {
 						contentIdx = len(p.members)
 					case "id":
 						idIdx = len(p.members)
-						if p.out[m.val] == '"' {
-							p.itemID, p.hasID = append(p.itemID[:0], p.out[m.val:m.end]...), true
-						}
-						if p.rules != nil && p.rules.reasoningIDs {
-							p.idOut = append(p.idOut[:0], p.out[m.val:m.end]...)
-						}
+						p.itemID, p.hasID = append(p.itemID[:0], p.out[m.val:m.end]...), p.out[m.val] == '"'
 					case "encrypted_content":
 						encIdx = len(p.members)
 					}
@@ -866,12 +859,13 @@ var (
 	messageType = []byte(`"message"`)
 )
 
-// keepReasoningID writes back the id the profile left out of an item, from
-// p.members[idIdx], when the item is a reasoning item without
-// encrypted_content (Profile.ReasoningIDs), and reports whether it did.
+// keepReasoningID writes back the id the profile left out of an item,
+// p.members[idIdx] (its value p.itemID), when the item is a reasoning
+// item without encrypted_content (Profile.ReasoningIDs), and reports
+// whether it did.
 func (p *scanner) keepReasoningID(typeIdx, idIdx, encIdx int, comma bool) bool {
 	given := func(i int) bool { return i >= 0 && p.members[i].start >= 0 }
-	if idIdx < 0 || given(idIdx) || string(p.idOut) == "null" || given(encIdx) ||
+	if idIdx < 0 || given(idIdx) || string(p.itemID) == "null" || given(encIdx) ||
 		!given(typeIdx) || string(p.out[p.members[typeIdx].val:p.members[typeIdx].end]) != `"reasoning"` {
 		return false
 	}
@@ -881,7 +875,7 @@ func (p *scanner) keepReasoningID(typeIdx, idIdx, encIdx int, comma bool) bool {
 	m := member{key: p.members[idIdx].key, keyOff: p.members[idIdx].keyOff, start: len(p.out)}
 	p.out = append(p.out, `"id":`...)
 	m.val = len(p.out)
-	p.out = append(p.out, p.idOut...)
+	p.out = append(p.out, p.itemID...)
 	m.end = len(p.out)
 	p.members[idIdx] = m
 	return true
