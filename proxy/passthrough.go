@@ -37,6 +37,9 @@ const turnPath = "/v1/responses"
 // may make it.
 func isTurnPath(p string) bool { return p == turnPath || path.Clean(p) == turnPath }
 
+// isTurn tells whether r is a turn: a POST on the turns' path.
+func isTurn(r *http.Request) bool { return r.Method == http.MethodPost && isTurnPath(r.URL.Path) }
+
 // underV1 tells whether a request path, its dot segments resolved, is
 // /v1 or under it.
 func underV1(p string) bool {
@@ -160,15 +163,15 @@ func hasToken(h http.Header, name, token string) bool {
 // body has a coding the proxy does not decode (encoding.go) is served as
 // the other endpoints are. A path outside /v1 is answered 404.
 func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
-	switch path := r.URL.Path; {
-	case r.Method == http.MethodPost && isTurnPath(path) && decodes(r.Header):
+	turn := isTurn(r)
+	switch {
+	case turn && decodes(r.Header):
 		return false
-	case !underV1(path):
+	case !underV1(r.URL.Path):
 		writeError(w, http.StatusNotFound, "invalid_request_error", "", "",
-			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, path))
+			fmt.Sprintf("Invalid URL (%s %s): this gateway serves the API under /v1.", r.Method, r.URL.Path))
 		return true
-	}
-	if r.Method == http.MethodPost && isTurnPath(r.URL.Path) {
+	case turn:
 		p.stats.add(cUnread, 1) // a turn in a coding the proxy does not decode
 	}
 	p.relayEndpoint(w, r)
@@ -180,7 +183,7 @@ func (p *Proxy) serveEndpoint(w http.ResponseWriter, r *http.Request) bool {
 // once the upstream switches, for as long as both sides keep it open) and
 // MaxPassthroughBytes (MaxBodyBytes for a turn the proxy does not read).
 func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
-	turn := r.Method == http.MethodPost && isTurnPath(r.URL.Path)
+	turn := isTurn(r)
 	limit := p.cfg.MaxPassthroughBytes
 	if turn {
 		limit = p.cfg.MaxBodyBytes

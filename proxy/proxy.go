@@ -460,7 +460,9 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	a, err := p.attempt(ctx, t, who, res, lg, g)
+	turnAttrs := []any{"route", a.where(), "model", member(a.res.Request(), "model").String(), "stream", t.stream}
 	if err != nil {
+		lg = lg.With(turnAttrs...)
 		end := p.giveBack(sctx, lg, a.res) // the turn went as a.res, or went nowhere
 		if clientLeft(ctx) {
 			lg.Debug("the client went away before the upstream answered", "err", err)
@@ -468,8 +470,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 			end = "failed"
 			p.upstreamError(w, lg, err)
 		}
-		lg.Debug("turn", "route", a.where(), "model", member(a.res.Request(), "model").String(), "stream", t.stream,
-			"end", end, "latency", time.Since(start))
+		lg.Debug("turn", "end", end, "latency", time.Since(start))
 		p.observe(Event{Step: StepEnd, Owner: who, Turn: res.Turn, Result: end, Err: err, Latency: time.Since(start)})
 		return
 	}
@@ -489,8 +490,8 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	case t.unowned != "":
 		reason = t.unowned
 	}
-	lg = lg.With("reason", reason, "route", a.where(), "continued", a.continued, "items", a.res.Request().Len(),
-		"sent", a.res.UpstreamItems, "model", member(a.res.Request(), "model").String(), "stream", t.stream)
+	lg = lg.With(append(turnAttrs, "reason", reason, "continued", a.continued, "items", a.res.Request().Len(),
+		"sent", a.res.UpstreamItems)...)
 	out := p.deliver(ctx, w, t, a, lg, g, Event{Step: StepEnd, Owner: who, Turn: res.Turn}, start)
 	if out.cut {
 		cutStream(w)
@@ -818,8 +819,8 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 func refused(rep *reply, whole bool) bool {
 	if rep.next == nil {
 		r := gjson.ParseBytes(rep.body)
-		return rep.status/100 == 4 && refusesContinuation(r.Get("error")) ||
-			rep.status/100 == 2 && r.Get("status").String() == "failed" && refusesContinuation(r.Get("error"))
+		answered := rep.status/100 == 4 || rep.status/100 == 2 && r.Get("status").String() == "failed"
+		return answered && refusesContinuation(r.Get("error"))
 	}
 	var kept []event
 	ev, err := rep.next()
@@ -917,8 +918,9 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 	if rep.status/100 == 2 {
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
-		out.continuable = continues("response."+r.Get("status").String()) && out.id != ""
-		out.failed = r.Get("status").String() == "failed"
+		status := r.Get("status").String()
+		out.continuable = continues("response."+status) && out.id != ""
+		out.failed = status == "failed"
 		out.refused = refusesContinuation(r.Get("error"))
 		out.output = rawArray(r.Get("output"))
 		body = hideID(body, "previous_response_id", hide)

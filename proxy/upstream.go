@@ -189,9 +189,8 @@ func responsesURL(base string, schemes ...string) (string, error) {
 		// url.Parse's error holds the URL, which may hold a credential.
 		return "", fmt.Errorf("%w: upstream URL: not a URL", ErrInvalidConfig)
 	}
-	shown := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}
 	if u.Fragment != "" || u.User != nil {
-		return "", fmt.Errorf("%w: upstream URL %q: no fragment or user information, please", ErrInvalidConfig, shown.String())
+		return "", fmt.Errorf("%w: upstream URL %q: no fragment or user information, please", ErrInvalidConfig, bareURL(u))
 	}
 	for _, s := range schemes {
 		if u.Scheme == s && u.Host != "" {
@@ -199,7 +198,7 @@ func responsesURL(base string, schemes ...string) (string, error) {
 			return u.String(), nil
 		}
 	}
-	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path][?query]", ErrInvalidConfig, shown.String(),
+	return "", fmt.Errorf("%w: upstream URL %q: want %s://host[:port][/path][?query]", ErrInvalidConfig, bareURL(u),
 		strings.Join(schemes, "/"))
 }
 
@@ -334,10 +333,16 @@ func withoutQuery(err error) error {
 	if perr != nil {
 		return err
 	}
-	u.User, u.RawQuery, u.ForceQuery, u.Fragment = nil, "", false, ""
-	raw, shown := ue.URL, u.String()
+	raw, shown := ue.URL, bareURL(u)
 	ue.URL = shown
 	return &shownError{msg: strings.ReplaceAll(err.Error(), raw, shown), err: err}
+}
+
+// bareURL returns u's scheme, host and path only: what the proxy shows of
+// an upstream URL, whose user information, query or fragment may carry a
+// credential.
+func bareURL(u *url.URL) string {
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath}).String()
 }
 
 // shownError is an error whose message is written anew (withoutQuery).
