@@ -193,11 +193,17 @@ func remote(sock store.Socket) store.Socket {
 // publish reserves a turn for owner and records response id on socket 1.
 func publish(t testing.TB, s *store.Store, owner identity.Owner, r *fingerprint.Request, id string) *store.Reservation {
 	t.Helper()
+	return publishOn(t, s, owner, r, id, socket(1))
+}
+
+// publishOn is publish on socket sock.
+func publishOn(t testing.TB, s *store.Store, owner identity.Owner, r *fingerprint.Request, id string, sock store.Socket) *store.Reservation {
+	t.Helper()
 	ctx := context.Background()
 	res := s.Reserve(ctx, owner, r)
 	require.NoError(t, res.Err)
 	require.NotZero(t, res.Turn)
-	out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: socket(1)})
+	out, err := s.Record(ctx, res, store.Result{ResponseID: id, Socket: sock})
 	require.NoError(t, err)
 	require.Equal(t, store.OutcomePublished, out)
 	return res
