@@ -80,7 +80,7 @@ func BenchmarkReadRequest(b *testing.B) {
 				b.Fatal(err)
 			}
 			_ = rawMember(req, "stream") == "true" && rawMember(req, "store") != "false" && passthrough(req)
-			if _, err := id.Owner(h, req); err != nil {
+			if _, err := id.Owner(h, "", req); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -102,7 +102,7 @@ func BenchmarkReadRequest(b *testing.B) {
 					_ = gjson.GetBytes(body, escapePath(s.Field))
 				}
 			}
-			if _, err := id.Owner(h, req); err != nil {
+			if _, err := id.Owner(h, "", req); err != nil {
 				b.Fatal(err)
 			}
 		}

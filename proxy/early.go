@@ -38,7 +38,7 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 		return nil
 	}
 	guess := p.cfg.Store.Guess(who, req)
-	if guess == nil || !p.learn.open(learnedOf(r.Header, member(req, "model").String())) {
+	if guess == nil || !p.learn.open(learnedOf(r.Header, r.URL.RawQuery, member(req, "model").String())) {
 		return nil
 	}
 	tg := t.target

@@ -106,6 +106,8 @@ const (
 	headerAPIKey        = "Api-Key"
 	headerOrganization  = "Openai-Organization"
 	headerProject       = "Openai-Project"
+	// queryName stands for the URL query in the credential scope.
+	queryName = "?"
 )
 
 // credentialHeaders are the headers an upstream may authenticate a
@@ -139,12 +141,14 @@ func carriesCredential(h http.Header) bool {
 	return slices.ContainsFunc(credentialHeaders, func(k string) bool { return h.Get(k) != "" })
 }
 
-// Owner returns the owner of a request with headers h and parsed body req,
-// the zero owner when it has none, or an error naming the source of an
-// empty or invalid id; the proxy sends such a turn with its full context.
+// Owner returns the owner of a request with headers h, URL query query
+// (as received, without the "?") and parsed body req, the zero owner when
+// it has none, or an error naming the source of an empty or invalid id;
+// the proxy sends such a turn with its full context.
 //
 // Every owner is scoped by the client's credential: a keyed digest of the
-// credential headers present (credentialHeaders) and of the
+// credential headers present (credentialHeaders), of the query (an
+// upstream may take a key there, as ?key= or ?api-key=) and of the
 // OpenAI-Organization and OpenAI-Project headers, so that clients with
 // other credentials never share a conversation, whatever ids they send.
 // Within that scope:
@@ -166,7 +170,7 @@ func carriesCredential(h http.Header) bool {
 // namespace's secret: an owner id reveals neither the credential nor the
 // session, and no client can compute another's. The derivation is
 // specified in PROTOCOL.md, section 2.4.
-func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owner, error) {
+func (id Identity) Owner(h http.Header, query string, req *fingerprint.Request) (identity.Owner, error) {
 	session, from, err := lookup(id.Session, h, req)
 	if err != nil {
 		return identity.Owner{}, err
@@ -183,7 +187,7 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 		if k < 0 {
 			return identity.Owner{}, nil
 		}
-		b := scoped(domainOpening, h)
+		b := scoped(domainOpening, h, query)
 		b = binary.LittleEndian.AppendUint64(b, req.Signature())
 		b = binary.LittleEndian.AppendUint64(b, req.Prefix(k+1))
 		return identity.Main(derivedID(req, b))
@@ -191,7 +195,7 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 		if _, err := identity.Main(session); err != nil {
 			return identity.Owner{}, fmt.Errorf("%w: %s: %v", errInvalidIdentity, from, err)
 		}
-		b := appendString(scoped(domainMain, h), session)
+		b := appendString(scoped(domainMain, h, query), session)
 		b = binary.LittleEndian.AppendUint64(b, req.Signature())
 		// The opening: h(0), the chain's seed, without a user message.
 		b = binary.LittleEndian.AppendUint64(b, req.Prefix(firstUserMessage(req)+1))
@@ -200,19 +204,20 @@ func (id Identity) Owner(h http.Header, req *fingerprint.Request) (identity.Owne
 		if _, err := identity.Agent(session, agent); err != nil {
 			return identity.Owner{}, fmt.Errorf("%w: %s or %s: %v", errInvalidIdentity, from, agentFrom, err)
 		}
-		b := appendString(scoped(domainSession, h), session)
+		b := appendString(scoped(domainSession, h, query), session)
 		return identity.Agent(derivedID(req, b), agent)
 	}
 }
 
 // scoped starts the message of a derived id: the domain, then the
-// credential scope of headers h. The credential is the values of the
-// credential headers present (credentialHeaders), under their lowercase
-// names joined by ",", each header's values in turn (an upstream may take
-// any of them, even beside an empty one); a request with none has the
-// empty name and no values. Each header's values are sent as the HTTP
-// parser gives them, in order.
-func scoped(domain string, h http.Header) []byte {
+// credential scope of headers h and URL query query. The credential is
+// the values of the credential headers present (credentialHeaders), under
+// their lowercase names joined by ",", each header's values in turn (an
+// upstream may take any of them, even beside an empty one), then a query
+// that is not empty, under the name "?" (no header's name), as its one
+// value; a request with none has the empty name and no values. Each
+// header's values are sent as the HTTP parser gives them, in order.
+func scoped(domain string, h http.Header, query string) []byte {
 	b := make([]byte, 0, 128)
 	b = appendString(b, domain)
 	var names []string
@@ -221,13 +226,20 @@ func scoped(domain string, h http.Header) []byte {
 			names = append(names, k)
 		}
 	}
+	if query != "" {
+		names = append(names, queryName)
+	}
 	if names == nil {
 		names = []string{""}
 	}
 	b = appendString(b, strings.ToLower(strings.Join(names, ",")))
 	for _, k := range append(names, headerOrganization, headerProject) {
 		var vs []string
-		if k != "" {
+		switch k {
+		case "":
+		case queryName:
+			vs = []string{query}
+		default:
 			vs = h.Values(k)
 		}
 		b = binary.AppendUvarint(b, uint64(len(vs)))

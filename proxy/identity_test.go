@@ -32,9 +32,16 @@ func testParser(t testing.TB) *fingerprint.Parser {
 // error.
 func ownerOf(t testing.TB, p *fingerprint.Parser, h http.Header, body string) identity.Owner {
 	t.Helper()
+	return ownerWithQuery(t, p, h, "", body)
+}
+
+// ownerWithQuery returns DefaultIdentity's owner of a request with URL
+// query query, failing on an error.
+func ownerWithQuery(t testing.TB, p *fingerprint.Parser, h http.Header, query, body string) identity.Owner {
+	t.Helper()
 	req, err := p.Parse([]byte(body))
 	require.NoError(t, err, body)
-	o, err := DefaultIdentity.Owner(h, req)
+	o, err := DefaultIdentity.Owner(h, query, req)
 	require.NoError(t, err, body)
 	return o
 }
@@ -118,6 +125,23 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.NotEqual(t, a, org)
 	assert.NotEqual(t, org, proj, "the organization and the project are told apart")
 	assert.NotEqual(t, org, owner(http.Header{"Authorization": {"Bearer sk-a"}, "Openai-Organization": {"org-2"}}))
+	// A key in the query counts, as every query parameter the upstream
+	// receives may carry one (?key=, ?api-key=), beside a header or alone.
+	byQuery := func(h http.Header, query string) identity.Owner {
+		h = h.Clone()
+		h.Set("X-Session-Id", "s1")
+		return ownerWithQuery(t, p, h, query, body)
+	}
+	keyA := byQuery(http.Header{}, "key=sk-a")
+	assert.NotEqual(t, keyA, byQuery(http.Header{}, "key=sk-b"), "two keys in the query")
+	assert.NotEqual(t, keyA, none)
+	assert.NotEqual(t, keyA, byQuery(http.Header{}, "api-key=sk-a"))
+	assert.Equal(t, keyA, byQuery(http.Header{}, "key=sk-a"))
+	assert.NotEqual(t, byQuery(http.Header{"Authorization": {"Bearer sk-a"}}, "api-key=sk-b"),
+		byQuery(http.Header{"Authorization": {"Bearer sk-a"}}, "api-key=sk-c"), "a query key beside Authorization")
+	assert.NotEqual(t, a, byQuery(http.Header{"Authorization": {"Bearer sk-a"}}, "api-version=1"))
+	assert.Equal(t, a, byQuery(http.Header{"Authorization": {"Bearer sk-a"}}, ""), "an empty query is none")
+	assert.NotContains(t, keyA.Key(), "sk-", "no query key in an owner key")
 
 	for _, o := range []identity.Owner{a, b, azure, org} {
 		assert.NotContains(t, o.Key(), "sk-", "no credential in an owner key")
@@ -230,7 +254,7 @@ func TestOwnerErrors(t *testing.T) {
 	} {
 		req, err := p.Parse([]byte(tc.body))
 		require.NoError(t, err)
-		_, err = DefaultIdentity.Owner(tc.header, req)
+		_, err = DefaultIdentity.Owner(tc.header, "", req)
 		require.ErrorIs(t, err, errInvalidIdentity, tc.want)
 		assert.Contains(t, err.Error(), tc.want)
 	}
@@ -241,12 +265,14 @@ func TestOwnerErrors(t *testing.T) {
 type ownerVector struct {
 	name string
 	// credName is "authorization", "api-key", "x-api-key",
-	// "authorization,api-key" or ""; cred, org and proj are the values of
-	// the credential (the Authorization header's for both),
+	// "authorization,api-key" or "", followed by ",?" (or "?" alone)
+	// when query is not empty; cred, org and proj are the values of the
+	// credential (the Authorization header's for both),
 	// OpenAI-Organization and OpenAI-Project headers, and apiKey those of
 	// the api-key header when credName names both.
 	credName                string
 	cred, apiKey, org, proj []string
+	query                   string // the URL query
 	// kind is "main", "session" (a sub-agent's session) or "opening".
 	kind           string
 	session, agent string
@@ -260,7 +286,7 @@ func (v ownerVector) header() http.Header {
 	for _, c := range []struct {
 		name string
 		vs   []string
-	}{{strings.TrimSuffix(v.credName, ",api-key"), v.cred}, {"Api-Key", v.apiKey}, {"OpenAI-Organization", v.org}, {"OpenAI-Project", v.proj}} {
+	}{{strings.TrimSuffix(strings.TrimSuffix(v.credName, ",?"), ",api-key"), v.cred}, {"Api-Key", v.apiKey}, {"OpenAI-Organization", v.org}, {"OpenAI-Project", v.proj}} {
 		for _, x := range c.vs {
 			h.Add(c.name, x)
 		}
@@ -289,9 +315,15 @@ func (v ownerVector) ownerKey(key []byte) string {
 		version = "/v2" // with the opening
 	}
 	msg := str(nil, "contstore/owner/"+v.kind+version)
-	msg = values(str(msg, v.credName), v.cred)
-	if v.credName == "authorization,api-key" {
+	msg = str(msg, v.credName)
+	if v.credName != "?" { // the query alone: no header's values
+		msg = values(msg, v.cred)
+	}
+	if strings.HasPrefix(v.credName, "authorization,api-key") {
 		msg = values(msg, v.apiKey)
+	}
+	if v.query != "" {
+		msg = values(msg, []string{v.query})
 	}
 	msg = values(values(msg, v.org), v.proj)
 	switch v.kind {
@@ -328,6 +360,11 @@ var ownerVectors = []ownerVector{
 	{name: "opening, organization and project", credName: "authorization", cred: []string{"Bearer sk-a"},
 		org: []string{"org-1"}, proj: []string{"proj-1"}, kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wQnoHTJpsdDEWGBQ"},
+	{name: "opening, query", credName: "?", query: "key=sk-a", kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:BUjYtEGnap3PeCmY"},
+	{name: "opening, Authorization and query", credName: "authorization,?", cred: []string{"Bearer sk-a"},
+		query: "api-version=2025-04-01-preview", kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:JmUAgu1ZT6Dvnq8F"},
 	{name: "main thread", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:WyzH4seQcQFb1FtE"},
 	{name: "main thread, other prompt", credName: "authorization", cred: []string{"Bearer sk-a"}, kind: "main", session: "s1",
@@ -352,7 +389,7 @@ func TestOwnerVectors(t *testing.T) {
 	require.NoError(t, err)
 	for _, v := range ownerVectors {
 		v.sig, v.opening = req.Signature(), req.Prefix(2)
-		got, err := DefaultIdentity.Owner(v.header(), req)
+		got, err := DefaultIdentity.Owner(v.header(), v.query, req)
 		require.NoError(t, err, v.name)
 		assert.Equal(t, v.ownerKey(key[:]), got.Key(), v.name)
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"net/http"
 	"slices"
@@ -87,11 +88,15 @@ type learned struct {
 	model   string
 }
 
-// learnedOf returns what a turn of model with request headers h is
-// learned as: its account is a digest of the headers that name it
-// (accountHeaders).
-func learnedOf(h http.Header, model string) learned {
-	return learned{account: headersDigest(h, accountHeaders), model: model}
+// learnedOf returns what a turn of model with request headers h and URL
+// query query is learned as: its account is a digest of the headers that
+// name it (accountHeaders) and of the query, which may carry a key.
+func learnedOf(h http.Header, query, model string) learned {
+	account := headersDigest(h, accountHeaders)
+	if query != "" {
+		account = sha256.Sum256(append(account[:], query...))
+	}
+	return learned{account: account, model: model}
 }
 
 // modelState is what the learner knows of one model; a model with none
@@ -258,7 +263,7 @@ func (p *Proxy) gate(t *turn) *gate {
 	if !t.res.Continues() {
 		return g
 	}
-	g.model = learnedOf(t.header, member(t.res.Request(), "model").String())
+	g.model = learnedOf(t.header, t.query, member(t.res.Request(), "model").String())
 	ok, probe := p.learn.allow(g.model)
 	g.probe = probe
 	if !ok {

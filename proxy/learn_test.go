@@ -60,7 +60,7 @@ func allowed(l *learner, model string) string {
 }
 
 // lm is model learned for the account that sends no account headers.
-func lm(model string) learned { return learnedOf(http.Header{}, model) }
+func lm(model string) learned { return learnedOf(http.Header{}, "", model) }
 
 func TestLearnerPausesAfterRefusalsInARowAndProbes(t *testing.T) {
 	l, c := testLearner(t, Learning{})
@@ -79,11 +79,15 @@ func TestLearnerPausesAfterRefusalsInARowAndProbes(t *testing.T) {
 	assert.Equal(t, time.Minute, pause)
 	assert.Equal(t, "full", allowed(l, "m"))
 	assert.Equal(t, "continue", allowed(l, "other"), "models are learned apart")
-	other := learnedOf(http.Header{"Authorization": {"Bearer sk-b"}}, "m")
+	other := learnedOf(http.Header{"Authorization": {"Bearer sk-b"}}, "", "m")
 	assert.NotEqual(t, lm("m"), other)
-	assert.Equal(t, other, learnedOf(http.Header{"Authorization": {"Bearer sk-b"}, "X-Session-Id": {"s"}}, "m"))
+	assert.Equal(t, other, learnedOf(http.Header{"Authorization": {"Bearer sk-b"}, "X-Session-Id": {"s"}}, "", "m"))
 	ok, _ := l.allow(other)
 	assert.True(t, ok, "accounts are learned apart: one whose responses are gone pauses no other")
+	byQuery := learnedOf(http.Header{}, "key=sk-b", "m")
+	assert.NotEqual(t, lm("m"), byQuery, "a key in the query names an account")
+	ok, _ = l.allow(byQuery)
+	assert.True(t, ok)
 	assert.Equal(t, []string{"m"}, l.pausedModels())
 
 	// A turn sent continued before the pause and refused now does not

@@ -390,7 +390,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.stats.add(cPassthrough, 1)
 		t.unowned = "passthrough"
 	case !p.cfg.NoContinuation:
-		if who, err = p.cfg.Identity.Owner(r.Header, req); err != nil {
+		if who, err = p.cfg.Identity.Owner(r.Header, r.URL.RawQuery, req); err != nil {
 			// The upstream takes what names no owner here: the turn goes
 			// with its full context, outside the store.
 			p.warns.warn(p.cfg.Logger, "a turn names its owner in a way the proxy cannot read; sent with its full context", "err", err)

@@ -379,7 +379,7 @@ func (r *replayer) line(ctx context.Context, ft *fileTotals, seen map[identity.O
 			}
 		}
 		if err == nil {
-			owner, err = proxy.DefaultIdentity.Owner(h, req)
+			owner, err = proxy.DefaultIdentity.Owner(h, "", req)
 		}
 		if err != nil {
 			r.malformed(ft, n, fmt.Errorf("no owner derived from the line's owner, headers and request: %w", err))

@@ -502,7 +502,7 @@ func TestReplayDerivesTheOwnersOfLinesWithoutOne(t *testing.T) {
 	// The owner is the one contproxy derives.
 	req, err := s.ParseRequest(must(json.Marshal(traceBody("x", u1))))
 	require.NoError(t, err)
-	want, err := proxy.DefaultIdentity.Owner(http.Header{"Authorization": {"Bearer sk-a"}}, req)
+	want, err := proxy.DefaultIdentity.Owner(http.Header{"Authorization": {"Bearer sk-a"}}, "", req)
 	require.NoError(t, err)
 	assert.Equal(t, identityOwner{want.Session(), ""}, byLine[1].Owner)
 }
