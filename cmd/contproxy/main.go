@@ -596,7 +596,14 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 		return err
 	}
 	if ll, ok := ln.(*limitListener); ok {
-		ll.full = p.CloseUnusedSocket // room for a new connection
+		// Room for a new connection: a WebSocket connection never used,
+		// else the keep-alive connections sitting idle between requests,
+		// which would hold their slots for -idle-timeout.
+		ll.full = func() {
+			if !p.CloseUnusedSocket() {
+				closeIdleConns(srv)
+			}
+		}
 	}
 	served := make(chan error, 2)
 	go func() { served <- srv.Serve(ln) }()

@@ -124,15 +124,19 @@ func (w *progressWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // connections are *net.TCPConn still: the server half-closes one
 // (CloseWrite) so that the client reads a refusal, such as the 413 of a
 // body over -max-body, before the connection closes. A connection
-// accepted while every slot is taken first asks full, when set, to make
-// room (proxy.Proxy.CloseUnusedSocket).
+// accepted while every slot is taken asks full, when set, to make room,
+// and again every fullRetry while it waits.
 type limitListener struct {
 	*net.TCPListener
 	sem       chan struct{}
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
-	full      func() bool
+	full      func()
 }
+
+// fullRetry is how often a connection waiting for a slot asks again to
+// make room: a connection busy when it first asked may sit idle now.
+const fullRetry = time.Second
 
 // fileReserve is the open files kept out of the client connections'
 // share of the process's limit: Redis, the listeners, logs, peers.
@@ -149,6 +153,14 @@ func connsWithin(want int, nofile uint64) int {
 	return min(want, room)
 }
 
+// closeIdleConns closes srv's keep-alive connections that sit idle
+// between requests (and those that have sent no request for 5 seconds):
+// the client opens a new one for its next request.
+func closeIdleConns(srv *http.Server) {
+	srv.SetKeepAlivesEnabled(false) // which closes the idle connections
+	srv.SetKeepAlivesEnabled(true)
+}
+
 // newLimitListener limits ln to n connections open at once.
 func newLimitListener(ln *net.TCPListener, n int) *limitListener {
 	return &limitListener{TCPListener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
@@ -163,17 +175,33 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	select {
 	case l.sem <- struct{}{}:
 	default:
-		if l.full != nil {
-			l.full()
-		}
-		select {
-		case l.sem <- struct{}{}:
-		case <-l.done:
-			_ = c.Close()
-			return nil, net.ErrClosed
+		if err := l.wait(c); err != nil {
+			return nil, err
 		}
 	}
 	return &limitedConn{TCPConn: c, release: func() { <-l.sem }}, nil
+}
+
+// wait waits for a slot for c, asking full to make room meanwhile.
+func (l *limitListener) wait(c *net.TCPConn) error {
+	var retry <-chan time.Time
+	if l.full != nil {
+		l.full()
+		t := time.NewTicker(fullRetry)
+		defer t.Stop()
+		retry = t.C
+	}
+	for {
+		select {
+		case l.sem <- struct{}{}:
+			return nil
+		case <-retry:
+			l.full()
+		case <-l.done:
+			_ = c.Close()
+			return net.ErrClosed
+		}
+	}
 }
 
 // Close closes the listener and wakes an Accept waiting for a slot.

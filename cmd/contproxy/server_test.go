@@ -283,6 +283,18 @@ func TestAnUnusedWebSocketMakesRoomAtMaxConns(t *testing.T) {
 	assert.Equal(t, websocket.StatusTryAgainLater, websocket.CloseStatus(err), "the oldest closed: %v", err)
 }
 
+func TestIdleKeepAliveConnectionsMakeRoomAtMaxConns(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-max-conns", "2")
+	for range 2 {
+		status, _ := dial(t, addr).get(t, "/healthz")
+		require.Equal(t, http.StatusOK, status)
+	}
+	// Both connections now sit idle, kept alive for -idle-timeout (2
+	// minutes): a third is served in the place of one.
+	status, _ := dial(t, addr).get(t, "/healthz")
+	assert.Equal(t, http.StatusOK, status, "served in an idle connection's place")
+}
+
 func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
 	addr, ops, _ := start(t, "-fake-upstream")
 	for _, c := range []struct {
