@@ -64,8 +64,9 @@ import (
 //   - a connection lasts Config.ClientSocketLifetime (60 minutes, as the
 //     upstream's), then gets websocket_connection_limit_reached and is
 //     closed; Proxy.CloseUnusedSocket closes the one that has waited the
-//     longest without sending a message (1013, try again later), for a
-//     server at its connection limit to make room; Proxy.Shutdown closes
+//     longest without sending a message, and Proxy.CloseIdleSocket the
+//     one idle the longest between messages (1013, try again later), for
+//     a server at its connection limit to make room; Proxy.Shutdown closes
 //     the connections (1001, going away) once their turn in flight is
 //     over.
 
@@ -100,6 +101,7 @@ func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
 	// Accept refuses a browser page of another origin: the upstream
 	// credential may be the gateway's own.
 	cw := &connCapture{ResponseWriter: w}
+	opened := time.Now() // before the client learns it is open
 	ws, err := websocket.Accept(cw, r, nil)
 	if err != nil {
 		return // Accept answered
@@ -107,7 +109,8 @@ func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
 	defer ws.CloseNow()
 	ws.SetReadLimit(p.cfg.MaxBodyBytes)
 	s := &clientSocket{p: p, ws: ws, header: turnHeader(r.Header), target: r.URL.RequestURI(), remote: r.RemoteAddr,
-		lg: p.cfg.Logger.With("socket", r.RemoteAddr), opened: time.Now(), conn: cw.conn}
+		lg: p.cfg.Logger.With("socket", r.RemoteAddr), opened: opened, conn: cw.conn}
+	s.idleSince.Store(s.opened.UnixNano())
 	if !p.sockets.add(s) {
 		s.goAway()
 		return
@@ -156,6 +159,12 @@ type clientSocket struct {
 	conn   net.Conn // the connection the handshake hijacked
 	// used tells that a message began on the connection (CloseUnusedSocket).
 	used atomic.Bool
+	// busy counts the messages begun and not yet answered; idleSince is
+	// when it last fell to 0, or when the connection opened (UnixNano).
+	busy      atomic.Int32
+	idleSince atomic.Int64
+	// dropped tells that the connection was closed to make room.
+	dropped atomic.Bool
 	// latest is the connection's latest response, nil when it keeps none;
 	// Proxy.kept may drop it meanwhile.
 	latest *keptResponse
@@ -266,6 +275,9 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 			mctx, cancelMessage := context.WithCancel(ctx)
 			_, r, err := s.ws.Reader(mctx)
 			s.used.Store(true)
+			if err == nil {
+				s.busy.Add(1) // answered in answer
+			}
 			var m message
 			if err == nil {
 				m.data, m.held, err = s.p.readMessage(mctx, cancelMessage, r)
@@ -288,7 +300,12 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 // the error a POST gets, and the connection keeps its latest response,
 // for the client's retry to continue.
 func (s *clientSocket) answer(ctx context.Context, m message) bool {
-	defer m.held.release()
+	defer func() {
+		m.held.release()
+		if s.busy.Add(-1) == 0 {
+			s.idleSince.Store(time.Now().UnixNano())
+		}
+	}()
 	if m.refused != nil {
 		rf := s.p.refusal(m.refused)
 		return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
@@ -814,26 +831,45 @@ func (ss *socketSet) remove(s *clientSocket) {
 // that opens its connection early and sends later reconnects when it
 // needs it; the OpenAI SDKs reconnect after 1013).
 func (p *Proxy) CloseUnusedSocket() bool {
-	ss := &p.sockets
+	return p.sockets.closeIdlest("never used", func(s *clientSocket) bool { return !s.used.Load() })
+}
+
+// CloseIdleSocket closes the client WebSocket connection, used or not,
+// that has been idle the longest: no message in flight, and none begun
+// since the longest ago, or since it opened (1013, try again later). It
+// reports whether there was one. A server at its connection limit calls
+// it when no connection is idler (CloseUnusedSocket, keep-alive
+// connections between requests): a connection that sent one message
+// would otherwise hold the limit for its lifetime. The client opens a
+// new one for its next turn, whose continuation a socket of this
+// connection may no longer hold.
+func (p *Proxy) CloseIdleSocket() bool {
+	return p.sockets.closeIdlest("idle", func(s *clientSocket) bool { return s.busy.Load() == 0 })
+}
+
+// closeIdlest closes the connection that eligible takes and that has been
+// idle the longest, logging why; false when there is none.
+func (ss *socketSet) closeIdlest(why string, eligible func(*clientSocket) bool) bool {
 	ss.mu.Lock()
-	var oldest *clientSocket
+	var idlest *clientSocket
 	for s := range ss.open {
-		if !s.used.Load() && (oldest == nil || s.opened.Before(oldest.opened)) {
-			oldest = s
+		if !s.dropped.Load() && eligible(s) && (idlest == nil || s.idleSince.Load() < idlest.idleSince.Load()) {
+			idlest = s
 		}
 	}
-	if oldest != nil {
-		oldest.used.Store(true) // closed once
+	if idlest != nil {
+		idlest.dropped.Store(true) // closed once
 	}
 	ss.mu.Unlock()
-	if oldest == nil {
+	if idlest == nil {
 		return false
 	}
-	oldest.lg.Debug("client socket closed: never used, and its slot wanted")
+	idlest.lg.Debug("client socket closed: its slot wanted", "reason", why,
+		"idle", time.Since(time.Unix(0, idlest.idleSince.Load())).Round(time.Millisecond))
 	// The close frame goes at once; the slot is free once the connection
 	// closes, which a client that reads nothing would not answer.
-	go func() { _ = oldest.ws.Close(websocket.StatusTryAgainLater, "the gateway is at its connection limit") }()
-	time.AfterFunc(unusedCloseWait, func() { _ = oldest.conn.Close() })
+	go func() { _ = idlest.ws.Close(websocket.StatusTryAgainLater, "the gateway is at its connection limit") }()
+	time.AfterFunc(roomCloseWait, func() { _ = idlest.conn.Close() })
 	return true
 }
 
@@ -856,9 +892,9 @@ func (c *connCapture) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // http.NewResponseController.
 func (c *connCapture) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
-// unusedCloseWait is how long CloseUnusedSocket lets a client answer its
-// close frame before it closes the connection.
-const unusedCloseWait = 100 * time.Millisecond
+// roomCloseWait is how long a connection closed to make room
+// (closeIdlest) has to answer the close frame before it is closed.
+const roomCloseWait = 100 * time.Millisecond
 
 // Shutdown closes the clients' WebSocket connections (going away, 1001),
 // each once its turn in flight is over, refuses new ones, and waits until

@@ -627,6 +627,50 @@ func TestCloseUnusedSocketClosesTheOldestUnusedConnection(t *testing.T) {
 	assert.Equal(t, "response.completed", a.events[len(a.events)-1], "a used connection is kept")
 }
 
+func TestCloseIdleSocketClosesTheConnectionIdleTheLongest(t *testing.T) {
+	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
+	hello := map[string]any{"model": "gpt-test", "store": false, "input": "hello"}
+	first := dialSocket(t, r.url, "s1")
+	second := dialSocket(t, r.url, "s2")
+	busy := dialSocket(t, r.url, "s3")
+	busyConns := func() int {
+		r.proxy.sockets.mu.Lock()
+		defer r.proxy.sockets.mu.Unlock()
+		n := 0
+		for s := range r.proxy.sockets.open {
+			if s.busy.Load() > 0 {
+				n++
+			}
+		}
+		return n
+	}
+	for _, c := range []*socketClient{second, first, busy} { // first is idle since its answer, after second's
+		a := c.turn(hello)
+		require.Equal(t, "response.completed", a.events[len(a.events)-1])
+		require.Eventually(t, func() bool { return busyConns() == 0 }, 5*time.Second, time.Millisecond, "the turn answered")
+	}
+	// A message begun and not yet whole is in flight: its connection is
+	// not idle. (Its first frames go once they fill the writer's buffer.)
+	w, err := busy.ws.Writer(t.Context(), websocket.MessageText)
+	require.NoError(t, err)
+	_, err = w.Write([]byte(`{"type":"response.create","model":"gpt-test","store":false,"input":"` + strings.Repeat("a", 64<<10)))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return busyConns() == 1 }, 5*time.Second, 10*time.Millisecond, "the message begun")
+
+	assert.False(t, r.proxy.CloseUnusedSocket(), "every connection was used")
+	for _, c := range []*socketClient{second, first} {
+		require.True(t, r.proxy.CloseIdleSocket())
+		_, err := c.next()
+		assert.Equal(t, websocket.StatusTryAgainLater, websocket.CloseStatus(err), "%v", err)
+	}
+	assert.False(t, r.proxy.CloseIdleSocket(), "no idle connection left")
+	_, err = w.Write([]byte(`"}`))
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	a := busy.read()
+	assert.Equal(t, "response.completed", a.events[len(a.events)-1], "the connection with a message in flight is kept")
+}
+
 func TestClientSocketLifetimeIsChecked(t *testing.T) {
 	st, err := store.NewMemory(store.Options{Replica: "r1"})
 	require.NoError(t, err)

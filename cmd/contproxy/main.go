@@ -597,11 +597,17 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 	}
 	if ll, ok := ln.(*limitListener); ok {
 		// Room for a new connection: a WebSocket connection never used,
-		// else the keep-alive connections sitting idle between requests,
-		// which would hold their slots for -idle-timeout.
+		// else the keep-alive connections sitting idle between requests
+		// (which would hold their slots for -idle-timeout), else the
+		// WebSocket connection idle the longest between turns.
+		srv.ConnState = ll.track
 		ll.full = func() {
-			if !p.CloseUnusedSocket() {
+			switch {
+			case p.CloseUnusedSocket():
+			case ll.idleConns.Load() > 0:
 				closeIdleConns(srv)
+			default:
+				p.CloseIdleSocket()
 			}
 		}
 	}

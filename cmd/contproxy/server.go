@@ -132,6 +132,9 @@ type limitListener struct {
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
 	full      func()
+	// idleConns counts the connections sitting idle between requests
+	// (track).
+	idleConns atomic.Int64
 }
 
 // fullRetry is how often a connection waiting for a slot asks again to
@@ -182,6 +185,22 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	return &limitedConn{TCPConn: c, release: func() { <-l.sem }}, nil
 }
 
+// track is the server's ConnState: it counts the connections idle
+// between requests.
+func (l *limitListener) track(c net.Conn, st http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	switch idle := st == http.StateIdle; {
+	case lc.idle.Swap(idle) == idle:
+	case idle:
+		l.idleConns.Add(1)
+	default:
+		l.idleConns.Add(-1)
+	}
+}
+
 // wait waits for a slot for c, asking full to make room meanwhile.
 func (l *limitListener) wait(c *net.TCPConn) error {
 	var retry <-chan time.Time
@@ -216,6 +235,7 @@ type limitedConn struct {
 	*net.TCPConn
 	releaseOnce sync.Once
 	release     func()
+	idle        atomic.Bool // between requests (limitListener.track)
 	// gap, while a request body is read (progressBody), is how far each
 	// read that gets bytes moves the read deadline ahead, in nanoseconds;
 	// 0 otherwise.

@@ -232,14 +232,17 @@ func TestAWebSocketIsNotBoundByTheHTTPTimeouts(t *testing.T) {
 	}
 }
 
-// Past -max-conns a connection waits, unserved, until another closes.
+// Past -max-conns a connection waits, unserved, until another closes,
+// when every connection is busy.
 func TestConnectionsPastMaxConnsWait(t *testing.T) {
 	addr, _, _ := start(t, "-fake-upstream", "-max-conns", "2")
 	var open []*rawClient
 	for range 2 {
 		c := dial(t, addr)
-		status, _ := c.get(t, "/healthz") // accepted, and kept open
-		require.Equal(t, http.StatusOK, status)
+		// Busy: a request whose body is on its way (a connection idle
+		// between requests would make room).
+		_, err := io.WriteString(c, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+		require.NoError(t, err)
 		open = append(open, c)
 	}
 	third := dial(t, addr)
@@ -293,6 +296,33 @@ func TestIdleKeepAliveConnectionsMakeRoomAtMaxConns(t *testing.T) {
 	// minutes): a third is served in the place of one.
 	status, _ := dial(t, addr).get(t, "/healthz")
 	assert.Equal(t, http.StatusOK, status, "served in an idle connection's place")
+}
+
+func TestAWebSocketIdleBetweenTurnsMakesRoomAtMaxConns(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-max-conns", "2")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var used []*websocket.Conn
+	for range 2 {
+		ws, _, err := websocket.Dial(ctx, "ws://"+addr+"/v1/responses", nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ws.CloseNow() })
+		require.NoError(t, ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.create","model":"m","input":"hi"}`)))
+		for {
+			_, msg, err := ws.Read(ctx)
+			require.NoError(t, err)
+			if gjson.GetBytes(msg, "type").String() == "response.completed" {
+				break
+			}
+		}
+		used = append(used, ws)
+	}
+	// Both connections sat idle since their turn: a third is served in
+	// the place of the one idle the longest.
+	status, _ := dial(t, addr).get(t, "/healthz")
+	assert.Equal(t, http.StatusOK, status, "served in an idle WebSocket connection's place")
+	_, _, err := used[0].Read(ctx)
+	assert.Equal(t, websocket.StatusTryAgainLater, websocket.CloseStatus(err), "the idlest closed: %v", err)
 }
 
 func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
