@@ -72,6 +72,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -207,7 +208,8 @@ type Proxy struct {
 	replica string // the store's replica id
 	stats   counters
 	learn   *learner
-	warns   warnings // at most a line a second per cause
+	warns   warnings  // at most a line a second per cause
+	notKept sync.Once // the line on the first turn the upstream keeps no response of
 	sockets socketSet
 	budget  *budget // MaxBytesInFlight
 	kept    *keptResponses

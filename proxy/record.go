@@ -223,6 +223,10 @@ func (p *Proxy) reserve(r *http.Request, t *turn, who identity.Owner, req *finge
 	if !who.IsZero() && p.continuesNothing(t) {
 		t.storeless = true
 		who = identity.Owner{} // the store answers without a round trip
+		p.stats.add(cNotKept, 1)
+		p.notKept.Do(func() {
+			p.cfg.Logger.Info(`turns with "store": false go with their full context: the HTTP upstream keeps none of their responses (the WebSocket transport continues them); counted in turns_not_kept_upstream_total`)
+		})
 	}
 	if !who.IsZero() {
 		if done := p.records.pending(who); done != nil {

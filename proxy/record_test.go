@@ -174,3 +174,20 @@ func TestAFailedRecordIsNoRecord(t *testing.T) {
 	assert.Contains(t, steps.take(), "end:record_failed")
 	assert.Equal(t, 1, logs.count("outcome=failed"))
 }
+
+func TestTurnsTheUpstreamKeepsNoneOfAreCountedAndExplained(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	logs := &logBuffer{}
+	r.proxy.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	c := newConversation(t, r.url, "s1", false, false)
+	c.say("hello")
+	c.say("again")
+	s := r.proxy.Stats()
+	assert.Zero(t, s.Continued)
+	assert.Equal(t, s.Turns, s.NotKeptUpstream, "every turn has store false")
+	assert.Equal(t, 1, logs.count("the HTTP upstream keeps none of their responses"), "said once, at the default level: %s", logs)
+
+	kept := newConversation(t, r.url, "s2", false, true)
+	kept.say("hello")
+	assert.Equal(t, s.NotKeptUpstream, r.proxy.Stats().NotKeptUpstream, "a turn the upstream keeps is not counted")
+}

@@ -18,6 +18,10 @@ type Stats struct {
 	// with the full context because the upstream refuses continuations
 	// of their model (see Learning).
 	ContinuationsPaused int64
+	// NotKeptUpstream counts turns with "store": false over the HTTP
+	// transport without forwarding: the upstream keeps no response of
+	// theirs, so they went with the full context and continue nothing.
+	NotKeptUpstream int64
 	// Passthrough counts turns that carried their own
 	// previous_response_id or conversation, sent upstream as received.
 	Passthrough int64
@@ -69,6 +73,7 @@ const (
 	cContinued
 	cRetries
 	cPaused
+	cNotKept
 	cPassthrough
 	cEndpoints
 	cUnread
@@ -98,6 +103,7 @@ var counterTable = [nCounters]struct {
 	cContinued:       {"turns_continued_total", "Turns sent as a continuation and answered.", func(s *Stats) *int64 { return &s.Continued }},
 	cRetries:         {"full_context_retries_total", "Continuations the upstream refused, resent with the full context.", func(s *Stats) *int64 { return &s.FullContextRetries }},
 	cPaused:          {"continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.", func(s *Stats) *int64 { return &s.ContinuationsPaused }},
+	cNotKept:         {"turns_not_kept_upstream_total", "Turns with store false over the HTTP transport: the upstream keeps none of their responses, so they go with the full context (the WebSocket transport continues them).", func(s *Stats) *int64 { return &s.NotKeptUpstream }},
 	cPassthrough:     {"passthrough_total", "Turns carrying their own previous_response_id or conversation, sent upstream as received.", func(s *Stats) *int64 { return &s.Passthrough }},
 	cEndpoints:       {"endpoint_requests_total", "Requests to other endpoints than the turns' (GET /v1/models, POST /v1/files…), relayed upstream as sent.", func(s *Stats) *int64 { return &s.Endpoints }},
 	cUnread:          {"turns_unread_total", "Turns sent upstream as received, outside turns_total, their body one the proxy cannot read (refused by the fingerprint, or in a coding it does not decode).", func(s *Stats) *int64 { return &s.Unread }},
