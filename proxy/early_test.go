@@ -125,6 +125,19 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				assert.Equal(t, int64(2), stats.Continued)
 				assert.Equal(t, int64(3), stats.Guessed)
 				assert.Equal(t, int64(1), stats.GuessesDropped)
+
+				// Redis fails: the reserve fails open, and the turn keeps
+				// the answer to its guess rather than run twice upstream.
+				r.proxy.records.waitAll()
+				mr.SetError("ERR the store fails")
+				reserveOnceSent()
+				fifth := turn()
+				assert.Equal(t, fourth, <-early, "the fifth turn went on its guess")
+				assert.Empty(t, upstreamGot(), "sent once")
+				assert.Equal(t, fourth, previousOf(t, r, fifth), "the client got the answer to the guess")
+				stats = r.proxy.Stats()
+				assert.Equal(t, int64(3), stats.Continued)
+				assert.Equal(t, int64(1), stats.GuessesDropped)
 			})
 		}
 	}

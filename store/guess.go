@@ -31,9 +31,10 @@ import (
 // its Turn is 0, and Record and Abort ignore it.
 //
 // A gateway may send a guess upstream while Reserve runs, and keep the
-// upstream's answer only when the reservation agrees with it
-// ([Reservation.Agrees]); otherwise it drops that answer and sends as the
-// reservation says. A continuation is guessed once, until the owner's
+// upstream's answer when the reservation agrees with it
+// ([Reservation.Agrees]), or when Reserve failed open
+// ([ReasonStoreUnavailable]: the guess then records nothing); otherwise
+// it drops that answer and sends as the reservation says. A continuation is guessed once, until the owner's
 // next record.
 func (s *Store) Guess(owner identity.Owner, req *fingerprint.Request) *Reservation {
 	if s.guesses == nil || s.opts.Disabled || owner.IsZero() || req == nil || req.InputSkipped() ||
