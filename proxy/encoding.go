@@ -53,7 +53,7 @@ type decoder struct {
 	body    io.Reader
 	codings []string
 	// hold, when not nil, takes what a decoder's buffers weigh beside the
-	// body (zstdWindow) before it decodes.
+	// body (zstdWindow, brotliWindow) before it decodes.
 	hold  func(n int64) error
 	r     io.Reader
 	err   error
@@ -91,7 +91,16 @@ func (d *decoder) open() (io.Reader, error) {
 		case "deflate":
 			r, err = zlib.NewReader(r)
 		case "br":
-			r = brotli.NewReader(r)
+			// Its ring buffer, as large as the window its stream's
+			// header declares (up to 16 MiB), is held while it decodes.
+			br := bufio.NewReader(r)
+			head, _ := br.Peek(1) // an empty body fails below
+			if d.hold != nil {
+				if err := d.hold(brotliWindow(head)); err != nil {
+					return nil, err
+				}
+			}
+			r = brotli.NewReader(br)
 		case "zstd":
 			// Its window, up to 8 MiB, is held twice while it decodes:
 			// weighed from the first frame's header before the decoder
@@ -124,6 +133,32 @@ func (d *decoder) Close() error {
 	}
 	d.frees, d.r, d.err = nil, nil, errors.New("decoder closed")
 	return nil
+}
+
+// brotliWindow is the window of a brotli stream whose first byte is
+// head[0] (RFC 7932, section 9.1): 2^WBITS bytes, WBITS from 10 to 24; the
+// largest for an empty head or a reserved code, which the decoder then
+// refuses.
+func brotliWindow(head []byte) int64 {
+	const largest = 24
+	if len(head) == 0 {
+		return 1 << largest
+	}
+	b := head[0]
+	bits := 16
+	if b&1 != 0 {
+		switch n, m := b>>1&7, b>>4&7; {
+		case n != 0:
+			bits = 17 + int(n)
+		case m == 1: // reserved (the large window of a later extension)
+			bits = largest
+		case m != 0:
+			bits = 8 + int(m)
+		default:
+			bits = 17
+		}
+	}
+	return 1 << bits
 }
 
 // zstdMaxWindow is the largest window a zstd body may use, the one RFC

@@ -176,6 +176,41 @@ func TestAZstdBodyHoldsItsWindow(t *testing.T) {
 	assert.Contains(t, string(b), "window")
 }
 
+// A brotli body holds its ring buffer, as large as the window its header
+// declares, in the budget while it decodes.
+func TestABrotliBodyHoldsItsWindow(t *testing.T) {
+	for _, tc := range []struct {
+		head byte
+		want int64
+	}{{0x00, 1 << 16}, {0x01, 1 << 17}, {0x0b, 1 << 22}, {0x0f, 1 << 24}, {0x21, 1 << 10}, {0x71, 1 << 15}, {0x11, 1 << 24}} {
+		assert.Equal(t, tc.want, brotliWindow([]byte{tc.head}), "%#x", tc.head)
+	}
+
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = 4 << 20 })
+	turn := []byte(`{"model":"m","input":[{"role":"user","content":"hi"}]}`)
+	for _, tc := range []struct {
+		lgwin  int
+		status int
+	}{{24, http.StatusRequestEntityTooLarge}, {16, http.StatusOK}} {
+		var buf bytes.Buffer
+		w := brotli.NewWriterOptions(&buf, brotli.WriterOptions{Quality: 5, LGWin: tc.lgwin})
+		_, err := w.Write(turn)
+		require.NoError(t, err)
+		require.NoError(t, w.Close())
+		require.Equal(t, int64(1)<<tc.lgwin, brotliWindow(buf.Bytes()), "the window the header declares")
+		req, err := http.NewRequest(http.MethodPost, r.url, &buf)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Encoding", "br")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, tc.status, resp.StatusCode, "window 2^%d: %s", tc.lgwin, b)
+	}
+	assert.True(t, budgetFree(r.proxy), "the budget is free once the bodies are done")
+}
+
 // rawBlock is a zstd frame's last block, raw, holding b.
 func rawBlock(b []byte) []byte {
 	h := 1 | len(b)<<3
