@@ -403,7 +403,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	ev, err := rep.next()
 	out := writeEvents(w, rep, "", ev, err, nil)
 	p.cfg.Logger.Debug("forwarded turn", "from", r.RemoteAddr, "socket", fw.socket, "continued", fw.prev != "",
-		"model", member(req, "model").String(), "response_id", out.id, "err", out.err)
+		"model", modelName(member(req, "model").String()), "response_id", out.id, "err", out.err)
 	if out.err != nil {
 		cutStream(w)
 	}

@@ -2,9 +2,11 @@ package proxy
 
 import (
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -88,6 +90,23 @@ type learned struct {
 	model   string
 }
 
+// maxModelName bounds the model names the proxy keeps, logs and exports
+// (contproxy_continuation_paused's label): the client picks the name, and
+// an upstream may take any.
+const maxModelName = 128
+
+// modelName returns model as the proxy keeps and shows it: valid UTF-8,
+// and within maxModelName bytes, a longer name cut and followed by a
+// digest of the whole, so that two names stay apart.
+func modelName(model string) string {
+	model = strings.ToValidUTF8(model, "\uFFFD")
+	if len(model) <= maxModelName {
+		return model
+	}
+	sum := sha256.Sum256([]byte(model))
+	return strings.ToValidUTF8(model[:maxModelName-20], "") + "…" + hex.EncodeToString(sum[:8])
+}
+
 // learnedOf returns what a turn of model with request headers h and URL
 // query query is learned as: its account is a digest of the headers that
 // name it (accountHeaders) and of the query, which may carry a key.
@@ -96,7 +115,7 @@ func learnedOf(h http.Header, query, model string) learned {
 	if query != "" {
 		account = sha256.Sum256(append(account[:], query...))
 	}
-	return learned{account: account, model: model}
+	return learned{account: account, model: modelName(model)}
 }
 
 // modelState is what the learner knows of one model; a model with none

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -374,4 +375,25 @@ func TestNoContinuationNeverContinues(t *testing.T) {
 			assert.Zero(t, ss.Total.Owners, "nothing reserved")
 		})
 	}
+}
+
+// A model's name is the client's: the learner keeps, logs and exports it
+// within maxModelName bytes, two long names kept apart.
+func TestLongModelNamesAreBounded(t *testing.T) {
+	long := strings.Repeat("m", 1<<20)
+	a, b := learnedOf(http.Header{}, "", long+"a"), learnedOf(http.Header{}, "", long+"b")
+	assert.LessOrEqual(t, len(a.model), maxModelName)
+	assert.NotEqual(t, a, b, "two long names stay apart")
+	assert.Equal(t, a, learnedOf(http.Header{}, "", long+"a"))
+	assert.True(t, strings.HasPrefix(a.model, "mmm"))
+	assert.Equal(t, "gpt-5", learnedOf(http.Header{}, "", "gpt-5").model, "a usual name is kept as it is")
+	cut := modelName(strings.Repeat("é", 100)) // cut within a character
+	assert.True(t, utf8.ValidString(cut), "%q", cut)
+	assert.Equal(t, "m\uFFFD", modelName("m\xff"))
+
+	cfg := Learning{Refusals: 1}
+	require.NoError(t, cfg.check())
+	l := newLearner(cfg)
+	l.refused(a, false)
+	assert.Equal(t, []string{a.model}, l.pausedModels())
 }

@@ -462,7 +462,7 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	}
 	lg := p.cfg.Logger.With("owner", who, "turn", res.Turn)
 	a, err := p.attempt(ctx, t, who, res, lg, g)
-	turnAttrs := []any{"route", a.where(), "model", member(a.res.Request(), "model").String(), "stream", t.stream}
+	turnAttrs := []any{"route", a.where(), "model", modelName(member(a.res.Request(), "model").String()), "stream", t.stream}
 	if err != nil {
 		lg = lg.With(turnAttrs...)
 		end := p.giveBack(sctx, lg, a.res) // the turn went as a.res, or went nowhere
