@@ -117,6 +117,39 @@ const (
 // subscription key.
 var credentialHeaders = []string{headerAuthorization, headerAPIKey, "X-Api-Key", "X-Goog-Api-Key", "Ocp-Apim-Subscription-Key"}
 
+// credentialWords mark the other headers that may carry a credential: a
+// header whose lowercase name holds one (Cookie, Helicone-Auth,
+// x-portkey-api-key, Cf-Access-Client-Secret…) is in the credential scope
+// too, but for notCredentials.
+var credentialWords = []string{"auth", "key", "token", "secret", "cookie", "credential", "password"}
+
+// notCredentials are headers whose names hold a credential word and that
+// carry none: an idempotency key, new on every request, and the
+// organization and project, which the scope takes apart.
+var notCredentials = []string{"idempotency-key", "x-idempotency-key", "openai-organization", "openai-project"}
+
+// credentialNames returns the headers of h in its credential scope, as
+// PROTOCOL.md 2.4 orders them: the credential headers present, in
+// credentialHeaders' order, then the others whose names hold a credential
+// word, in the order of their lowercase names.
+func credentialNames(h http.Header) []string {
+	var names, others []string
+	for _, k := range credentialHeaders {
+		if len(h.Values(k)) > 0 {
+			names = append(names, k)
+		}
+	}
+	for k := range h {
+		lk := strings.ToLower(k)
+		if slices.ContainsFunc(credentialWords, func(w string) bool { return strings.Contains(lk, w) }) &&
+			!slices.Contains(notCredentials, lk) && !slices.ContainsFunc(credentialHeaders, func(c string) bool { return strings.EqualFold(c, k) }) {
+			others = append(others, k)
+		}
+	}
+	slices.SortFunc(others, func(a, b string) int { return strings.Compare(strings.ToLower(a), strings.ToLower(b)) })
+	return append(names, others...)
+}
+
 // accountHeaders are the request headers that name the client's account:
 // they scope its owners, and a configured upstream credential replaces
 // them all (passthrough.go).
@@ -211,7 +244,7 @@ func (id Identity) Owner(h http.Header, query string, req *fingerprint.Request) 
 
 // scoped starts the message of a derived id: the domain, then the
 // credential scope of headers h and URL query query. The credential is
-// the values of the credential headers present (credentialHeaders), under
+// the values of the headers that may carry one (credentialNames), under
 // their lowercase names joined by ",", each header's values in turn (an
 // upstream may take any of them, even beside an empty one), then a query
 // that is not empty, under the name "?" (no header's name), as its one
@@ -220,12 +253,7 @@ func (id Identity) Owner(h http.Header, query string, req *fingerprint.Request) 
 func scoped(domain string, h http.Header, query string) []byte {
 	b := make([]byte, 0, 128)
 	b = appendString(b, domain)
-	var names []string
-	for _, k := range credentialHeaders {
-		if len(h.Values(k)) > 0 {
-			names = append(names, k)
-		}
-	}
+	names := credentialNames(h)
 	if query != "" {
 		names = append(names, queryName)
 	}

@@ -142,6 +142,21 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.NotEqual(t, a, byQuery(http.Header{"Authorization": {"Bearer sk-a"}}, "api-version=1"))
 	assert.Equal(t, a, byQuery(http.Header{"Authorization": {"Bearer sk-a"}}, ""), "an empty query is none")
 	assert.NotContains(t, keyA.Key(), "sk-", "no query key in an owner key")
+	// So does any other header whose name says it may carry a credential:
+	// a cookie, a gateway's own key header; not an idempotency key, new
+	// on every request, nor the SDKs' other headers.
+	for _, k := range []string{"Cookie", "Helicone-Auth", "Cf-Aig-Authorization", "X-Portkey-Api-Key", "Cf-Access-Client-Secret", "X_api_key", "X-Session-Token"} {
+		one := owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-a"}})
+		assert.NotEqual(t, a, one, k)
+		assert.NotEqual(t, one, owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-b"}}), k)
+		assert.NotEqual(t, owner(http.Header{k: {"sk-a"}}), owner(http.Header{k: {"sk-b"}}), k)
+	}
+	assert.NotEqual(t, owner(http.Header{"Helicone-Auth": {"x"}, "X-Portkey-Api-Key": {"y"}}),
+		owner(http.Header{"Helicone-Auth": {"y"}, "X-Portkey-Api-Key": {"x"}}), "each header's values apart")
+	for k, v := range map[string]string{"Idempotency-Key": "k1", "X-Idempotency-Key": "k1", "X-Stainless-Retry-Count": "1",
+		"User-Agent": "OpenAI/JS 7.59.0", "X-Request-Id": "r1", "Traceparent": "00-1-2-01", "Chatgpt-Account-Id": "acct-1"} {
+		assert.Equal(t, a, owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {v}}), "%s does not scope", k)
+	}
 
 	for _, o := range []identity.Owner{a, b, azure, org} {
 		assert.NotContains(t, o.Key(), "sk-", "no credential in an owner key")
@@ -360,6 +375,8 @@ var ownerVectors = []ownerVector{
 	{name: "opening, organization and project", credName: "authorization", cred: []string{"Bearer sk-a"},
 		org: []string{"org-1"}, proj: []string{"proj-1"}, kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:wQnoHTJpsdDEWGBQ"},
+	{name: "opening, Cookie", credName: "cookie", cred: []string{"session=a"}, kind: "opening",
+		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:jOO2JSj8w3qiI511"},
 	{name: "opening, query", credName: "?", query: "key=sk-a", kind: "opening",
 		sig: 0x0123456789abcdef, opening: 0xfedcba9876543210, key: "m:BUjYtEGnap3PeCmY"},
 	{name: "opening, Authorization and query", credName: "authorization,?", cred: []string{"Bearer sk-a"},

@@ -108,14 +108,10 @@ func modelName(model string) string {
 }
 
 // learnedOf returns what a turn of model with request headers h and URL
-// query query is learned as: its account is a digest of the headers that
-// name it (accountHeaders) and of the query, which may carry a key.
+// query query is learned as: its account is a digest of its credential
+// scope (the owners' own, scoped).
 func learnedOf(h http.Header, query, model string) learned {
-	account := headersDigest(h, accountHeaders)
-	if query != "" {
-		account = sha256.Sum256(append(account[:], query...))
-	}
-	return learned{account: account, model: modelName(model)}
+	return learned{account: sha256.Sum256(scoped("", h, query)), model: modelName(model)}
 }
 
 // modelState is what the learner knows of one model; a model with none

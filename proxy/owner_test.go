@@ -142,26 +142,39 @@ func TestCredentialsSharingASessionIDDoNotShareAConversation(t *testing.T) {
 	assert.Positive(t, log.continued("b"), "B's own turns continue")
 }
 
-func TestKeysInTheQueryDoNotShareAConversation(t *testing.T) {
-	r := newRig(t, overHTTP, nil)
-	log := recordCalls(r)
-	a := testClient(t, r.url+"?key=sk-a", "a", "", "")
-	b := testClient(t, r.url+"?key=sk-b", "b", "", "")
-	a.say("hello")
-	a.say("again")
-	// B sends A's whole conversation and one more message: under one owner
-	// it would continue from A's last response.
-	b.send(nil, append(a.history, map[string]any{"role": "user", "content": "mine now"})...)
-	b.say("hello")
-	b.say("again")
-	a.say("third")
+// A credential carried elsewhere than in the known credential headers
+// scopes the owner too: in the query, a cookie, a gateway's own header.
+func TestCredentialsElsewhereDoNotShareAConversation(t *testing.T) {
+	for _, carrier := range []string{"query", "Cookie", "Helicone-Auth"} {
+		t.Run(carrier, func(t *testing.T) {
+			r := newRig(t, overHTTP, nil)
+			log := recordCalls(r)
+			client := func(name, key string) *conversation {
+				if carrier == "query" {
+					return testClient(t, r.url+"?key="+key, name, "", "")
+				}
+				c := testClient(t, r.url, name, "", "")
+				c.header.Set(carrier, key)
+				return c
+			}
+			a, b := client("a", "sk-a"), client("b", "sk-b")
+			a.say("hello")
+			a.say("again")
+			// B sends A's whole conversation and one more message: under
+			// one owner it would continue from A's last response.
+			b.send(nil, append(a.history, map[string]any{"role": "user", "content": "mine now"})...)
+			b.say("hello")
+			b.say("again")
+			a.say("third")
 
-	assertAllLaterTurnsContinued(t, log, "a", a)
-	ids := a.responseIDs()
-	for _, call := range log.of("b") {
-		assert.False(t, ids[call.prev], "a call of B continued from A's response %s", call.prev)
+			assertAllLaterTurnsContinued(t, log, "a", a)
+			ids := a.responseIDs()
+			for _, call := range log.of("b") {
+				assert.False(t, ids[call.prev], "a call of B continued from A's response %s", call.prev)
+			}
+			assert.Positive(t, log.continued("b"), "B's own turns continue")
+		})
 	}
-	assert.Positive(t, log.continued("b"), "B's own turns continue")
 }
 
 func TestAClientWithoutSessionIDContinues(t *testing.T) {
