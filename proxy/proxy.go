@@ -72,6 +72,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -1180,9 +1181,12 @@ func writeBrokenOff(w http.ResponseWriter, err error) outcome {
 }
 
 // writeErrorEvent answers an error event as the HTTP API answers an
-// error: its status (500 when it has none) and {"error": {…}}.
+// error: its status (500 when it has none), the response headers the
+// event carries (a WebSocket upstream's "headers": Retry-After, the rate
+// limits, the request id) and {"error": {…}}.
 func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
 	r := gjson.ParseBytes(data)
+	copyHeader(w.Header(), eventHeaders(r.Get("headers")))
 	status := int(r.Get("status").Int())
 	if status < 400 || status > 599 {
 		status = http.StatusInternalServerError
@@ -1195,6 +1199,39 @@ func writeErrorEvent(w http.ResponseWriter, data []byte) outcome {
 	}
 	writeError(w, status, typ, e.Get("param").String(), e.Get("code").String(), e.Get("message").String())
 	return outcome{status: status, failed: true}
+}
+
+// eventHeaders returns the headers an error event carries, an object
+// of strings (or numbers, or arrays of them): those with a valid name and
+// value, but for the body's own (Content-Type, Content-Encoding), which
+// its HTTP answer sets.
+func eventHeaders(obj gjson.Result) http.Header {
+	h := http.Header{}
+	obj.ForEach(func(k, v gjson.Result) bool {
+		name := http.CanonicalHeaderKey(k.String())
+		if !validHeaderName(name) || name == "Content-Type" || name == "Content-Encoding" {
+			return true
+		}
+		vs := []gjson.Result{v}
+		if v.IsArray() {
+			vs = v.Array()
+		}
+		for _, x := range vs {
+			if s := x.String(); (x.Type == gjson.String || x.Type == gjson.Number) && !strings.ContainsAny(s, "\r\n\x00") {
+				h.Add(name, s)
+			}
+		}
+		return true
+	})
+	return h
+}
+
+// validHeaderName reports whether name is a header field name: a token
+// (RFC 9110 5.1).
+func validHeaderName(name string) bool {
+	return name != "" && !strings.ContainsFunc(name, func(c rune) bool {
+		return c > '~' || c <= ' ' || strings.ContainsRune("\"(),/:;<=>?@[\\]{}", c)
+	})
 }
 
 // hideID shows the member at path as null when it holds id.

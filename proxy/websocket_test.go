@@ -447,6 +447,34 @@ func TestAFlatErrorEventIsAnAPIError(t *testing.T) {
 	assert.Equal(t, "Boom.", e.Get("message").String())
 }
 
+// A socket's error event carrying a status is answered as the HTTP API
+// answers that error, with the headers the event carries (as Codex reads
+// them): Retry-After, the rate limits, the request id.
+func TestASocketsErrorEventKeepsItsHeaders(t *testing.T) {
+	upstream := scriptedSockets(t, func(_, _ int, _ []byte, send func(string)) {
+		send(`{"type":"error","status":429,"error":{"type":"requests","code":"rate_limit_exceeded","message":"Slow down."},` +
+			`"headers":{"retry-after":"7","x-ratelimit-reset-requests":"7s","x-request-id":"req_ws429","content-type":"text/plain",` +
+			`"bad name":"x","x-split":"a\r\nx-injected: 1","x-many":["1","2"],"x-number":3}}`)
+	})
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+	for _, stream := range []bool{false, true} {
+		resp, err := http.Post(url, "application/json", strings.NewReader(fmt.Sprintf(`{"model":"m","input":"hi","store":false,"stream":%v}`, stream)))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "%s", body)
+		assert.Equal(t, "rate_limit_exceeded", gjson.GetBytes(body, "error.code").String(), "%s", body)
+		assert.Equal(t, "7", resp.Header.Get("Retry-After"), "stream %v", stream)
+		assert.Equal(t, "7s", resp.Header.Get("X-Ratelimit-Reset-Requests"))
+		assert.Equal(t, "req_ws429", resp.Header.Get("X-Request-Id"))
+		assert.Equal(t, []string{"1", "2"}, resp.Header.Values("X-Many"))
+		assert.Equal(t, "3", resp.Header.Get("X-Number"))
+		assert.True(t, strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json"), "the answer's own content type")
+		assert.Empty(t, resp.Header.Get("X-Split"), "a value that would split the header is not sent")
+		assert.Empty(t, resp.Header.Get("X-Injected"))
+	}
+}
+
 // A client that asked for JSON waits for the whole answer: a continuation
 // its socket refuses after response.created (a failed response,
 // previous_response_not_found) is seen before anything reaches the
