@@ -921,7 +921,9 @@ func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(ou
 func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	out := outcome{status: rep.status, failed: rep.status >= 400}
 	body := rep.body
-	if rep.status/100 == 2 {
+	if rep.status/100 == 2 && !gjson.ValidBytes(body) {
+		out.failed = true // cut or garbled: no response to continue
+	} else if rep.status/100 == 2 {
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
 		status := r.Get("status").String()
@@ -968,6 +970,11 @@ func (c *collector) see(ev event) bool {
 		}
 		c.items[i] = json.RawMessage(r.Get("item").Raw)
 	case "response.completed", "response.failed", "response.incomplete":
+		if !gjson.ValidBytes(ev.data) {
+			// Cut or garbled: whatever it says, no response to continue.
+			c.terminal, c.finalResp = "response.failed", nil
+			return true
+		}
 		resp := gjson.GetBytes(ev.data, "response")
 		c.terminal, c.id, c.finalResp = ev.typ, resp.Get("id").String(), []byte(resp.Raw)
 		c.final = rawArray(resp.Get("output"))

@@ -377,6 +377,8 @@ func TestUnusualEventStreamsFromAnHTTPUpstream(t *testing.T) {
 			http.StatusOK, []string{"response.created", "response.completed"}, true},
 		{"a failure named a completion", "text/event-stream", named("response.created", created) + named("response.completed", failed),
 			http.StatusOK, []string{"response.created", "response.failed"}, false},
+		{"a completion cut short, framed", "text/event-stream", named("response.created", created) + named("response.completed", completed[:len(completed)-10]),
+			http.StatusOK, []string{"response.created", "response.completed"}, false},
 		{"no event at all", "text/event-stream", "", http.StatusBadGateway, nil, false},
 	}
 	var prev atomic.Value
@@ -560,4 +562,28 @@ func TestAContinuationRefusedMidStreamIsNotGivenBack(t *testing.T) {
 		}
 		assert.Equal(t, 3, continued, "three refusals in a row pause continuing for the model")
 	})
+}
+
+// A JSON answer that is not whole JSON (cut, framed all the same) reaches
+// the client as it came, and the next turn does not continue from it.
+func TestAGarbledJSONAnswerIsNotContinued(t *testing.T) {
+	var prev atomic.Value
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		prev.Store(gjson.GetBytes(body, "previous_response_id").String())
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"resp_j","object":"response","status":"completed","output":[]`)
+	}))
+	t.Cleanup(upstream.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	for i, input := range []string{`"hi"`, `[{"role":"user","content":"hi"},{"role":"user","content":"next"}]`} {
+		resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":`+input+`}`))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, `{"id":"resp_j","object":"response","status":"completed","output":[]`, string(body), "as it came")
+		assert.Empty(t, prev.Load(), "turn %d went whole", i)
+	}
 }

@@ -651,6 +651,11 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 				return event{}, fmt.Errorf("waiting for the upstream socket: %w", rctx.Err())
 			}
 			ev := newEvent("", data)
+			if ev.typ == "" {
+				// Every message of the WebSocket mode is an event, typed: this
+				// one was cut or garbled, and what the socket holds is unknown.
+				return event{}, fmt.Errorf("the upstream socket sent a message that is not an event: %.64q", data)
+			}
 			if !started {
 				switch {
 				case ev.typ == "response.created":
