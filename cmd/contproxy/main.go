@@ -102,7 +102,7 @@ type config struct {
 	fakeUpstream, noContinuation, affinity                  bool
 	sockets, maxConns, guessOwners                          int
 	maxCredentials                                          int
-	socketIdleTimeout                                       time.Duration
+	socketIdleTimeout, socketDialTimeout                    time.Duration
 	maxBody, maxPassthrough, maxBytesInFlight, maxKeptBytes int64
 	upstreamTimeout, shutdownTimeout, opTimeout             time.Duration
 	idleTimeout, readHeaderTimeout                          time.Duration
@@ -185,6 +185,7 @@ Flags:
 	proxyDefault := func(field string) string { return "; 0, the default, takes proxy." + field + "'s own default" }
 	fs.IntVar(&c.sockets, "sockets", 0, "WebSocket transport: upstream sockets kept per client credential"+proxyDefault("WebSocketOptions.Sockets"))
 	fs.IntVar(&c.maxCredentials, "max-credentials", 0, "WebSocket transport: most client credentials whose upstream sockets are kept; a new one replaces the least recently used with no turn in flight, or waits while all have one"+proxyDefault("WebSocketOptions.MaxCredentials"))
+	fs.DurationVar(&c.socketDialTimeout, "socket-dial-timeout", 0, "WebSocket transport: longest wait to open an upstream socket (its handshake); a turn that waited that long gets 504"+proxyDefault("WebSocketOptions.DialTimeout"))
 	fs.DurationVar(&c.socketIdleTimeout, "socket-idle-timeout", 0, "WebSocket transport: an upstream socket idle this long is closed, and a credential with none left forgotten"+proxyDefault("WebSocketOptions.IdleTimeout"))
 	fs.Var((*byteSize)(&c.maxBody), "max-body", "largest turn body in `bytes` (413 above)"+proxyDefault("Config.MaxBodyBytes"))
 	fs.Var((*byteSize)(&c.maxPassthrough), "max-passthrough-body", "largest body in `bytes` of a request to another endpoint (a file upload), which goes upstream as it comes and is never held (413 above)"+proxyDefault("Config.MaxPassthroughBytes"))
@@ -528,7 +529,7 @@ func upstreamURL(c config, logger *slog.Logger) (url string, stop func(), _ erro
 func openUpstream(c config, url string) (proxy.Upstream, error) {
 	if c.transport == "websocket" {
 		return proxy.NewWebSocketUpstream(url, proxy.WebSocketOptions{Replica: c.replica, Sockets: c.sockets,
-			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout, MaxSockets: connsWithin(c.maxConns, fileLimit())})
+			MaxCredentials: c.maxCredentials, IdleTimeout: c.socketIdleTimeout, DialTimeout: c.socketDialTimeout, MaxSockets: connsWithin(c.maxConns, fileLimit())})
 	}
 	return proxy.NewHTTPUpstream(url, nil)
 }
