@@ -618,11 +618,28 @@ func (s *clientSocket) warmUp(ctx context.Context, c socketCreate, msg gjson.Res
 // errorEvent is the WebSocket mode's error event:
 // {"type":"error","status":…,"error":{"type":…,"code":…,"message":…,"param":…}}.
 func errorEvent(status int, typ, param, code, msg string) []byte {
+	return errorEventWith(status, typ, param, code, msg, nil)
+}
+
+// errorEventWith is errorEvent carrying the answer's headers h, as the
+// upstream's error events carry theirs (Retry-After, the rate limits, the
+// request id): each end-to-end header but the body's own, under its
+// lowercase name, its values joined by ", ".
+func errorEventWith(status int, typ, param, code, msg string, h http.Header) []byte {
+	headers := map[string]string{}
+	kept := http.Header{}
+	copyHeader(kept, h)
+	for k, vs := range kept {
+		if k != "Content-Type" && k != "Content-Encoding" {
+			headers[strings.ToLower(k)] = strings.Join(vs, ", ")
+		}
+	}
 	b, _ := json.Marshal(struct {
-		Type   string         `json:"type"`
-		Status int            `json:"status"`
-		Error  map[string]any `json:"error"`
-	}{"error", status, apiError(typ, param, code, msg)})
+		Type    string            `json:"type"`
+		Status  int               `json:"status"`
+		Error   map[string]any    `json:"error"`
+		Headers map[string]string `json:"headers,omitempty"`
+	}{"error", status, apiError(typ, param, code, msg), headers})
 	return b
 }
 
@@ -770,7 +787,7 @@ func (w *socketWriter) finish() {
 	if !e.IsObject() {
 		msg = "The upstream answered " + http.StatusText(w.status) + "."
 	}
-	data := errorEvent(status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(), msg)
+	data := errorEventWith(status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(), msg, w.header)
 	w.sendEvent(event{typ: "error", data: data})
 }
 

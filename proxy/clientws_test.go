@@ -627,6 +627,24 @@ func TestCloseUnusedSocketClosesTheOldestUnusedConnection(t *testing.T) {
 	assert.Equal(t, "response.completed", a.events[len(a.events)-1], "a used connection is kept")
 }
 
+// An upstream's refusal reaches a client socket as an error event with
+// the refusal's headers (Retry-After, the rate limits), as the upstream's
+// own WebSocket mode sends them, over either transport.
+func TestASocketsErrorEventCarriesTheRefusalsHeaders(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			r := newSocketRig(t, tr, fakeupstream.Options{}, nil)
+			c := dialSocket(t, r.url, "s1")
+			r.fault.Store(&fakeupstream.Fault{Kind: fakeupstream.FaultStatus, Status: http.StatusTooManyRequests})
+			a := c.turn(map[string]any{"model": "gpt-test", "store": false, "input": "hi"})
+			assert.Equal(t, int64(429), a.err.Get("status").Int(), "%s", a.err.Raw)
+			assert.Equal(t, "1", a.err.Get("headers.retry-after").String(), "%s", a.err.Raw)
+			assert.Equal(t, "1s", a.err.Get("headers.x-ratelimit-reset-requests").String())
+			assert.False(t, a.err.Get("headers.content-type").Exists(), "not the body's own")
+		})
+	}
+}
+
 func TestCloseIdleSocketClosesTheConnectionIdleTheLongest(t *testing.T) {
 	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
 	hello := map[string]any{"model": "gpt-test", "store": false, "input": "hello"}

@@ -59,7 +59,9 @@ func statusError(status int) *Error {
 	switch {
 	case status == http.StatusTooManyRequests:
 		return &Error{Status: status, Type: "requests", Code: "rate_limit_exceeded",
-			Message: "Rate limit reached for requests. Please try again later."}
+			Message: "Rate limit reached for requests. Please try again later.",
+			Headers: map[string]string{"retry-after": "1", "x-ratelimit-limit-requests": "60",
+				"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}}
 	case status >= 500:
 		return &Error{Status: status, Type: "server_error", Message: serverErrorMessage}
 	default:

@@ -106,6 +106,9 @@ func serveModels(w http.ResponseWriter) {
 }
 
 func writeError(w http.ResponseWriter, e *Error) {
+	for k, v := range e.Headers {
+		w.Header().Set(k, v)
+	}
 	writeJSON(w, e.Status, mustMarshal(e))
 }
 

@@ -211,6 +211,10 @@ type Error struct {
 	Type    string
 	Param   string // "" is written as null
 	Code    string // "" is written as null
+	// Headers are the answer's headers: an HTTP answer's, and the
+	// "headers" member of an error event, as the real API sends a rate
+	// limit's.
+	Headers map[string]string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }

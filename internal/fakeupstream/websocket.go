@@ -200,7 +200,11 @@ func (s *session) send(ctx context.Context, data []byte) bool {
 
 // requestError is the error event of a message that could not be answered.
 func requestError(e *Error) json.RawMessage {
-	return object{{"type", "error"}, {"status", e.Status}, {"error", e.detail()}}.bytes()
+	o := object{{"type", "error"}, {"status", e.Status}, {"error", e.detail()}}
+	if len(e.Headers) > 0 {
+		o = append(o, member{"headers", e.Headers})
+	}
+	return o.bytes()
 }
 
 // streamErrorEvent is the error event ending the stream of a response, its

@@ -343,6 +343,7 @@ func faults(r Request) Fault {
 // answer is what a client got for one call.
 type answer struct {
 	status int              // the HTTP status, 0 over WebSocket
+	header http.Header      // the HTTP answer's headers
 	body   string           // the JSON answer
 	events []map[string]any // the events, SSE or WebSocket
 	err    error            // the transport error of a dropped connection
@@ -395,7 +396,7 @@ func call(t *testing.T, srv *httptest.Server, over, text string) answer {
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
-	a := answer{status: resp.StatusCode, err: err}
+	a := answer{status: resp.StatusCode, header: resp.Header, err: err}
 	if over == overSSE && resp.StatusCode == http.StatusOK {
 		for _, ev := range readSSE(t, bytes.NewReader(raw)) {
 			require.Equal(t, ev.name, ev.data["type"])
@@ -448,24 +449,29 @@ func TestFaultStatus(t *testing.T) {
 	srv, trace := newFaultUpstream(t)
 	for _, over := range transports {
 		for _, tc := range []struct {
-			text   string
-			status int
-			detail string
+			text    string
+			status  int
+			detail  string
+			headers string // as an error event carries them
 		}{
-			{"fault-500", 500, `"type":"server_error","code":null,"message":"` + serverErrorMessage + `","param":null`},
+			{"fault-500", 500, `"type":"server_error","code":null,"message":"` + serverErrorMessage + `","param":null`, ""},
 			{"fault-429", 429, `"type":"requests","code":"rate_limit_exceeded",
-				"message":"Rate limit reached for requests. Please try again later.","param":null`},
+				"message":"Rate limit reached for requests. Please try again later.","param":null`,
+				`,"headers":{"retry-after":"1","x-ratelimit-limit-requests":"60","x-ratelimit-remaining-requests":"0","x-ratelimit-reset-requests":"1s"}`},
 		} {
 			a := call(t, srv, over, tc.text)
 			require.NoError(t, a.err)
 			if over == overWS {
 				require.Len(t, a.events, 1)
 				got, _ := json.Marshal(a.events[0])
-				require.JSONEq(t, fmt.Sprintf(`{"type":"error","status":%d,"error":{%s}}`, tc.status, tc.detail), string(got))
+				require.JSONEq(t, fmt.Sprintf(`{"type":"error","status":%d,"error":{%s}%s}`, tc.status, tc.detail, tc.headers), string(got))
 				continue
 			}
 			require.Equal(t, tc.status, a.status, over)
 			require.JSONEq(t, `{"error":{`+tc.detail+`}}`, a.body, over)
+			if tc.headers != "" {
+				require.Equal(t, "1", a.header.Get("Retry-After"), over)
+			}
 		}
 	}
 	require.Empty(t, traceLines(t, trace), "errors are not answered calls")
