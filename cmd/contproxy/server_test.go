@@ -275,6 +275,9 @@ func TestAnUnusedWebSocketMakesRoomAtMaxConns(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = ws.CloseNow() })
 		idle = append(idle, ws)
+		// Served (registered) before the next opens: the older is the first.
+		require.Eventually(t, func() bool { return strings.Count(log.String(), "client socket opened") == len(idle) },
+			10*time.Second, time.Millisecond)
 	}
 	c := dial(t, addr)
 	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
