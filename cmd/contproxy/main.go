@@ -600,13 +600,16 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 		// Room for a new connection: a WebSocket connection never used,
 		// else the keep-alive connections sitting idle between requests
 		// (which would hold their slots for -idle-timeout), else the
-		// WebSocket connection idle the longest between turns.
+		// request whose body arrives the slowest (a byte now and then
+		// keeps a body within -body-timeout), else the WebSocket
+		// connection idle the longest between turns.
 		srv.ConnState = ll.track
 		ll.full = func() {
 			switch {
 			case p.CloseUnusedSocket():
 			case ll.idleConns.Load() > 0:
 				closeIdleConns(srv)
+			case ll.stopSlowestBody():
 			default:
 				p.CloseIdleSocket()
 			}

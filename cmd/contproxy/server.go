@@ -29,7 +29,12 @@ func progress(next http.Handler, bodyTimeout, writeTimeout time.Duration) http.H
 			_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout))
 			conn, _ := r.Context().Value(connKey{}).(*limitedConn)
 			if conn != nil {
-				defer conn.gap.Store(0) // the server's discarding of the rest is not extended
+				conn.bodyGot.Store(0)
+				conn.bodyFrom.Store(time.Now().UnixNano())
+				defer func() {
+					conn.gap.Store(0) // the server's discarding of the rest is not extended
+					conn.bodyFrom.Store(0)
+				}()
 			}
 			r2 := *r
 			r2.Body = &progressBody{ReadCloser: r.Body, rc: rc, conn: conn, timeout: bodyTimeout}
@@ -68,10 +73,15 @@ func (b *progressBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if b.conn != nil {
 		b.conn.gap.Store(0) // only within a read of the body
+		b.conn.bodyGot.Add(int64(n))
 	}
 	switch {
 	case err == io.EOF:
 		_ = b.rc.SetReadDeadline(time.Time{})
+		if b.conn != nil {
+			b.conn.bodyFrom.Store(0)
+		}
+	case errors.Is(err, errSlowBody):
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		err = fmt.Errorf("nothing came for %v", b.timeout)
 	}
@@ -135,6 +145,8 @@ type limitListener struct {
 	// idleConns counts the connections sitting idle between requests
 	// (track).
 	idleConns atomic.Int64
+	mu        sync.Mutex
+	conns     map[*limitedConn]struct{} // those open
 }
 
 // fullRetry is how often a connection waiting for a slot asks again to
@@ -166,7 +178,7 @@ func closeIdleConns(srv *http.Server) {
 
 // newLimitListener limits ln to n connections open at once.
 func newLimitListener(ln *net.TCPListener, n int) *limitListener {
-	return &limitListener{TCPListener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+	return &limitListener{TCPListener: ln, sem: make(chan struct{}, n), done: make(chan struct{}), conns: map[*limitedConn]struct{}{}}
 }
 
 // Accept waits for a connection, then for a free slot for it.
@@ -182,7 +194,17 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 	}
-	return &limitedConn{TCPConn: c, release: func() { <-l.sem }}, nil
+	lc := &limitedConn{TCPConn: c}
+	lc.release = func() {
+		l.mu.Lock()
+		delete(l.conns, lc)
+		l.mu.Unlock()
+		<-l.sem
+	}
+	l.mu.Lock()
+	l.conns[lc] = struct{}{}
+	l.mu.Unlock()
+	return lc, nil
 }
 
 // track is the server's ConnState: it counts the connections idle
@@ -199,6 +221,44 @@ func (l *limitListener) track(c net.Conn, st http.ConnState) {
 	default:
 		l.idleConns.Add(-1)
 	}
+}
+
+// A request body arrives slowly when it has been arriving for slowAfter
+// or more at less than slowRate bytes a second on average.
+const (
+	slowAfter = 2 * time.Second
+	slowRate  = 64 << 10
+)
+
+// errSlowBody fails the reads of a body stopped by stopSlowestBody.
+var errSlowBody = fmt.Errorf("the body came too slowly while the gateway needed its connection: %w", os.ErrDeadlineExceeded)
+
+// stopSlowestBody stops the request body that arrives the slowest, of
+// those that arrive slowly: its reads fail (errSlowBody), its request is
+// answered as a body that could not be read, and its connection closes.
+// It reports whether there was one.
+func (l *limitListener) stopSlowestBody() bool {
+	now := time.Now()
+	var slowest *limitedConn
+	var rate float64
+	l.mu.Lock()
+	for c := range l.conns {
+		from := c.bodyFrom.Load()
+		if from == 0 || c.stopped.Load() {
+			continue
+		}
+		d := now.Sub(time.Unix(0, from))
+		if r := float64(c.bodyGot.Load()) / d.Seconds(); d >= slowAfter && r < slowRate && (slowest == nil || r < rate) {
+			slowest, rate = c, r
+		}
+	}
+	l.mu.Unlock()
+	if slowest == nil {
+		return false
+	}
+	slowest.stopped.Store(true)
+	_ = slowest.TCPConn.SetReadDeadline(now) // a read waiting returns
+	return true
 }
 
 // wait waits for a slot for c, asking full to make room meanwhile.
@@ -236,6 +296,11 @@ type limitedConn struct {
 	releaseOnce sync.Once
 	release     func()
 	idle        atomic.Bool // between requests (limitListener.track)
+	// bodyFrom, while a request body arrives (progressBody), is when it
+	// began (UnixNano), and bodyGot what has come of it; bodyFrom is 0
+	// otherwise. stopped tells that stopSlowestBody stopped it.
+	bodyFrom, bodyGot atomic.Int64
+	stopped           atomic.Bool
 	// gap, while a request body is read (progressBody), is how far each
 	// read that gets bytes moves the read deadline ahead, in nanoseconds;
 	// 0 otherwise.
@@ -244,7 +309,13 @@ type limitedConn struct {
 
 // Read implements net.Conn.
 func (c *limitedConn) Read(p []byte) (int, error) {
+	if c.stopped.Load() {
+		return 0, errSlowBody
+	}
 	n, err := c.TCPConn.Read(p)
+	if c.stopped.Load() {
+		return 0, errSlowBody
+	}
 	if g := c.gap.Load(); g > 0 && n > 0 {
 		_ = c.TCPConn.SetReadDeadline(time.Now().Add(time.Duration(g)))
 	}

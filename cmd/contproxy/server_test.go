@@ -328,6 +328,47 @@ func TestAWebSocketIdleBetweenTurnsMakesRoomAtMaxConns(t *testing.T) {
 	assert.Equal(t, websocket.StatusTryAgainLater, websocket.CloseStatus(err), "the idlest closed: %v", err)
 }
 
+// At -max-conns, with no connection idle, a new connection takes the
+// place of the request whose body arrives the slowest: a byte now and
+// then keeps a body within -body-timeout, but may not keep the others out.
+func TestASlowBodyMakesRoomAtMaxConns(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-max-conns", "2")
+	slow := make([]*rawClient, 2)
+	for i := range slow {
+		c := dial(t, addr)
+		path := "/v1/files"
+		if i == 1 {
+			path = "/v1/responses" // a turn, whose body the budget holds too
+		}
+		_, err := fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", path)
+		require.NoError(t, err)
+		slow[i] = c
+		go func() { // a byte every 200 ms, until the server stops it
+			for range 100 {
+				time.Sleep(200 * time.Millisecond)
+				if _, err := c.Write([]byte(" ")); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	third := dial(t, addr)
+	start := time.Now()
+	status, _ := third.get(t, "/healthz")
+	assert.Equal(t, http.StatusOK, status, "served in a slow body's place")
+	t.Logf("served after %v", time.Since(start))
+	stopped := 0
+	for _, c := range slow { // the one stopped has its answer by now
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(2*time.Second)))
+		if resp, err := http.ReadResponse(c.r, nil); err == nil {
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+			_ = resp.Body.Close()
+			stopped++
+		}
+	}
+	assert.Positive(t, stopped, "a slow request is answered")
+}
+
 func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
 	addr, ops, _ := start(t, "-fake-upstream")
 	for _, c := range []struct {
