@@ -450,6 +450,13 @@ func newPost(ctx context.Context, url string, client http.Header, body []byte) (
 	copyHeader(req.Header, client)
 	req.Header.Del("Accept-Encoding") // let the transport negotiate, and decode, compression
 	req.Header.Set("Content-Type", "application/json")
+	if _, ok := req.Header["Idempotency-Key"]; ok || len(req.Header["X-Idempotency-Key"]) > 0 {
+		// A turn reaches the upstream once, as through a plain reverse
+		// proxy: with such a key the transport would send it again when
+		// a connection it reused closed after taking it (the upstream may
+		// have run it); without its body's copy it does not.
+		req.GetBody = nil
+	}
 	return req, nil
 }
 

@@ -587,3 +587,36 @@ func TestAGarbledJSONAnswerIsNotContinued(t *testing.T) {
 		assert.Empty(t, prev.Load(), "turn %d went whole", i)
 	}
 }
+
+// A turn reaches the upstream once, even with an Idempotency-Key, which
+// would have Go's transport send it again when a reused connection closes
+// after taking it.
+func TestATurnWithAnIdempotencyKeyIsNotSentTwice(t *testing.T) {
+	var calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if calls.Add(1) == 2 { // the second turn, on the first's connection
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"resp_i","object":"response","status":"completed","output":[]}`)
+	}))
+	t.Cleanup(upstream.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	for i, want := range []int{http.StatusOK, http.StatusBadGateway} {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", strings.NewReader(`{"model":"m","store":false,"input":"hi"}`))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", fmt.Sprint("key-", i))
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, "turn %d", i)
+	}
+	assert.Equal(t, int64(2), calls.Load(), "each turn went upstream once")
+}
