@@ -341,11 +341,6 @@ const maxForwardDrain = 256 << 10
 func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fingerprint.Request, goes io.Reader) {
 	body := req.Body()
 	f := p.cfg.Forwarding
-	if f == nil {
-		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused",
-			"This replica does not take forwarded turns.")
-		return
-	}
 	fw, err := f.verify(time.Now(), r.Header.Get(forwardHeader), body)
 	if err != nil {
 		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused", err.Error())

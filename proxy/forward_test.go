@@ -559,3 +559,12 @@ func TestWithAffinityAForwardedTurnIsRecordedBeforeItsEnd(t *testing.T) {
 	assert.Equal(t, int64(1), st.Forwarded, "the second turn went to r1's socket")
 	assert.Equal(t, int64(1), st.Continued)
 }
+
+// A turn carrying a forward's header to a replica that takes none is
+// refused as such (403), before its body is read as a forward's.
+func TestAForwardToAReplicaWithoutForwardingIsRefused(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	a := post(t, r.url, http.Header{"Contproxy-Forward": {"t=1, sig=x"}}, map[string]any{"model": "m", "input": "hi"})
+	assert.Equal(t, http.StatusForbidden, a.status, "%s", a.body)
+	assert.Contains(t, string(a.body), `"code":"forward_refused"`)
+}

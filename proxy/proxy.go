@@ -354,6 +354,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// member the proxy reads comes from that pass (Request.Member).
 	var goes io.Reader // a forwarded turn's go, its body's last byte (Forwarding)
 	if r.Header.Get(forwardHeader) != "" {
+		if p.cfg.Forwarding == nil {
+			writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused",
+				"This replica does not take forwarded turns.")
+			return
+		}
 		var drain func()
 		goes, drain = p.splitGo(w, r)
 		defer drain()
