@@ -18,7 +18,10 @@ import (
 // The budget bounds the memory that requests read in full hold at once
 // (Config.MaxBytesInFlight): a turn's body from the moment it is read
 // until the turn ends, since the body and its parse live until then, and
-// a WebSocket message from the moment it is read until it is answered.
+// a WebSocket message from the moment it is read until it is answered. An
+// HTTP turn's answer joins its hold as the relay keeps it (hold.force),
+// even past the budget: it is in memory already, and the requests after
+// it wait.
 //
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an
@@ -359,6 +362,20 @@ func (b *budget) await(ctx context.Context, self *arrival, n int64) error {
 // preemptEvery is how often a request waiting for room looks again for
 // bodies that arrive slowly.
 const preemptEvery = 100 * time.Millisecond
+
+// force adds n to the hold whether it fits or not: memory already taken,
+// such as an upstream's answer kept for a client that reads it slowly,
+// which the requests after it find the budget short of (a nil hold, or
+// one without a budget, holds nothing).
+func (h *hold) force(n int64) {
+	if h == nil || h.b == nil || n <= 0 {
+		return
+	}
+	h.b.mu.Lock()
+	h.b.cur += n
+	h.b.mu.Unlock()
+	h.n += n
+}
 
 // trim gives back what the hold has beyond n; a nil hold holds nothing.
 func (h *hold) trim(n int64) {

@@ -565,3 +565,45 @@ func TestASmallRequestPassesABigOneWaiting(t *testing.T) {
 	held.release()
 	require.NoError(t, <-big, "the big one gets in once the room is there")
 }
+
+// An upstream's answer that a client reads slowly holds its weight in the
+// budget until the client has it: the requests after it find the budget
+// short, and are refused (503) rather than add to what the process holds.
+func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
+	const size = 16 << 20
+	text := strings.Repeat("x", size)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"resp_big","object":"response","status":"completed","output":[{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}]}`, text)
+	}))
+	t.Cleanup(upstream.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * size, MaxBodyBytes: 1 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+
+	// A client that sends a turn and reads nothing of its answer.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	body := `{"model":"m","input":"hi"}`
+	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		p.budget.mu.Lock()
+		defer p.budget.mu.Unlock()
+		return p.budget.cur >= answerCopies*size
+	}, 10*time.Second, 10*time.Millisecond, "the answer held in the budget")
+
+	a := post(t, srv.URL+"/v1/responses", nil, map[string]any{"model": "m", "input": "other"})
+	assert.Equal(t, http.StatusServiceUnavailable, a.status, "%.200s", a.body)
+
+	_ = conn.Close() // the client goes: its answer is let go
+	require.Eventually(t, func() bool { return budgetFree(p) }, 10*time.Second, 10*time.Millisecond)
+}

@@ -191,7 +191,10 @@ type Config struct {
 	// server_busy, with Retry-After: 1 (an error event with status 503 in
 	// the WebSocket mode, whose connection stops reading meanwhile), as
 	// the bodies it stopped do; one that could never fit gets 413 at once.
-	// Default 256 MiB.
+	// An HTTP turn's answer joins its body's weight until the client has
+	// it (a JSON answer three times its bytes, a stream's output items and
+	// final response twice theirs), past the limit if it must: clients
+	// that read slowly make the requests after them wait. Default 256 MiB.
 	MaxBytesInFlight int64
 	// MaxKeptBytes bounds what the client WebSocket connections keep of
 	// their latest responses together, for their clients to continue with
@@ -913,6 +916,7 @@ type outcome struct {
 // before the client gets its end (the terminal event, or the JSON body),
 // while the client is still there.
 func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(outcome)) outcome {
+	rep.held = t.hold
 	if rep.next == nil {
 		return relayBody(w, rep, hide, seal)
 	}
@@ -926,6 +930,9 @@ func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(ou
 func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	out := outcome{status: rep.status, failed: rep.status >= 400}
 	body := rep.body
+	// Kept until the client has it: the body, its output items and the
+	// copy it is shown as.
+	rep.held.force(answerCopies * int64(len(body)))
 	if rep.status/100 == 2 && !gjson.ValidBytes(body) {
 		out.failed = true // cut or garbled: no response to continue
 	} else if rep.status/100 == 2 {
@@ -950,8 +957,14 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 	return out
 }
 
-// collector gathers a stream's output as the events go by.
+// answerCopies is how many times the budget counts an upstream's JSON
+// answer while the relay keeps it.
+const answerCopies = 3
+
+// collector gathers a stream's output as the events go by; what it keeps
+// joins held (hold.force).
 type collector struct {
+	held      *hold
 	items     map[int64]json.RawMessage
 	order     []int64
 	terminal  string // the terminal event's type, "" until one is seen
@@ -974,6 +987,7 @@ func (c *collector) see(ev event) bool {
 			c.order = append(c.order, i)
 		}
 		c.items[i] = json.RawMessage(r.Get("item").Raw)
+		c.held.force(int64(len(c.items[i])))
 	case "response.completed", "response.failed", "response.incomplete":
 		if !gjson.ValidBytes(ev.data) {
 			// Cut or garbled: whatever it says, no response to continue.
@@ -983,6 +997,7 @@ func (c *collector) see(ev event) bool {
 		resp := gjson.GetBytes(ev.data, "response")
 		c.terminal, c.id, c.finalResp = ev.typ, resp.Get("id").String(), []byte(resp.Raw)
 		c.final = rawArray(resp.Get("output"))
+		c.held.force(2 * int64(len(resp.Raw))) // the response, and its output items
 		return true
 	case "error":
 		c.terminal, c.errEvent = ev.typ, ev.data
@@ -1049,7 +1064,7 @@ func startEvents(w http.ResponseWriter) {
 // Server-Sent Events flushed one by one, after the response's headers;
 // seal is relay's.
 func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err error, seal func(outcome)) outcome {
-	var col collector
+	col := collector{held: rep.held}
 	flush := func() {}
 	if f, ok := w.(http.Flusher); ok {
 		flush = f.Flush
@@ -1149,7 +1164,7 @@ func appendEvent(buf *bytes.Buffer, typ string, data []byte) {
 // that streams (WebSocket mode): the terminal event's response object, or
 // the error an error event carries.
 func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
-	var col collector
+	col := collector{held: rep.held}
 	var err error
 	for {
 		var ev event

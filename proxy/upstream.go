@@ -77,6 +77,9 @@ type reply struct {
 	// where an error event with a status stands for the HTTP error the
 	// HTTP API answers before any event.
 	socket bool
+	// held is the turn's hold in the budget, which what the relay keeps
+	// of the answer joins (hold.force); nil for none.
+	held *hold
 }
 
 // drainWait bounds how long a relay waits, after a stream's terminal
