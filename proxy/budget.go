@@ -18,10 +18,10 @@ import (
 // The budget bounds the memory that requests read in full hold at once
 // (Config.MaxBytesInFlight): a turn's body from the moment it is read
 // until the turn ends, since the body and its parse live until then, and
-// a WebSocket message from the moment it is read until it is answered. An
-// HTTP turn's answer joins its hold as the relay keeps it (hold.force),
-// even past the budget: it is in memory already, and the requests after
-// it wait.
+// a WebSocket message from the moment it is read until it is answered. A
+// turn's answer joins its hold (a WebSocket turn's, its message's) as the
+// relay keeps it (hold.force), even past the budget: it is in memory
+// already, and the requests after it wait.
 //
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an
@@ -457,6 +457,9 @@ type socketTurnOf struct {
 	// message's own (its latest response's input and output), 0 when it
 	// put none.
 	prepended int
+	// held is the message's hold, which what the relay keeps of the
+	// turn's answer joins.
+	held *hold
 }
 
 // readTurn reads and parses a turn's body, bounded by MaxBodyBytes, and

@@ -607,3 +607,34 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 	_ = conn.Close() // the client goes: its answer is let go
 	require.Eventually(t, func() bool { return budgetFree(p) }, 10*time.Second, 10*time.Millisecond)
 }
+
+// So does a WebSocket turn's answer, in its message's hold.
+func TestAnAnswerASocketClientDoesNotReadHoldsTheBudget(t *testing.T) {
+	const size = 16 << 20
+	text := strings.Repeat("x", size)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"resp_big","object":"response","status":"completed","output":[{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}]}`, text)
+	}))
+	t.Cleanup(upstream.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * size, MaxBodyBytes: 1 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+
+	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s1")
+	c.create(map[string]any{"model": "m", "store": true, "input": "hi"}) // and reads nothing
+	require.Eventually(t, func() bool {
+		p.budget.mu.Lock()
+		defer p.budget.mu.Unlock()
+		return p.budget.cur >= answerCopies*size
+	}, 10*time.Second, 10*time.Millisecond, "the answer held in the budget")
+	_ = c.ws.CloseNow()
+	require.Eventually(t, func() bool { return budgetFree(p) }, 10*time.Second, 10*time.Millisecond)
+}

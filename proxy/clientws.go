@@ -310,7 +310,7 @@ func (s *clientSocket) answer(ctx context.Context, m message) bool {
 		rf := s.p.refusal(m.refused)
 		return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
 	}
-	return s.handle(ctx, m.data)
+	return s.handle(ctx, m.data, m.held)
 }
 
 // serve answers the client's messages in turn until the client goes away,
@@ -424,7 +424,7 @@ func (s *clientSocket) fail(ctx context.Context, status int, param, code, msg st
 }
 
 // handle answers one message; false when the connection is over.
-func (s *clientSocket) handle(ctx context.Context, data []byte) bool {
+func (s *clientSocket) handle(ctx context.Context, data []byte, held *hold) bool {
 	msg := gjson.ParseBytes(data)
 	if !gjson.ValidBytes(data) || !msg.IsObject() {
 		return s.fail(ctx, http.StatusBadRequest, "", "",
@@ -461,7 +461,7 @@ func (s *clientSocket) handle(ctx context.Context, data []byte) bool {
 	if c.full && msg.Get("generate").Type == gjson.False {
 		return s.warmUp(ctx, c, msg)
 	}
-	return s.run(ctx, c)
+	return s.run(ctx, c, held)
 }
 
 // socketCreate is a response.create as the pipeline takes it.
@@ -550,9 +550,9 @@ func jsonArray(items []json.RawMessage) []byte {
 
 // run serves one turn through ServeHTTP and keeps its response when the
 // client may continue it; false when the connection is over.
-func (s *clientSocket) run(ctx context.Context, c socketCreate) bool {
-	// The message's hold covers the turn.
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, socketTurn{}, socketTurnOf{prepended: c.prepended}), http.MethodPost, s.target,
+func (s *clientSocket) run(ctx context.Context, c socketCreate, held *hold) bool {
+	// The message's hold covers the turn, and its answer.
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, socketTurn{}, socketTurnOf{prepended: c.prepended, held: held}), http.MethodPost, s.target,
 		bytes.NewReader(c.body))
 	if err != nil {
 		return s.fail(ctx, http.StatusBadRequest, "", "", "Invalid message: "+err.Error())

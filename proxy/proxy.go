@@ -191,10 +191,11 @@ type Config struct {
 	// server_busy, with Retry-After: 1 (an error event with status 503 in
 	// the WebSocket mode, whose connection stops reading meanwhile), as
 	// the bodies it stopped do; one that could never fit gets 413 at once.
-	// An HTTP turn's answer joins its body's weight until the client has
-	// it (a JSON answer three times its bytes, a stream's output items and
-	// final response twice theirs), past the limit if it must: clients
-	// that read slowly make the requests after them wait. Default 256 MiB.
+	// A turn's answer joins its body's weight (a WebSocket turn's, its
+	// message's) until the client has it (a JSON answer three times its
+	// bytes, a stream's output items and final response twice theirs),
+	// past the limit if it must: clients that read slowly make the
+	// requests after them wait. Default 256 MiB.
 	MaxBytesInFlight int64
 	// MaxKeptBytes bounds what the client WebSocket connections keep of
 	// their latest responses together, for their clients to continue with
@@ -323,8 +324,9 @@ type turn struct {
 	// res is the turn's reservation; nil for a passthrough request.
 	res *store.Reservation
 	// hold is the turn's body's weight in the budget (MaxBytesInFlight),
-	// released when the turn is over.
-	hold *hold
+	// released when the turn is over; answers is where what the relay
+	// keeps of the answer is held: hold, or a WebSocket turn's message's.
+	hold, answers *hold
 	// early is the turn sent on a guess while the store reserved it; nil
 	// when it was not.
 	early *early
@@ -388,7 +390,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.trim(weight(int64(len(body)), int64(req.Len())))
 	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false",
 		own: member(req, "previous_response_id").String()}, stream: rawMember(req, "stream") == "true",
-		hold: h, arrived: arrived}
+		hold: h, answers: h, arrived: arrived}
+	if st, ok := r.Context().Value(socketTurn{}).(socketTurnOf); ok && st.held != nil {
+		t.answers = st.held
+	}
 	p.stats.add(cTurns, 1)
 	p.stats.add(cBytesReceived, int64(len(body)))
 	// A request that keeps its conversation upstream itself, or any with
@@ -916,7 +921,7 @@ type outcome struct {
 // before the client gets its end (the terminal event, or the JSON body),
 // while the client is still there.
 func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(outcome)) outcome {
-	rep.held = t.hold
+	rep.held = t.answers
 	if rep.next == nil {
 		return relayBody(w, rep, hide, seal)
 	}
