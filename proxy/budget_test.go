@@ -566,12 +566,14 @@ func TestASmallRequestPassesABigOneWaiting(t *testing.T) {
 	require.NoError(t, <-big, "the big one gets in once the room is there")
 }
 
-// An upstream's answer that a client reads slowly holds its weight in the
-// budget until the client has it: the requests after it find the budget
-// short, and are refused (503) rather than add to what the process holds.
-func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
-	const size = 16 << 20
-	text := strings.Repeat("x", size)
+// bigAnswer is the length of bigAnswerProxy's answers' text.
+const bigAnswer = 16 << 20
+
+// bigAnswerProxy returns a proxy whose HTTP upstream answers every turn
+// with a completed JSON response of bigAnswer bytes of text, with a
+// budget of twice that, and its server.
+func bigAnswerProxy(t *testing.T) (*Proxy, *httptest.Server) {
+	text := strings.Repeat("x", bigAnswer)
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
@@ -582,11 +584,19 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 	require.NoError(t, err)
 	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
 	require.NoError(t, err)
-	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * size, MaxBodyBytes: 1 << 20})
+	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * bigAnswer, MaxBodyBytes: 1 << 20})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
+	return p, srv
+}
+
+// An upstream's answer that a client reads slowly holds its weight in the
+// budget until the client has it: the requests after it find the budget
+// short, and are refused (503) rather than add to what the process holds.
+func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
+	p, srv := bigAnswerProxy(t)
 
 	// A client that sends a turn and reads nothing of its answer.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
@@ -598,7 +608,7 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 	require.Eventually(t, func() bool {
 		p.budget.mu.Lock()
 		defer p.budget.mu.Unlock()
-		return p.budget.cur >= answerCopies*size
+		return p.budget.cur >= answerCopies*bigAnswer
 	}, 10*time.Second, 10*time.Millisecond, "the answer held in the budget")
 
 	a := post(t, srv.URL+"/v1/responses", nil, map[string]any{"model": "m", "input": "other"})
@@ -610,30 +620,14 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 
 // So does a WebSocket turn's answer, in its message's hold.
 func TestAnAnswerASocketClientDoesNotReadHoldsTheBudget(t *testing.T) {
-	const size = 16 << 20
-	text := strings.Repeat("x", size)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = fmt.Fprintf(w, `{"id":"resp_big","object":"response","status":"completed","output":[{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}]}`, text)
-	}))
-	t.Cleanup(upstream.Close)
-	st, err := store.NewMemory(store.Options{Replica: "r1"})
-	require.NoError(t, err)
-	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
-	require.NoError(t, err)
-	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * size, MaxBodyBytes: 1 << 20})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = p.Close() })
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
+	p, srv := bigAnswerProxy(t)
 
 	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s1")
 	c.create(map[string]any{"model": "m", "store": true, "input": "hi"}) // and reads nothing
 	require.Eventually(t, func() bool {
 		p.budget.mu.Lock()
 		defer p.budget.mu.Unlock()
-		return p.budget.cur >= answerCopies*size
+		return p.budget.cur >= answerCopies*bigAnswer
 	}, 10*time.Second, 10*time.Millisecond, "the answer held in the budget")
 	_ = c.ws.CloseNow()
 	require.Eventually(t, func() bool { return budgetFree(p) }, 10*time.Second, 10*time.Millisecond)

@@ -88,15 +88,7 @@ func TestCompressedTurnsTheProxyCannotRead(t *testing.T) {
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	send := func(coding string, body []byte) (int, string) {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/responses", bytes.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Content-Encoding", coding)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return postCoded(t, srv.URL+"/v1/responses", coding, body)
 	}
 	turn := []byte(`{"model":"m","input":[{"role":"user","content":"hi"}]}`)
 
@@ -148,15 +140,8 @@ func TestAZstdBodyHoldsItsWindow(t *testing.T) {
 		var h zstd.Header
 		require.NoError(t, h.Decode(frame))
 		require.Equal(t, uint64(tc.window), h.WindowSize)
-		req, err := http.NewRequest(http.MethodPost, r.url, bytes.NewReader(frame))
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Content-Encoding", "zstd")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		assert.Equal(t, tc.status, resp.StatusCode, "window %d: %s", tc.window, b)
+		status, b := postCoded(t, r.url, "zstd", frame)
+		assert.Equal(t, tc.status, status, "window %d: %s", tc.window, b)
 	}
 	assert.True(t, budgetFree(r.proxy), "the budget is free once the bodies are done")
 
@@ -198,17 +183,25 @@ func TestABrotliBodyHoldsItsWindow(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, w.Close())
 		require.Equal(t, int64(1)<<tc.lgwin, brotliWindow(buf.Bytes()), "the window the header declares")
-		req, err := http.NewRequest(http.MethodPost, r.url, &buf)
-		require.NoError(t, err)
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Content-Encoding", "br")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		b, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		assert.Equal(t, tc.status, resp.StatusCode, "window 2^%d: %s", tc.lgwin, b)
+		status, b := postCoded(t, r.url, "br", buf.Bytes())
+		assert.Equal(t, tc.status, status, "window 2^%d: %s", tc.lgwin, b)
 	}
 	assert.True(t, budgetFree(r.proxy), "the budget is free once the bodies are done")
+}
+
+// postCoded posts body to url in Content-Encoding coding and returns the
+// answer's status and body.
+func postCoded(t *testing.T, url, coding string, body []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Encoding", coding)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
 
 // rawBlock is a zstd frame's last block, raw, holding b.

@@ -117,6 +117,20 @@ func assertAllLaterTurnsContinued(t *testing.T, l *callLog, client string, c *co
 	}
 }
 
+// assertApart checks that client "a" (conversation a) and client "b" kept
+// their conversations apart: every later turn of a's continued one of
+// its own responses, no call of b's continued one of a's, and b's own
+// turns continued.
+func assertApart(t *testing.T, log *callLog, a *conversation) {
+	t.Helper()
+	assertAllLaterTurnsContinued(t, log, "a", a)
+	ids := a.responseIDs()
+	for _, call := range log.of("b") {
+		assert.False(t, ids[call.prev], "a call of B continued from A's response %s", call.prev)
+	}
+	assert.Positive(t, log.continued("b"), "B's own turns continue")
+}
+
 func TestCredentialsSharingASessionIDDoNotShareAConversation(t *testing.T) {
 	r := newRig(t, overHTTP, nil)
 	log := recordCalls(r)
@@ -134,12 +148,7 @@ func TestCredentialsSharingASessionIDDoNotShareAConversation(t *testing.T) {
 	a.say("third")
 	b.say("again")
 
-	assertAllLaterTurnsContinued(t, log, "a", a)
-	ids := a.responseIDs()
-	for _, call := range log.of("b") {
-		assert.False(t, ids[call.prev], "a call of B continued from A's response %s", call.prev)
-	}
-	assert.Positive(t, log.continued("b"), "B's own turns continue")
+	assertApart(t, log, a)
 }
 
 // A credential carried elsewhere than in the known credential headers
@@ -167,12 +176,7 @@ func TestCredentialsElsewhereDoNotShareAConversation(t *testing.T) {
 			b.say("again")
 			a.say("third")
 
-			assertAllLaterTurnsContinued(t, log, "a", a)
-			ids := a.responseIDs()
-			for _, call := range log.of("b") {
-				assert.False(t, ids[call.prev], "a call of B continued from A's response %s", call.prev)
-			}
-			assert.Positive(t, log.continued("b"), "B's own turns continue")
+			assertApart(t, log, a)
 		})
 	}
 }
