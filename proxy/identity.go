@@ -141,13 +141,41 @@ func credentialNames(h http.Header) []string {
 	}
 	for k := range h {
 		lk := strings.ToLower(k)
-		if slices.ContainsFunc(credentialWords, func(w string) bool { return strings.Contains(lk, w) }) &&
-			!slices.Contains(notCredentials, lk) && !slices.ContainsFunc(credentialHeaders, func(c string) bool { return strings.EqualFold(c, k) }) {
+		switch {
+		case !slices.ContainsFunc(credentialWords, func(w string) bool { return strings.Contains(lk, w) }),
+			slices.Contains(notCredentials, lk), slices.ContainsFunc(credentialHeaders, func(c string) bool { return strings.EqualFold(c, k) }):
+		case lk == "cookie" && !slices.ContainsFunc(sessionCookies(h[k]), func(v string) bool { return v != "" }):
+			// only the load balancers' cookies: none
+		default:
 			others = append(others, k)
 		}
 	}
 	slices.SortFunc(others, func(a, b string) int { return strings.Compare(strings.ToLower(a), strings.ToLower(b)) })
 	return append(names, others...)
+}
+
+// infraCookies are the cookies that load balancers and CDNs set, some anew
+// on every answer, which the gateway relays: a client that keeps them
+// would start a new owner each turn, and none is a credential.
+var infraCookies = []string{"AWSALB", "AWSALBCORS", "AWSALBTG", "AWSALBTGCORS", "AWSELB", "__cf_bm", "_cfuvid", "__cflb",
+	"ARRAffinity", "ARRAffinitySameSite", "GCLB", "INGRESSCOOKIE", "SERVERID"}
+
+// sessionCookies returns the Cookie header values vs without their
+// infraCookies: each value's other cookies, trimmed, joined by "; ".
+func sessionCookies(vs []string) []string {
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		var kept []string
+		for c := range strings.SplitSeq(v, ";") {
+			c = strings.TrimSpace(c)
+			name, _, _ := strings.Cut(c, "=")
+			if c != "" && !slices.Contains(infraCookies, strings.TrimSpace(name)) {
+				kept = append(kept, c)
+			}
+		}
+		out[i] = strings.Join(kept, "; ")
+	}
+	return out
 }
 
 // accountHeaders are the request headers that name the client's account:
@@ -269,6 +297,9 @@ func scoped(domain string, h http.Header, query string) []byte {
 			vs = []string{query}
 		default:
 			vs = h.Values(k)
+			if http.CanonicalHeaderKey(k) == "Cookie" {
+				vs = sessionCookies(vs)
+			}
 		}
 		b = binary.AppendUvarint(b, uint64(len(vs)))
 		for _, v := range vs {

@@ -151,6 +151,15 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 		assert.NotEqual(t, one, owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-b"}}), k)
 		assert.NotEqual(t, owner(http.Header{k: {"sk-a"}}), owner(http.Header{k: {"sk-b"}}), k)
 	}
+	// A load balancer's or CDN's cookies, which some set anew on every
+	// answer, do not count: the session's cookie does.
+	withCookie := func(c string) identity.Owner {
+		return owner(http.Header{"Authorization": {"Bearer sk-a"}, "Cookie": {c}})
+	}
+	assert.Equal(t, a, withCookie("AWSALB=r1; __cf_bm=x1"), "only a balancer's cookies")
+	assert.Equal(t, withCookie("session=s1"), withCookie("AWSALB=r1; session=s1; _cfuvid=u"))
+	assert.Equal(t, withCookie("AWSALB=r1; session=s1"), withCookie("AWSALB=r2;session=s1"))
+	assert.NotEqual(t, withCookie("session=s1"), withCookie("session=s2"))
 	assert.NotEqual(t, owner(http.Header{"Helicone-Auth": {"x"}, "X-Portkey-Api-Key": {"y"}}),
 		owner(http.Header{"Helicone-Auth": {"y"}, "X-Portkey-Api-Key": {"x"}}), "each header's values apart")
 	for k, v := range map[string]string{"Idempotency-Key": "k1", "X-Idempotency-Key": "k1", "X-Stainless-Retry-Count": "1",
