@@ -156,9 +156,19 @@ func credentialNames(h http.Header) []string {
 
 // infraCookies are the cookies that load balancers and CDNs set, some anew
 // on every answer, which the gateway relays: a client that keeps them
-// would start a new owner each turn, and none is a credential.
-var infraCookies = []string{"AWSALB", "AWSALBCORS", "AWSALBTG", "AWSALBTGCORS", "AWSELB", "__cf_bm", "_cfuvid", "__cflb",
-	"ARRAffinity", "ARRAffinitySameSite", "GCLB", "INGRESSCOOKIE", "SERVERID"}
+// would start a new owner each turn, and none is a credential. A name
+// ending in "*" stands for those it begins.
+var infraCookies = []string{"AWSALB", "AWSALBCORS", "AWSALBTG", "AWSALBTGCORS", "AWSELB", "__cf_bm", "_cfuvid", "__cflb", "__cfruid",
+	"ARRAffinity", "ARRAffinitySameSite", "ApplicationGatewayAffinity", "ApplicationGatewayAffinityCORS", "GCLB",
+	"INGRESSCOOKIE", "SERVERID", "BIGipServer*", "TS01*", "bm_sv", "bm_sz", "ak_bmsc", "_abck", "incap_ses_*", "visid_incap_*", "nlbi_*"}
+
+// infraCookie reports whether name is one of infraCookies.
+func infraCookie(name string) bool {
+	return slices.ContainsFunc(infraCookies, func(c string) bool {
+		p, prefix := strings.CutSuffix(c, "*")
+		return name == c || prefix && strings.HasPrefix(name, p)
+	})
+}
 
 // sessionCookies returns the Cookie header values vs without their
 // infraCookies: each value's other cookies, trimmed, joined by "; ".
@@ -169,7 +179,7 @@ func sessionCookies(vs []string) []string {
 		for c := range strings.SplitSeq(v, ";") {
 			c = strings.TrimSpace(c)
 			name, _, _ := strings.Cut(c, "=")
-			if c != "" && !slices.Contains(infraCookies, strings.TrimSpace(name)) {
+			if c != "" && !infraCookie(strings.TrimSpace(name)) {
 				kept = append(kept, c)
 			}
 		}

@@ -159,6 +159,8 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.Equal(t, a, withCookie("AWSALB=r1; __cf_bm=x1"), "only a balancer's cookies")
 	assert.Equal(t, withCookie("session=s1"), withCookie("AWSALB=r1; session=s1; _cfuvid=u"))
 	assert.Equal(t, withCookie("AWSALB=r1; session=s1"), withCookie("AWSALB=r2;session=s1"))
+	assert.Equal(t, withCookie("session=s1"), withCookie("session=s1; BIGipServerpool_api=1677787402.36895.0000; incap_ses_1_2=x"))
+	assert.NotEqual(t, withCookie("session=s1"), withCookie("session=s1; BIGip=1"), "a name that only begins like one")
 	assert.NotEqual(t, withCookie("session=s1"), withCookie("session=s2"))
 	assert.NotEqual(t, owner(http.Header{"Helicone-Auth": {"x"}, "X-Portkey-Api-Key": {"y"}}),
 		owner(http.Header{"Helicone-Auth": {"y"}, "X-Portkey-Api-Key": {"x"}}), "each header's values apart")
