@@ -218,10 +218,12 @@ func carriesCredential(h http.Header) bool {
 // the proxy sends such a turn with its full context.
 //
 // Every owner is scoped by the client's credential: a keyed digest of the
-// credential headers present (credentialHeaders), of the query (an
-// upstream may take a key there, as ?key= or ?api-key=) and of the
-// OpenAI-Organization and OpenAI-Project headers, so that clients with
-// other credentials never share a conversation, whatever ids they send.
+// credential headers present (credentialHeaders) and of the other headers
+// named like one (credentialNames: Cookie, but for the cookies load
+// balancers set, Helicone-Auth…), of the query (an upstream may take a
+// key there, as ?key= or ?api-key=) and of the OpenAI-Organization and
+// OpenAI-Project headers, so that clients with other credentials never
+// share a conversation, whatever ids they send.
 // Within that scope:
 //
 //   - a named session's main thread is identity.Main of a digest of the
