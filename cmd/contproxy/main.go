@@ -101,7 +101,9 @@ type config struct {
 	profile                                                 fingerprint.Profile
 	fakeUpstream, noContinuation, affinity                  bool
 	sockets, maxConns, guessOwners                          int
-	maxCredentials                                          int
+	maxCredentials, maxOwners                               int
+	maxStoredBytes, maxConversationBytes                    int64
+	stateTTL                                                time.Duration
 	socketIdleTimeout, socketDialTimeout                    time.Duration
 	maxBody, maxPassthrough, maxBytesInFlight, maxKeptBytes int64
 	upstreamTimeout, shutdownTimeout, opTimeout             time.Duration
@@ -193,6 +195,11 @@ Flags:
 	fs.Var((*byteSize)(&c.maxKeptBytes), "max-kept-bytes", "memory in `bytes` the client WebSocket connections may keep of their latest responses together, for their next turns to continue; past it the responses kept the longest ago are dropped"+proxyDefault("Config.MaxKeptBytes"))
 	fs.DurationVar(&c.upstreamTimeout, "upstream-timeout", 0, "bound on one turn upstream, streaming included"+proxyDefault("Config.UpstreamTimeout"))
 	fs.DurationVar(&c.opTimeout, "op-timeout", 200*time.Millisecond, "bound on one store operation; past it the turn fails open to full context")
+	storeDefault := func(field string) string { return "; 0, the default, takes store.Options." + field + "'s own default" }
+	fs.IntVar(&c.maxOwners, "max-owners", 0, "how many conversations (owners) the store keeps a state for, in Redis or in process; past it the least recently used ones are evicted"+storeDefault("MaxOwners"))
+	fs.Var((*byteSize)(&c.maxStoredBytes), "max-stored-bytes", "the `bytes` the store keeps in all (about 400 an owner); past it the least recently used owners are evicted"+storeDefault("MaxTotalBytes"))
+	fs.Var((*byteSize)(&c.maxConversationBytes), "max-conversation-bytes", "the largest transcript in `bytes` (canonical input and output) a continuation may cover; a longer conversation goes with its full context"+storeDefault("MaxOwnerBytes"))
+	fs.DurationVar(&c.stateTTL, "state-ttl", 0, "how long a conversation's state lives without a turn"+storeDefault("TTL"))
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long turns in flight may take to finish on SIGTERM")
 	fs.StringVar(&c.advertise, "advertise", "", "`address` (host:port) the other replicas reach this one at, for forwarding (default: -listen, when it names a host)")
 	fs.StringVar(&c.forwardSecret, "forward-secret", "", "secret shared by the replicas, at least 32 bytes, that turns on forwarding: a WebSocket turn landing on a replica that does not hold its socket goes to the one that does (set it as CONTPROXY_FORWARD_SECRET: flags show in ps)")
@@ -687,7 +694,8 @@ const redisPoolSize = 128
 // Redis (nil for the in-process store), which the forwarding directory
 // uses; closeStore closes what it opened.
 func openStore(c config, obs store.Observer) (_ *store.Store, _ redis.UniversalClient, closeStore func(), _ error) {
-	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile}
+	opts := store.Options{Namespace: c.namespace, Replica: c.replica, OpTimeout: c.opTimeout, Observer: obs, Profile: c.profile,
+		MaxOwners: c.maxOwners, MaxTotalBytes: c.maxStoredBytes, MaxOwnerBytes: c.maxConversationBytes, TTL: c.stateTTL}
 	if c.transport == "http" && (c.redisURL != "" || c.redisCluster != "") {
 		// A turn goes upstream on this replica's last record of its
 		// owner while Redis reserves it (HTTP upstream only).

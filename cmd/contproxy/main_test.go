@@ -283,6 +283,29 @@ func TestGuessOwnersReachesTheStore(t *testing.T) {
 	}
 }
 
+// The store's limits are the flags', in process and on Redis; left out,
+// the store's defaults.
+func TestStoreLimitsReachTheStore(t *testing.T) {
+	for _, backend := range [][]string{nil, {"-redis", "redis://127.0.0.1:1/0"}} {
+		c, err := parse(append([]string{"-fake-upstream", "-max-owners", "50000", "-max-stored-bytes", "40MB",
+			"-max-conversation-bytes", "8MiB", "-state-ttl", "2h"}, backend...), noEnv, io.Discard)
+		require.NoError(t, err)
+		st, _, closeStore, err := openStore(c, prommetrics.New(prommetrics.Options{}))
+		require.NoError(t, err, "%q", backend)
+		o := st.Options()
+		assert.Equal(t, []any{50_000, int64(40_000_000), int64(8 << 20), 2 * time.Hour},
+			[]any{o.MaxOwners, o.MaxTotalBytes, o.MaxOwnerBytes, o.TTL}, "%q", backend)
+		closeStore()
+	}
+	c, err := parse([]string{"-fake-upstream"}, noEnv, io.Discard)
+	require.NoError(t, err)
+	st, _, closeStore, err := openStore(c, prommetrics.New(prommetrics.Options{}))
+	require.NoError(t, err)
+	defer closeStore()
+	o := st.Options()
+	assert.Equal(t, []any{10_000, int64(20_000_000), int64(2_000_000), 30 * time.Minute}, []any{o.MaxOwners, o.MaxTotalBytes, o.MaxOwnerBytes, o.TTL})
+}
+
 // start runs contproxy with args until the test ends or stop is called;
 // it serves clients at addr and metrics at ops.
 func start(t *testing.T, args ...string) (addr, ops string, stop func() error) {
