@@ -68,14 +68,16 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 
 // keep reports whether the turn keeps the upstream's answer to the guess
 // as its first try: when res agrees with the guess, or when the store
-// could not reserve the turn (res failed open: it offers nothing, and the
-// guess, a continuation this replica recorded, checked against the
-// request, is one the upstream keeps; sending the turn again would run it
-// twice upstream). It then waits for that answer (rep and err), which the
-// turn releases; otherwise it drops the send at once. Every turn sent
-// early is kept or dropped, once.
+// decided nothing about it: it failed open, or no longer holds the
+// owner's state (flushed, restarted empty, evicted); the turn then goes
+// on as store.Reservation.Adopt says. The guess, a continuation this
+// replica recorded, checked against the request, is one the upstream
+// keeps, and sending the turn again would run it twice upstream. It then
+// waits for that answer (rep and err), which the turn releases; otherwise
+// it drops the send at once. Every turn sent early is kept or dropped,
+// once.
 func (e *early) keep(res *store.Reservation) bool {
-	if res.Agrees(e.guess) || res.Reason == store.ReasonStoreUnavailable {
+	if res.Agrees(e.guess) || res.Adopt(e.guess) != res {
 		<-e.done
 		return true
 	}

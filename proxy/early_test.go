@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
@@ -69,6 +70,10 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 
 				held.let(t, 0)
 				first := turn()
+				// Another replica, on the namespace the first turn made.
+				other, err := store.NewRedis(redis.NewClient(&redis.Options{Addr: mr.Addr()}),
+					store.Options{Namespace: "early", Replica: "r2", OpTimeout: 10 * time.Second})
+				require.NoError(t, err)
 				assert.Equal(t, []string{""}, upstreamGot(), "the opening turn goes whole")
 
 				// Did the upstream get the next turn while its reserve was
@@ -103,31 +108,25 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				assert.Empty(t, upstreamGot(), "sent once")
 				assert.Equal(t, int64(1), stats.Guessed)
 
-				// The state changes behind this replica: the reservation
-				// no longer continues, and the guess's answer is dropped.
+				// Redis lost the state (flushed, restarted empty,
+				// evicted), or fails: the reserve decides nothing, and the
+				// turn keeps the answer to its guess rather than run twice
+				// upstream (store.Reservation.Adopt). Without state, it
+				// records it under the turn it reserved, and the next turn
+				// goes on its guess again; when Redis fails, it records
+				// nothing, and the next turn goes after its reserve.
 				r.proxy.records.waitAll() // the second turn's record is in
 				mr.FlushAll()
 				reserveOnceSent()
 				third := turn()
-				assert.Equal(t, second, <-early, "the guess went while the store reserved the turn")
-				assert.Equal(t, []string{""}, upstreamGot(), "then the full context")
-				assert.Empty(t, previousOf(t, r, third), "the client got the answer to the full context, not to the guess")
-				stats = r.proxy.Stats()
-				assert.Equal(t, int64(1), stats.Continued, "the third turn goes whole")
-				assert.Equal(t, int64(1), stats.GuessesDropped)
-
+				assert.Equal(t, second, <-early, "the third turn went on its guess")
+				assert.Empty(t, upstreamGot(), "sent once")
+				assert.Equal(t, second, previousOf(t, r, third), "the client got the answer to the guess")
 				reserveOnceSent()
 				fourth := turn()
-				assert.Equal(t, third, <-early, "the fourth turn continues the third, guessed")
+				assert.Equal(t, third, <-early, "the fourth turn went on its guess: the third's record")
+				assert.Empty(t, upstreamGot(), "sent once")
 				assert.Equal(t, third, previousOf(t, r, fourth))
-				assert.Empty(t, upstreamGot())
-				stats = r.proxy.Stats()
-				assert.Equal(t, int64(2), stats.Continued)
-				assert.Equal(t, int64(3), stats.Guessed)
-				assert.Equal(t, int64(1), stats.GuessesDropped)
-
-				// Redis fails: the reserve fails open, and the turn keeps
-				// the answer to its guess rather than run twice upstream.
 				r.proxy.records.waitAll()
 				mr.SetError("ERR the store fails")
 				reserveOnceSent()
@@ -135,8 +134,29 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				assert.Equal(t, fourth, <-early, "the fifth turn went on its guess")
 				assert.Empty(t, upstreamGot(), "sent once")
 				assert.Equal(t, fourth, previousOf(t, r, fifth), "the client got the answer to the guess")
+				mr.SetError("")
+				held.let(t, 0)
+				turn()
+				assert.Equal(t, []string{fourth}, upstreamGot(), "the sixth turn continues the last record, after its reserve")
 				stats = r.proxy.Stats()
-				assert.Equal(t, int64(3), stats.Continued)
+				assert.Equal(t, int64(5), stats.Continued)
+				assert.Equal(t, int64(4), stats.Guessed)
+				assert.Zero(t, stats.GuessesDropped)
+
+				// The state changed behind this replica (another replica
+				// served the owner): the reservation no longer continues,
+				// and the guess's answer is dropped.
+				r.proxy.records.waitAll() // the sixth turn's record is in
+				otherReplicaServes(t, other, http.Header{"X-Session-Id": {"s-early"}},
+					map[string]any{"model": "gpt-test", "stream": stream, "input": input})
+				reserveOnceSent()
+				seventh := turn()
+				assert.NotEqual(t, "none", <-early, "the guess went while the store reserved the turn")
+				assert.Equal(t, []string{""}, upstreamGot(), "then the full context")
+				assert.Empty(t, previousOf(t, r, seventh), "the client got the answer to the full context, not to the guess")
+				stats = r.proxy.Stats()
+				assert.Equal(t, int64(5), stats.Continued, "the seventh turn goes whole")
+				assert.Equal(t, int64(5), stats.Guessed)
 				assert.Equal(t, int64(1), stats.GuessesDropped)
 			})
 		}
@@ -239,6 +259,25 @@ func TestAGuessTheUpstreamRefusesIsSentAgainWhole(t *testing.T) {
 
 // previousOf returns the previous_response_id of the upstream request
 // that response id, which a client of r got, answered.
+// otherReplicaServes serves a turn of the owner that header and body
+// name on st, another replica's store: it reserves the turn and records a
+// response the body's requester never saw.
+func otherReplicaServes(t *testing.T, st *store.Store, header http.Header, body map[string]any) {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := st.ParseRequest(b)
+	require.NoError(t, err)
+	who, err := DefaultIdentity.Owner(header, "", req)
+	require.NoError(t, err)
+	res := st.Reserve(t.Context(), who, req)
+	require.NoError(t, res.Err)
+	got, err := st.Record(t.Context(), res, store.Result{ResponseID: "resp_other", Socket: store.Socket{Any: true},
+		Output: []json.RawMessage{json.RawMessage(`{"type":"message","id":"msg_other","role":"assistant","status":"completed","content":[{"type":"output_text","text":"other"}]}`)}})
+	require.NoError(t, err)
+	require.Equal(t, store.OutcomePublished, got)
+}
+
 func previousOf(t *testing.T, r *rig, id string) string {
 	t.Helper()
 	resp, err := http.Get(r.upstream.URL + "/v1/responses/" + id)

@@ -605,9 +605,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 	var err error
 	if guessed {
 		c = t.early.c
-		if !res.Continues() {
-			res = t.early.guess // the store failed open: the guess, which reserved nothing, is the turn's
-		}
+		res = res.Adopt(t.early.guess) // the store decided nothing: the guess is the turn's
 	} else {
 		if t.early != nil {
 			p.stats.add(cGuessesDropped, 1)

@@ -32,9 +32,9 @@ import (
 //
 // A gateway may send a guess upstream while Reserve runs, and keep the
 // upstream's answer when the reservation agrees with it
-// ([Reservation.Agrees]), or when Reserve failed open
-// ([ReasonStoreUnavailable]: the guess then records nothing); otherwise
-// it drops that answer and sends as the reservation says. A continuation is guessed once, until the owner's
+// ([Reservation.Agrees]), or decided nothing about it
+// ([Reservation.Adopt]); otherwise it drops that answer and sends as the
+// reservation says. A continuation is guessed once, until the owner's
 // next record.
 func (s *Store) Guess(owner identity.Owner, req *fingerprint.Request) *Reservation {
 	if s.guesses == nil || s.opts.Disabled || owner.IsZero() || req == nil || req.InputSkipped() ||
@@ -59,6 +59,25 @@ func (s *Store) Guess(owner identity.Owner, req *fingerprint.Request) *Reservati
 func (r *Reservation) Agrees(guess *Reservation) bool {
 	return r.Continues() && guess.Continues() && r.PreviousResponseID == guess.PreviousResponseID &&
 		r.Origin == guess.Origin && len(r.Delta) == len(guess.Delta)
+}
+
+// Adopt returns the reservation of a turn sent on guess, whose own
+// reservation r decided nothing about it: when r found no state of the
+// owner (ReasonMissingState), r continuing as guess does, recorded under
+// r's turn; when r failed open (ReasonStoreUnavailable), guess, which
+// records nothing. Any other r is returned as it is.
+func (r *Reservation) Adopt(guess *Reservation) *Reservation {
+	switch {
+	case !guess.Continues():
+		return r
+	case r.Reason == ReasonStoreUnavailable:
+		return guess
+	case r.Reason == ReasonMissingState:
+		a := *r
+		a.PreviousResponseID, a.Delta, a.UpstreamItems, a.Origin, a.Reason = guess.PreviousResponseID, guess.Delta, guess.UpstreamItems, guess.Origin, ReasonNone
+		return &a
+	}
+	return r
 }
 
 // guesses remembers the continuation of each owner's last record on this

@@ -142,3 +142,42 @@ func TestARecordKeepsTheIDNotTheAnswer(t *testing.T) {
 	require.True(t, next.Continues(), "%s", next.Reason)
 	assert.False(t, inAnswer(next.PreviousResponseID), "the state keeps the answer")
 }
+
+// A turn sent on its guess adopts it when its reservation decided
+// nothing: with the owner's state gone, the adopted reservation continues
+// as the guess does and records under the turn reserved, so the next turn
+// continues; when the store fails, the guess itself, which records
+// nothing; any other reservation is kept.
+func TestAReservationThatDecidedNothingAdoptsTheGuess(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	s, err := store.NewRedis(c, store.Options{GuessOwners: 4})
+	require.NoError(t, err)
+	storetest.OwnersStay(t, s)
+	ctx := context.Background()
+	owner, err := identity.Main("session-adopt")
+	require.NoError(t, err)
+	one, two, three := userMessages(t, s, "one"), userMessages(t, s, "one", "two"), userMessages(t, s, "one", "two", "three")
+	_, err = s.Record(ctx, s.Reserve(ctx, owner, one), store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
+	require.NoError(t, err)
+
+	guess := s.Guess(owner, two)
+	require.True(t, guess.Continues())
+	mr.FlushAll() // the state is gone
+	res := s.Reserve(ctx, owner, two)
+	require.Equal(t, store.ReasonMissingState, res.Reason)
+	adopted := res.Adopt(guess)
+	require.True(t, adopted.Continues())
+	assert.Equal(t, "resp_1", adopted.PreviousResponseID)
+	assert.Equal(t, res.Turn, adopted.Turn, "under the turn reserved")
+	got, err := s.Record(ctx, adopted, store.Result{ResponseID: "resp_2", Socket: store.Socket{Any: true}})
+	require.NoError(t, err)
+	assert.Equal(t, store.OutcomePublished, got)
+	next := s.Reserve(ctx, owner, three)
+	assert.Equal(t, "resp_2", next.PreviousResponseID, "%s", next.Reason)
+
+	unavailable := &store.Reservation{Owner: owner, Reason: store.ReasonStoreUnavailable}
+	assert.Same(t, guess, unavailable.Adopt(guess))
+	assert.Same(t, next, next.Adopt(guess), "a reservation that decided")
+	refused := &store.Reservation{Owner: owner, Reason: store.ReasonNotAppendOnly}
+	assert.Same(t, refused, refused.Adopt(guess))
+}
