@@ -117,16 +117,19 @@ const (
 // subscription key.
 var credentialHeaders = []string{headerAuthorization, headerAPIKey, "X-Api-Key", "X-Goog-Api-Key", "Ocp-Apim-Subscription-Key"}
 
-// credentialWords mark the other headers that may carry a credential: a
-// header whose lowercase name holds one (Cookie, Helicone-Auth,
-// x-portkey-api-key, Cf-Access-Client-Secret…) is in the credential scope
-// too, but for notCredentials.
-var credentialWords = []string{"auth", "key", "token", "secret", "cookie", "credential", "password"}
+// credentialWords mark the other headers that may carry a credential, or
+// the identity an authenticating proxy vouches for: a header whose
+// lowercase name holds one (Cookie, Helicone-Auth, x-portkey-api-key,
+// Cf-Access-Jwt-Assertion, X-Forwarded-User, X-Forwarded-Client-Cert…) is
+// in the credential scope too, but for notCredentials.
+var credentialWords = []string{"auth", "key", "token", "secret", "cookie", "credential", "password",
+	"jwt", "oidc", "assertion", "cert", "user", "email"}
 
 // notCredentials are headers whose names hold a credential word and that
-// carry none: an idempotency key, new on every request, and the
-// organization and project, which the scope takes apart.
-var notCredentials = []string{"idempotency-key", "x-idempotency-key", "openai-organization", "openai-project"}
+// carry none: an idempotency key, new on every request, the client
+// software's name, and the organization and project, which the scope
+// takes apart.
+var notCredentials = []string{"idempotency-key", "x-idempotency-key", "user-agent", "openai-organization", "openai-project"}
 
 // credentialNames returns the headers of h in its credential scope, as
 // PROTOCOL.md 2.4 orders them: the credential headers present, in
@@ -171,12 +174,13 @@ func infraCookie(name string) bool {
 }
 
 // sessionCookies returns the Cookie header values vs without their
-// infraCookies: each value's other cookies, trimmed, joined by "; ".
+// infraCookies: each value's other cookies (split at ";", or at ",",
+// which some clients write), trimmed, joined by "; ".
 func sessionCookies(vs []string) []string {
 	out := make([]string, len(vs))
 	for i, v := range vs {
 		var kept []string
-		for c := range strings.SplitSeq(v, ";") {
+		for c := range strings.FieldsFuncSeq(v, func(r rune) bool { return r == ';' || r == ',' }) { // a cookie's value holds neither
 			c = strings.TrimSpace(c)
 			name, _, _ := strings.Cut(c, "=")
 			if c != "" && !infraCookie(strings.TrimSpace(name)) {

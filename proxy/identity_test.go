@@ -145,7 +145,8 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	// So does any other header whose name says it may carry a credential:
 	// a cookie, a gateway's own key header; not an idempotency key, new
 	// on every request, nor the SDKs' other headers.
-	for _, k := range []string{"Cookie", "Helicone-Auth", "Cf-Aig-Authorization", "X-Portkey-Api-Key", "Cf-Access-Client-Secret", "X_api_key", "X-Session-Token"} {
+	for _, k := range []string{"Cookie", "Helicone-Auth", "Cf-Aig-Authorization", "X-Portkey-Api-Key", "Cf-Access-Client-Secret", "X_api_key", "X-Session-Token",
+		"Cf-Access-Jwt-Assertion", "X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Forwarded-Client-Cert", "X-Forwarded-User", "X-Forwarded-Email"} {
 		one := owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-a"}})
 		assert.NotEqual(t, a, one, k)
 		assert.NotEqual(t, one, owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-b"}}), k)
@@ -162,6 +163,7 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	assert.Equal(t, withCookie("session=s1"), withCookie("session=s1; BIGipServerpool_api=1677787402.36895.0000; incap_ses_1_2=x"))
 	assert.NotEqual(t, withCookie("session=s1"), withCookie("session=s1; BIGip=1"), "a name that only begins like one")
 	assert.NotEqual(t, withCookie("session=s1"), withCookie("session=s2"))
+	assert.NotEqual(t, withCookie("AWSALB=x, session=s1"), withCookie("AWSALB=x, session=s2"), "cookies split at commas too")
 	assert.NotEqual(t, owner(http.Header{"Helicone-Auth": {"x"}, "X-Portkey-Api-Key": {"y"}}),
 		owner(http.Header{"Helicone-Auth": {"y"}, "X-Portkey-Api-Key": {"x"}}), "each header's values apart")
 	for k, v := range map[string]string{"Idempotency-Key": "k1", "X-Idempotency-Key": "k1", "X-Stainless-Retry-Count": "1",

@@ -604,5 +604,11 @@ var (
 	errMovedOn = errors.New("proxy: the socket holds another response now")
 )
 
-// eventType is the "type" member of an event's data.
-func eventType(data []byte) string { return gjson.GetBytes(data, "type").String() }
+// eventType is the "type" member of an event's data: a string, "" for
+// none (a number, an object…).
+func eventType(data []byte) string {
+	if t := gjson.GetBytes(data, "type"); t.Type == gjson.String {
+		return t.Str
+	}
+	return ""
+}

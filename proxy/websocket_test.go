@@ -480,34 +480,41 @@ func TestASocketsErrorEventKeepsItsHeaders(t *testing.T) {
 // not left waiting for an end that will not come, and the socket, whose
 // state is unknown, is not used again.
 func TestASocketMessageThatIsNotAnEventBreaksTheTurnOff(t *testing.T) {
-	var sockets atomic.Int64
-	upstream := scriptedSockets(t, func(socket, n int, _ []byte, send func(string)) {
-		sockets.Store(int64(socket))
-		id := fmt.Sprintf("resp_%d_%d", socket, n)
-		send(`{"type":"response.created","response":{"id":"` + id + `","object":"response","status":"in_progress","output":[]}}`)
-		if socket == 1 && n == 1 {
-			send(`{"response":{"id":"` + id + `","object":"response","status":"completed","output":[]`) // cut
-			return
-		}
-		send(`{"type":"response.completed","response":{"id":"` + id + `","object":"response","status":"completed","output":[]}}`)
-	})
-	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"model":"m","input":"hi","store":false,"stream":true}`))
-	require.NoError(t, err)
-	req.Header.Set("X-Session-Id", "s1")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	_, err = io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	require.Error(t, err, "the stream is cut")
-	require.NoError(t, ctx.Err(), "at once, not when the client gives up")
+	for name, bad := range map[string]string{
+		"cut before its type": `{"response":{"id":"%s","object":"response","status":"completed","output":[]`,
+		"a type not a string": `{"type":5,"response":{"id":"%s","object":"response","status":"completed","output":[]}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			var sockets atomic.Int64
+			upstream := scriptedSockets(t, func(socket, n int, _ []byte, send func(string)) {
+				sockets.Store(int64(socket))
+				id := fmt.Sprintf("resp_%d_%d", socket, n)
+				send(`{"type":"response.created","response":{"id":"` + id + `","object":"response","status":"in_progress","output":[]}}`)
+				if socket == 1 && n == 1 {
+					send(fmt.Sprintf(bad, id))
+					return
+				}
+				send(`{"type":"response.completed","response":{"id":"` + id + `","object":"response","status":"completed","output":[]}}`)
+			})
+			_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"model":"m","input":"hi","store":false,"stream":true}`))
+			require.NoError(t, err)
+			req.Header.Set("X-Session-Id", "s1")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			_, err = io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			require.Error(t, err, "the stream is cut")
+			require.NoError(t, ctx.Err(), "at once, not when the client gives up")
 
-	a := post(t, url, http.Header{"X-Session-Id": {"s1"}}, map[string]any{"model": "m", "store": false,
-		"input": []any{map[string]any{"role": "user", "content": "hi"}, map[string]any{"role": "user", "content": "next"}}})
-	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
-	assert.Equal(t, int64(2), sockets.Load(), "the next turn went on a new socket")
+			a := post(t, url, http.Header{"X-Session-Id": {"s1"}}, map[string]any{"model": "m", "store": false,
+				"input": []any{map[string]any{"role": "user", "content": "hi"}, map[string]any{"role": "user", "content": "next"}}})
+			require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+			assert.Equal(t, int64(2), sockets.Load(), "the next turn went on a new socket")
+		})
+	}
 }
 
 // A client that asked for JSON waits for the whole answer: a continuation
