@@ -606,7 +606,8 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 	if ll, ok := ln.(*limitListener); ok {
 		// Room for a new connection: a WebSocket connection never used,
 		// else the keep-alive connections sitting idle between requests
-		// (which would hold their slots for -idle-timeout), else the
+		// (which would hold their slots for -idle-timeout) and those
+		// sending their headers for 5 s or more, else the
 		// request whose body arrives the slowest (a byte now and then
 		// keeps a body within -body-timeout), else the WebSocket
 		// connection idle the longest between turns.
@@ -614,7 +615,7 @@ func serve(ctx context.Context, c config, logger *slog.Logger, p *proxy.Proxy, r
 		ll.full = func() {
 			switch {
 			case p.CloseUnusedSocket():
-			case ll.idleConns.Load() > 0:
+			case ll.hasIdle():
 				closeIdleConns(srv)
 			case ll.stopSlowestBody():
 			default:

@@ -142,9 +142,6 @@ type limitListener struct {
 	done      chan struct{} // closed by Close
 	closeOnce sync.Once
 	full      func()
-	// idleConns counts the connections sitting idle between requests
-	// (track).
-	idleConns atomic.Int64
 	mu        sync.Mutex
 	conns     map[*limitedConn]struct{} // those open
 }
@@ -169,8 +166,9 @@ func connsWithin(want int, nofile uint64) int {
 }
 
 // closeIdleConns closes srv's keep-alive connections that sit idle
-// between requests (and those that have sent no request for 5 seconds):
-// the client opens a new one for its next request.
+// between requests, and those that have sent no whole request for 5
+// seconds (a client that sends its headers a byte now and then): the
+// client opens a new one for its next request.
 func closeIdleConns(srv *http.Server) {
 	srv.SetKeepAlivesEnabled(false) // which closes the idle connections
 	srv.SetKeepAlivesEnabled(true)
@@ -194,7 +192,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 	}
-	lc := &limitedConn{TCPConn: c}
+	lc := &limitedConn{TCPConn: c, accepted: time.Now()}
 	lc.release = func() {
 		l.mu.Lock()
 		delete(l.conns, lc)
@@ -207,20 +205,35 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	return lc, nil
 }
 
-// track is the server's ConnState: it counts the connections idle
-// between requests.
+// track is the server's ConnState: it keeps each connection's state.
 func (l *limitListener) track(c net.Conn, st http.ConnState) {
-	lc, ok := c.(*limitedConn)
-	if !ok {
-		return
+	if lc, ok := c.(*limitedConn); ok {
+		lc.state.Store(int32(st))
 	}
-	switch idle := st == http.StateIdle; {
-	case lc.idle.Swap(idle) == idle:
-	case idle:
-		l.idleConns.Add(1)
-	default:
-		l.idleConns.Add(-1)
+}
+
+// newIdleAfter is how long a connection that has sent no complete request
+// yet must wait before the server takes it for idle (net/http closes such
+// connections with the idle ones after 5 seconds).
+const newIdleAfter = 5 * time.Second
+
+// hasIdle reports whether a connection is idle as closeIdleConns takes
+// it: between requests, or open newIdleAfter without a request.
+func (l *limitListener) hasIdle() bool {
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		switch http.ConnState(c.state.Load()) {
+		case http.StateIdle:
+			return true
+		case http.StateNew:
+			if now.Sub(c.accepted) >= newIdleAfter {
+				return true
+			}
+		}
 	}
+	return false
 }
 
 // A request body arrives slowly when it has been arriving for slowAfter
@@ -295,7 +308,8 @@ type limitedConn struct {
 	*net.TCPConn
 	releaseOnce sync.Once
 	release     func()
-	idle        atomic.Bool // between requests (limitListener.track)
+	accepted    time.Time
+	state       atomic.Int32 // its http.ConnState (limitListener.track)
 	// bodyFrom, while a request body arrives (progressBody), is when it
 	// began (UnixNano), and bodyGot what has come of it; bodyFrom is 0
 	// otherwise. stopped tells that stopSlowestBody stopped it.

@@ -374,6 +374,30 @@ func TestASlowBodyMakesRoomAtMaxConns(t *testing.T) {
 	assert.Positive(t, stopped, "a slow request is answered")
 }
 
+// So does a connection that has sent part of its headers for 5 s, as
+// net/http takes it for idle: a byte of headers now and then may not keep
+// the others out for -read-header-timeout.
+func TestSlowHeadersMakeRoomAtMaxConns(t *testing.T) {
+	addr, _, _ := start(t, "-fake-upstream", "-max-conns", "2", "-read-header-timeout", "60s")
+	for range 2 {
+		c := dial(t, addr)
+		_, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: gw\r\n")
+		require.NoError(t, err)
+		go func() { // a header byte every 200 ms
+			for range 300 {
+				time.Sleep(200 * time.Millisecond)
+				if _, err := c.Write([]byte("X")); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	status, _ := dial(t, addr).get(t, "/healthz")
+	assert.Equal(t, http.StatusOK, status, "served in a slow header's place")
+	t.Logf("served after %v", time.Since(start))
+}
+
 func TestMetricsAreOnTheOperationsPortOnly(t *testing.T) {
 	addr, ops, _ := start(t, "-fake-upstream")
 	for _, c := range []struct {
