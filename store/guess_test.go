@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -76,13 +77,8 @@ func TestNoGuessWhileTheBreakerIsOpen(t *testing.T) {
 // owner's next turn finds the store's continuation as the store left it,
 // and the turn after is guessed.
 func TestAFailedReserveKeepsTheOwnersStay(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	s, err := store.NewRedis(c, store.Options{GuessOwners: 4})
-	require.NoError(t, err)
-	storetest.OwnersStay(t, s)
+	mr, s, owner := guessingStore(t, "session-failed-reserve")
 	ctx := context.Background()
-	owner, err := identity.Main("session-failed-reserve")
-	require.NoError(t, err)
 	turn := func(texts ...string) *fingerprint.Request { return userMessages(t, s, texts...) }
 	record := func(res *store.Reservation, id string) {
 		t.Helper()
@@ -100,6 +96,19 @@ func TestAFailedReserveKeepsTheOwnersStay(t *testing.T) {
 	require.True(t, res.Continues(), "%s", res.Reason)
 	record(res, "resp_2")
 	assert.True(t, s.Guess(owner, turn("one", "two", "three")).Continues(), "the owner stayed")
+}
+
+// guessingStore returns a store on miniredis that guesses, having found
+// that owners stay, the miniredis, and the owner of session.
+func guessingStore(t *testing.T, session string) (*miniredis.Miniredis, *store.Store, identity.Owner) {
+	t.Helper()
+	mr, c := redistest.Miniredis(t)
+	s, err := store.NewRedis(c, store.Options{GuessOwners: 4})
+	require.NoError(t, err)
+	storetest.OwnersStay(t, s)
+	owner, err := identity.Main(session)
+	require.NoError(t, err)
+	return mr, s, owner
 }
 
 // userMessages parses, on s, a request of user messages with texts.
@@ -149,15 +158,10 @@ func TestARecordKeepsTheIDNotTheAnswer(t *testing.T) {
 // continues; when the store fails, the guess itself, which records
 // nothing; any other reservation is kept.
 func TestAReservationThatDecidedNothingAdoptsTheGuess(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	s, err := store.NewRedis(c, store.Options{GuessOwners: 4})
-	require.NoError(t, err)
-	storetest.OwnersStay(t, s)
+	mr, s, owner := guessingStore(t, "session-adopt")
 	ctx := context.Background()
-	owner, err := identity.Main("session-adopt")
-	require.NoError(t, err)
 	one, two, three := userMessages(t, s, "one"), userMessages(t, s, "one", "two"), userMessages(t, s, "one", "two", "three")
-	_, err = s.Record(ctx, s.Reserve(ctx, owner, one), store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
+	_, err := s.Record(ctx, s.Reserve(ctx, owner, one), store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
 	require.NoError(t, err)
 
 	guess := s.Guess(owner, two)
