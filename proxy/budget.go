@@ -19,9 +19,10 @@ import (
 // (Config.MaxBytesInFlight): a turn's body from the moment it is read
 // until the turn ends, since the body and its parse live until then, and
 // a WebSocket message from the moment it is read until it is answered. A
-// turn's answer joins its hold (a WebSocket turn's, its message's) as the
-// relay keeps it (hold.force), even past the budget: it is in memory
-// already, and the requests after it wait.
+// turn's answer joins its hold (a WebSocket turn's, its message's): a JSON
+// answer as it is read (readAnswer), relayed unkept when no room comes for
+// it; a stream's output as the relay keeps it (hold.force), even past the
+// budget, as it is in memory already and the requests after it wait.
 //
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an
@@ -377,9 +378,10 @@ func (h *hold) force(n int64) {
 	h.n += n
 }
 
-// trim gives back what the hold has beyond n; a nil hold holds nothing.
+// trim gives back what the hold has beyond n; a nil hold, or one without
+// a budget, holds nothing.
 func (h *hold) trim(n int64) {
-	if h != nil && h.n > n {
+	if h != nil && h.b != nil && h.n > n {
 		h.b.release(h.n - n)
 		h.n = n
 	}

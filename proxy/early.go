@@ -43,6 +43,7 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 	}
 	tg := t.target
 	tg.want, tg.prev = guess.Origin, guess.PreviousResponseID
+	tg.answers = nil // read on a goroutine of its own: a kept answer is held as the relay keeps it
 	c := &httpConn{up: up, tg: &tg}
 	if !c.continues(guess) {
 		return nil // not kept upstream (store false)

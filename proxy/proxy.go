@@ -192,10 +192,10 @@ type Config struct {
 	// the WebSocket mode, whose connection stops reading meanwhile), as
 	// the bodies it stopped do; one that could never fit gets 413 at once.
 	// A turn's answer joins its body's weight (a WebSocket turn's, its
-	// message's) until the client has it (a JSON answer three times its
-	// bytes, a stream's output items and final response twice theirs),
-	// past the limit if it must: clients that read slowly make the
-	// requests after them wait. Default 256 MiB.
+	// message's) until the client has it: a JSON answer three times its
+	// bytes, held as it is read, and relayed unkept (not recorded) as it
+	// comes once no room comes for it; a stream's output items and final
+	// response twice theirs, past the limit if they must. Default 256 MiB.
 	MaxBytesInFlight int64
 	// MaxKeptBytes bounds what the client WebSocket connections keep of
 	// their latest responses together, for their clients to continue with
@@ -314,6 +314,10 @@ type target struct {
 	// forwarded tells whether another replica handed the turn over: it
 	// runs on want only, and only while want holds prev.
 	forwarded bool
+	// answers is where the upstream's answer is held as the relay keeps
+	// it (the turn's hold, or a WebSocket turn's message's); nil for
+	// none.
+	answers *hold
 }
 
 // turn is one client request on its way upstream.
@@ -324,9 +328,8 @@ type turn struct {
 	// res is the turn's reservation; nil for a passthrough request.
 	res *store.Reservation
 	// hold is the turn's body's weight in the budget (MaxBytesInFlight),
-	// released when the turn is over; answers is where what the relay
-	// keeps of the answer is held: hold, or a WebSocket turn's message's.
-	hold, answers *hold
+	// released when the turn is over.
+	hold *hold
 	// early is the turn sent on a guess while the store reserved it; nil
 	// when it was not.
 	early *early
@@ -390,7 +393,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.trim(weight(int64(len(body)), int64(req.Len())))
 	t := &turn{target: target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false",
 		own: member(req, "previous_response_id").String()}, stream: rawMember(req, "stream") == "true",
-		hold: h, answers: h, arrived: arrived}
+		hold: h, arrived: arrived}
+	t.answers = h
 	if st, ok := r.Context().Value(socketTurn{}).(socketTurnOf); ok && st.held != nil {
 		t.answers = st.held
 	}
@@ -933,9 +937,23 @@ func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(ou
 func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	out := outcome{status: rep.status, failed: rep.status >= 400}
 	body := rep.body
-	// Kept until the client has it: the body, its output items and the
-	// copy it is shown as.
-	rep.held.force(answerCopies * int64(len(body)))
+	if rep.rest != nil {
+		// No room to keep it: relayed as it comes, as a reverse proxy
+		// relays it, and not recorded.
+		copyHeader(w.Header(), rep.header)
+		w.WriteHeader(rep.status)
+		if _, err := w.Write(body); err != nil {
+			out.clientGone = true
+		} else if _, err := io.Copy(w, rep.rest); err != nil {
+			out.err, out.cut = err, true
+		}
+		return out
+	}
+	if !rep.charged {
+		// Kept until the client has it: the body, its output items and
+		// the copy it is shown as.
+		rep.held.force(answerCopies * int64(len(body)))
+	}
 	if rep.status/100 == 2 && !gjson.ValidBytes(body) {
 		out.failed = true // cut or garbled: no response to continue
 	} else if rep.status/100 == 2 {

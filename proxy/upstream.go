@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -78,8 +79,14 @@ type reply struct {
 	// HTTP API answers before any event.
 	socket bool
 	// held is the turn's hold in the budget, which what the relay keeps
-	// of the answer joins (hold.force); nil for none.
-	held *hold
+	// of the answer joins (hold.force); nil for none. charged tells that
+	// body's weight is in it already (readAnswer).
+	held    *hold
+	charged bool
+	// rest, when not nil, is the part of a JSON answer not read, for
+	// want of room in the budget: body and rest are relayed as they come,
+	// unkept.
+	rest io.Reader
 }
 
 // drainWait bounds how long a relay waits, after a stream's terminal
@@ -420,15 +427,52 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	if stream && resp.StatusCode/100 == 2 && (isEventStream(resp.Header) || untypedEvents(resp)) {
 		return eventReply(resp), nil
 	}
-	rep := &reply{status: resp.StatusCode, header: resp.Header}
-	defer resp.Body.Close()
-	if rep.body, err = io.ReadAll(io.LimitReader(resp.Body, maxUpstreamBody+1)); err != nil {
+	rep := &reply{status: resp.StatusCode, header: resp.Header, charged: c.tg.answers != nil}
+	body, rest, err := readAnswer(ctx, io.LimitReader(resp.Body, maxUpstreamBody+1), c.tg.answers)
+	switch {
+	case err != nil:
+		_ = resp.Body.Close()
 		return nil, fmt.Errorf("reading the upstream's answer: %w", err)
+	case rest:
+		rep.body, rep.rest, rep.done = body, resp.Body, func() { _ = resp.Body.Close() }
+		return rep, nil
 	}
-	if len(rep.body) > maxUpstreamBody {
+	_ = resp.Body.Close()
+	if len(body) > maxUpstreamBody {
 		return nil, fmt.Errorf("the upstream's answer is larger than %d bytes", maxUpstreamBody)
 	}
+	rep.body = body
 	return rep, nil
+}
+
+// readAnswer reads a JSON answer from r, holding answerCopies times each
+// step of it in h before it reads it, as a request body is held, and
+// waiting for room as a request does. When no room comes it stops, rest
+// true: what it read and the rest of r are relayed as they come, unkept.
+// A nil h holds nothing.
+func readAnswer(ctx context.Context, r io.Reader, h *hold) (body []byte, rest bool, err error) {
+	if h == nil {
+		h = &hold{}
+	}
+	for step := int64(readStep); ; step = min(2*step, maxUpstreamBody) {
+		if err := h.grow(ctx, answerCopies*step); err != nil {
+			if ctx.Err() != nil {
+				return nil, false, err
+			}
+			return body, true, nil
+		}
+		n := len(body)
+		body = slices.Grow(body, int(step))[:n+int(step)]
+		m, err := io.ReadFull(r, body[n:])
+		body = body[:n+m]
+		h.trim(h.n - answerCopies*(step-int64(m))) // what was held and not read
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return body, false, nil
+		case err != nil:
+			return nil, false, err
+		}
+	}
 }
 
 // eventReply returns the reply that reads resp's event stream.
