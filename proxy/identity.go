@@ -120,10 +120,11 @@ var credentialHeaders = []string{headerAuthorization, headerAPIKey, "X-Api-Key",
 // credentialWords mark the other headers that may carry a credential, or
 // the identity an authenticating proxy vouches for: a header whose
 // lowercase name holds one (Cookie, Helicone-Auth, x-portkey-api-key,
-// Cf-Access-Jwt-Assertion, X-Forwarded-User, X-Forwarded-Client-Cert…) is
-// in the credential scope too, but for notCredentials.
+// Cf-Access-Jwt-Assertion, X-Forwarded-User, X-Forwarded-Client-Cert,
+// X-Ms-Client-Principal…) is in the credential scope too, but for
+// notCredentials.
 var credentialWords = []string{"auth", "key", "token", "secret", "cookie", "credential", "password",
-	"jwt", "oidc", "assertion", "cert", "user", "email"}
+	"jwt", "oidc", "assertion", "cert", "user", "email", "principal"}
 
 // notCredentials are headers whose names hold a credential word and that
 // carry none: an idempotency key, new on every request, the client

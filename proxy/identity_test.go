@@ -146,7 +146,7 @@ func TestOwnersAreScopedByCredential(t *testing.T) {
 	// a cookie, a gateway's own key header; not an idempotency key, new
 	// on every request, nor the SDKs' other headers.
 	for _, k := range []string{"Cookie", "Helicone-Auth", "Cf-Aig-Authorization", "X-Portkey-Api-Key", "Cf-Access-Client-Secret", "X_api_key", "X-Session-Token",
-		"Cf-Access-Jwt-Assertion", "X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Forwarded-Client-Cert", "X-Forwarded-User", "X-Forwarded-Email"} {
+		"Cf-Access-Jwt-Assertion", "X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Data", "X-Forwarded-Client-Cert", "X-Forwarded-User", "X-Forwarded-Email", "X-Ms-Client-Principal-Name"} {
 		one := owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-a"}})
 		assert.NotEqual(t, a, one, k)
 		assert.NotEqual(t, one, owner(http.Header{"Authorization": {"Bearer sk-a"}, k: {"sk-b"}}), k)
