@@ -571,8 +571,8 @@ const bigAnswer = 16 << 20
 
 // bigAnswerProxy returns a proxy whose HTTP upstream answers every turn
 // with a completed JSON response of bigAnswer bytes of text, with a
-// budget of twice that, and its server.
-func bigAnswerProxy(t *testing.T) (*Proxy, *httptest.Server) {
+// budget of twice that, its server, and the steps of its turns.
+func bigAnswerProxy(t *testing.T) (*Proxy, *httptest.Server, *stepLog) {
 	text := strings.Repeat("x", bigAnswer)
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -584,12 +584,13 @@ func bigAnswerProxy(t *testing.T) (*Proxy, *httptest.Server) {
 	require.NoError(t, err)
 	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
 	require.NoError(t, err)
-	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * bigAnswer, MaxBodyBytes: 1 << 20})
+	steps := &stepLog{}
+	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * bigAnswer, MaxBodyBytes: 1 << 20, Observer: steps})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	return p, srv
+	return p, srv, steps
 }
 
 // budgetHeld returns what p's budget holds, and its size.
@@ -606,7 +607,7 @@ func budgetHeld(p *Proxy) (cur, size int64) {
 // reverse proxy relays it: the budget is never exceeded, and the client
 // gets the whole answer all the same.
 func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
-	p, srv := bigAnswerProxy(t)
+	p, srv, steps := bigAnswerProxy(t)
 
 	// A client that sends a turn and reads nothing of its answer.
 	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
@@ -629,6 +630,11 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 	assert.Equal(t, bigAnswer, len(gjson.GetBytes(a.body, "output.0.content.0.text").Str))
 	cur, size := budgetHeld(p)
 	assert.LessOrEqual(t, cur, size, "the budget is never exceeded")
+	var seen []string
+	assert.Eventually(t, func() bool {
+		seen = append(seen, steps.take()...)
+		return slices.Contains(seen, "end:relayed_unkept")
+	}, 10*time.Second, time.Millisecond, "the turn ends relayed_unkept: %q", seen)
 
 	_ = conn.Close() // the client goes: its answer is let go
 	require.Eventually(t, func() bool { return budgetFree(p) }, 10*time.Second, 10*time.Millisecond)
@@ -636,7 +642,7 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 
 // So does a WebSocket turn's answer, in its message's hold.
 func TestAnAnswerASocketClientDoesNotReadHoldsTheBudget(t *testing.T) {
-	p, srv := bigAnswerProxy(t)
+	p, srv, _ := bigAnswerProxy(t)
 	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s1")
 	c.create(map[string]any{"model": "m", "store": true, "input": "hi"}) // and reads nothing
 	require.Eventually(t, func() bool {

@@ -44,8 +44,11 @@ const (
 	// carrying its own previous_response_id, or a store that failed
 	// open), "aborted" (no completed response the client received),
 	// "given_back" (as aborted, and the continuation the turn took given
-	// back to its owner, Store.Restore: its next try continues) or
-	// "failed" (the upstream could not be reached). Latency is the turn's.
+	// back to its owner, Store.Restore: its next try continues),
+	// "relayed_unkept" (answered, relayed as it came for want of room in
+	// MaxBytesInFlight, and not recorded; the continuation the turn took
+	// given back) or "failed" (the upstream could not be reached).
+	// Latency is the turn's.
 	StepEnd Step = "end"
 )
 

@@ -713,6 +713,9 @@ func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, 
 		p.stats.add(cUpstreamErrors, 1)
 		p.warns.warn(*lg, "upstream answer cut short; turn aborted", "err", out.err)
 		return p.giveBack(ctx, *lg, a.res), nil
+	case out.unkept && !out.clientGone:
+		p.giveBack(ctx, *lg, a.res) // the client has the answer, which nothing records
+		return "relayed_unkept", nil
 	case out.refused && a.continued:
 		// The continuation is gone upstream, refused once the answer had
 		// begun, too late to send the turn again: the refusal counts.
@@ -908,8 +911,10 @@ type outcome struct {
 	// refused the continuation so (refusesContinuation), after the
 	// answer began.
 	failed, refused bool
-	// clientGone tells whether writing to the client failed.
-	clientGone bool
+	// clientGone tells whether writing to the client failed; unkept,
+	// that the answer was relayed as it came, for want of room to keep
+	// it (readAnswer).
+	clientGone, unkept bool
 	// err is set when the upstream's answer broke off; cut, when it did
 	// after the client's stream began.
 	err error
@@ -940,6 +945,7 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 	if rep.rest != nil {
 		// No room to keep it: relayed as it comes, as a reverse proxy
 		// relays it, and not recorded.
+		out.unkept = true
 		copyHeader(w.Header(), rep.header)
 		w.WriteHeader(rep.status)
 		if _, err := w.Write(body); err != nil {
