@@ -132,30 +132,40 @@ var credentialWords = []string{"auth", "key", "token", "secret", "cookie", "cred
 // takes apart.
 var notCredentials = []string{"idempotency-key", "x-idempotency-key", "user-agent", "openai-organization", "openai-project"}
 
-// credentialNames returns the headers of h in its credential scope, as
+// scopePart is one part of a credential scope: a header's lowercase name
+// and its values as the scope takes them, or the query (queryName).
+type scopePart struct {
+	name   string
+	values []string
+}
+
+// credentialParts returns the headers of h in its credential scope, as
 // PROTOCOL.md 2.4 orders them: the credential headers present, in
 // credentialHeaders' order, then the others whose names hold a credential
-// word, in the order of their lowercase names.
-func credentialNames(h http.Header) []string {
-	var names, others []string
+// word, in the order of their lowercase names (a Cookie header's values
+// without the load balancers' cookies, and none when only those are left).
+func credentialParts(h http.Header) []scopePart {
+	var parts, others []scopePart
 	for _, k := range credentialHeaders {
-		if len(h.Values(k)) > 0 {
-			names = append(names, k)
+		if vs := h.Values(k); len(vs) > 0 {
+			parts = append(parts, scopePart{strings.ToLower(k), vs})
 		}
 	}
-	for k := range h {
+	for k, vs := range h {
 		lk := strings.ToLower(k)
 		switch {
 		case !slices.ContainsFunc(credentialWords, func(w string) bool { return strings.Contains(lk, w) }),
 			slices.Contains(notCredentials, lk), slices.ContainsFunc(credentialHeaders, func(c string) bool { return strings.EqualFold(c, k) }):
-		case lk == "cookie" && !slices.ContainsFunc(sessionCookies(h[k]), func(v string) bool { return v != "" }):
-			// only the load balancers' cookies: none
+		case lk == "cookie":
+			if vs = sessionCookies(vs); slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
+				others = append(others, scopePart{lk, vs})
+			} // else only the load balancers' cookies: none
 		default:
-			others = append(others, k)
+			others = append(others, scopePart{lk, vs})
 		}
 	}
-	slices.SortFunc(others, func(a, b string) int { return strings.Compare(strings.ToLower(a), strings.ToLower(b)) })
-	return append(names, others...)
+	slices.SortFunc(others, func(a, b scopePart) int { return strings.Compare(a.name, b.name) })
+	return append(parts, others...)
 }
 
 // infraCookies are the cookies that load balancers and CDNs set, some anew
@@ -224,7 +234,7 @@ func carriesCredential(h http.Header) bool {
 //
 // Every owner is scoped by the client's credential: a keyed digest of the
 // credential headers present (credentialHeaders) and of the other headers
-// named like one (credentialNames: Cookie, but for the cookies load
+// named like one (credentialParts: Cookie, but for the cookies load
 // balancers set, Helicone-Auth…), of the query (an upstream may take a
 // key there, as ?key= or ?api-key=) and of the OpenAI-Organization and
 // OpenAI-Project headers, so that clients with other credentials never
@@ -289,7 +299,7 @@ func (id Identity) Owner(h http.Header, query string, req *fingerprint.Request) 
 
 // scoped starts the message of a derived id: the domain, then the
 // credential scope of headers h and URL query query. The credential is
-// the values of the headers that may carry one (credentialNames), under
+// the values of the headers that may carry one (credentialParts), under
 // their lowercase names joined by ",", each header's values in turn (an
 // upstream may take any of them, even beside an empty one), then a query
 // that is not empty, under the name "?" (no header's name), as its one
@@ -298,28 +308,21 @@ func (id Identity) Owner(h http.Header, query string, req *fingerprint.Request) 
 func scoped(domain string, h http.Header, query string) []byte {
 	b := make([]byte, 0, 128)
 	b = appendString(b, domain)
-	names := credentialNames(h)
+	parts := credentialParts(h)
 	if query != "" {
-		names = append(names, queryName)
+		parts = append(parts, scopePart{queryName, []string{query}})
 	}
-	if names == nil {
-		names = []string{""}
+	if parts == nil {
+		parts = []scopePart{{}} // the empty name, no values
 	}
-	b = appendString(b, strings.ToLower(strings.Join(names, ",")))
-	for _, k := range append(names, headerOrganization, headerProject) {
-		var vs []string
-		switch k {
-		case "":
-		case queryName:
-			vs = []string{query}
-		default:
-			vs = h.Values(k)
-			if http.CanonicalHeaderKey(k) == "Cookie" {
-				vs = sessionCookies(vs)
-			}
-		}
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
+	names := make([]string, len(parts))
+	for i, c := range parts {
+		names[i] = c.name
+	}
+	b = appendString(b, strings.Join(names, ","))
+	for _, c := range append(parts, scopePart{values: h.Values(headerOrganization)}, scopePart{values: h.Values(headerProject)}) {
+		b = binary.AppendUvarint(b, uint64(len(c.values)))
+		for _, v := range c.values {
 			b = appendString(b, v)
 		}
 	}
