@@ -960,9 +960,11 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 		// the copy it is shown as.
 		rep.held.force(answerCopies * int64(len(body)))
 	}
-	if rep.status/100 == 2 && !gjson.ValidBytes(body) {
+	switch {
+	case rep.status/100 != 2:
+	case !gjson.ValidBytes(body):
 		out.failed = true // cut or garbled: no response to continue
-	} else if rep.status/100 == 2 {
+	default:
 		r := gjson.ParseBytes(body)
 		out.id = r.Get("id").String()
 		status := r.Get("status").String()
