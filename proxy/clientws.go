@@ -109,8 +109,8 @@ func (p *Proxy) serveSocket(w http.ResponseWriter, r *http.Request) {
 	defer ws.CloseNow()
 	ws.SetReadLimit(p.cfg.MaxBodyBytes)
 	s := &clientSocket{p: p, ws: ws, header: turnHeader(r.Header), target: r.URL.RequestURI(), remote: r.RemoteAddr,
-		lg: p.cfg.Logger.With("socket", r.RemoteAddr), opened: opened, conn: cw.conn}
-	s.idleSince.Store(s.opened.UnixNano())
+		lg: p.cfg.Logger.With("socket", r.RemoteAddr), conn: cw.conn}
+	s.idleSince.Store(opened.UnixNano())
 	if !p.sockets.add(s) {
 		s.goAway()
 		return
@@ -155,7 +155,6 @@ type clientSocket struct {
 	target string      // the turns' request URI: the handshake's
 	remote string
 	lg     *slog.Logger
-	opened time.Time
 	conn   net.Conn // the connection the handshake hijacked
 	// used tells that a message began on the connection (CloseUnusedSocket).
 	used atomic.Bool
@@ -891,8 +890,8 @@ func (ss *socketSet) closeIdlest(why string, eligible func(*clientSocket) bool) 
 }
 
 // connCapture is a ResponseWriter that keeps the connection a WebSocket
-// handshake hijacks: CloseUnusedSocket closes it without waiting for the
-// client to answer the close frame, which the WebSocket library does.
+// handshake hijacks: closeIdlest closes it without waiting for the client
+// to answer the close frame, which the WebSocket library does.
 type connCapture struct {
 	http.ResponseWriter
 	conn net.Conn
