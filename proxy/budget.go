@@ -21,8 +21,12 @@ import (
 // a WebSocket message from the moment it is read until it is answered. A
 // turn's answer joins its hold (a WebSocket turn's, its message's): a JSON
 // answer as it is read (readAnswer), relayed unkept when no room comes for
-// it; a stream's output as the relay keeps it (hold.force), even past the
-// budget, as it is in memory already and the requests after it wait.
+// it; a stream's event as it is read (eventReader) and its output as the
+// relay keeps it (collector), while the room has them; when it does not,
+// an event goes on as it arrives, unread, and the turn is relayed unkept.
+// A WebSocket client gets each
+// event whole, in a message: its events are held even past the budget,
+// as they are in memory already, and the requests after them wait.
 //
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an
@@ -378,12 +382,37 @@ func (h *hold) force(n int64) {
 	h.n += n
 }
 
+// take adds n to the hold if the room has it now, within the whole
+// budget; false when it does not (a nil hold, or one without a budget,
+// takes anything and holds nothing).
+func (h *hold) take(n int64) bool {
+	if h == nil || h.b == nil || n <= 0 {
+		return true
+	}
+	if h.n+n > h.b.size {
+		return false
+	}
+	if ok, _ := h.b.tryAcquire(n); !ok {
+		return false
+	}
+	h.n += n
+	return true
+}
+
 // trim gives back what the hold has beyond n; a nil hold, or one without
 // a budget, holds nothing.
 func (h *hold) trim(n int64) {
 	if h != nil && h.b != nil && h.n > n {
 		h.b.release(h.n - n)
 		h.n = n
+	}
+}
+
+// giveBack gives back n of the hold, or what it has when that is less: a
+// part of it that went on with the rest (pass). A nil hold holds nothing.
+func (h *hold) giveBack(n int64) {
+	if h != nil {
+		h.trim(max(0, h.n-n))
 	}
 }
 

@@ -570,14 +570,24 @@ func TestASmallRequestPassesABigOneWaiting(t *testing.T) {
 const bigAnswer = 16 << 20
 
 // bigAnswerProxy returns a proxy whose HTTP upstream answers every turn
-// with a completed JSON response of bigAnswer bytes of text, with a
-// budget of twice that, its server, and the steps of its turns.
+// with a completed response of bigAnswer bytes of text, as JSON, or as
+// an event stream (its item, then its response) when the turn asks for
+// one, with a budget of twice that, its
+// server, and the steps of its turns.
 func bigAnswerProxy(t *testing.T) (*Proxy, *httptest.Server, *stepLog) {
 	text := strings.Repeat("x", bigAnswer)
+	item := `{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` + text + `","annotations":[]}]}`
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = fmt.Fprintf(w, `{"id":"resp_big","object":"response","status":"completed","output":[{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"%s","annotations":[]}]}]}`, text)
+		body, _ := io.ReadAll(r.Body)
+		if !gjson.GetBytes(body, "stream").Bool() {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = fmt.Fprintf(w, `{"id":"resp_big","object":"response","status":"completed","output":[%s]}`, item)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_big\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n")
+		_, _ = fmt.Fprintf(w, "event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"output_index\":0,\"item\":%s}\n\n", item)
+		_, _ = fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_big\",\"object\":\"response\",\"status\":\"completed\",\"output\":[%s]}}\n\n", item)
 	}))
 	t.Cleanup(upstream.Close)
 	st, err := store.NewMemory(store.Options{Replica: "r1"})
@@ -638,6 +648,71 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 
 	_ = conn.Close() // the client goes: its answer is let go
 	require.Eventually(t, func() bool { return budgetFree(p) }, 10*time.Second, 10*time.Millisecond)
+}
+
+// A streamed answer's events are held as they are read, and its output as
+// the relay keeps it, while the room has them; an event the room does not
+// have goes on to the client as it arrives, unread, and the turn is
+// relayed unkept: the budget is never exceeded, whatever the clients
+// read, and each gets its whole stream. (A WebSocket client gets each
+// event whole, in a message: its answer is held, past the budget if it
+// must, as the next test shows.)
+func TestAStreamedAnswerStaysWithinTheBudget(t *testing.T) {
+	p, srv, steps := bigAnswerProxy(t)
+	stop := make(chan struct{})
+	watched := make(chan int64)
+	go func() { // the most the budget held, watched all along
+		most := int64(0)
+		for {
+			cur, _ := budgetHeld(p)
+			most = max(most, cur)
+			select {
+			case <-stop:
+				watched <- most
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+		}
+	}()
+
+	// Two clients that send a turn and read nothing of its answer.
+	body := `{"model":"m","input":"hi","stream":true}`
+	for range 2 {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		require.NoError(t, err)
+	}
+
+	// A client that reads: every event, whole.
+	resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":"other","stream":true}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	events, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	var types []string
+	for ev := range strings.SplitSeq(strings.TrimSuffix(string(events), "\n\n"), "\n\n") {
+		name, data, ok := strings.Cut(ev, "\ndata: ")
+		require.True(t, ok, "%.200q", ev)
+		require.True(t, gjson.Valid(data), "%.200q", ev)
+		typ := gjson.Get(data, "type").String()
+		assert.Equal(t, "event: "+typ, name)
+		types = append(types, typ)
+		text := gjson.Get(data, "item.content.0.text").Str + gjson.Get(data, "response.output.0.content.0.text").Str
+		if typ != "response.created" {
+			assert.Len(t, text, bigAnswer, typ)
+		}
+	}
+	assert.Equal(t, []string{"response.created", "response.output_item.done", "response.completed"}, types)
+	var seen []string
+	assert.Eventually(t, func() bool {
+		seen = append(seen, steps.take()...)
+		return slices.Contains(seen, "end:relayed_unkept")
+	}, 10*time.Second, time.Millisecond, "the turn ends relayed_unkept: %q", seen)
+	close(stop)
+	assert.LessOrEqual(t, <-watched, 2*int64(bigAnswer), "the budget is never exceeded")
 }
 
 // So does a WebSocket turn's answer, in its message's hold.

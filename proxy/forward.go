@@ -366,16 +366,14 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 	// travels in the stream.
 	rc := http.NewResponseController(w) // full duplex (splitGo): the go is read after the answer's headers
 	w.Header().Set(originHeader, p.replica)
-	startEvents(w)
+	startEvents(w, http.StatusOK)
 	_ = rc.Flush()
 	_ = rc.SetReadDeadline(time.Now().Add(f.Timeout))
 	var got [1]byte
 	_, err = io.ReadFull(goes, got[:])
 	_ = rc.SetReadDeadline(time.Time{})
 	carried := err == nil && got[0] == forwardGo
-	var buf bytes.Buffer
-	appendEvent(&buf, forwardEvent, fmt.Appendf(nil, `{"type":%q,"carried":%t}`, forwardEvent, carried))
-	_, _ = w.Write(buf.Bytes())
+	writeEvent(w, forwardEvent, fmt.Appendf(nil, `{"type":%q,"carried":%t}`, forwardEvent, carried))
 	_ = rc.Flush()
 	if !carried {
 		p.cfg.Logger.Debug("forwarded turn: no go; ran nothing", "err", err)

@@ -942,6 +942,19 @@ func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(ou
 func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	out := outcome{status: rep.status, failed: rep.status >= 400}
 	body := rep.body
+	if rep.cut != nil {
+		// Cut short upstream: what came, then the connection cut (the
+		// caller's cutStream), as the client would see it from the
+		// upstream; not recorded.
+		copyHeader(w.Header(), rep.header)
+		w.WriteHeader(rep.status)
+		_, _ = w.Write(body)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		out.err, out.cut = rep.cut, true
+		return out
+	}
 	if rep.rest != nil {
 		// No room to keep it: relayed as it comes, as a reverse proxy
 		// relays it, and not recorded.
@@ -990,33 +1003,56 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 // answer while the relay keeps it.
 const answerCopies = 3
 
-// collector gathers a stream's output as the events go by; what it keeps
-// joins held (hold.force).
+// collector gathers a stream's output as the events go by, holding what
+// it keeps in held while the room has it (hold.take). When the room does
+// not, or an event went by unread (event.passed), it keeps nothing more
+// (unkept): the turn is relayed and not recorded.
 type collector struct {
-	held      *hold
+	held *hold
+	// must tells that what it keeps is the answer itself
+	// (relayAssembled): it is held past the budget when the room does not
+	// have it.
+	must      bool
+	unkept    bool
+	kept      int64 // what it holds in held
 	items     map[int64]json.RawMessage
 	order     []int64
 	terminal  string // the terminal event's type, "" until one is seen
 	id        string
 	final     []json.RawMessage // response.completed's output
 	finalResp []byte            // the terminal event's response object
+	refused   bool              // a failed response's error refuses its continuation
 	errEvent  []byte            // an error event's data
 }
 
 // see notes one event; it returns true after a terminal event.
 func (c *collector) see(ev event) bool {
+	if ev.passed {
+		c.drop()
+		if terminal := continues(ev.typ) || ev.typ == "response.failed" || ev.typ == "error"; terminal {
+			c.terminal = ev.typ
+			return true
+		}
+		return false
+	}
 	switch ev.typ {
 	case "response.output_item.done":
+		if c.unkept {
+			return false
+		}
 		r := gjson.ParseBytes(ev.data)
 		i := r.Get("output_index").Int()
+		item := json.RawMessage(r.Get("item").Raw)
+		if !c.keep(int64(len(item))) {
+			return false
+		}
 		if c.items == nil {
 			c.items = map[int64]json.RawMessage{}
 		}
 		if _, ok := c.items[i]; !ok {
 			c.order = append(c.order, i)
 		}
-		c.items[i] = json.RawMessage(r.Get("item").Raw)
-		c.held.force(int64(len(c.items[i])))
+		c.items[i] = item
 	case "response.completed", "response.failed", "response.incomplete":
 		if !gjson.ValidBytes(ev.data) {
 			// Cut or garbled: whatever it says, no response to continue.
@@ -1024,9 +1060,11 @@ func (c *collector) see(ev event) bool {
 			return true
 		}
 		resp := gjson.GetBytes(ev.data, "response")
-		c.terminal, c.id, c.finalResp = ev.typ, resp.Get("id").String(), []byte(resp.Raw)
-		c.final = rawArray(resp.Get("output"))
-		c.held.force(2 * int64(len(resp.Raw))) // the response, and its output items
+		c.terminal, c.id = ev.typ, resp.Get("id").String()
+		c.refused = ev.typ == "response.failed" && refusesContinuation(resp.Get("error"))
+		if c.keep(2 * int64(len(resp.Raw))) { // the response, and its output items
+			c.finalResp, c.final = []byte(resp.Raw), rawArray(resp.Get("output"))
+		}
 		return true
 	case "error":
 		c.terminal, c.errEvent = ev.typ, ev.data
@@ -1035,9 +1073,32 @@ func (c *collector) see(ev event) bool {
 	return false
 }
 
+// keep holds n more, or drops what the collector kept when the room does
+// not have it; false when the collector keeps nothing.
+func (c *collector) keep(n int64) bool {
+	switch {
+	case c.unkept:
+		return false
+	case c.must:
+		c.held.force(n)
+	case !c.held.take(n):
+		c.drop()
+		return false
+	}
+	c.kept += n
+	return true
+}
+
+// drop gives back what the collector kept, which it keeps no more.
+func (c *collector) drop() {
+	c.held.giveBack(c.kept)
+	c.unkept, c.kept = true, 0
+	c.items, c.order, c.final, c.finalResp = nil, nil, nil, nil
+}
+
 // continuable tells whether the stream ended with a response the next
 // turn may continue (outcome.continuable).
-func (c *collector) continuable() bool { return continues(c.terminal) && c.id != "" }
+func (c *collector) continuable() bool { return continues(c.terminal) && c.id != "" && !c.unkept }
 
 // continues tells whether a terminal event ends a response the next turn
 // may continue: completed, or incomplete (cut short, kept all the same).
@@ -1047,10 +1108,10 @@ func continues(terminal string) bool {
 
 // outcome returns what the stream was.
 func (c *collector) outcome(status int) outcome {
-	out := outcome{status: status, continuable: c.continuable(), id: c.id}
+	out := outcome{status: status, continuable: c.continuable(), id: c.id, unkept: c.unkept}
 	switch c.terminal {
 	case "response.failed":
-		out.failed, out.refused = true, refusesContinuation(gjson.GetBytes(c.finalResp, "error"))
+		out.failed, out.refused = true, c.refused
 	case "error":
 		out.failed, out.refused = true, refusesContinuation(eventError(c.errEvent))
 	}
@@ -1066,9 +1127,40 @@ func (c *collector) outcome(status int) outcome {
 
 // relayStream relays events as Server-Sent Events, flushed one by one.
 func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
+	started := false
+	start := func() {
+		if !started {
+			started = true
+			copyHeader(w.Header(), rep.header)
+			status := http.StatusOK
+			if rep.status/100 == 2 && !rep.socket {
+				status = rep.status // 201, 202 as the upstream answered
+			}
+			startEvents(w, status)
+		}
+	}
+	if passes(w) {
+		rep.pass = func(b []byte) { // the first event, when it goes on unread
+			start()
+			_, _ = w.Write(b)
+		}
+	}
+	if !rep.socket {
+		// An HTTP upstream's stream begins with its status: the keep-alives
+		// that come before the first event (a request queued upstream)
+		// begin the client's, which a client or a balancer that would
+		// close a quiet request sees.
+		rep.comments = func(line []byte) {
+			start()
+			_, _ = w.Write(append(slices.Clip(line), '\n', '\n'))
+			if f, ok := w.(http.Flusher); ok {
+				f.Flush()
+			}
+		}
+	}
 	ev, err := rep.next()
 	switch {
-	case err != nil:
+	case err != nil && !started:
 		copyHeader(w.Header(), rep.header) // the upstream's request id, for whoever looks into it
 		return writeBrokenOff(w, err)      // before the first event: nothing to cut
 	case rep.socket && ev.typ == "error" && gjson.GetBytes(ev.data, "status").Exists():
@@ -1076,17 +1168,22 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outco
 		// have answered this status and error before any event.
 		return writeErrorEvent(w, ev.data)
 	}
-	copyHeader(w.Header(), rep.header)
-	startEvents(w)
+	start()
 	return writeEvents(w, rep, hide, ev, err, seal)
 }
 
-// startEvents answers 200 with the headers of a Server-Sent Events stream.
-func startEvents(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-cache")
+// startEvents answers status with the headers of a Server-Sent Events
+// stream beside w's: its media type, unless w names one of an event
+// stream, and no-cache, unless w says how to cache.
+func startEvents(w http.ResponseWriter, status int) {
+	if !isEventStream(w.Header()) {
+		w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	}
+	if w.Header().Get("Cache-Control") == "" {
+		w.Header().Set("Cache-Control", "no-cache")
+	}
 	w.Header().Del("Content-Length")
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(status)
 }
 
 // writeEvents writes the events of rep, from ev (read with err) on, as
@@ -1107,46 +1204,55 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		rep.stream.wait = flush
 		defer func() { rep.stream.wait = nil }()
 	}
-	gone := false
+	cw := &clientWriter{w: w}
+	if passes(w) {
+		rep.pass = func(b []byte) { _, _ = cw.Write(b) }
+	}
 	rep.comments = func(line []byte) {
-		if !gone {
-			// Passed on as they come: a client or a balancer that would
-			// close a quiet stream sees what the upstream keeps it with.
-			_, werr := w.Write(append(slices.Clip(line), '\n', '\n'))
-			gone = werr != nil
+		// Passed on as they come: a client or a balancer that would close
+		// a quiet stream sees what the upstream keeps it with.
+		if _, werr := cw.Write(append(slices.Clip(line), '\n', '\n')); werr == nil {
 			flush()
 		}
 	}
-	defer func() { rep.comments = nil }()
-	var buf bytes.Buffer
-	for ; err == nil; ev, err = rep.next() {
-		done := col.see(ev)
-		if done && !gone && seal != nil && col.continuable() {
-			flush() // what came before the end, while the turn is recorded
-			seal(col.outcome(http.StatusOK))
-		}
-		if !gone {
-			buf.Reset()
-			appendEvent(&buf, ev.wireName(), hideID(ev.data, "response.previous_response_id", hide))
-			if _, werr := w.Write(buf.Bytes()); werr != nil {
-				gone = true // keep reading: the turn ends when the upstream's does
-			} else if !together {
+	defer func() { rep.comments, rep.pass = nil, nil }()
+	write := func(ev event) {
+		if !ev.passed && !cw.gone {
+			// After a failed write the relay keeps reading: the turn ends
+			// when the upstream's does.
+			writeEvent(cw, ev.wireName(), hideID(ev.data, "response.previous_response_id", hide))
+			if !together {
 				flush()
 			}
 		}
+	}
+	for ; err == nil; ev, err = rep.next() {
+		done := col.see(ev)
+		if done && !cw.gone && seal != nil && col.continuable() {
+			flush() // what came before the end, while the turn is recorded
+			seal(col.outcome(http.StatusOK))
+		}
+		write(ev)
 		if done {
 			break
 		}
 	}
-	if !gone {
+	if err == nil {
+		// After the terminal event, up to the stream's end: the events
+		// that come reach the client too, as through a reverse proxy (a
+		// failed response after an error event, or the other way round);
+		// keep-alives no longer.
+		rep.comments, rep.pass = nil, nil
+		if !cw.gone {
+			flush()
+		}
+		rep.drain(write)
+	}
+	if !cw.gone {
 		flush() // events that came with the stream's end or error
 	}
-	if err == nil {
-		rep.comments = nil // the client has its end: what comes after is no keep-alive of its
-		rep.drain()        // after the terminal event, the stream's end
-	}
 	out := col.outcome(http.StatusOK)
-	out.clientGone = gone
+	out.clientGone = cw.gone
 	if err != nil && !errors.Is(err, io.EOF) {
 		out.err = err
 	} else if col.terminal == "" {
@@ -1156,44 +1262,60 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	return out
 }
 
-// appendEvent appends a Server-Sent Event of type typ (none when empty)
-// and data: each line of data on a "data:" line of its own, as the
-// upstream may have sent them (sseReader joins them), or as a WebSocket
-// upstream's indented JSON holds them.
-func appendEvent(buf *bytes.Buffer, typ string, data []byte) {
-	if typ != "" {
-		buf.WriteString("event: ")
-		buf.WriteString(typ)
-		buf.WriteByte('\n')
+// passes tells whether events may go on to w as they arrive, unread
+// (eventReader): not to a client's socket, which sends each event whole,
+// as a message.
+func passes(w http.ResponseWriter) bool {
+	_, socket := w.(*socketWriter)
+	return !socket
+}
+
+// clientWriter writes to w until a write fails: the client is gone.
+type clientWriter struct {
+	w    io.Writer
+	gone bool
+}
+
+func (c *clientWriter) Write(b []byte) (int, error) {
+	if c.gone {
+		return 0, errClientGone
 	}
-	if bytes.IndexByte(data, '\n') < 0 && bytes.IndexByte(data, '\r') < 0 {
-		buf.WriteString("data: ") // one line, as JSON is sent compact
-		buf.Write(data)
-		buf.WriteString("\n\n")
-		return
+	n, err := c.w.Write(b)
+	c.gone = err != nil
+	return n, err
+}
+
+// writeEvent writes a Server-Sent Event of type typ (none when empty) and
+// data to w, data as it is, not copied: each line of data on a "data:"
+// line of its own, as the upstream may have sent them (eventReader joins
+// them), or as a WebSocket upstream's indented JSON holds them. What w
+// answers is for w to keep (clientWriter).
+func writeEvent(w io.Writer, typ string, data []byte) {
+	if typ != "" {
+		_, _ = io.WriteString(w, "event: "+typ+"\n")
 	}
 	for {
-		buf.WriteString("data: ")
+		_, _ = io.WriteString(w, "data: ")
 		i := bytes.IndexAny(data, "\r\n") // each ends a line in SSE
 		if i < 0 {
-			buf.Write(data)
+			_, _ = w.Write(data)
 			break
 		}
-		buf.Write(data[:i])
-		buf.WriteByte('\n')
+		_, _ = w.Write(data[:i])
+		_, _ = io.WriteString(w, "\n")
 		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
 			i++
 		}
 		data = data[i+1:]
 	}
-	buf.WriteString("\n\n")
+	_, _ = io.WriteString(w, "\n\n")
 }
 
 // relayAssembled answers a client that asked for JSON from an upstream
 // that streams (WebSocket mode): the terminal event's response object, or
 // the error an error event carries.
 func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
-	col := collector{held: rep.held}
+	col := collector{held: rep.held, must: true}
 	var err error
 	for {
 		var ev event

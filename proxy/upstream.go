@@ -71,6 +71,9 @@ type reply struct {
 	// comments, when set, gets the comment lines of the event stream read
 	// over HTTP (keep-alives), as they are read: the relay passes them on.
 	comments func(line []byte)
+	// pass, when set, gets the bytes of an event that goes on to the
+	// client as it arrives (eventReader), as Server-Sent Events.
+	pass func(b []byte)
 	// done releases what the reply holds; it may be nil.
 	done func()
 	// socket tells that the events are an upstream socket's (the
@@ -87,6 +90,9 @@ type reply struct {
 	// want of room in the budget: body and rest are relayed as they come,
 	// unkept.
 	rest io.Reader
+	// cut, when not nil, tells why a JSON answer ended before its end:
+	// body is what came of it.
+	cut error
 }
 
 // drainWait bounds how long a relay waits, after a stream's terminal
@@ -95,18 +101,21 @@ type reply struct {
 const drainWait = 250 * time.Millisecond
 
 // drain reads the rest of an event stream after its terminal event, up to
-// its end, so that the connection it came on serves another turn. A stream
-// that does not end within drainWait, or goes on with events, is closed.
-func (r *reply) drain() {
+// its end, so that the connection it came on serves another turn, and
+// hands each event it reads to relay. A stream that does not end within
+// drainWait, or goes on with more than a few events, is closed.
+func (r *reply) drain(relay func(event)) {
 	if r.stream == nil || r.done == nil {
 		return
 	}
 	t := time.AfterFunc(drainWait, r.done) // ends a read that waits
 	defer t.Stop()
 	for range 4 {
-		if _, err := r.next(); err != nil {
+		ev, err := r.next()
+		if err != nil {
 			return
 		}
+		relay(ev)
 	}
 }
 
@@ -121,6 +130,10 @@ type event struct {
 	// when it had none.
 	name string
 	data []byte
+	// passed tells that the event went on to the client as it arrived,
+	// unread (eventReader): data is nil, and typ is its type when the
+	// head of its data told it, else its name.
+	passed bool
 }
 
 // newEvent returns the event named name (from its "event:" line, "" for
@@ -430,9 +443,15 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	rep := &reply{status: resp.StatusCode, header: resp.Header, charged: c.tg.answers != nil}
 	body, rest, err := readAnswer(ctx, io.LimitReader(resp.Body, maxUpstreamBody+1), c.tg.answers)
 	switch {
-	case err != nil:
+	case err != nil && ctx.Err() != nil:
 		_ = resp.Body.Close()
 		return nil, fmt.Errorf("reading the upstream's answer: %w", err)
+	case err != nil:
+		// Cut short: relayed as far as it came, then cut, as a reverse
+		// proxy relays it, never as an answer that ended whole.
+		_ = resp.Body.Close()
+		rep.body, rep.cut = body, fmt.Errorf("reading the upstream's answer: %w", err)
+		return rep, nil
 	case rest:
 		rep.body, rep.rest, rep.done = body, resp.Body, func() { _ = resp.Body.Close() }
 		return rep, nil
@@ -449,7 +468,9 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 // step of it in h before it reads it, as a request body is held, and
 // waiting for room as a request does. When no room comes it stops, rest
 // true: what it read and the rest of r are relayed as they come, unkept.
-// A nil h holds nothing.
+// An answer cut short (an error other than io.EOF, io.ErrUnexpectedEOF
+// included, from a body shorter than its length) returns what came with
+// the error. A nil h holds nothing.
 func readAnswer(ctx context.Context, r io.Reader, h *hold) (body []byte, rest bool, err error) {
 	if h == nil {
 		h = &hold{}
@@ -463,14 +484,20 @@ func readAnswer(ctx context.Context, r io.Reader, h *hold) (body []byte, rest bo
 		}
 		n := len(body)
 		body = slices.Grow(body, int(step))[:n+int(step)]
-		m, err := io.ReadFull(r, body[n:])
+		m := 0
+		var err error
+		for m < int(step) && err == nil {
+			var k int
+			k, err = r.Read(body[n+m:])
+			m += k
+		}
 		body = body[:n+m]
 		h.trim(h.n - answerCopies*(step-int64(m))) // what was held and not read
 		switch {
-		case err == io.EOF || err == io.ErrUnexpectedEOF:
+		case err == io.EOF:
 			return body, false, nil
 		case err != nil:
-			return nil, false, err
+			return body, false, err // cut short: what came, and why it ended
 		}
 	}
 }
@@ -479,11 +506,7 @@ func readAnswer(ctx context.Context, r io.Reader, h *hold) (body []byte, rest bo
 func eventReply(resp *http.Response) *reply {
 	rep := &reply{status: resp.StatusCode, header: resp.Header, stream: &waitReader{r: resp.Body},
 		done: func() { _ = resp.Body.Close() }}
-	rep.next = sseReader(rep.stream, func(line []byte) {
-		if rep.comments != nil {
-			rep.comments(line)
-		}
-	})
+	rep.next = newEventReader(rep.stream, rep).next
 	return rep
 }
 
@@ -510,80 +533,206 @@ func newPost(ctx context.Context, url string, client http.Header, body []byte) (
 // maxUpstreamBody bounds a JSON answer and one streamed event.
 const maxUpstreamBody = 64 << 20
 
-// sseReader reads Server-Sent Events: each event's "event:" name and its
-// "data:" lines joined (newEvent); comment gets the comment lines. A line
-// ends with CRLF, LF or CR; a byte order mark before the first is passed
-// over.
-func sseReader(r io.Reader, comment func(line []byte)) func() (event, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), maxUpstreamBody)
-	sc.Split(eventLines())
-	first := true
-	return func() (event, error) {
-		var name string
-		var data [][]byte
-		for sc.Scan() {
-			line := sc.Bytes()
-			if first {
-				line, first = bytes.TrimPrefix(line, byteOrderMark), false
-			}
-			switch {
-			case len(line) == 0:
-				if data == nil {
-					continue // blank lines between events, or a comment-only block
-				}
-				d := data[0]
-				if len(data) > 1 {
-					d = bytes.Join(data, []byte("\n"))
-				}
-				return newEvent(name, d), nil
-			case line[0] == ':':
-				comment(line) // a keep-alive
-			case bytes.HasPrefix(line, []byte("event:")):
-				name = string(bytes.TrimSpace(line[len("event:"):]))
-			case bytes.HasPrefix(line, []byte("data:")):
-				d := line[len("data:"):]
-				d = bytes.TrimPrefix(d, []byte(" "))
-				data = append(data, bytes.Clone(d))
-			}
+// eventReader reads Server-Sent Events: each event's "event:" name and
+// its "data:" lines joined (newEvent); the reply's comments get the
+// comment lines. A line ends with CRLF, LF or CR; a byte order mark
+// before the first is passed over.
+//
+// The event being read is held in the reply's hold as it grows, until the
+// next is read. When the room does not have it, or it would pass
+// maxUpstreamBody, an event goes on through the reply's pass as it
+// arrives, unread, when the relay set one (an event passed), and is held
+// past the budget when it did not.
+type eventReader struct {
+	br    *bufio.Reader
+	rep   *reply
+	first bool
+	// afterCR tells that the last line ended with a CR: an LF right after
+	// it is passed over with the next line, so that an event ended by a
+	// blank line is dispatched when that line arrives, without waiting
+	// for the byte after it.
+	afterCR bool
+	// on and held are the hold the event being read holds in (the
+	// reply's, when it has one with a budget) and what it holds there.
+	on   *hold
+	held int64
+}
+
+// eventBuffer is what an event stream is read by.
+const eventBuffer = 64 << 10
+
+// passedHead is how much of a passed event's data its event keeps: enough
+// to tell its type, which an upstream sends first.
+const passedHead = 256
+
+// newEventReader returns the reader of rep's event stream r.
+func newEventReader(r io.Reader, rep *reply) *eventReader {
+	return &eventReader{br: bufio.NewReaderSize(r, eventBuffer), rep: rep, first: true}
+}
+
+// next reads the next event; io.EOF after the last one.
+func (e *eventReader) next() (event, error) {
+	e.release()
+	var name string
+	var data []byte // the data lines read, joined, then the line being read
+	lines, mark := 0, 0
+	for {
+		b, end, err := e.chunk()
+		if err == io.EOF && len(data) > mark {
+			b, end, err = nil, true, nil // the stream's last line, unended
 		}
-		if err := sc.Err(); err != nil {
+		if err != nil {
+			if err == io.EOF && lines > 0 {
+				err = io.ErrUnexpectedEOF // the stream ended inside an event
+			}
 			return event{}, err
 		}
-		if data != nil {
-			return event{}, io.ErrUnexpectedEOF // the stream ended inside an event
+		grown, ok := e.grow(data, b)
+		switch {
+		case !ok && e.rep.pass == nil:
+			return event{}, fmt.Errorf("an event of the upstream's is larger than %d bytes", maxUpstreamBody)
+		case !ok:
+			return e.passOn(name, data[:mark], lines, data[mark:], b, end)
 		}
-		return event{}, io.EOF
+		if data = grown; !end {
+			continue
+		}
+		line := data[mark:]
+		if e.first {
+			e.first = false
+			if bytes.HasPrefix(line, byteOrderMark) {
+				data = data[:mark+copy(line, line[len(byteOrderMark):])]
+				line = data[mark:]
+			}
+		}
+		switch {
+		case len(line) == 0:
+			if lines > 0 {
+				return newEvent(name, data), nil
+			}
+			continue // blank lines between events, or a comment-only block
+		case line[0] == ':':
+			if e.rep.comments != nil {
+				e.rep.comments(line) // a keep-alive
+			}
+			data = data[:mark]
+		case bytes.HasPrefix(line, []byte("event:")):
+			name = string(bytes.TrimSpace(line[len("event:"):]))
+			data = data[:mark]
+		case bytes.HasPrefix(line, []byte("data:")):
+			d := bytes.TrimPrefix(line[len("data:"):], []byte(" "))
+			if lines > 0 {
+				data[mark] = '\n'
+				mark++
+			}
+			data = data[:mark+copy(data[mark:], d)]
+			lines++
+		default:
+			data = data[:mark] // id:, retry: and fields unknown
+		}
+		mark = len(data)
 	}
 }
 
-// eventLines returns a split function for an event stream's lines, each
-// ended by CRLF, LF or CR (bufio.ScanLines knows only the first two): a
-// line ends at its CR at once, and an LF right after that CR is passed
-// over with the next line, so that an event ended by a blank line is
-// dispatched when that line arrives. (A split function that only passed
-// over the LF would have the scanner read more before the next line, which
-// may have arrived already.)
-func eventLines() bufio.SplitFunc {
-	afterCR := false
-	return func(data []byte, atEOF bool) (int, []byte, error) {
-		off := 0
-		if afterCR && len(data) > 0 && data[0] == '\n' {
-			off = 1
+// chunk returns the next bytes of the line being read: up to its end,
+// which it tells (end) and passes over, or all that is buffered. They
+// are valid until the next read.
+func (e *eventReader) chunk() (b []byte, end bool, err error) {
+	if e.afterCR {
+		if c, err := e.br.Peek(1); err == nil && c[0] == '\n' {
+			_, _ = e.br.Discard(1)
 		}
-		i := bytes.IndexAny(data[off:], "\r\n")
-		switch {
-		case i < 0 && atEOF && len(data) > off:
-			afterCR = false
-			return len(data), data[off:], nil
-		case i < 0 && atEOF && off == 1:
-			afterCR = false
-			return 1, nil, nil // the stream ended with that LF
-		case i < 0:
-			return 0, nil, nil
+		e.afterCR = false
+	}
+	if _, err := e.br.Peek(1); err != nil {
+		return nil, false, err
+	}
+	b, _ = e.br.Peek(e.br.Buffered())
+	if i := bytes.IndexAny(b, "\r\n"); i >= 0 {
+		e.afterCR = b[i] == '\r'
+		_, _ = e.br.Discard(i + 1)
+		return b[:i], true, nil
+	}
+	_, _ = e.br.Discard(len(b))
+	return b, false, nil
+}
+
+// grow appends b to data, holding what data grows by; false, data
+// unchanged, when the event goes on unread, or is too large to read
+// (eventReader).
+func (e *eventReader) grow(data, b []byte) ([]byte, bool) {
+	n := len(data) + len(b)
+	if n <= cap(data) {
+		return append(data, b...), true
+	}
+	size := max(2*cap(data), n, 512)
+	more, h := int64(size-cap(data)), e.rep.held
+	switch {
+	case n > maxUpstreamBody || e.rep.pass != nil && !h.take(more):
+		return data, false
+	case e.rep.pass == nil:
+		h.force(more)
+	}
+	if h != nil && h.b != nil {
+		e.on, e.held = h, e.held+more
+	}
+	return append(append(make([]byte, 0, size), data...), b...), true
+}
+
+// release gives back what the last event held.
+func (e *eventReader) release() {
+	e.on.giveBack(e.held)
+	e.on, e.held = nil, 0
+}
+
+// passOn sends an event that goes on unread through the reply's pass: its
+// name, the data lines read (lines of them, joined), the line being read
+// (line, then b, which ends it when end), then the rest of the event as
+// it arrives. It returns the event passed, which tells its type when its
+// data's head does.
+func (e *eventReader) passOn(name string, joined []byte, lines int, line, b []byte, end bool) (event, error) {
+	pass := e.rep.pass
+	if name != "" {
+		pass([]byte("event: " + name + "\n"))
+	}
+	if lines > 0 {
+		for l := range bytes.SplitSeq(joined, []byte("\n")) {
+			pass([]byte("data: "))
+			pass(l)
+			pass([]byte("\n"))
 		}
-		afterCR = data[off+i] == '\r'
-		return off + i + 1, data[off : off+i], nil
+	}
+	head := joined
+	if lines == 0 {
+		// The data line being read, when it is one.
+		first := append(bytes.Clone(line[:min(len(line), passedHead)]), b[:min(len(b), passedHead)]...)
+		head, _ = bytes.CutPrefix(first, []byte("data:"))
+		if len(head) == len(first) {
+			head = nil
+		}
+		head = bytes.TrimPrefix(head, []byte(" "))
+	}
+	ev := newEvent(name, bytes.Clone(head[:min(len(head), passedHead)]))
+	ev.passed, ev.data = true, nil
+	pass(line)
+	e.release()
+	start := false // whether b begins a line
+	for {
+		pass(b)
+		if end {
+			pass([]byte("\n"))
+			if start && len(b) == 0 {
+				return ev, nil // the blank line that ends it
+			}
+		}
+		start = end
+		var err error
+		if b, end, err = e.chunk(); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // the stream ended inside an event
+			}
+			return event{}, err
+		}
 	}
 }
 

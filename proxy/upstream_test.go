@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -136,7 +137,7 @@ func TestForwardedTurnsReuseConnections(t *testing.T) {
 		_, _ = io.CopyN(io.Discard, r.Body, r.ContentLength-1)
 		rc := http.NewResponseController(w)
 		_ = rc.EnableFullDuplex()
-		startEvents(w)
+		startEvents(w, http.StatusOK)
 		_ = rc.Flush()
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = io.WriteString(w, "data: {\"type\":\"contproxy.forward\",\"carried\":true}\n\n"+
@@ -178,7 +179,7 @@ func TestForwardedTurnsReuseConnections(t *testing.T) {
 func TestEventsOfManyLinesReachTheClientWhole(t *testing.T) {
 	created := "{\n  \"type\": \"response.created\",\r\n  \"response\": {\"id\": \"resp_ml\", \"object\": \"response\", \"status\": \"in_progress\", \"output\": []}\r}"
 	var buf bytes.Buffer
-	appendEvent(&buf, "response.created", []byte(created))
+	writeEvent(&buf, "response.created", []byte(created))
 	ev, ok := parseEvent(bytes.TrimSuffix(buf.Bytes(), []byte("\n\n")))
 	require.True(t, ok, "%q", buf.String())
 	assert.Equal(t, "response.created", ev.typ)
@@ -265,21 +266,27 @@ func TestEventStreamsEndLinesAnyWayAndKeepAlive(t *testing.T) {
 	}
 }
 
-// An event stream's lines split the same whatever their ends and however
-// the bytes arrive, one at a time included.
-func TestEventLines(t *testing.T) {
-	want := []string{"event: a", "data: b", "", ": c", "", "data: d", ""}
+// An event stream's events read the same whatever their lines' ends and
+// however the bytes arrive, one at a time included.
+func TestEventStreamLines(t *testing.T) {
+	lines := []string{"\uFEFFevent: a", "data: b", "", ": c", "", "id: 1", "data:d", "data:  e", "retry: 5", "", "data: f"}
 	for _, eol := range []string{"\r", "\n", "\r\n"} {
-		stream := strings.Join(want, eol) + eol
+		stream := strings.Join(lines, eol) + eol + eol
 		for _, r := range []io.Reader{strings.NewReader(stream), iotest.OneByteReader(strings.NewReader(stream))} {
-			sc := bufio.NewScanner(r)
-			sc.Split(eventLines())
+			var comments []string
+			rep := &reply{comments: func(line []byte) { comments = append(comments, string(line)) }}
+			next := newEventReader(r, rep).next
 			var got []string
-			for sc.Scan() {
-				got = append(got, sc.Text())
+			for {
+				ev, err := next()
+				if err != nil {
+					require.ErrorIs(t, err, io.EOF, "eol %q", eol)
+					break
+				}
+				got = append(got, ev.name+"|"+string(ev.data))
 			}
-			require.NoError(t, sc.Err())
-			assert.Equal(t, want, got, "eol %q", eol)
+			assert.Equal(t, []string{"a|b", "|d\n e", "|f"}, got, "eol %q", eol)
+			assert.Equal(t, []string{": c"}, comments, "eol %q", eol)
 		}
 	}
 }
@@ -584,6 +591,85 @@ func TestAGarbledJSONAnswerIsNotContinued(t *testing.T) {
 		_ = resp.Body.Close()
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
 		assert.Equal(t, `{"id":"resp_j","object":"response","status":"completed","output":[]`, string(body), "as it came")
+		assert.Empty(t, prev.Load(), "turn %d went whole", i)
+	}
+}
+
+// An event stream reaches the client as the upstream sent it: its 2xx
+// status and how it may be cached; the keep-alives that come before the
+// first event, at once, beginning the client's stream; and the events
+// after the terminal one (a failed response after an error event).
+func TestAStreamReachesTheClientAsTheUpstreamSentIt(t *testing.T) {
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, ": PROCESSING\n\n")
+		_ = http.NewResponseController(w).Flush()
+		select {
+		case <-release: // the client saw the keep-alive
+		case <-time.After(5 * time.Second):
+		}
+		_, _ = io.WriteString(w, "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_s\",\"status\":\"in_progress\"}}\n\n"+
+			"data: {\"type\":\"error\",\"code\":\"context_length_exceeded\",\"message\":\"too long\"}\n\n"+
+			"data: {\"type\":\"response.failed\",\"response\":{\"id\":\"resp_s\",\"status\":\"failed\",\"error\":{\"code\":\"context_length_exceeded\"}}}\n\n")
+	}))
+	t.Cleanup(upstream.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","stream":true,"input":"hi"}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusCreated, resp.StatusCode)
+	assert.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, ": PROCESSING\n", line, "the keep-alive first")
+	close(release)
+	rest, err := io.ReadAll(br)
+	require.NoError(t, err)
+	var types []string
+	for l := range strings.Lines(string(rest)) {
+		if d, ok := strings.CutPrefix(l, "data: "); ok {
+			types = append(types, gjson.Get(d, "type").String())
+		}
+	}
+	assert.Equal(t, []string{"response.created", "error", "response.failed"}, types)
+}
+
+// A JSON answer the upstream cuts short, shorter than its length, reaches
+// the client as far as it came, then cut, as through a reverse proxy:
+// never as an answer that ended whole; and it is not continued.
+func TestAJSONAnswerCutShortReachesTheClientCut(t *testing.T) {
+	var prev atomic.Value
+	const whole = `{"id":"resp_c","object":"response","status":"completed","output":[]}`
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		prev.Store(gjson.GetBytes(body, "previous_response_id").String())
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(whole)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, whole[:40])
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	for i, input := range []string{`"hi"`, `[{"role":"user","content":"hi"},{"role":"user","content":"next"}]`} {
+		resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","store":true,"input":`+input+`}`))
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.ErrorIs(t, err, io.ErrUnexpectedEOF, "turn %d: cut", i)
+		assert.Equal(t, whole[:40], string(body), "turn %d: as far as it came", i)
 		assert.Empty(t, prev.Load(), "turn %d went whole", i)
 	}
 }
