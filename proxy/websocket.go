@@ -3,9 +3,11 @@ package proxy
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -48,7 +50,8 @@ type WebSocketOptions struct {
 	// other credential header), is sent on every socket's handshake and
 	// the clients' credentials are not used. Otherwise the client's
 	// credential, OpenAI-Organization, OpenAI-Project and OpenAI-Beta
-	// headers are, and sockets are kept per credential.
+	// headers are, with the other headers named like a credential and the
+	// client's query, and sockets are kept per credential.
 	Header http.Header
 	// Client makes the handshakes and carries the requests other than
 	// turns (passthrough.go). When nil, a client of the upstream's own
@@ -106,7 +109,7 @@ type wsUpstream struct {
 // socket, open or being opened, and no more.
 type wsPool struct {
 	key     [32]byte
-	header  http.Header
+	hs      handshake
 	sockets []*wsSocket
 	// used is when a turn last took or released one of its sockets.
 	used time.Time
@@ -164,10 +167,15 @@ func NewWebSocketUpstream(baseURL string, opts WebSocketOptions) (Upstream, erro
 		changed: make(chan struct{})}, nil
 }
 
-// credential returns the handshake headers of a turn and their key.
-func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
+// credential returns the handshake of a socket for a turn of a client with
+// headers h and URL query query, and the key of its pool: the client's
+// credential, account and OpenAI-Beta headers, the other headers named
+// like a credential (credentialParts: what scopes its owners) and its
+// query, as an HTTP turn carries them; or, when the operator configures a
+// credential (WebSocketOptions.Header), that credential, for every turn.
+func (u *wsUpstream) credential(h http.Header, query string) (handshake, [32]byte) {
 	if carriesCredential(u.opts.Header) {
-		return u.opts.Header, [32]byte{}
+		return handshake{url: u.url, header: u.opts.Header}, [32]byte{}
 	}
 	out := u.opts.Header.Clone()
 	if out == nil {
@@ -178,14 +186,38 @@ func (u *wsUpstream) credential(h http.Header) (http.Header, [32]byte) {
 			out[http.CanonicalHeaderKey(k)] = slices.Clone(vs)
 		}
 	}
-	return out, headersDigest(h, handshakeHeaders)
+	for _, p := range credentialParts(h) {
+		if k := http.CanonicalHeaderKey(p.name); out[k] == nil {
+			out[k] = slices.Clone(p.values)
+		}
+	}
+	hs := handshake{url: withQuery(u.url, query), header: out}
+	return hs, hs.digest()
+}
+
+// handshake is what a socket's handshake carries: its URL and headers.
+type handshake struct {
+	url    string
+	header http.Header
+}
+
+// digest tells handshakes apart, in this process only.
+func (hs handshake) digest() [32]byte {
+	d := sha256.New()
+	fmt.Fprintf(d, "%q\n", hs.url)
+	for _, k := range slices.Sorted(maps.Keys(hs.header)) {
+		fmt.Fprintf(d, "%q %q\n", k, hs.header[k])
+	}
+	var sum [32]byte
+	d.Sum(sum[:0])
+	return sum
 }
 
 func (u *wsUpstream) acquire(ctx context.Context, tg *target) (conn, error) {
-	header, key := u.credential(tg.header)
+	hs, key := u.credential(tg.header, tg.query)
 	for {
 		u.mu.Lock()
-		pool, s, err := u.take(key, header, tg)
+		pool, s, err := u.take(key, hs, tg)
 		changed := u.changed
 		u.mu.Unlock()
 		switch {
@@ -214,7 +246,7 @@ func (u *wsUpstream) acquire(ctx context.Context, tg *target) (conn, error) {
 // take returns the socket a turn takes, marked busy, and its pool; a nil
 // socket to wait for a change, with a nil pool when the credential waits
 // for room among MaxCredentials. u.mu is held.
-func (u *wsUpstream) take(key [32]byte, header http.Header, tg *target) (*wsPool, *wsSocket, error) {
+func (u *wsUpstream) take(key [32]byte, hs handshake, tg *target) (*wsPool, *wsSocket, error) {
 	if u.closed {
 		return nil, nil, errClosed
 	}
@@ -223,7 +255,7 @@ func (u *wsUpstream) take(key [32]byte, header http.Header, tg *target) (*wsPool
 		if tg.forwarded {
 			return nil, nil, errMovedOn // its socket went with its pool
 		}
-		if pool = u.newPool(key, header); pool == nil {
+		if pool = u.newPool(key, hs); pool == nil {
 			return nil, nil, nil
 		}
 	}
@@ -242,7 +274,7 @@ func (u *wsUpstream) take(key [32]byte, header http.Header, tg *target) (*wsPool
 // MaxCredentials it first evicts the pool least recently used among those
 // with no busy socket, and returns nil when every pool has one. u.mu is
 // held.
-func (u *wsUpstream) newPool(key [32]byte, header http.Header) *wsPool {
+func (u *wsUpstream) newPool(key [32]byte, hs handshake) *wsPool {
 	if len(u.pools) >= u.opts.MaxCredentials {
 		var lru *wsPool
 		for _, p := range u.pools {
@@ -259,7 +291,7 @@ func (u *wsUpstream) newPool(key [32]byte, header http.Header) *wsPool {
 		u.slots -= len(lru.sockets)
 		delete(u.pools, lru.key)
 	}
-	pool := &wsPool{key: key, header: header, used: u.now()}
+	pool := &wsPool{key: key, hs: hs, used: u.now()}
 	u.pools[key] = pool
 	return pool
 }
@@ -492,8 +524,8 @@ drain:
 func (c *wsConn) dial(ctx context.Context) (*websocket.Conn, error) {
 	dctx, cancel := context.WithTimeout(ctx, c.up.opts.DialTimeout)
 	defer cancel()
-	ws, resp, err := websocket.Dial(dctx, c.up.url, &websocket.DialOptions{
-		HTTPHeader: c.pool.header, HTTPClient: c.up.opts.Client,
+	ws, resp, err := websocket.Dial(dctx, c.pool.hs.url, &websocket.DialOptions{
+		HTTPHeader: c.pool.hs.header, HTTPClient: c.up.opts.Client,
 	})
 	if err != nil && resp != nil && resp.StatusCode >= 400 {
 		// The upstream answered the handshake, with an HTTP error such as

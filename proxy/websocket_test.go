@@ -264,34 +264,58 @@ func TestWebSocketOptionsAreChecked(t *testing.T) {
 }
 
 // A socket's handshake carries the client's credential, Authorization or
-// api-key, and sockets are kept per credential; a credential the operator
-// configures, either header, replaces the clients'.
+// api-key, the other headers named like a credential (a cookie, an
+// authenticating proxy's user) and its query, as an HTTP turn does, and
+// sockets are kept per credential; a credential the operator configures,
+// either header, replaces the clients'.
 func TestSocketsAreKeptPerCredential(t *testing.T) {
-	up, err := NewWebSocketUpstream("ws://x/v1", WebSocketOptions{Replica: "r"})
+	up, err := NewWebSocketUpstream("ws://x/v1?api-version=1", WebSocketOptions{Replica: "r"})
 	require.NoError(t, err)
 	ws := up.(*wsUpstream)
-	h1, k1 := ws.credential(http.Header{"Api-Key": {"sk-1"}})
-	h2, k2 := ws.credential(http.Header{"Api-Key": {"sk-2"}})
-	hb, kb := ws.credential(http.Header{"Authorization": {"Bearer sk-1"}})
+	handshake := func(h http.Header, query string) (http.Header, [32]byte) {
+		hs, k := ws.credential(h, query)
+		return hs.header, k
+	}
+	h1, k1 := handshake(http.Header{"Api-Key": {"sk-1"}}, "")
+	h2, k2 := handshake(http.Header{"Api-Key": {"sk-2"}}, "")
+	hb, kb := handshake(http.Header{"Authorization": {"Bearer sk-1"}}, "")
 	assert.Equal(t, "sk-1", h1.Get("Api-Key"), "the handshake carries the api-key")
 	assert.Equal(t, "sk-2", h2.Get("Api-Key"))
 	assert.Equal(t, "Bearer sk-1", hb.Get("Authorization"))
 	assert.NotEqual(t, k1, k2, "two api-keys, two pools")
 	assert.NotEqual(t, k1, kb)
-	hx, kx := ws.credential(http.Header{"X-Api-Key": {"sk-1"}})
+	hx, kx := handshake(http.Header{"X-Api-Key": {"sk-1"}}, "")
 	assert.Equal(t, "sk-1", hx.Get("X-Api-Key"))
 	assert.NotEqual(t, k1, kx)
-	hm, km := ws.credential(http.Header{"Api-Key": {"sk-1", "sk-2"}})
+	hm, km := handshake(http.Header{"Api-Key": {"sk-1", "sk-2"}}, "")
 	assert.Equal(t, []string{"sk-1", "sk-2"}, hm.Values("Api-Key"), "every value")
 	assert.NotEqual(t, k1, km)
+	keys := map[[32]byte]bool{k1: true}
+	for _, h := range []http.Header{
+		{"Api-Key": {"sk-1"}, "Cookie": {"session=a; AWSALB=x"}},
+		{"Api-Key": {"sk-1"}, "Cookie": {"session=b"}},
+		{"Api-Key": {"sk-1"}, "X-Forwarded-User": {"bob"}},
+	} {
+		got, k := handshake(h, "")
+		for name := range h {
+			assert.NotEmpty(t, got.Get(name), "the handshake carries %s", name)
+		}
+		assert.False(t, keys[k], "%v: a pool of its own", h)
+		keys[k] = true
+	}
+	hc, _ := handshake(http.Header{"Cookie": {"session=a; AWSALB=x"}}, "")
+	assert.Equal(t, "session=a", hc.Get("Cookie"), "not the load balancer's cookies")
+	hs, kq := ws.credential(http.Header{"Api-Key": {"sk-1"}}, "key=q")
+	assert.Equal(t, "ws://x/v1/responses?api-version=1&key=q", hs.url, "the client's query beside the upstream's")
+	assert.False(t, keys[kq], "a query of its own, a pool of its own")
 
 	for _, configured := range []http.Header{{"Api-Key": {"sk-op"}}, {"Authorization": {"Bearer sk-op"}}, {"X-Api-Key": {"sk-op"}}} {
 		up, err := NewWebSocketUpstream("ws://x/v1", WebSocketOptions{Replica: "r", Header: configured})
 		require.NoError(t, err)
 		ws := up.(*wsUpstream)
-		h, k := ws.credential(http.Header{"Api-Key": {"sk-1"}, "Authorization": {"Bearer sk-1"}})
-		assert.Equal(t, configured, h, "the operator's credential, not the client's")
-		_, k2 := ws.credential(http.Header{"Api-Key": {"sk-2"}})
+		hs, k := ws.credential(http.Header{"Api-Key": {"sk-1"}, "Authorization": {"Bearer sk-1"}, "Cookie": {"s=1"}}, "key=q")
+		assert.Equal(t, configured, hs.header, "the operator's credential, not the client's")
+		_, k2 := ws.credential(http.Header{"Api-Key": {"sk-2"}}, "")
 		assert.Equal(t, k, k2, "one pool")
 		assert.Equal(t, configured, ws.passthroughTarget().credential)
 	}
