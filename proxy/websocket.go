@@ -629,8 +629,11 @@ func (c *wsConn) release() {
 }
 
 // send sends body as a response.create event and returns its events. The
-// socket is read to the response's end even when the client hangs up, so
-// that it can carry the next turn.
+// socket is read to the response's end, so that it can carry the next
+// turn; but a client that goes away before the end has the socket closed:
+// the response ends upstream, where nobody would read it, and its slot is
+// free at once. (The socket would hold nothing to continue: the response
+// left unread would be its latest.)
 func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
 	if c.errored { // a new socket for the request sent again
 		c.up.mu.Lock()
@@ -660,6 +663,15 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 		cancel()
 		return nil, fmt.Errorf("sending to the upstream socket: %w", err)
 	}
+	abandon := context.AfterFunc(ctx, func() {
+		if clientLeft(ctx) {
+			c.up.mu.Lock()
+			if !c.clean && c.s.frames == frames {
+				c.drop()
+			}
+			c.up.mu.Unlock()
+		}
+	})
 	// A response's events begin with its response.created; what comes
 	// before, but an error (this request's refusal), was left over from
 	// an earlier response on the socket, such as an event the upstream
@@ -714,7 +726,8 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			return ev, nil
 		}
 	}
-	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: cancel, socket: true}, nil
+	done := func() { abandon(); cancel() }
+	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: done, socket: true}, nil
 }
 
 // finish notes the end of the socket's response: latest is what the

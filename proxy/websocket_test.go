@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -539,6 +540,59 @@ func TestASocketMessageThatIsNotAnEventBreaksTheTurnOff(t *testing.T) {
 			assert.Equal(t, int64(2), sockets.Load(), "the next turn went on a new socket")
 		})
 	}
+}
+
+// A client that goes away mid-response has its upstream socket closed: the
+// response ends upstream, where nobody would read it, and the
+// credential's socket is free for its next turn at once.
+func TestAClientThatGoesAwayMidResponseClosesItsSocket(t *testing.T) {
+	closed := make(chan struct{})
+	var sockets atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx, socket := t.Context(), sockets.Add(1) // ends with the test, which leaves nothing waiting
+		for n := 1; ; n++ {
+			if _, _, err := ws.Read(ctx); err != nil {
+				return
+			}
+			id := fmt.Sprintf("resp_%d_%d", socket, n)
+			_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.created","response":{"id":"`+id+`","object":"response","status":"in_progress","output":[]}}`))
+			if socket == 1 { // a long response, the client leaving
+				if _, _, err := ws.Read(ctx); err != nil && ctx.Err() == nil {
+					close(closed)
+				}
+				return
+			}
+			_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.completed","response":{"id":"`+id+`","object":"response","status":"completed","output":[]}}`))
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+
+	ctx, cancel := context.WithCancel(t.Context())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"model":"m","input":"hi","store":false,"stream":true}`))
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.Contains(t, line, "response.created")
+	cancel() // the client goes
+	_ = resp.Body.Close()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream socket stayed open with nobody to read its response")
+	}
+	start := time.Now()
+	a := post(t, url, nil, map[string]any{"model": "m", "store": false, "input": "next"})
+	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	assert.Less(t, time.Since(start), 5*time.Second, "the credential's only socket was free")
+	assert.Equal(t, int64(2), sockets.Load())
 }
 
 // A client that asked for JSON waits for the whole answer: a continuation
