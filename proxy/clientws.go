@@ -415,10 +415,17 @@ func writeMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration
 	return w.Close() == nil
 }
 
-// fail answers a message with an error event and drops the connection's
-// latest response, as a failed request does upstream.
+// fail answers a response.create with an error event and drops the
+// connection's latest response, as a failed request does upstream.
 func (s *clientSocket) fail(ctx context.Context, status int, param, code, msg string) bool {
 	s.keepLatest(nil)
+	return s.reject(ctx, status, param, code, msg)
+}
+
+// reject answers a message with an error event. A message that is not a
+// response.create (not a JSON object, or of a type the connection does not
+// serve, such as a later version's) leaves the latest response kept.
+func (s *clientSocket) reject(ctx context.Context, status int, param, code, msg string) bool {
 	return s.send(ctx, errorEvent(status, "invalid_request_error", param, code, msg))
 }
 
@@ -426,7 +433,7 @@ func (s *clientSocket) fail(ctx context.Context, status int, param, code, msg st
 func (s *clientSocket) handle(ctx context.Context, data []byte, held *hold) bool {
 	msg := gjson.ParseBytes(data)
 	if !gjson.ValidBytes(data) || !msg.IsObject() {
-		return s.fail(ctx, http.StatusBadRequest, "", "",
+		return s.reject(ctx, http.StatusBadRequest, "", "",
 			"We could not parse the JSON of your message: it is not a JSON object.")
 	}
 	switch typ := msg.Get("type").String(); typ {
@@ -434,7 +441,7 @@ func (s *clientSocket) handle(ctx context.Context, data []byte, held *hold) bool
 	case "response.processed":
 		return true // the client's acknowledgement of a response: nothing to answer
 	default:
-		return s.fail(ctx, http.StatusBadRequest, "type", "invalid_value",
+		return s.reject(ctx, http.StatusBadRequest, "type", "invalid_value",
 			fmt.Sprintf("Invalid value: '%s'. Supported values are: 'response.create'.", typ))
 	}
 	if in := msg.Get("input"); in.Exists() && in.Type != gjson.Null && in.Type != gjson.String && !in.IsArray() {

@@ -521,6 +521,29 @@ func TestSocketErrorsLeaveTheConnectionUsable(t *testing.T) {
 	assert.Zero(t, r.proxy.Stats().Passthrough)
 }
 
+// A message that is not a response.create (of a type the connection does
+// not serve, such as a later version's, or not a JSON object) is refused
+// and leaves the connection's latest response to continue.
+func TestAMessageThatIsNotACreateKeepsTheLatestResponse(t *testing.T) {
+	for _, tr := range []transport{overHTTP, overWebSocket} {
+		t.Run(string(tr), func(t *testing.T) {
+			r := newSocketRig(t, tr, fakeupstream.Options{}, nil)
+			c := dialSocket(t, r.url, "s1")
+			a := c.turn(map[string]any{"model": "gpt-test", "store": false, "input": "hi"})
+			require.Equal(t, "completed", a.response.Get("status").String(), "%v", a.events)
+			for _, msg := range []string{`{"type":"response.cancel"}`, `{"type":"session.update"}`, `{}`, `[1]`} {
+				c.sendRaw([]byte(msg))
+				ev, err := c.next()
+				require.NoError(t, err)
+				assert.Equal(t, "error", ev.Get("type").String(), msg)
+			}
+			b := c.turn(map[string]any{"model": "gpt-test", "store": false, "previous_response_id": a.response.Get("id").String(),
+				"input": []any{map[string]any{"role": "user", "content": "next"}}})
+			assert.Equal(t, "completed", b.response.Get("status").String(), "%v %s", b.events, b.err.Raw)
+		})
+	}
+}
+
 func TestSocketCutStreamClosesTheConnection(t *testing.T) {
 	r := newSocketRig(t, overWebSocket, fakeupstream.Options{}, nil)
 	c := dialSocket(t, r.url, "s1")
