@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -542,6 +543,53 @@ func TestAMessageThatIsNotACreateKeepsTheLatestResponse(t *testing.T) {
 			assert.Equal(t, "completed", b.response.Get("status").String(), "%v %s", b.events, b.err.Raw)
 		})
 	}
+}
+
+// A connection's latest response holds the memory it counts (its items):
+// not the whole response its id was read from as well.
+func TestAKeptResponseHoldsWhatItCounts(t *testing.T) {
+	const size = 16 << 20
+	var item atomic.Pointer[string]
+	small := `{"type":"message","id":"msg_s","role":"assistant","status":"completed","content":[{"type":"output_text","text":"hi","annotations":[]}]}`
+	item.Store(&small)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		it := *item.Load()
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = fmt.Fprintf(w, "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_k\",\"status\":\"in_progress\",\"output\":[]}}\n\n"+
+			"data: {\"type\":\"response.output_item.done\",\"output_index\":0,\"item\":%s}\n\n"+
+			"data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_k\",\"status\":\"completed\",\"output\":[%s]}}\n\n", it, it)
+	}))
+	t.Cleanup(upstream.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: up})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s1")
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	c.turn(map[string]any{"model": "m", "store": false, "input": "warm"}) // what every turn allocates once
+	before := heap()
+	big := `{"type":"message","id":"msg_b","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` +
+		strings.Repeat("x", size) + `","annotations":[]}]}`
+	item.Store(&big)
+	a := c.turn(map[string]any{"model": "m", "store": false, "input": "big"})
+	require.Equal(t, "completed", a.response.Get("status").String())
+	item.Store(&small)
+	big, a = "", socketAnswer{}
+	grew := int64(heap()) - int64(before)
+	// (Only a bound above: what earlier tests leave may be let go meanwhile.)
+	assert.Less(t, grew, int64(size)*3/2, "the response's items, %d bytes, and nothing the size of the response beside", size)
 }
 
 func TestSocketCutStreamClosesTheConnection(t *testing.T) {

@@ -979,7 +979,7 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 		out.failed = true // cut or garbled: no response to continue
 	default:
 		r := gjson.ParseBytes(body)
-		out.id = r.Get("id").String()
+		out.id = strings.Clone(r.Get("id").String()) // not the whole answer it is cut from
 		status := r.Get("status").String()
 		out.continuable = continues("response."+status) && out.id != ""
 		out.failed = status == "failed"
@@ -1060,7 +1060,7 @@ func (c *collector) see(ev event) bool {
 			return true
 		}
 		resp := gjson.GetBytes(ev.data, "response")
-		c.terminal, c.id = ev.typ, resp.Get("id").String()
+		c.terminal, c.id = ev.typ, strings.Clone(resp.Get("id").String()) // not the whole response it is cut from
 		c.refused = ev.typ == "response.failed" && refusesContinuation(resp.Get("error"))
 		if c.keep(2 * int64(len(resp.Raw))) { // the response, and its output items
 			c.finalResp, c.final = []byte(resp.Raw), rawArray(resp.Get("output"))
