@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/tidwall/gjson"
@@ -272,7 +273,7 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 			// A connection idles between turns: the wait for a message
 			// to begin is not bounded, its reads are (readMessage).
 			mctx, cancelMessage := context.WithCancel(ctx)
-			_, r, err := s.ws.Reader(mctx)
+			typ, r, err := s.ws.Reader(mctx)
 			s.used.Store(true)
 			if err == nil {
 				s.busy.Add(1) // answered in answer
@@ -286,6 +287,13 @@ func (s *clientSocket) readMessages(ctx context.Context, cancel context.CancelFu
 			case errors.Is(err, errBusy), errors.Is(err, errOverBudget):
 				m.refused = err // answered in its turn, with the refusal
 			case err != nil:
+				return
+			case typ == websocket.MessageText && !utf8.Valid(m.data):
+				// A text message must be UTF-8 (RFC 6455 8.1): the
+				// connection fails.
+				m.held.release()
+				s.busy.Add(-1)
+				_ = s.ws.Close(websocket.StatusInvalidFramePayloadData, "a text message that is not UTF-8")
 				return
 			}
 			messages <- m // serve reads them all, to the last

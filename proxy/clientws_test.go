@@ -522,6 +522,23 @@ func TestSocketErrorsLeaveTheConnectionUsable(t *testing.T) {
 	assert.Zero(t, r.proxy.Stats().Passthrough)
 }
 
+// A text message that is not UTF-8 fails the connection, with 1007 (RFC
+// 6455 8.1); the same bytes in a binary message are answered.
+func TestATextMessageThatIsNotUTF8FailsTheConnection(t *testing.T) {
+	r := newSocketRig(t, overHTTP, fakeupstream.Options{}, nil)
+	bad := []byte(`{"type":"response.create","model":"gpt-test","input":"` + "\xff" + `"}`)
+	c := dialSocket(t, r.url, "s1")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, c.ws.Write(ctx, websocket.MessageBinary, bad))
+	ev, err := c.next()
+	require.NoError(t, err)
+	assert.Equal(t, "error", ev.Get("type").String(), "a binary message is answered")
+	require.NoError(t, c.ws.Write(ctx, websocket.MessageText, bad))
+	_, err = c.next()
+	assert.Equal(t, websocket.StatusInvalidFramePayloadData, websocket.CloseStatus(err), "%v", err)
+}
+
 // A message that is not a response.create (of a type the connection does
 // not serve, such as a later version's, or not a JSON object) is refused
 // and leaves the connection's latest response to continue.
