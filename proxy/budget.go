@@ -740,19 +740,20 @@ func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.
 const gapRead = 64 << 10
 
 // gapReader reads r, giving gap, which ends the reads when it fires,
-// timeout more after each read that got bytes.
+// timeout more each time gapRead bytes came since it last did: a message
+// fed a byte a frame moves no faster for its many frames.
 type gapReader struct {
 	r       io.Reader
 	gap     *time.Timer
 	timeout time.Duration
+	came    int // bytes since the gap was last given more time
 }
 
 func (g *gapReader) Read(p []byte) (int, error) {
-	// A WebSocket message's read waits for all the bytes it asks for:
-	// asking few, steady bytes count as progress.
 	n, err := g.r.Read(p[:min(len(p), gapRead)])
-	if n > 0 {
+	if g.came += n; g.came >= gapRead {
 		g.gap.Reset(g.timeout)
+		g.came = 0
 	}
 	return n, err
 }

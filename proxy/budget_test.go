@@ -390,6 +390,36 @@ func TestAWebSocketMessageHoldsWhatArrivedAndMayNotStall(t *testing.T) {
 	require.Eventually(t, func() bool { return budgetFree(r.proxy) }, 10*time.Second, 5*time.Millisecond)
 }
 
+// A message fed in small frames moves no faster for their number: less
+// than 64 KiB within MessageTimeout closes its connection, however many
+// frames brought it (here 8 KiB every 100 ms, 40 KiB a timeout).
+func TestAWebSocketMessageFedInSmallFramesMayNotStall(t *testing.T) {
+	r := newBudgetRig(t, func(c *Config) { c.MessageTimeout = 500 * time.Millisecond })
+	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s1")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	w, err := c.ws.Writer(ctx, websocket.MessageText)
+	require.NoError(t, err)
+	_, err = io.WriteString(w, `{"type":"response.create","model":"m","input":"`)
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() {
+		_, _, err := c.ws.Read(ctx)
+		closed <- err
+	}()
+	start := time.Now()
+	for {
+		select {
+		case err := <-closed:
+			require.NoError(t, ctx.Err(), "closed before the test's own limit: %v", err)
+			assert.Less(t, time.Since(start), 5*time.Second, "closed once the message stalled")
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		_, _ = io.WriteString(w, strings.Repeat("x", 8<<10)) // a frame, every 100 ms
+	}
+}
+
 // Every way a request can end gives back what it held of the budget.
 func TestBudgetIsReleasedOnEveryPath(t *testing.T) {
 	for _, tc := range slices.Concat(failedTurns(), failedBodies()) {
