@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -120,7 +121,7 @@ type wsSocket struct {
 	id     uint64 // unique per process; a new socket gets a new id
 	busy   bool
 	ws     *websocket.Conn
-	frames chan []byte // filled by the socket's reader; closed when it stops
+	frames *frameQueue // filled by the socket's reader
 	born   time.Time
 	// latest is the upstream's latest response on this socket, "" when
 	// it holds none or it is unknown; begun, the last response whose
@@ -358,7 +359,8 @@ func (s *wsSocket) detach() *websocket.Conn {
 	s.ws, s.latest, s.frames = nil, "", nil
 	if ws != nil {
 		go func() {
-			for range frames {
+			for f := range frames.c {
+				frames.took(f)
 			}
 		}()
 	}
@@ -490,7 +492,8 @@ func (c *wsConn) ready(ctx context.Context) error {
 drain:
 	for s.ws != nil {
 		select {
-		case f, ok := <-s.frames:
+		case f, ok := <-s.frames.c:
+			s.frames.took(f)
 			if !ok || eventType(f) == "error" {
 				c.drop() // the upstream closed it, or said why it will
 			}
@@ -514,7 +517,7 @@ drain:
 		return errClosed
 	}
 	c.up.nextID++
-	s.id, s.ws, s.born, s.latest, s.frames = c.up.nextID, ws, c.up.now(), "", make(chan []byte, socketFrames)
+	s.id, s.ws, s.born, s.latest, s.frames = c.up.nextID, ws, c.up.now(), "", newFrameQueue()
 	go read(ws, s.frames)
 	c.clean = true
 	return nil
@@ -569,21 +572,50 @@ func (e *upstreamRefusal) write(w http.ResponseWriter) {
 	writeError(w, e.status, "upstream_error", "", "", "The upstream refused the request.")
 }
 
-// socketFrames is how many of a socket's messages its reader reads ahead
-// of the turn that takes them: a few smooth the relay, and an upstream
-// that sends more than the turn takes, or sends while no turn holds the
-// socket, waits, holding no more memory than these.
-const socketFrames = 4
+// A socket's reader reads up to socketFrames of its messages ahead of
+// the turn that takes them, while they come to readAhead bytes at most: a
+// few smooth the relay, and an upstream that sends more than the turn
+// takes (to a client that reads slowly), or sends while no turn holds the
+// socket, waits, holding no more memory than these and one message.
+const (
+	socketFrames = 4
+	readAhead    = 1 << 20
+)
 
-// read moves a socket's messages to frames until the socket fails.
-func read(ws *websocket.Conn, frames chan<- []byte) {
-	defer close(frames)
+// frameQueue is a socket's messages read ahead.
+type frameQueue struct {
+	c      chan []byte // closed when the reader stops
+	queued atomic.Int64
+	taken  chan struct{} // a message left c: the reader may read on
+}
+
+func newFrameQueue() *frameQueue {
+	return &frameQueue{c: make(chan []byte, socketFrames), taken: make(chan struct{}, 1)}
+}
+
+// took notes that message f left the queue.
+func (q *frameQueue) took(f []byte) {
+	q.queued.Add(-int64(len(f)))
+	select {
+	case q.taken <- struct{}{}:
+	default:
+	}
+}
+
+// read moves a socket's messages to q until the socket fails, reading
+// the next only once the messages in q come to readAhead bytes at most.
+func read(ws *websocket.Conn, q *frameQueue) {
+	defer close(q.c)
 	for {
+		for q.queued.Load() > readAhead {
+			<-q.taken
+		}
 		_, data, err := ws.Read(context.Background())
 		if err != nil {
 			return
 		}
-		frames <- data
+		q.queued.Add(int64(len(data)))
+		q.c <- data
 	}
 }
 
@@ -686,7 +718,8 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 		for {
 			var data []byte
 			select {
-			case d, ok := <-frames:
+			case d, ok := <-frames.c:
+				frames.took(d)
 				if !ok {
 					return event{}, fmt.Errorf("the upstream socket closed mid-response: %w", io.ErrUnexpectedEOF)
 				}

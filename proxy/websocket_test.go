@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -593,6 +594,48 @@ func TestAClientThatGoesAwayMidResponseClosesItsSocket(t *testing.T) {
 	require.Equal(t, http.StatusOK, a.status, "%s", a.body)
 	assert.Less(t, time.Since(start), 5*time.Second, "the credential's only socket was free")
 	assert.Equal(t, int64(2), sockets.Load())
+}
+
+// A socket reads ahead of the turn that takes its messages no more than
+// readAhead bytes and a message: an upstream that sends large events to a
+// client that does not read them waits, and they do not pile up here.
+func TestASocketReadsAheadABoundedAmount(t *testing.T) {
+	const event = 2 << 20
+	upstream := scriptedSockets(t, func(socket, n int, _ []byte, send func(string)) {
+		id := fmt.Sprintf("resp_%d_%d", socket, n)
+		send(`{"type":"response.created","response":{"id":"` + id + `","object":"response","status":"in_progress","output":[]}}`)
+		delta := `{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":"` + strings.Repeat("x", event) + `"}`
+		for range 12 {
+			send(delta)
+		}
+		send(`{"type":"response.completed","response":{"id":"` + id + `","object":"response","status":"completed","output":[]}}`)
+	})
+	up, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://")[:strings.Index(strings.TrimPrefix(url, "http://"), "/")])
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	body := `{"model":"m","input":"hi","stream":true}`
+	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err) // and reads nothing
+	queued := func() int64 {
+		up.mu.Lock()
+		defer up.mu.Unlock()
+		n := int64(0)
+		for _, p := range up.pools {
+			for _, s := range p.sockets {
+				if s.frames != nil {
+					n += s.frames.queued.Load()
+				}
+			}
+		}
+		return n
+	}
+	most := int64(0)
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		most = max(most, queued())
+	}
+	assert.Positive(t, most, "the socket read ahead")
+	assert.LessOrEqual(t, most, int64(readAhead+event+1<<10), "no more than readAhead and a message")
 }
 
 // A client that asked for JSON waits for the whole answer: a continuation
