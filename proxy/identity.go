@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -207,19 +206,6 @@ func sessionCookies(vs []string) []string {
 // they scope its owners, and a configured upstream credential replaces
 // them all (passthrough.go).
 var accountHeaders = append(slices.Clone(credentialHeaders), headerOrganization, headerProject)
-
-// headersDigest is a digest of the values of headers names in h, each
-// header's in turn: what tells two requests' credentials or accounts
-// apart, kept in this process only.
-func headersDigest(h http.Header, names []string) [32]byte {
-	d := sha256.New()
-	for _, k := range names {
-		fmt.Fprintf(d, "%q\n", h.Values(k))
-	}
-	var sum [32]byte
-	d.Sum(sum[:0])
-	return sum
-}
 
 // carriesCredential reports whether headers h carry a credential: a
 // credential header that is not empty.
