@@ -555,7 +555,7 @@ func (p *Proxy) deliver(ctx context.Context, w http.ResponseWriter, t *turn, a *
 	end.Err, end.Latency = out.err, time.Since(start)
 	finish := func(lg *slog.Logger, result string) {
 		end.Result = result
-		lg.Debug("turn", "status", out.status, "latency", end.Latency)
+		lg.Debug("turn", "status", out.status, "end", result, "latency", end.Latency)
 		p.observe(end)
 	}
 	switch {

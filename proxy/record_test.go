@@ -175,6 +175,19 @@ func TestAFailedRecordIsNoRecord(t *testing.T) {
 	assert.Equal(t, 1, logs.count("outcome=failed"))
 }
 
+// Each turn's line says how the turn ended, as the end step counts it.
+func TestATurnsLineSaysHowItEnded(t *testing.T) {
+	r := newRig(t, overHTTP, nil)
+	logs := &logBuffer{}
+	r.proxy.cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	c := newConversation(t, r.url, "s1", false, true)
+	c.say("hello")
+	c.say("again")
+	turns := int(r.proxy.Stats().Turns)
+	assert.Eventually(t, func() bool { return logs.count("msg=turn ") == turns && logs.count(" end=recorded ") == turns },
+		5*time.Second, time.Millisecond, "%d turns: %s", turns, logs)
+}
+
 func TestTurnsTheUpstreamKeepsNoneOfAreCountedAndExplained(t *testing.T) {
 	r := newRig(t, overHTTP, nil)
 	logs := &logBuffer{}
