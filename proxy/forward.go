@@ -203,7 +203,8 @@ func (c *forwardConn) socket() store.Socket { return c.origin }
 func (c *forwardConn) release() {}
 
 func (c *forwardConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) {
-	req, err := newPost(ctx, "http://"+c.addr+"/v1/responses", c.tg.header, nil)
+	// The client's query goes with it: the socket's handshake carried it.
+	req, err := newPost(ctx, withQuery("http://"+c.addr+"/v1/responses", c.tg.query), c.tg.header, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +347,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused", err.Error())
 		return
 	}
-	tg := &target{header: r.Header, stores: rawMember(req, "store") != "false",
+	tg := &target{header: r.Header, query: r.URL.RawQuery, stores: rawMember(req, "store") != "false",
 		want: store.Socket{Replica: p.replica, ID: fw.socket}, prev: fw.prev, forwarded: true}
 	arrived := time.Now()
 	accept := fw.by.Add(-min(acceptMargin, fw.by.Sub(arrived)/2))

@@ -102,8 +102,13 @@ func TestRoundRobinTurnsAreForwardedToTheirSocket(t *testing.T) {
 		c.say("hello")
 		c.say("again")
 	}
+	// A client's query goes with the forward, as its socket's handshake
+	// carried it.
+	q := newConversation(t, rs.url+"?api-version=1", "s-query", true, false)
+	q.say("hello")
+	q.say("again")
 	s := rs.total()
-	assert.Equal(t, s.Turns-2, s.Continued, "every later turn continues, wherever it lands")
+	assert.Equal(t, s.Turns-3, s.Continued, "every later turn continues, wherever it lands")
 	assert.Positive(t, s.Forwarded)
 	assert.Equal(t, s.Forwarded, s.ForwardedIn-s.ForwardFailures)
 	assert.Zero(t, s.ForwardFailures)
