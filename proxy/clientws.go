@@ -703,7 +703,7 @@ func (w *socketWriter) WriteHeader(status int) {
 		return
 	}
 	w.status = status
-	w.events = status == http.StatusOK && strings.HasPrefix(w.header.Get("Content-Type"), "text/event-stream")
+	w.events = status/100 == 2 && isEventStream(w.header) // 201 and 202 too, in the upstream's media type
 }
 
 func (w *socketWriter) Write(b []byte) (int, error) {

@@ -638,6 +638,13 @@ func TestAStreamReachesTheClientAsTheUpstreamSentIt(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"response.created", "error", "response.failed"}, types)
+
+	// A socket client gets the same events, whatever the stream's 2xx.
+	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s1")
+	c.create(map[string]any{"model": "m", "input": "again"})
+	ev, err := c.next()
+	require.NoError(t, err)
+	assert.Equal(t, "response.created", ev.Get("type").String(), ev.Raw)
 }
 
 // A JSON answer the upstream cuts short, shorter than its length, reaches
