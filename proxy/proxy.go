@@ -1140,9 +1140,10 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outco
 		}
 	}
 	if passes(w) {
+		through := passTo(w, hide)
 		rep.pass = func(b []byte) { // the first event, when it goes on unread
 			start()
-			_, _ = w.Write(b)
+			through(b)
 		}
 	}
 	if !rep.socket {
@@ -1206,7 +1207,7 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	}
 	cw := &clientWriter{w: w}
 	if passes(w) {
-		rep.pass = func(b []byte) { _, _ = cw.Write(b) }
+		rep.pass = passTo(cw, hide)
 	}
 	rep.comments = func(line []byte) {
 		// Passed on as they come: a client or a balancer that would close
@@ -1268,6 +1269,37 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 func passes(w http.ResponseWriter) bool {
 	_, socket := w.(*socketWriter)
 	return !socket
+}
+
+// passTo returns what an event that goes on unread is written to w by
+// (reply.pass), the previous response id the proxy added, hide, shown as
+// null as the bytes go by, as hideID shows it: the member as an upstream
+// writes it, compact, "previous_response_id":"<hide>" (a JSON string
+// holds no bare quote, so only the member matches).
+func passTo(w io.Writer, hide string) func(b []byte) {
+	if hide == "" {
+		return func(b []byte) { _, _ = w.Write(b) }
+	}
+	old, with := []byte(`"previous_response_id":"`+hide+`"`), []byte(`"previous_response_id":null`)
+	var held []byte // the end of what came, which may begin old
+	return func(b []byte) {
+		buf := append(held, b...)
+		for {
+			i := bytes.Index(buf, old)
+			if i < 0 {
+				break
+			}
+			_, _ = w.Write(buf[:i])
+			_, _ = w.Write(with)
+			buf = buf[i+len(old):]
+		}
+		k := min(len(buf), len(old)-1)
+		for k > 0 && !bytes.HasPrefix(old, buf[len(buf)-k:]) {
+			k--
+		}
+		_, _ = w.Write(buf[:len(buf)-k])
+		held = bytes.Clone(buf[len(buf)-k:])
+	}
 }
 
 // clientWriter writes to w until a write fails: the client is gone.

@@ -647,6 +647,31 @@ func TestAStreamReachesTheClientAsTheUpstreamSentIt(t *testing.T) {
 	assert.Equal(t, "response.created", ev.Get("type").String(), ev.Raw)
 }
 
+// An event that goes on to the client unread, for want of room, shows the
+// previous response id the proxy added as null, as the events it reads
+// do, wherever the reads split it.
+func TestAnEventPassedUnreadHidesTheAddedPreviousResponseID(t *testing.T) {
+	const prev = "resp_added"
+	response := `{"id":"resp_n","object":"response","status":"%s","previous_response_id":"` + prev + `","output":[],"instructions":"` + strings.Repeat("i", 4<<10) + `"}`
+	stream := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":" + fmt.Sprintf(response, "in_progress") + "}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":" + fmt.Sprintf(response, "completed") + "}\n\n"
+	for _, r := range []func() io.Reader{
+		func() io.Reader { return strings.NewReader(stream) },
+		func() io.Reader { return iotest.OneByteReader(strings.NewReader(stream)) },
+	} {
+		rep := &reply{status: http.StatusOK, header: http.Header{}, stream: &waitReader{r: r()}, held: &hold{b: newBudget(1 << 10)}}
+		rep.next = newEventReader(rep.stream, rep).next
+		w := httptest.NewRecorder()
+		out := relayStream(w, rep, prev, nil)
+		assert.True(t, out.unkept, "the events went on unread")
+		assert.NoError(t, out.err)
+		got := w.Body.String()
+		assert.NotContains(t, got, prev)
+		assert.Equal(t, 2, strings.Count(got, `"previous_response_id":null`))
+		assert.Equal(t, strings.ReplaceAll(stream, `"previous_response_id":"`+prev+`"`, `"previous_response_id":null`), got)
+	}
+}
+
 // A JSON answer the upstream cuts short, shorter than its length, reaches
 // the client as far as it came, then cut, as through a reverse proxy:
 // never as an answer that ended whole; and it is not continued.
