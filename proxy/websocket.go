@@ -182,13 +182,14 @@ func (u *wsUpstream) credential(h http.Header, query string) (handshake, [32]byt
 	if out == nil {
 		out = http.Header{}
 	}
+	given := func(vs []string) bool { return slices.ContainsFunc(vs, func(v string) bool { return v != "" }) }
 	for _, k := range handshakeHeaders {
-		if vs := h.Values(k); slices.ContainsFunc(vs, func(v string) bool { return v != "" }) {
+		if vs := h.Values(k); given(vs) {
 			out[http.CanonicalHeaderKey(k)] = slices.Clone(vs)
 		}
 	}
-	for _, p := range credentialParts(h) {
-		if k := http.CanonicalHeaderKey(p.name); out[k] == nil {
+	for _, p := range credentialParts(h) { // the credential headers among them, above
+		if k := http.CanonicalHeaderKey(p.name); out[k] == nil && given(p.values) {
 			out[k] = slices.Clone(p.values)
 		}
 	}

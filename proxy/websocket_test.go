@@ -289,6 +289,8 @@ func TestSocketsAreKeptPerCredential(t *testing.T) {
 	hx, kx := handshake(http.Header{"X-Api-Key": {"sk-1"}}, "")
 	assert.Equal(t, "sk-1", hx.Get("X-Api-Key"))
 	assert.NotEqual(t, k1, kx)
+	he, _ := handshake(http.Header{"Api-Key": {"sk-1"}, "Authorization": {""}, "X-Forwarded-User": {""}}, "")
+	assert.Equal(t, http.Header{"Api-Key": {"sk-1"}}, he, "no header that holds nothing")
 	hm, km := handshake(http.Header{"Api-Key": {"sk-1", "sk-2"}}, "")
 	assert.Equal(t, []string{"sk-1", "sk-2"}, hm.Values("Api-Key"), "every value")
 	assert.NotEqual(t, k1, km)
