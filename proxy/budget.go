@@ -24,9 +24,9 @@ import (
 // it; a stream's event as it is read (eventReader) and its output as the
 // relay keeps it (collector), while the room has them; when it does not,
 // an event goes on as it arrives, unread, and the turn is relayed unkept.
-// A WebSocket client gets each
-// event whole, in a message: its events are held even past the budget,
-// as they are in memory already, and the requests after them wait.
+// A WebSocket client gets each event whole, in a message: its events are
+// held even past the budget, as they are in memory already, and the
+// requests after them wait.
 //
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an

@@ -194,8 +194,11 @@ type Config struct {
 	// A turn's answer joins its body's weight (a WebSocket turn's, its
 	// message's) until the client has it: a JSON answer three times its
 	// bytes, held as it is read, and relayed unkept (not recorded) as it
-	// comes once no room comes for it; a stream's output items and final
-	// response twice theirs, past the limit if they must. Default 256 MiB.
+	// comes once no room comes for it; a stream's event as it is read and
+	// its output items and final response twice theirs, while there is
+	// room, an event there is none for going on as it arrives, unkept (a
+	// WebSocket client's, which it gets whole, past the limit instead).
+	// Default 256 MiB.
 	MaxBytesInFlight int64
 	// MaxKeptBytes bounds what the client WebSocket connections keep of
 	// their latest responses together, for their clients to continue with
