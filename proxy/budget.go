@@ -23,10 +23,9 @@ import (
 // answer as it is read (readAnswer), relayed unkept when no room comes for
 // it; a stream's event as it is read (eventReader) and its output as the
 // relay keeps it (collector), while the room has them; when it does not,
-// an event goes on as it arrives, unread, and the turn is relayed unkept.
-// A WebSocket client gets each event whole, in a message: its events are
-// held even past the budget, as they are in memory already, and the
-// requests after them wait.
+// an event goes on as it arrives, unread, and the turn is relayed unkept;
+// to a WebSocket client, in the frames of the event's message
+// (socketWriter).
 //
 // A body holds its weight: twice its bytes, for the body and one full
 // copy of it (the message a WebSocket upstream is sent), and 80 bytes an

@@ -354,8 +354,14 @@ func TestAWebSocketClientThatDoesNotReadGivesItsHoldBack(t *testing.T) {
 	r := newBudgetRig(t, func(c *Config) { c.MessageTimeout = 300 * time.Millisecond })
 	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s1")
 	instructions := strings.Repeat("x", 4<<20) // each answer's events carry them
-	for range 6 {
-		c.create(map[string]any{"model": "m", "instructions": instructions, "input": "hi"})
+	msg, err := json.Marshal(map[string]any{"type": "response.create", "model": "m", "instructions": instructions, "input": "hi"})
+	require.NoError(t, err)
+	require.NoError(t, c.ws.Write(t.Context(), websocket.MessageText, msg))
+	for range 5 {
+		// The connection may be closed before the client has sent them all.
+		if c.ws.Write(t.Context(), websocket.MessageText, msg) != nil {
+			break
+		}
 	}
 	// The answers fill what the connection buffers, and their writes stall:
 	// each 64 KiB of them must go within MessageTimeout, not the whole
@@ -605,10 +611,19 @@ const bigAnswer = 16 << 20
 // one, with a budget of twice that, its
 // server, and the steps of its turns.
 func bigAnswerProxy(t *testing.T) (*Proxy, *httptest.Server, *stepLog) {
+	return gatedBigAnswerProxy(t, nil)
+}
+
+// gatedBigAnswerProxy is bigAnswerProxy whose upstream calls gate, when
+// not nil, with each request's body before it answers.
+func gatedBigAnswerProxy(t *testing.T, gate func(body []byte)) (*Proxy, *httptest.Server, *stepLog) {
 	text := strings.Repeat("x", bigAnswer)
 	item := `{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` + text + `","annotations":[]}]}`
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		if gate != nil {
+			gate(body)
+		}
 		if !gjson.GetBytes(body, "stream").Bool() {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = fmt.Fprintf(w, `{"id":"resp_big","object":"response","status":"completed","output":[%s]}`, item)
@@ -689,21 +704,7 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 // must, as the next test shows.)
 func TestAStreamedAnswerStaysWithinTheBudget(t *testing.T) {
 	p, srv, steps := bigAnswerProxy(t)
-	stop := make(chan struct{})
-	watched := make(chan int64)
-	go func() { // the most the budget held, watched all along
-		most := int64(0)
-		for {
-			cur, _ := budgetHeld(p)
-			most = max(most, cur)
-			select {
-			case <-stop:
-				watched <- most
-				return
-			case <-time.After(100 * time.Microsecond):
-			}
-		}
-	}()
+	most := watchBudget(p)
 
 	// Two clients that send a turn and read nothing of its answer.
 	body := `{"model":"m","input":"hi","stream":true}`
@@ -735,14 +736,85 @@ func TestAStreamedAnswerStaysWithinTheBudget(t *testing.T) {
 			assert.Len(t, text, bigAnswer, typ)
 		}
 	}
+	assertRelayedUnkept(t, types, steps, most)
+}
+
+// assertRelayedUnkept asserts that a client of bigAnswerProxy got the
+// event types of its answer, types, that a turn ended relayed unkept, and
+// that the budget, watched (watchBudget), never held more than its size.
+func assertRelayedUnkept(t *testing.T, types []string, steps *stepLog, most func() int64) {
+	t.Helper()
 	assert.Equal(t, []string{"response.created", "response.output_item.done", "response.completed"}, types)
 	var seen []string
 	assert.Eventually(t, func() bool {
 		seen = append(seen, steps.take()...)
 		return slices.Contains(seen, "end:relayed_unkept")
 	}, 10*time.Second, time.Millisecond, "the turn ends relayed_unkept: %q", seen)
-	close(stop)
-	assert.LessOrEqual(t, <-watched, 2*int64(bigAnswer), "the budget is never exceeded")
+	assert.LessOrEqual(t, most(), 2*int64(bigAnswer), "the budget is never exceeded")
+}
+
+// watchBudget watches what p's budget holds all along, until the
+// function it returns is called: that returns the most it held.
+func watchBudget(p *Proxy) func() int64 {
+	stop := make(chan struct{})
+	watched := make(chan int64)
+	go func() {
+		most := int64(0)
+		for {
+			cur, _ := budgetHeld(p)
+			most = max(most, cur)
+			select {
+			case <-stop:
+				watched <- most
+				return
+			case <-time.After(100 * time.Microsecond):
+			}
+		}
+	}()
+	return func() int64 {
+		close(stop)
+		return <-watched
+	}
+}
+
+// So does a socket client's: an event the budget has no room for goes on
+// to it as it arrives, in the frames of its message, unread.
+func TestASocketClientsAnswerStaysWithinTheBudget(t *testing.T) {
+	answer := make(chan struct{})
+	p, srv, steps := gatedBigAnswerProxy(t, func(body []byte) {
+		if gjson.GetBytes(body, "input.0.content").String() == "other" {
+			<-answer // once the others hold the budget
+		}
+	})
+	most := watchBudget(p)
+	url := "ws" + strings.TrimPrefix(srv.URL, "http") + "/v1/responses"
+	c := dialSocket(t, url, "reader") // which reads every event, whole
+	c.ws.SetReadLimit(2 * bigAnswer)
+	c.create(map[string]any{"model": "m", "input": "other"})
+
+	// Two clients that send a turn and read nothing of its answer, one
+	// holding an event it is not taken.
+	for i := range 2 {
+		dialSocket(t, url, fmt.Sprint("idle", i)).create(map[string]any{"model": "m", "input": "hi"})
+	}
+	require.Eventually(t, func() bool {
+		cur, _ := budgetHeld(p)
+		return cur >= bigAnswer
+	}, 10*time.Second, time.Millisecond, "an answer not taken holds the budget")
+	close(answer)
+
+	var types []string
+	for len(types) < 3 {
+		msg, err := c.next()
+		require.NoError(t, err)
+		typ := msg.Get("type").String()
+		require.NotEqual(t, "error", typ, msg.Raw)
+		types = append(types, typ)
+		if typ != "response.created" {
+			assert.Len(t, msg.Get("item.content.0.text").Str+msg.Get("response.output.0.content.0.text").Str, bigAnswer, typ)
+		}
+	}
+	assertRelayedUnkept(t, types, steps, most)
 }
 
 // So does a WebSocket turn's answer, in its message's hold.

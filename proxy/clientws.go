@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -46,7 +47,9 @@ import (
 //     error event, previous_response_not_found, and nothing goes upstream,
 //     so that the client sends its full history again; with "store" true
 //     or absent it goes upstream as sent, as the upstream may keep that
-//     response. A failed turn drops what the connection keeps;
+//     response. A failed turn drops what the connection keeps, and so
+//     does one whose events went on unread, for want of room in the
+//     budget (budget.go);
 //   - a response.create with "generate": false (the client warming the
 //     connection up) that holds the full context is answered here: a
 //     completed response without output, which the connection keeps like
@@ -394,33 +397,92 @@ func (s *clientSocket) send(ctx context.Context, data []byte) bool {
 	return writeMessage(ctx, s.ws, s.p.cfg.MessageTimeout, data)
 }
 
-// writeMessage writes one text message to a client's connection, which it
-// closes when the client does not take gapRead bytes of it within each
-// timeout, as a message that stalls does when it is read: a client that
-// does not read its answers may not keep what they hold. A longer message
-// goes in frames of gapRead bytes, each given timeout. False when the
-// message was not written.
-func writeMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration, data []byte) bool {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	gap := time.AfterFunc(timeout, cancel) // ends the write, and the connection
-	defer gap.Stop()
-	if len(data) <= gapRead {
+// writeMessage writes one text message, parts one after the other, to a
+// client's connection, which it closes when the client does not take
+// gapRead bytes of it within each timeout, as a message that stalls does
+// when it is read: a client that does not read its answers may not keep
+// what they hold. A longer message goes in frames of gapRead bytes at
+// most, each given timeout (messageWriter). False when the message was
+// not written.
+func writeMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration, parts ...[]byte) bool {
+	n := 0
+	for _, p := range parts {
+		n += len(p)
+	}
+	if n <= gapRead {
+		wctx, cancel := context.WithTimeout(ctx, timeout) // ends the write, and the connection
+		defer cancel()
+		data := parts[0]
+		if len(parts) > 1 {
+			data = bytes.Join(parts, nil)
+		}
 		return ws.Write(wctx, websocket.MessageText, data) == nil
 	}
-	w, err := ws.Writer(wctx, websocket.MessageText)
+	m, err := openMessage(ctx, ws, timeout)
 	if err != nil {
 		return false
 	}
-	for len(data) > 0 {
-		n := min(len(data), gapRead)
-		if _, err := w.Write(data[:n]); err != nil {
+	for _, p := range parts {
+		if _, err := m.Write(p); err != nil {
+			m.abandon()
 			return false
 		}
-		gap.Reset(timeout)
-		data = data[n:]
 	}
-	return w.Close() == nil
+	return m.Close() == nil
+}
+
+// messageWriter writes a text message to a client's connection as its
+// parts come, in frames of gapRead bytes at most, each given timeout
+// (writeMessage); the time between writes is not the client's.
+type messageWriter struct {
+	w       io.WriteCloser
+	cancel  context.CancelFunc
+	gap     *time.Timer
+	timeout time.Duration
+}
+
+// openMessage begins a text message on ws.
+func openMessage(ctx context.Context, ws *websocket.Conn, timeout time.Duration) (*messageWriter, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	m := &messageWriter{cancel: cancel, gap: time.AfterFunc(timeout, cancel), timeout: timeout}
+	w, err := ws.Writer(wctx, websocket.MessageText) // waits for a message being written, or a ping
+	m.gap.Stop()
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	m.w = w
+	return m, nil
+}
+
+func (m *messageWriter) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		k := min(len(p), gapRead)
+		m.gap.Reset(m.timeout) // ends the write, and the connection
+		_, err := m.w.Write(p[:k])
+		m.gap.Stop()
+		if err != nil {
+			return n, err
+		}
+		n, p = n+k, p[k:]
+	}
+	return n, nil
+}
+
+// Close ends the message.
+func (m *messageWriter) Close() error {
+	m.gap.Reset(m.timeout)
+	err := m.w.Close()
+	m.gap.Stop()
+	m.cancel()
+	return err
+}
+
+// abandon leaves the message unended, and the connection with it.
+func (m *messageWriter) abandon() {
+	m.gap.Stop()
+	m.cancel()
 }
 
 // fail answers a response.create with an error event and drops the
@@ -658,9 +720,12 @@ func errorEventWith(status int, typ, param, code, msg string, h http.Header) []b
 }
 
 // socketWriter is the http.ResponseWriter a socket's turn is served with:
-// it sends the Server-Sent Events the relay writes as text messages, each
+// it sends each event of the stream the relay writes as a text message,
 // the event's data, and an error answer as the error event the upstream
-// would have sent.
+// would have sent. The relay hands it the events it read whole
+// (relayEvent); one the relay passes on unread comes as a Server-Sent
+// Event, whose data goes on as it comes, in the frames of a message, so
+// that the writer holds no more of it than the relay's reads do.
 type socketWriter struct {
 	ctx     context.Context
 	ws      *websocket.Conn
@@ -671,13 +736,30 @@ type socketWriter struct {
 	prev   string
 	status int
 	events bool   // the answer is an event stream
-	buf    []byte // an event stream's incomplete event, or a whole answer
+	buf    []byte // an answer that is not an event stream
 	col    collector
+	// The Server-Sent Event being written: the start of the line being
+	// read, until it tells what the line is, and what the rest of the
+	// line is (lineStart until it tells); the message its data goes on
+	// in, nil before its first data line, and what writes that data
+	// (msg, or a replacer over it that shows prev).
+	line    []byte
+	in      int
+	afterCR bool
+	msg     *messageWriter
+	data    io.Writer
 	// gone tells that a message could not be written: the client is gone.
 	gone bool
 	// cut tells that the stream broke off upstream.
 	cut bool
 }
+
+// What the rest of the line a socketWriter reads is.
+const (
+	lineStart = iota // to be told: too little of the line came
+	lineData         // a data line's value, which goes on as it comes
+	lineOther        // anything else, passed over
+)
 
 // errClientGone is returned by writes after the client went away.
 var errClientGone = errors.New("proxy: the client's socket is gone")
@@ -706,6 +788,8 @@ func (w *socketWriter) WriteHeader(status int) {
 	w.events = status/100 == 2 && isEventStream(w.header) // 201 and 202 too, in the upstream's media type
 }
 
+// Write takes an answer that is not an event stream whole (finish), and
+// an event stream's bytes line by line, however they are split.
 func (w *socketWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
@@ -713,20 +797,101 @@ func (w *socketWriter) Write(b []byte) (int, error) {
 	if w.gone {
 		return 0, errClientGone
 	}
-	w.buf = append(w.buf, b...)
 	if !w.events {
+		w.buf = append(w.buf, b...)
 		return len(b), nil
 	}
-	for {
-		i := bytes.Index(w.buf, []byte("\n\n"))
-		if i < 0 {
-			return len(b), nil
+	n := len(b)
+	for len(b) > 0 {
+		if w.afterCR {
+			w.afterCR = false
+			if b[0] == '\n' { // a CRLF ends one line
+				b = b[1:]
+				continue
+			}
 		}
-		if ev, ok := parseEvent(w.buf[:i]); ok && !w.sendEvent(ev) {
+		seg, end := b, false
+		if i := bytes.IndexAny(b, "\r\n"); i >= 0 {
+			seg, end, w.afterCR = b[:i], true, b[i] == '\r'
+			b = b[i+1:]
+		} else {
+			b = nil
+		}
+		if err := w.takeLine(seg, end); err != nil {
+			w.gone = true
 			return 0, errClientGone
 		}
-		w.buf = append(w.buf[:0], w.buf[i+2:]...)
 	}
+	return n, nil
+}
+
+// takeLine takes seg, the next bytes of the line being read, which end it
+// when end: a data line's value goes on in the event's message, a blank
+// line ends the event, and anything else (its name, a comment) is passed
+// over.
+func (w *socketWriter) takeLine(seg []byte, end bool) error {
+	var err error
+	switch w.in {
+	case lineData:
+		_, err = w.data.Write(seg)
+	case lineStart:
+		w.line = append(w.line, seg...)
+		told := end || len(w.line) > len("data:") // a space may follow the colon
+		switch {
+		case end && len(w.line) == 0:
+			err = w.endEvent()
+		case told && bytes.HasPrefix(w.line, []byte("data:")):
+			err = w.dataLine(bytes.TrimPrefix(w.line[len("data:"):], []byte(" ")))
+			w.in = lineData
+		case told:
+			w.in = lineOther
+		}
+		if told {
+			w.line = w.line[:0]
+		}
+	}
+	if end {
+		w.in = lineStart
+	}
+	return err
+}
+
+// dataLine begins a data line whose value begins with v: the event's
+// message begins with its first, and each other begins on a new line.
+func (w *socketWriter) dataLine(v []byte) error {
+	if w.msg == nil {
+		m, err := openMessage(w.ctx, w.ws, w.timeout)
+		if err != nil {
+			return err
+		}
+		w.msg, w.data = m, m
+		if w.prev != "" {
+			// The added previous_response_id went by as null (passTo).
+			prev, _ := json.Marshal(w.prev)
+			w.data = &replacer{w: m, old: []byte(`"previous_response_id":null`),
+				with: append([]byte(`"previous_response_id":`), prev...)}
+		}
+	} else if _, err := w.data.Write([]byte("\n")); err != nil {
+		return err
+	}
+	_, err := w.data.Write(v)
+	return err
+}
+
+// endEvent ends the message of the event read, if it has data.
+func (w *socketWriter) endEvent() error {
+	m := w.msg
+	if m == nil {
+		return nil // a comment, or an event without data
+	}
+	w.msg = nil
+	if r, ok := w.data.(*replacer); ok {
+		if err := r.Flush(); err != nil {
+			m.abandon()
+			return err
+		}
+	}
+	return m.Close()
 }
 
 // Flush is a no-op: every event is sent as it is written.
@@ -735,45 +900,63 @@ func (w *socketWriter) Flush() {}
 // cutStream notes a stream that broke off upstream (see run).
 func (w *socketWriter) cutStream() { w.cut = true }
 
-// parseEvent parses one Server-Sent Event: its name and data (newEvent).
-func parseEvent(block []byte) (event, bool) {
-	var name string
-	var data [][]byte
-	for _, line := range bytes.Split(block, []byte("\n")) {
-		line = bytes.TrimSuffix(line, []byte("\r"))
-		switch {
-		case bytes.HasPrefix(line, []byte("event:")):
-			name = string(bytes.TrimSpace(line[len("event:"):]))
-		case bytes.HasPrefix(line, []byte("data:")):
-			data = append(data, bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
-		}
+// relayEvent takes the relay's next event: one it read is sent whole
+// (sendEvent, hide being the previous response id the proxy added), one
+// it passed on unread came through Write. False when the client is gone.
+func (w *socketWriter) relayEvent(ev event, hide string) bool {
+	if ev.passed {
+		w.col.see(ev)
+		return !w.gone
 	}
-	if data == nil {
-		return event{}, false // a comment
-	}
-	return newEvent(name, bytes.Join(data, []byte("\n"))), true
+	return w.sendEvent(ev, hide)
 }
 
 // sendEvent sends one event, its response object showing the client's own
-// previous_response_id; false when the client is gone.
-func (w *socketWriter) sendEvent(ev event) bool {
+// previous_response_id, else hide as null; false when the client is gone.
+func (w *socketWriter) sendEvent(ev event, hide string) bool {
 	w.col.see(ev)
-	data := ev.data
-	if w.prev != "" && gjson.GetBytes(data, "response").IsObject() {
-		if d, err := sjson.SetBytes(data, "response.previous_response_id", w.prev); err == nil {
-			data = d
-		}
-	}
-	if !writeMessage(w.ctx, w.ws, w.timeout, data) {
+	if !w.gone && !writeMessage(w.ctx, w.ws, w.timeout, w.shown(ev.data, hide)...) {
 		w.gone = true
 	}
 	return !w.gone
+}
+
+// shown returns the parts of data, an event's, that the client is shown
+// (sendEvent): data itself, or around the value of its response's
+// previous_response_id, the value the client is shown.
+func (w *socketWriter) shown(data []byte, hide string) [][]byte {
+	if w.prev == "" && (hide == "" || absent(data, hide)) {
+		return [][]byte{data}
+	}
+	v := gjson.GetBytes(data, "response.previous_response_id")
+	want := []byte("null")
+	switch {
+	case w.prev != "":
+		want, _ = json.Marshal(w.prev)
+	case v.String() != hide:
+		return [][]byte{data}
+	}
+	if v.Index > 0 {
+		return [][]byte{data[:v.Index], want, data[v.Index+len(v.Raw):]}
+	}
+	if !gjson.GetBytes(data, "response").IsObject() {
+		return [][]byte{data}
+	}
+	d, err := sjson.SetRawBytes(data, "response.previous_response_id", want) // a member it lacks
+	if err != nil {
+		return [][]byte{data}
+	}
+	return [][]byte{d}
 }
 
 // finish sends an answer that was not an event stream as events: a
 // response object as its terminal event, an error as an error event. An
 // event stream that ended without a terminal event broke off.
 func (w *socketWriter) finish() {
+	if w.msg != nil { // the stream broke off inside an event
+		w.msg.abandon()
+		w.msg, w.cut = nil, true
+	}
 	if w.gone || w.cut {
 		return
 	}
@@ -788,7 +971,7 @@ func (w *socketWriter) finish() {
 		switch st := body.Get("status").String(); st {
 		case "completed", "failed", "incomplete":
 			data, _ := sjson.SetRawBytes([]byte(`{"type":"response.`+st+`"}`), "response", []byte(body.Raw))
-			w.sendEvent(event{typ: "response." + st, data: data})
+			w.sendEvent(event{typ: "response." + st, data: data}, "")
 			return
 		}
 	}
@@ -802,7 +985,7 @@ func (w *socketWriter) finish() {
 		msg = "The upstream answered " + http.StatusText(w.status) + "."
 	}
 	data := errorEventWith(status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(), msg, w.header)
-	w.sendEvent(event{typ: "error", data: data})
+	w.sendEvent(event{typ: "error", data: data}, "")
 }
 
 // socketSet is the client connections a proxy serves, for Shutdown.

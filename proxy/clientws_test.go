@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -873,5 +874,76 @@ func TestSocketErrorsCountTheMessagesItems(t *testing.T) {
 		a := conv.c.turn(body)
 		require.True(t, a.err.Exists(), "%s: events %v", tr, a.events)
 		assert.Contains(t, a.err.Get("error.message").String(), "input[1]", "%s, store %v: %s", tr, c.stores, a.err.Raw)
+	}
+}
+
+// An event the relay passes on unread reaches a socket client as one
+// message, its data, however its bytes are split, showing the client's
+// own previous_response_id where the added one went by as null; comments
+// and events without data send nothing.
+func TestAnEventPassedOnReachesASocketClientAsOneMessage(t *testing.T) {
+	stream := "event: response.created\r\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"previous_response_id\":null}}\r\n\r\n" +
+		": keep-alive\n\n" +
+		"data:{\"a\":1,\ndata: \"b\":2}\n\n" +
+		"id: 7\nretry: 10\ndata:  x\r\r" +
+		"event: e\n\n"
+	want := []string{`{"type":"response.created","response":{"id":"r","previous_response_id":"resp_client"}}`,
+		"{\"a\":1,\n\"b\":2}", " x"}
+
+	accepted := make(chan *websocket.Conn, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		accepted <- ws
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	client, _, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(srv.URL, "http"), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.CloseNow() })
+	server := <-accepted
+	t.Cleanup(func() { _ = server.CloseNow() })
+	got := make(chan string, 16)
+	go func() {
+		for {
+			_, data, err := client.Read(context.Background())
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- string(data)
+		}
+	}()
+
+	rng := rand.New(rand.NewPCG(1, 2))
+	for run := range len(stream) + 300 {
+		sw := &socketWriter{ctx: t.Context(), ws: server, timeout: 5 * time.Second,
+			header: http.Header{"Content-Type": {"text/event-stream"}}, prev: "resp_client"}
+		sw.WriteHeader(http.StatusOK)
+		for rest := stream; rest != ""; {
+			n := min(len(rest), 1+rng.IntN(8))
+			if run < len(stream) {
+				n = min(len(rest), max(1, run)) // pieces of every size, then random ones
+			}
+			_, err := sw.Write([]byte(rest[:n]))
+			require.NoError(t, err)
+			rest = rest[n:]
+		}
+		for _, w := range want {
+			select {
+			case m := <-got:
+				require.Equal(t, w, m, "run %d", run)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("run %d: no message %q", run, w)
+			}
+		}
+		assert.Nil(t, sw.msg, "no message left open")
+	}
+	select {
+	case m := <-got:
+		t.Fatalf("a message more: %q", m)
+	default:
 	}
 }

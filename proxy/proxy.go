@@ -196,9 +196,9 @@ type Config struct {
 	// bytes, held as it is read, and relayed unkept (not recorded) as it
 	// comes once no room comes for it; a stream's event as it is read and
 	// its output items and final response twice theirs, while there is
-	// room, an event there is none for going on as it arrives, unkept (a
-	// WebSocket client's, which it gets whole, past the limit instead).
-	// Default 256 MiB.
+	// room, an event there is none for going on as it arrives, unkept (to
+	// a WebSocket client, in its message's frames, and the connection does
+	// not keep that response). Default 256 MiB.
 	MaxBytesInFlight int64
 	// MaxKeptBytes bounds what the client WebSocket connections keep of
 	// their latest responses together, for their clients to continue with
@@ -1142,12 +1142,10 @@ func relayStream(w http.ResponseWriter, rep *reply, hide string, seal func(outco
 			startEvents(w, status)
 		}
 	}
-	if passes(w) {
-		through := passTo(w, hide)
-		rep.pass = func(b []byte) { // the first event, when it goes on unread
-			start()
-			through(b)
-		}
+	through := passTo(w, hide)
+	rep.pass = func(b []byte) { // the first event, when it goes on unread
+		start()
+		through(b)
 	}
 	if !rep.socket {
 		// An HTTP upstream's stream begins with its status: the keep-alives
@@ -1209,9 +1207,8 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 		defer func() { rep.stream.wait = nil }()
 	}
 	cw := &clientWriter{w: w}
-	if passes(w) {
-		rep.pass = passTo(cw, hide)
-	}
+	rep.pass = passTo(cw, hide)
+	sock, _ := w.(*socketWriter) // takes the events themselves, not their SSE
 	rep.comments = func(line []byte) {
 		// Passed on as they come: a client or a balancer that would close
 		// a quiet stream sees what the upstream keeps it with.
@@ -1221,9 +1218,13 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	}
 	defer func() { rep.comments, rep.pass = nil, nil }()
 	write := func(ev event) {
-		if !ev.passed && !cw.gone {
-			// After a failed write the relay keeps reading: the turn ends
-			// when the upstream's does.
+		// After a failed write the relay keeps reading: the turn ends when
+		// the upstream's does.
+		switch {
+		case cw.gone:
+		case sock != nil:
+			cw.gone = !sock.relayEvent(ev, hide)
+		case !ev.passed:
 			writeEvent(cw, ev.wireName(), hideID(ev.data, "response.previous_response_id", hide))
 			if !together {
 				flush()
@@ -1266,14 +1267,6 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	return out
 }
 
-// passes tells whether events may go on to w as they arrive, unread
-// (eventReader): not to a client's socket, which sends each event whole,
-// as a message.
-func passes(w http.ResponseWriter) bool {
-	_, socket := w.(*socketWriter)
-	return !socket
-}
-
 // passTo returns what an event that goes on unread is written to w by
 // (reply.pass), the previous response id the proxy added, hide, shown as
 // null as the bytes go by, as hideID shows it: the member as an upstream
@@ -1283,26 +1276,62 @@ func passTo(w io.Writer, hide string) func(b []byte) {
 	if hide == "" {
 		return func(b []byte) { _, _ = w.Write(b) }
 	}
-	old, with := []byte(`"previous_response_id":"`+hide+`"`), []byte(`"previous_response_id":null`)
-	var held []byte // the end of what came, which may begin old
-	return func(b []byte) {
-		buf := append(held, b...)
-		for {
-			i := bytes.Index(buf, old)
-			if i < 0 {
-				break
-			}
-			_, _ = w.Write(buf[:i])
-			_, _ = w.Write(with)
-			buf = buf[i+len(old):]
-		}
-		k := min(len(buf), len(old)-1)
-		for k > 0 && !bytes.HasPrefix(old, buf[len(buf)-k:]) {
-			k--
-		}
-		_, _ = w.Write(buf[:len(buf)-k])
-		held = bytes.Clone(buf[len(buf)-k:])
+	r := &replacer{w: w, old: []byte(`"previous_response_id":"` + hide + `"`), with: []byte(`"previous_response_id":null`)}
+	return func(b []byte) { _, _ = r.Write(b) }
+}
+
+// replacer writes what it is given on to w with each old replaced by
+// with, wherever the writes split old: it holds back an end of what came
+// that may begin old until what comes next tells (Flush writes it).
+type replacer struct {
+	w         io.Writer
+	old, with []byte
+	held      []byte
+}
+
+func (r *replacer) Write(b []byte) (int, error) {
+	buf := b
+	if len(r.held) > 0 {
+		buf = append(r.held, b...)
 	}
+	for {
+		i := bytes.Index(buf, r.old)
+		if i < 0 {
+			break
+		}
+		if err := r.write(buf[:i], r.with); err != nil {
+			return 0, err
+		}
+		buf = buf[i+len(r.old):]
+	}
+	k := min(len(buf), len(r.old)-1)
+	for k > 0 && !bytes.HasPrefix(r.old, buf[len(buf)-k:]) {
+		k--
+	}
+	err := r.write(buf[:len(buf)-k])
+	r.held = append(r.held[:0], buf[len(buf)-k:]...)
+	if err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// Flush writes what r holds back.
+func (r *replacer) Flush() error {
+	err := r.write(r.held)
+	r.held = r.held[:0]
+	return err
+}
+
+func (r *replacer) write(parts ...[]byte) error {
+	for _, p := range parts {
+		if len(p) > 0 {
+			if _, err := r.w.Write(p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // clientWriter writes to w until a write fails: the client is gone.

@@ -738,3 +738,22 @@ func TestATurnWithAnIdempotencyKeyIsNotSentTwice(t *testing.T) {
 	}
 	assert.Equal(t, int64(2), calls.Load(), "each turn went upstream once")
 }
+
+// parseEvent parses one Server-Sent Event: its name and data (newEvent).
+func parseEvent(block []byte) (event, bool) {
+	var name string
+	var data [][]byte
+	for _, line := range bytes.Split(block, []byte("\n")) {
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		switch {
+		case bytes.HasPrefix(line, []byte("event:")):
+			name = string(bytes.TrimSpace(line[len("event:"):]))
+		case bytes.HasPrefix(line, []byte("data:")):
+			data = append(data, bytes.TrimPrefix(line[len("data:"):], []byte(" ")))
+		}
+	}
+	if data == nil {
+		return event{}, false // a comment
+	}
+	return newEvent(name, bytes.Join(data, []byte("\n"))), true
+}
