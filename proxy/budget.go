@@ -21,7 +21,8 @@ import (
 // a WebSocket message from the moment it is read until it is answered. A
 // turn's answer joins its hold (a WebSocket turn's, its message's): a JSON
 // answer as it is read (readAnswer), relayed unkept when no room comes for
-// it; a stream's event as it is read (eventReader) and its output as the
+// it; a stream's event as it is read (eventReader, or an upstream socket's
+// message, socketMessages) and its output as the
 // relay keeps it (collector), while the room has them; when it does not,
 // an event goes on as it arrives, unread, and the turn is relayed unkept;
 // to a WebSocket client, in the frames of the event's message

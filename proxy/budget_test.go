@@ -635,9 +635,14 @@ func gatedBigAnswerProxy(t *testing.T, gate func(body []byte)) (*Proxy, *httptes
 		_, _ = fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_big\",\"object\":\"response\",\"status\":\"completed\",\"output\":[%s]}}\n\n", item)
 	}))
 	t.Cleanup(upstream.Close)
-	st, err := store.NewMemory(store.Options{Replica: "r1"})
-	require.NoError(t, err)
 	up, err := NewHTTPUpstream(upstream.URL+"/v1", nil)
+	require.NoError(t, err)
+	return bigAnswerProxyOver(t, up)
+}
+
+// bigAnswerProxyOver returns the proxy of bigAnswerProxy over up.
+func bigAnswerProxyOver(t *testing.T, up Upstream) (*Proxy, *httptest.Server, *stepLog) {
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
 	require.NoError(t, err)
 	steps := &stepLog{}
 	p, err := New(Config{Store: st, Upstream: up, MaxBytesInFlight: 2 * bigAnswer, MaxBodyBytes: 1 << 20, Observer: steps})
@@ -703,28 +708,74 @@ func TestAnAnswerAClientDoesNotReadHoldsTheBudget(t *testing.T) {
 // event whole, in a message: its answer is held, past the budget if it
 // must, as the next test shows.)
 func TestAStreamedAnswerStaysWithinTheBudget(t *testing.T) {
-	p, srv, steps := bigAnswerProxy(t)
+	release := make(chan struct{})
+	p, srv, steps := gatedBigAnswerProxy(t, holdOther(release))
 	most := watchBudget(p)
+	types := readBesideNonReaders(t, p, srv.URL+"/v1/responses", release)
+	assertRelayedUnkept(t, types, steps, most)
+}
 
-	// Two clients that send a turn and read nothing of its answer.
-	body := `{"model":"m","input":"hi","stream":true}`
-	for range 2 {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close() })
-		_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		require.NoError(t, err)
+// So does an upstream socket's: a message the budget has no room for
+// goes on to the client as it arrives, unread.
+func TestAnUpstreamSocketsAnswerStaysWithinTheBudget(t *testing.T) {
+	release := make(chan struct{})
+	hold := holdOther(release)
+	item := `{"type":"message","id":"msg_big","role":"assistant","status":"completed","content":[{"type":"output_text","text":"` +
+		strings.Repeat("x", bigAnswer) + `","annotations":[]}]}`
+	upstream := scriptedSockets(t, func(socket, n int, msg []byte, send func(string)) {
+		hold(msg)
+		resp := fmt.Sprintf(`{"id":"resp_%d_%d","object":"response","status":"%%s","output":[%%s]}`, socket, n)
+		send(`{"type":"response.created","response":` + fmt.Sprintf(resp, "in_progress", "") + `}`)
+		send(`{"type":"response.output_item.done","output_index":0,"item":` + item + `}`)
+		send(`{"type":"response.completed","response":` + fmt.Sprintf(resp, "completed", item) + `}`)
+	})
+	up, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(upstream.URL, "http")+"/v1", WebSocketOptions{Replica: "r1", Sockets: 4})
+	require.NoError(t, err)
+	p, srv, steps := bigAnswerProxyOver(t, up)
+	most := watchBudget(p)
+	types := readBesideNonReaders(t, p, srv.URL+"/v1/responses", release)
+	assertRelayedUnkept(t, types, steps, most)
+}
+
+// holdOther returns an upstream's gate (gatedBigAnswerProxy) that holds the
+// answer to a request saying "other" until release is closed.
+func holdOther(release chan struct{}) func(body []byte) {
+	return func(body []byte) {
+		if bytes.Contains(body, []byte("other")) {
+			<-release
+		}
 	}
+}
 
-	// A client that reads: every event, whole.
-	resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":"other","stream":true}`))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	events, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+// readBesideNonReaders sends a streamed turn to the proxy p at url, whose
+// upstream holds its answer until release is closed (holdOther); then two
+// turns whose clients read nothing of their answers; once their answers
+// hold half of p's budget it closes release, and returns the event types
+// of the first turn's answer, which it reads, checking that every event
+// came whole.
+func readBesideNonReaders(t *testing.T, p *Proxy, url string, release chan struct{}) []string {
+	t.Helper()
+	answer := make(chan []byte, 1)
+	go func() {
+		defer close(answer)
+		resp, err := http.Post(url, "application/json", strings.NewReader(`{"model":"m","input":"other","stream":true}`))
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		events, err := io.ReadAll(resp.Body)
+		assert.NoError(t, err)
+		answer <- events
+	}()
+	postUnread(t, strings.TrimSuffix(url, "/v1/responses"), 2)
+	require.Eventually(t, func() bool {
+		cur, size := budgetHeld(p)
+		return cur >= size/2
+	}, 10*time.Second, time.Millisecond, "the answers not read hold the budget")
+	close(release)
 	var types []string
-	for ev := range strings.SplitSeq(strings.TrimSuffix(string(events), "\n\n"), "\n\n") {
+	for ev := range strings.SplitSeq(strings.TrimSuffix(string(<-answer), "\n\n"), "\n\n") {
 		name, data, ok := strings.Cut(ev, "\ndata: ")
 		require.True(t, ok, "%.200q", ev)
 		require.True(t, gjson.Valid(data), "%.200q", ev)
@@ -736,7 +787,7 @@ func TestAStreamedAnswerStaysWithinTheBudget(t *testing.T) {
 			assert.Len(t, text, bigAnswer, typ)
 		}
 	}
-	assertRelayedUnkept(t, types, steps, most)
+	return types
 }
 
 // assertRelayedUnkept asserts that a client of bigAnswerProxy got the
@@ -751,6 +802,19 @@ func assertRelayedUnkept(t *testing.T, types []string, steps *stepLog, most func
 		return slices.Contains(seen, "end:relayed_unkept")
 	}, 10*time.Second, time.Millisecond, "the turn ends relayed_unkept: %q", seen)
 	assert.LessOrEqual(t, most(), 2*int64(bigAnswer), "the budget is never exceeded")
+}
+
+// postUnread sends n streamed turns to the server at base whose clients
+// read nothing of their answers.
+func postUnread(t *testing.T, base string, n int) {
+	body := `{"model":"m","input":"hi","stream":true}`
+	for range n {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		require.NoError(t, err)
+	}
 }
 
 // watchBudget watches what p's budget holds all along, until the

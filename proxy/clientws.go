@@ -737,7 +737,9 @@ type socketWriter struct {
 	status int
 	events bool   // the answer is an event stream
 	buf    []byte // an answer that is not an event stream
-	col    collector
+	// col is what the answer was: the relay's collector (writeEvents),
+	// which keeps the output in the turn's hold, or the writer's own.
+	col collector
 	// The Server-Sent Event being written: the start of the line being
 	// read, until it tells what the line is, and what the rest of the
 	// line is (lineStart until it tells); the message its data goes on
@@ -835,13 +837,19 @@ func (w *socketWriter) takeLine(seg []byte, end bool) error {
 	case lineData:
 		_, err = w.data.Write(seg)
 	case lineStart:
-		w.line = append(w.line, seg...)
-		told := end || len(w.line) > len("data:") // a space may follow the colon
+		// What tells the line: "data:" and the byte after it, which may be
+		// a space to pass over.
+		k := min(len(seg), len("data: ")-len(w.line))
+		w.line, seg = append(w.line, seg[:k]...), seg[k:]
+		told := end || len(w.line) == len("data: ")
 		switch {
 		case end && len(w.line) == 0:
 			err = w.endEvent()
 		case told && bytes.HasPrefix(w.line, []byte("data:")):
 			err = w.dataLine(bytes.TrimPrefix(w.line[len("data:"):], []byte(" ")))
+			if err == nil {
+				_, err = w.data.Write(seg)
+			}
 			w.in = lineData
 		case told:
 			w.in = lineOther
@@ -894,31 +902,29 @@ func (w *socketWriter) endEvent() error {
 	return m.Close()
 }
 
-// Flush is a no-op: every event is sent as it is written.
+// Flush is a no-op: every event is sent as it is written, an event passed
+// on in frames as they fill.
 func (w *socketWriter) Flush() {}
 
 // cutStream notes a stream that broke off upstream (see run).
 func (w *socketWriter) cutStream() { w.cut = true }
 
-// relayEvent takes the relay's next event: one it read is sent whole
-// (sendEvent, hide being the previous response id the proxy added), one
-// it passed on unread came through Write. False when the client is gone.
+// relayEvent takes the relay's next event, which the relay's collector,
+// col, has seen (writeEvents): one it read is sent, its response object
+// showing the client's own previous_response_id, else hide, the one the
+// proxy added, as null; one it passed on unread came through Write. False
+// when the client is gone.
 func (w *socketWriter) relayEvent(ev event, hide string) bool {
-	if ev.passed {
-		w.col.see(ev)
-		return !w.gone
-	}
-	return w.sendEvent(ev, hide)
-}
-
-// sendEvent sends one event, its response object showing the client's own
-// previous_response_id, else hide as null; false when the client is gone.
-func (w *socketWriter) sendEvent(ev event, hide string) bool {
-	w.col.see(ev)
-	if !w.gone && !writeMessage(w.ctx, w.ws, w.timeout, w.shown(ev.data, hide)...) {
+	if !ev.passed && !w.gone && !writeMessage(w.ctx, w.ws, w.timeout, w.shown(ev.data, hide)...) {
 		w.gone = true
 	}
 	return !w.gone
+}
+
+// sendEvent sends an event of the writer's own (finish).
+func (w *socketWriter) sendEvent(ev event) {
+	w.col.see(ev)
+	w.relayEvent(ev, "")
 }
 
 // shown returns the parts of data, an event's, that the client is shown
@@ -971,7 +977,7 @@ func (w *socketWriter) finish() {
 		switch st := body.Get("status").String(); st {
 		case "completed", "failed", "incomplete":
 			data, _ := sjson.SetRawBytes([]byte(`{"type":"response.`+st+`"}`), "response", []byte(body.Raw))
-			w.sendEvent(event{typ: "response." + st, data: data}, "")
+			w.sendEvent(event{typ: "response." + st, data: data})
 			return
 		}
 	}
@@ -985,7 +991,7 @@ func (w *socketWriter) finish() {
 		msg = "The upstream answered " + http.StatusText(w.status) + "."
 	}
 	data := errorEventWith(status, e.Get("type").String(), e.Get("param").String(), e.Get("code").String(), msg, w.header)
-	w.sendEvent(event{typ: "error", data: data}, "")
+	w.sendEvent(event{typ: "error", data: data})
 }
 
 // socketSet is the client connections a proxy serves, for Shutdown.

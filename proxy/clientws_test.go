@@ -890,33 +890,7 @@ func TestAnEventPassedOnReachesASocketClientAsOneMessage(t *testing.T) {
 	want := []string{`{"type":"response.created","response":{"id":"r","previous_response_id":"resp_client"}}`,
 		"{\"a\":1,\n\"b\":2}", " x"}
 
-	accepted := make(chan *websocket.Conn, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		accepted <- ws
-		<-r.Context().Done()
-	}))
-	t.Cleanup(srv.Close)
-	client, _, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(srv.URL, "http"), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = client.CloseNow() })
-	server := <-accepted
-	t.Cleanup(func() { _ = server.CloseNow() })
-	got := make(chan string, 16)
-	go func() {
-		for {
-			_, data, err := client.Read(context.Background())
-			if err != nil {
-				close(got)
-				return
-			}
-			got <- string(data)
-		}
-	}()
-
+	server, got := socketPair(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for run := range len(stream) + 300 {
 		sw := &socketWriter{ctx: t.Context(), ws: server, timeout: 5 * time.Second,
@@ -946,4 +920,80 @@ func TestAnEventPassedOnReachesASocketClientAsOneMessage(t *testing.T) {
 		t.Fatalf("a message more: %q", m)
 	default:
 	}
+
+	// A data line handed on in one piece is not gathered to be read.
+	sw := &socketWriter{ctx: t.Context(), ws: server, timeout: 5 * time.Second,
+		header: http.Header{"Content-Type": {"text/event-stream"}}}
+	sw.WriteHeader(http.StatusOK)
+	big := `{"t":"` + strings.Repeat("x", 1<<20) + `"}`
+	_, err := sw.Write([]byte("data: " + big + "\n\n"))
+	require.NoError(t, err)
+	assert.Equal(t, big, <-got)
+	assert.LessOrEqual(t, cap(sw.line), 64, "what it gathered of the line")
+}
+
+// socketPair returns the server end of a WebSocket connection and the
+// messages its client end reads.
+func socketPair(t *testing.T) (*websocket.Conn, <-chan string) {
+	accepted := make(chan *websocket.Conn, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		accepted <- ws
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	client, _, err := websocket.Dial(t.Context(), "ws"+strings.TrimPrefix(srv.URL, "http"), nil)
+	require.NoError(t, err)
+	client.SetReadLimit(64 << 20)
+	t.Cleanup(func() { _ = client.CloseNow() })
+	server := <-accepted
+	t.Cleanup(func() { _ = server.CloseNow() })
+	got := make(chan string, 16)
+	go func() {
+		for {
+			_, data, err := client.Read(context.Background())
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- string(data)
+		}
+	}()
+	return server, got
+}
+
+// A socket turn's output is kept in the turn's hold, once: the relay's
+// collector is the connection's, and an answer the hold has no room to
+// keep leaves the connection keeping nothing.
+func TestASocketTurnKeepsItsOutputInTheBudget(t *testing.T) {
+	server, got := socketPair(t)
+	b := newBudget(1 << 20)
+	item := `{"type":"message","id":"m","role":"assistant","content":[{"type":"output_text","text":"` + strings.Repeat("x", 2<<20) + `"}]}`
+	events := []event{
+		newEvent("", []byte(`{"type":"response.created","response":{"id":"r","object":"response","status":"in_progress","output":[]}}`)),
+		newEvent("", []byte(`{"type":"response.output_item.done","output_index":0,"item":`+item+`}`)),
+		newEvent("", []byte(`{"type":"response.completed","response":{"id":"r","object":"response","status":"completed","output":[`+item+`]}}`)),
+	}
+	rep := &reply{status: http.StatusOK, header: http.Header{}, held: &hold{b: b}, next: func() (event, error) {
+		if len(events) == 0 {
+			return event{}, io.EOF
+		}
+		ev := events[0]
+		events = events[1:]
+		return ev, nil
+	}}
+	sw := &socketWriter{ctx: t.Context(), ws: server, timeout: 5 * time.Second,
+		header: http.Header{"Content-Type": {"text/event-stream"}}}
+	sw.WriteHeader(http.StatusOK)
+	first, _ := rep.next()
+	out := writeEvents(sw, rep, "", first, nil, nil)
+	for range 3 {
+		<-got
+	}
+	assert.True(t, out.unkept)
+	assert.False(t, sw.col.continuable(), "the connection keeps nothing")
+	assert.LessOrEqual(t, b.cur, b.size)
 }

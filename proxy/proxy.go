@@ -1192,7 +1192,13 @@ func startEvents(w http.ResponseWriter, status int) {
 // Server-Sent Events flushed one by one, after the response's headers;
 // seal is relay's.
 func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err error, seal func(outcome)) outcome {
-	col := collector{held: rep.held}
+	col := &collector{held: rep.held}
+	sock, _ := w.(*socketWriter) // takes the events themselves, not their SSE
+	if sock != nil {
+		// Its connection keeps what the collector keeps.
+		sock.col.held = rep.held
+		col = &sock.col
+	}
 	flush := func() {}
 	if f, ok := w.(http.Flusher); ok {
 		flush = f.Flush
@@ -1208,7 +1214,6 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 	}
 	cw := &clientWriter{w: w}
 	rep.pass = passTo(cw, hide)
-	sock, _ := w.(*socketWriter) // takes the events themselves, not their SSE
 	rep.comments = func(line []byte) {
 		// Passed on as they come: a client or a balancer that would close
 		// a quiet stream sees what the upstream keeps it with.

@@ -552,6 +552,13 @@ type eventReader struct {
 	// blank line is dispatched when that line arrives, without waiting
 	// for the byte after it.
 	afterCR bool
+	eventHold
+}
+
+// eventHold holds an event being read in its reply's hold as it grows,
+// until the next is read (release).
+type eventHold struct {
+	rep *reply
 	// on and held are the hold the event being read holds in (the
 	// reply's, when it has one with a budget) and what it holds there.
 	on   *hold
@@ -567,7 +574,7 @@ const passedHead = 256
 
 // newEventReader returns the reader of rep's event stream r.
 func newEventReader(r io.Reader, rep *reply) *eventReader {
-	return &eventReader{br: bufio.NewReaderSize(r, eventBuffer), rep: rep, first: true}
+	return &eventReader{br: bufio.NewReaderSize(r, eventBuffer), rep: rep, first: true, eventHold: eventHold{rep: rep}}
 }
 
 // next reads the next event; io.EOF after the last one.
@@ -587,7 +594,7 @@ func (e *eventReader) next() (event, error) {
 			}
 			return event{}, err
 		}
-		grown, ok := e.grow(data, b)
+		grown, ok := e.grow(data, b, true)
 		switch {
 		case !ok && e.rep.pass == nil:
 			return event{}, fmt.Errorf("an event of the upstream's is larger than %d bytes", maxUpstreamBody)
@@ -658,19 +665,21 @@ func (e *eventReader) chunk() (b []byte, end bool, err error) {
 }
 
 // grow appends b to data, holding what data grows by; false, data
-// unchanged, when the event goes on unread, or is too large to read
-// (eventReader).
-func (e *eventReader) grow(data, b []byte) ([]byte, bool) {
+// unchanged, when the event goes on unread (the room does not have it,
+// the relay passes events and passes is true), or is too large to read
+// (eventReader). Else it is held past the budget.
+func (e *eventHold) grow(data, b []byte, passes bool) ([]byte, bool) {
 	n := len(data) + len(b)
 	if n <= cap(data) {
 		return append(data, b...), true
 	}
 	size := max(2*cap(data), n, 512)
 	more, h := int64(size-cap(data)), e.rep.held
+	passes = passes && e.rep.pass != nil
 	switch {
-	case n > maxUpstreamBody || e.rep.pass != nil && !h.take(more):
+	case n > maxUpstreamBody || passes && !h.take(more):
 		return data, false
-	case e.rep.pass == nil:
+	case !passes:
 		h.force(more)
 	}
 	if h != nil && h.b != nil {
@@ -680,7 +689,7 @@ func (e *eventReader) grow(data, b []byte) ([]byte, bool) {
 }
 
 // release gives back what the last event held.
-func (e *eventReader) release() {
+func (e *eventHold) release() {
 	e.on.giveBack(e.held)
 	e.on, e.held = nil, 0
 }
@@ -692,6 +701,10 @@ func (e *eventReader) release() {
 // data's head does.
 func (e *eventReader) passOn(name string, joined []byte, lines int, line, b []byte, end bool) (event, error) {
 	pass := e.rep.pass
+	if e.first { // the stream's first line: its byte order mark goes no further
+		e.first = false
+		line = bytes.TrimPrefix(line, byteOrderMark)
+	}
 	if name != "" {
 		pass([]byte("event: " + name + "\n"))
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -495,7 +496,7 @@ drain:
 		select {
 		case f, ok := <-s.frames.c:
 			s.frames.took(f)
-			if !ok || eventType(f) == "error" {
+			if !ok || f.start && eventType(f.data) == "error" {
 				c.drop() // the upstream closed it, or said why it will
 			}
 		default:
@@ -573,50 +574,174 @@ func (e *upstreamRefusal) write(w http.ResponseWriter) {
 	writeError(w, e.status, "upstream_error", "", "", "The upstream refused the request.")
 }
 
-// A socket's reader reads up to socketFrames of its messages ahead of
-// the turn that takes them, while they come to readAhead bytes at most: a
-// few smooth the relay, and an upstream that sends more than the turn
-// takes (to a client that reads slowly), or sends while no turn holds the
-// socket, waits, holding no more memory than these and one message.
+// A socket's reader reads its messages in pieces of messagePiece bytes
+// at most, up to socketFrames pieces ahead of the turn that takes them,
+// while they come to readAhead bytes at most: a few smooth the relay, and
+// an upstream that sends more than the turn takes (to a client that reads
+// slowly), or sends while no turn holds the socket, waits, holding no more
+// memory than these and one piece.
 const (
 	socketFrames = 4
 	readAhead    = 1 << 20
+	messagePiece = 64 << 10
 )
 
-// frameQueue is a socket's messages read ahead.
+// piece is a part of a socket's message: start tells that it is the
+// message's first, end that it is its last.
+type piece struct {
+	data       []byte
+	start, end bool
+}
+
+// frameQueue is a socket's messages read ahead, in pieces.
 type frameQueue struct {
-	c      chan []byte // closed when the reader stops
+	c      chan piece // closed when the reader stops
 	queued atomic.Int64
-	taken  chan struct{} // a message left c: the reader may read on
+	taken  chan struct{} // a piece left c: the reader may read on
 }
 
 func newFrameQueue() *frameQueue {
-	return &frameQueue{c: make(chan []byte, socketFrames), taken: make(chan struct{}, 1)}
+	return &frameQueue{c: make(chan piece, socketFrames), taken: make(chan struct{}, 1)}
 }
 
-// took notes that message f left the queue.
-func (q *frameQueue) took(f []byte) {
-	q.queued.Add(-int64(len(f)))
+// took notes that p left the queue.
+func (q *frameQueue) took(p piece) {
+	q.queued.Add(-int64(len(p.data)))
 	select {
 	case q.taken <- struct{}{}:
 	default:
 	}
 }
 
-// read moves a socket's messages to q until the socket fails, reading
-// the next only once the messages in q come to readAhead bytes at most.
+// read moves a socket's messages to q, in pieces, until the socket fails,
+// reading the next only once the pieces in q come to readAhead bytes at
+// most.
 func read(ws *websocket.Conn, q *frameQueue) {
 	defer close(q.c)
+	buf := make([]byte, messagePiece)
 	for {
-		for q.queued.Load() > readAhead {
-			<-q.taken
-		}
-		_, data, err := ws.Read(context.Background())
+		_, r, err := ws.Reader(context.Background())
 		if err != nil {
 			return
 		}
-		q.queued.Add(int64(len(data)))
-		q.c <- data
+		for start, end := true, false; !end; start = false {
+			for q.queued.Load() > readAhead {
+				<-q.taken
+			}
+			n, err := io.ReadFull(r, buf)
+			switch {
+			case err == io.EOF || err == io.ErrUnexpectedEOF:
+				end = true
+			case err != nil:
+				return
+			}
+			q.queued.Add(int64(n))
+			q.c <- piece{data: bytes.Clone(buf[:n]), start: start, end: end}
+		}
+	}
+}
+
+// socketMessages reads a turn's messages from the pieces of its socket's
+// queue.
+type socketMessages struct {
+	frames *frameQueue
+	ctx    context.Context // the turn's time upstream
+	eventHold
+}
+
+// piece returns the next piece.
+func (m *socketMessages) piece() (piece, error) {
+	select {
+	case p, ok := <-m.frames.c:
+		m.frames.took(p)
+		if !ok {
+			return piece{}, fmt.Errorf("the upstream socket closed mid-response: %w", io.ErrUnexpectedEOF)
+		}
+		return p, nil
+	case <-m.ctx.Done():
+		return piece{}, fmt.Errorf("waiting for the upstream socket: %w", m.ctx.Err())
+	}
+}
+
+// next returns the next message as an event, and its head, its first
+// passedHead bytes at most, which tell what it is. A message of one piece
+// comes whole. A longer one is held in the reply's hold as it grows
+// (eventHold); when passes is true and the room does not have it, it
+// goes on through the reply's pass as it arrives, unread, as a
+// Server-Sent Event (an event passed). A longer one that keep refuses by
+// its head's type is read and dropped: its event has that type and no
+// data.
+func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event, head []byte, err error) {
+	m.release()
+	p, err := m.piece()
+	for err == nil && !p.start {
+		p, err = m.piece() // the rest of a message the last turn left
+	}
+	if err != nil || p.end {
+		return newEvent("", p.data), p.data, err
+	}
+	head = bytes.Clone(p.data[:min(len(p.data), passedHead)])
+	if typ := eventType(head); !keep(typ) {
+		for err == nil && !p.end {
+			p, err = m.piece()
+		}
+		return event{typ: typ}, head, err
+	}
+	data := p.data
+	for !p.end {
+		if p, err = m.piece(); err != nil {
+			return event{}, head, err
+		}
+		grown, ok := m.grow(data, p.data, passes)
+		if !ok {
+			return m.passOn(head, data, p)
+		}
+		data = grown
+	}
+	return newEvent("", data), head, nil
+}
+
+// passOn sends a message that goes on unread through the reply's pass: its
+// data read, then p and the rest of the message as they arrive, each line
+// of it on a data line of its own (writeEvent).
+func (m *socketMessages) passOn(head, data []byte, p piece) (event, []byte, error) {
+	pass := m.rep.pass
+	ev := newEvent("", head)
+	ev.passed, ev.data = true, nil
+	if ev.typ != "" {
+		pass([]byte("event: " + ev.typ + "\n"))
+	}
+	pass([]byte("data: "))
+	passLines(pass, data)
+	m.release()
+	for {
+		passLines(pass, p.data)
+		if p.end {
+			pass([]byte("\n\n"))
+			return ev, head, nil
+		}
+		var err error
+		if p, err = m.piece(); err != nil {
+			return event{}, head, err
+		}
+	}
+}
+
+// passLines passes b, a part of an event's data, through pass, each line
+// break beginning a new data line.
+func passLines(pass func(b []byte), b []byte) {
+	for {
+		i := bytes.IndexAny(b, "\r\n")
+		if i < 0 {
+			pass(b)
+			return
+		}
+		pass(b[:i])
+		pass([]byte("\ndata: "))
+		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
+			i++
+		}
+		b = b[i+1:]
 	}
 }
 
@@ -711,33 +836,33 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 	// sent after that one's end, or that response's events again: none of
 	// it is this turn's.
 	s := c.s
+	rep := &reply{status: http.StatusOK, header: http.Header{}, socket: true}
+	msgs := &socketMessages{frames: frames, ctx: rctx, eventHold: eventHold{rep: rep}}
+	opening := func(typ string) bool { return typ == "response.created" || typ == "error" }
 	finished, started := false, false
-	next := func() (event, error) {
+	rep.next = func() (event, error) {
 		if finished {
+			msgs.release()
 			return event{}, io.EOF
 		}
 		for {
-			var data []byte
-			select {
-			case d, ok := <-frames.c:
-				frames.took(d)
-				if !ok {
-					return event{}, fmt.Errorf("the upstream socket closed mid-response: %w", io.ErrUnexpectedEOF)
-				}
-				data = d
-			case <-rctx.Done():
-				return event{}, fmt.Errorf("waiting for the upstream socket: %w", rctx.Err())
+			keep := opening
+			if started {
+				keep = func(string) bool { return true }
 			}
-			ev := newEvent("", data)
+			ev, head, err := msgs.next(started, keep)
+			if err != nil {
+				return event{}, err
+			}
 			if ev.typ == "" {
 				// Every message of the WebSocket mode is an event, typed: this
 				// one was cut or garbled, and what the socket holds is unknown.
-				return event{}, fmt.Errorf("the upstream socket sent a message that is not an event: %.64q", data)
+				return event{}, fmt.Errorf("the upstream socket sent a message that is not an event: %.64q", head)
 			}
 			if !started {
 				switch {
 				case ev.typ == "response.created":
-					if id := gjson.GetBytes(data, "response.id").String(); id == "" || id != s.begun {
+					if id := gjson.GetBytes(ev.data, "response.id").String(); id == "" || id != s.begun {
 						s.begun, started = id, true
 					} else {
 						continue
@@ -748,7 +873,11 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			}
 			switch {
 			case continues(ev.typ):
-				c.finish(gjson.GetBytes(data, "response.id").String())
+				seen := ev.data
+				if ev.passed {
+					seen = head
+				}
+				c.finish(gjson.GetBytes(seen, "response.id").String())
 				finished = true
 			case ev.typ == "response.failed":
 				c.finish("") // a failed turn evicts what the socket held
@@ -760,8 +889,8 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			return ev, nil
 		}
 	}
-	done := func() { abandon(); cancel() }
-	return &reply{status: http.StatusOK, header: http.Header{}, next: next, done: done, socket: true}, nil
+	rep.done = func() { abandon(); cancel() }
+	return rep, nil
 }
 
 // finish notes the end of the socket's response: latest is what the

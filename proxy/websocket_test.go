@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -421,7 +422,20 @@ func scriptedSockets(t *testing.T, answer func(socket, n int, msg []byte, send f
 		defer ws.CloseNow()
 		ctx := r.Context()
 		socket := int(sockets.Add(1))
-		send := func(s string) { _ = ws.Write(ctx, websocket.MessageText, []byte(s)) }
+		send := func(s string) {
+			// In frames, so that a large message is not copied whole.
+			w, err := ws.Writer(ctx, websocket.MessageText)
+			if err != nil {
+				return
+			}
+			for ; len(s) > 32<<10; s = s[32<<10:] {
+				if _, err := io.WriteString(w, s[:32<<10]); err != nil {
+					return
+				}
+			}
+			_, _ = io.WriteString(w, s)
+			_ = w.Close()
+		}
 		for n := 1; ; n++ {
 			_, msg, err := ws.Read(ctx)
 			if err != nil {
@@ -637,32 +651,70 @@ func TestASocketReadsAheadABoundedAmount(t *testing.T) {
 		most = max(most, queued())
 	}
 	assert.Positive(t, most, "the socket read ahead")
-	assert.LessOrEqual(t, most, int64(readAhead+event+1<<10), "no more than readAhead and a message")
+	assert.LessOrEqual(t, most, int64(readAhead+messagePiece), "no more than readAhead and a piece")
 }
 
-// A client that asked for JSON waits for the whole answer: a continuation
-// its socket refuses after response.created (a failed response,
-// previous_response_not_found) is seen before anything reaches the
-// client, and the turn goes again with its full context, unseen.
-func TestAContinuationRefusedAfterItBeganIsRetriedForAJSONClient(t *testing.T) {
-	upstream := scriptedSockets(t, func(socket, n int, msg []byte, send func(string)) {
+// A socket's message is held in the budget as it is read, within it:
+// beside the budget, the turns of clients that read nothing hold their
+// sockets' read-ahead alone (TestASocketReadsAheadABoundedAmount),
+// whatever the size of the messages.
+func TestAnUpstreamSocketsMessagesAreHeldInTheBudget(t *testing.T) {
+	message := `{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":"` + strings.Repeat("x", bigAnswer) + `"}`
+	upstream := scriptedSockets(t, func(socket, n int, _ []byte, send func(string)) {
 		id := fmt.Sprintf("resp_%d_%d", socket, n)
-		resp := `{"id":"` + id + `","object":"response","status":"%s","output":%s%s}`
-		send(`{"type":"response.created","response":` + fmt.Sprintf(resp, "in_progress", "[]", "") + `}`)
-		if gjson.GetBytes(msg, "previous_response_id").Exists() {
-			send(`{"type":"response.failed","response":` + fmt.Sprintf(resp, "failed", "[]",
-				`,"error":{"code":"previous_response_not_found","message":"Previous response not found."}`) + `}`)
-			return
+		send(`{"type":"response.created","response":{"id":"` + id + `","object":"response","status":"in_progress","output":[]}}`)
+		for range 3 {
+			send(message)
 		}
-		out := `[{"type":"message","id":"msg_` + id + `","role":"assistant","status":"completed","content":[{"type":"output_text","text":"ok"}]}]`
-		send(`{"type":"response.completed","response":` + fmt.Sprintf(resp, "completed", out, "") + `}`)
+		send(`{"type":"response.completed","response":{"id":"` + id + `","object":"response","status":"completed","output":[]}}`)
 	})
-	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
-	h := http.Header{"X-Session-Id": {"s1"}}
-	input := []any{map[string]any{"role": "user", "content": "hi"}}
-	first := post(t, url, h, map[string]any{"model": "m", "input": input, "store": false})
-	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
-	second := post(t, url, h, map[string]any{"model": "m", "input": first.next(input, "next"), "store": false})
-	require.Equal(t, http.StatusOK, second.status, "%s", second.body)
-	assert.Equal(t, `"completed"`, string(second.response["status"]), "%s", second.body)
+	up, err := NewWebSocketUpstream("ws"+strings.TrimPrefix(upstream.URL, "http")+"/v1", WebSocketOptions{Replica: "r1", Sockets: 4})
+	require.NoError(t, err)
+	p, srv, _ := bigAnswerProxyOver(t, up)
+	most := watchBudget(p)
+	postUnread(t, srv.URL, 4)
+	require.Eventually(t, func() bool {
+		cur, size := budgetHeld(p)
+		return cur >= size/2
+	}, 10*time.Second, time.Millisecond, "the answers not read hold the budget")
+	time.Sleep(500 * time.Millisecond)
+	assert.LessOrEqual(t, most(), int64(2*bigAnswer), "the budget is never exceeded")
+}
+
+// A socket's message that the budget has no room for goes on as a
+// Server-Sent Event as its pieces come, each line of it on a data line;
+// one that fits comes whole; a piece left over from an earlier message
+// is passed over.
+func TestASocketsMessageGoesOnInPieces(t *testing.T) {
+	big := "{\"type\":\"response.output_item.done\",\r\n\"item\":\"" + strings.Repeat("x", 3*messagePiece) + "\",\n\"n\":1}"
+	small := `{"type":"response.output_text.delta","delta":"hi"}`
+	q := newFrameQueue()
+	q.c = make(chan piece, 16)
+	q.c <- piece{data: []byte(`"rest of an earlier one"}`), end: true}
+	for rest, start := big, true; rest != ""; start = false {
+		n := min(len(rest), messagePiece)
+		q.c <- piece{data: []byte(rest[:n]), start: start, end: n == len(rest)}
+		rest = rest[n:]
+	}
+	q.c <- piece{data: []byte(small), start: true, end: true}
+	rep := &reply{held: &hold{b: newBudget(messagePiece)}}
+	var passed bytes.Buffer
+	rep.pass = func(b []byte) { passed.Write(b) }
+	m := &socketMessages{frames: q, ctx: t.Context(), eventHold: eventHold{rep: rep}}
+	all := func(string) bool { return true }
+
+	ev, head, err := m.next(true, all)
+	require.NoError(t, err)
+	assert.True(t, ev.passed)
+	assert.Equal(t, "response.output_item.done", ev.typ)
+	assert.Equal(t, big[:passedHead], string(head))
+	sent, ok := parseEvent(bytes.TrimSuffix(passed.Bytes(), []byte("\n\n")))
+	require.True(t, ok)
+	assert.Equal(t, "response.output_item.done", sent.name)
+	assert.Equal(t, strings.NewReplacer("\r\n", "\n").Replace(big), string(sent.data))
+
+	ev, _, err = m.next(true, all)
+	require.NoError(t, err)
+	assert.False(t, ev.passed)
+	assert.Equal(t, small, string(ev.data))
 }
