@@ -725,17 +725,22 @@ func (e *eventReader) passOn(name string, joined []byte, lines int, line, b []by
 		}
 		head = bytes.TrimPrefix(head, []byte(" "))
 	}
-	ev := newEvent(name, bytes.Clone(head[:min(len(head), passedHead)]))
+	head = bytes.Clone(head[:min(len(head), passedHead)])
+	ev := newEvent(name, head)
 	ev.passed, ev.data = true, nil
 	pass(line)
+	var last tail
+	last.keep(joined)
+	last.keep(line)
 	e.release()
 	start := false // whether b begins a line
 	for {
 		pass(b)
+		last.keep(b)
 		if end {
 			pass([]byte("\n"))
 			if start && len(b) == 0 {
-				return ev, nil // the blank line that ends it
+				return ev.endingWith(head, last), nil // the blank line that ends it
 			}
 		}
 		start = end
@@ -747,6 +752,38 @@ func (e *eventReader) passOn(name string, joined []byte, lines int, line, b []by
 			return event{}, err
 		}
 	}
+}
+
+// tail is the last passedHead bytes of what it was given.
+type tail []byte
+
+// keep adds b to what t keeps.
+func (t *tail) keep(b []byte) {
+	if len(b) >= passedHead {
+		*t = append((*t)[:0], b[len(b)-passedHead:]...)
+		return
+	}
+	*t = append(*t, b...)
+	if n := len(*t) - passedHead; n > 0 {
+		*t = append((*t)[:0], (*t)[n:]...)
+	}
+}
+
+// lastType matches the end of an object whose last member is its type,
+// as an upstream that writes the members in the order of their names
+// (response, sequence_number, type) ends its events.
+var lastType = regexp.MustCompile(`"type"\s*:\s*"([^"\\]*)"\s*}\s*$`)
+
+// endingWith returns ev, an event passed on whose data began with head
+// and ended with last, of the type its end tells when its head did not
+// tell one.
+func (ev event) endingWith(head []byte, last tail) event {
+	if eventType(head) == "" {
+		if m := lastType.FindSubmatch(last); m != nil {
+			ev.typ = string(m[1])
+		}
+	}
+	return ev
 }
 
 // waitReader reads r, calling wait, when set, before each read: the point

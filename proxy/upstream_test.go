@@ -771,3 +771,22 @@ func TestAByteOrderMarkIsNotPassedOn(t *testing.T) {
 	assert.Equal(t, "response.created", ev.typ)
 	assert.Equal(t, "data: "+data+"\n\n", passed.String())
 }
+
+// An event passed on unread is of the type its data ends with when its
+// head tells none: an upstream that writes the members in the order of
+// their names sends the type last.
+func TestAPassedEventsTypeMayComeLast(t *testing.T) {
+	for _, name := range []string{"", "message"} {
+		rep := &reply{held: &hold{b: newBudget(1 << 20)}, pass: func([]byte) {}}
+		data := `{"response":{"id":"r","output":[{"type":"message","text":"` + strings.Repeat("x", 2<<20) +
+			`"}]},"sequence_number":3,"type":"response.completed"}`
+		stream := "data: " + data + "\n\n"
+		if name != "" {
+			stream = "event: " + name + "\n" + stream
+		}
+		ev, err := newEventReader(strings.NewReader(stream), rep).next()
+		require.NoError(t, err)
+		assert.True(t, ev.passed)
+		assert.Equal(t, "response.completed", ev.typ, "named %q", name)
+	}
+}

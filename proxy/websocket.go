@@ -713,12 +713,15 @@ func (m *socketMessages) passOn(head, data []byte, p piece) (event, []byte, erro
 	}
 	pass([]byte("data: "))
 	passLines(pass, data)
+	var last tail
+	last.keep(data)
 	m.release()
 	for {
 		passLines(pass, p.data)
+		last.keep(p.data)
 		if p.end {
 			pass([]byte("\n\n"))
-			return ev, head, nil
+			return ev.endingWith(head, last), head, nil
 		}
 		var err error
 		if p, err = m.piece(); err != nil {

@@ -697,6 +697,9 @@ func TestASocketsMessageGoesOnInPieces(t *testing.T) {
 		rest = rest[n:]
 	}
 	q.c <- piece{data: []byte(small), start: true, end: true}
+	last := `{"response":{"output":[{"type":"message","text":"` + strings.Repeat("x", 2*messagePiece) + `"}]},"type":"response.completed"}`
+	q.c <- piece{data: []byte(last[:messagePiece]), start: true}
+	q.c <- piece{data: []byte(last[messagePiece:]), end: true}
 	rep := &reply{held: &hold{b: newBudget(messagePiece)}}
 	var passed bytes.Buffer
 	rep.pass = func(b []byte) { passed.Write(b) }
@@ -717,4 +720,9 @@ func TestASocketsMessageGoesOnInPieces(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ev.passed)
 	assert.Equal(t, small, string(ev.data))
+
+	ev, _, err = m.next(true, all)
+	require.NoError(t, err)
+	assert.True(t, ev.passed)
+	assert.Equal(t, "response.completed", ev.typ, "the type its end tells")
 }
