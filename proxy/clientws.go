@@ -744,7 +744,7 @@ type socketWriter struct {
 	// read, until it tells what the line is, and what the rest of the
 	// line is (lineStart until it tells); the message its data goes on
 	// in, nil before its first data line, and what writes that data
-	// (msg, or a replacer over it that shows prev).
+	// (msg, or a previousIDWriter over it that shows prev).
 	line    []byte
 	in      int
 	afterCR bool
@@ -876,8 +876,7 @@ func (w *socketWriter) dataLine(v []byte) error {
 		if w.prev != "" {
 			// The added previous_response_id went by as null (passTo).
 			prev, _ := json.Marshal(w.prev)
-			w.data = &replacer{w: m, old: []byte(`"previous_response_id":null`),
-				with: append([]byte(`"previous_response_id":`), prev...)}
+			w.data = &previousIDWriter{w: m, old: []byte("null"), with: prev}
 		}
 	} else if _, err := w.data.Write([]byte("\n")); err != nil {
 		return err
@@ -893,7 +892,7 @@ func (w *socketWriter) endEvent() error {
 		return nil // a comment, or an event without data
 	}
 	w.msg = nil
-	if r, ok := w.data.(*replacer); ok {
+	if r, ok := w.data.(*previousIDWriter); ok {
 		if err := r.Flush(); err != nil {
 			m.abandon()
 			return err

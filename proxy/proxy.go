@@ -1274,61 +1274,108 @@ func writeEvents(w http.ResponseWriter, rep *reply, hide string, ev event, err e
 
 // passTo returns what an event that goes on unread is written to w by
 // (reply.pass), the previous response id the proxy added, hide, shown as
-// null as the bytes go by, as hideID shows it: the member as an upstream
-// writes it, compact, "previous_response_id":"<hide>" (a JSON string
-// holds no bare quote, so only the member matches).
+// null as the bytes go by, as hideID shows it (previousIDWriter).
 func passTo(w io.Writer, hide string) func(b []byte) {
 	if hide == "" {
 		return func(b []byte) { _, _ = w.Write(b) }
 	}
-	r := &replacer{w: w, old: []byte(`"previous_response_id":"` + hide + `"`), with: []byte(`"previous_response_id":null`)}
+	r := &previousIDWriter{w: w, old: []byte(`"` + hide + `"`), with: []byte("null")}
 	return func(b []byte) { _, _ = r.Write(b) }
 }
 
-// replacer writes what it is given on to w with each old replaced by
-// with, wherever the writes split old: it holds back an end of what came
-// that may begin old until what comes next tells (Flush writes it).
-type replacer struct {
+// previousIDWriter writes what it is given on to w, each
+// "previous_response_id" member whose value is old shown with the value
+// with, however the writes split the member: it holds back an end of what
+// came that may begin one until what comes next tells (Flush writes it).
+// Only a member matches: a JSON string holds no bare quote. Blanks may
+// stand around its colon, up to maxBlanks on each side.
+type previousIDWriter struct {
 	w         io.Writer
 	old, with []byte
 	held      []byte
 }
 
-func (r *replacer) Write(b []byte) (int, error) {
+// previousIDKey is the member's name, as JSON writes it.
+var previousIDKey = []byte(`"previous_response_id"`)
+
+// maxBlanks bounds the blanks a previousIDWriter takes on each side of the
+// member's colon.
+const maxBlanks = 32
+
+func (r *previousIDWriter) Write(b []byte) (int, error) {
 	buf := b
 	if len(r.held) > 0 {
 		buf = append(r.held, b...)
 	}
-	for {
-		i := bytes.Index(buf, r.old)
+	done, from, keep := 0, 0, -1 // written up to; searched from; held from
+	for keep < 0 {
+		i := bytes.Index(buf[from:], previousIDKey)
 		if i < 0 {
 			break
 		}
-		if err := r.write(buf[:i], r.with); err != nil {
-			return 0, err
+		at := from + i
+		v := valueAt(buf, at+len(previousIDKey))
+		switch {
+		case v < 0:
+			from = at + len(previousIDKey)
+		case len(buf)-v < len(r.old) && bytes.HasPrefix(r.old, buf[v:]):
+			keep = at // what comes next tells
+		case bytes.HasPrefix(buf[v:], r.old):
+			if err := r.write(buf[done:v], r.with); err != nil {
+				return 0, err
+			}
+			done = v + len(r.old)
+			from = done
+		default:
+			from = at + len(previousIDKey)
 		}
-		buf = buf[i+len(r.old):]
 	}
-	k := min(len(buf), len(r.old)-1)
-	for k > 0 && !bytes.HasPrefix(r.old, buf[len(buf)-k:]) {
-		k--
+	if keep < 0 {
+		// An end that may begin the member's name.
+		k := min(len(buf)-done, len(previousIDKey)-1)
+		for k > 0 && !bytes.HasPrefix(previousIDKey, buf[len(buf)-k:]) {
+			k--
+		}
+		keep = len(buf) - k
 	}
-	err := r.write(buf[:len(buf)-k])
-	r.held = append(r.held[:0], buf[len(buf)-k:]...)
+	err := r.write(buf[done:keep])
+	r.held = append(r.held[:0], buf[keep:]...)
 	if err != nil {
 		return 0, err
 	}
 	return len(b), nil
 }
 
+// valueAt returns where the value of the member whose name ends at i in
+// b begins, past blanks, a colon and blanks: len(b) when b ends before
+// that tells, -1 when what follows the name is no colon or more than
+// maxBlanks blanks.
+func valueAt(b []byte, i int) int {
+	for colon := true; ; colon = false {
+		j := i
+		for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+			if j++; j-i > maxBlanks {
+				return -1
+			}
+		}
+		switch {
+		case j == len(b) || !colon:
+			return j
+		case b[j] != ':':
+			return -1
+		}
+		i = j + 1
+	}
+}
+
 // Flush writes what r holds back.
-func (r *replacer) Flush() error {
+func (r *previousIDWriter) Flush() error {
 	err := r.write(r.held)
 	r.held = r.held[:0]
 	return err
 }
 
-func (r *replacer) write(parts ...[]byte) error {
+func (r *previousIDWriter) write(parts ...[]byte) error {
 	for _, p := range parts {
 		if len(p) > 0 {
 			if _, err := r.w.Write(p); err != nil {

@@ -790,3 +790,27 @@ func TestAPassedEventsTypeMayComeLast(t *testing.T) {
 		assert.Equal(t, "response.completed", ev.typ, "named %q", name)
 	}
 }
+
+// A previousIDWriter shows each previous_response_id member whose value
+// is the one it looks for with its own, blanks around the colon or not,
+// however the writes split it; it leaves anything else as it came.
+func TestAPreviousIDWriterShowsTheMemberWhateverItsBlanks(t *testing.T) {
+	in := `{"previous_response_id":"resp_a","x":{"previous_response_id" : "resp_a"},` +
+		`"s":"\"previous_response_id\":\"resp_a\"","previous_response_id":"resp_ab",` +
+		"\"previous_response_id\":\n\t\"resp_a\",\"previous_response_id\":null,\"previous_response_id\"" +
+		strings.Repeat(" ", maxBlanks+1) + `:"resp_a","previous_response_id"`
+	want := `{"previous_response_id":null,"x":{"previous_response_id" : null},` +
+		`"s":"\"previous_response_id\":\"resp_a\"","previous_response_id":"resp_ab",` +
+		"\"previous_response_id\":\n\tnull,\"previous_response_id\":null,\"previous_response_id\"" +
+		strings.Repeat(" ", maxBlanks+1) + `:"resp_a","previous_response_id"`
+	for size := 1; size <= len(in); size++ {
+		var out bytes.Buffer
+		r := &previousIDWriter{w: &out, old: []byte(`"resp_a"`), with: []byte("null")}
+		for rest := in; rest != ""; rest = rest[min(size, len(rest)):] {
+			_, err := r.Write([]byte(rest[:min(size, len(rest))]))
+			require.NoError(t, err)
+		}
+		require.NoError(t, r.Flush())
+		require.Equal(t, want, out.String(), "written %d bytes at a time", size)
+	}
+}
