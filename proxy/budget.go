@@ -54,8 +54,10 @@ const (
 	// budgetWait bounds how long a request waits for room, each time.
 	budgetWait = time.Second
 	// readStep is the first step a body is read by, each step held before
-	// it is read (stepReader).
-	readStep = 64 << 10
+	// it is read (stepReader); messageStep, a WebSocket message's, which
+	// tells no length before it arrives: a small one needs little room.
+	readStep    = 64 << 10
+	messageStep = 4 << 10
 )
 
 // weight is what a body of n bytes with items input items holds.
@@ -434,6 +436,7 @@ type stepReader struct {
 	r     io.Reader
 	h     *hold
 	limit int64 // the most the body may hold: its declared length, or MaxBodyBytes
+	first int64 // the first step: readStep when 0
 	free  int64 // bytes held and not yet read
 	read  int64
 }
@@ -444,11 +447,15 @@ func (s *stepReader) Read(p []byte) (int, error) {
 		return 0, errPreempted
 	}
 	if s.free == 0 {
-		// A step as long as what has arrived, readStep at least: few
-		// reads for a large body, and what is held ahead stays within
-		// what came; no further than the limit, nor than the whole
-		// budget could hold.
-		step := min(max(readStep, s.read), s.limit-s.read)
+		// A step as long as what has arrived, the first step at least:
+		// few reads for a large body, and what is held ahead stays
+		// within what came; no further than the limit, nor than the
+		// whole budget could hold.
+		first := s.first
+		if first == 0 {
+			first = readStep
+		}
+		step := min(max(first, s.read), s.limit-s.read)
 		if s.h.b != nil {
 			step = min(step, (s.h.b.size-s.h.n)/bodyCopies)
 		}
@@ -711,7 +718,7 @@ func (p *Proxy) readMessage(ctx context.Context, stall context.CancelFunc, r io.
 	in := &gapReader{r: r, gap: gap, timeout: p.cfg.MessageTimeout}
 	h := &hold{b: p.budget, arrival: p.budget.arrive(stall)}
 	defer p.budget.arrived(h.arrival)
-	data, err := io.ReadAll(&stepReader{ctx: ctx, r: in, h: h, limit: p.cfg.MaxBodyBytes})
+	data, err := io.ReadAll(&stepReader{ctx: ctx, r: in, h: h, limit: p.cfg.MaxBodyBytes, first: messageStep})
 	if err == nil {
 		p.budget.arrived(h.arrival) // in: no longer stopped
 		n := int64(len(data))

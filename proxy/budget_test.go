@@ -841,6 +841,20 @@ func watchBudget(p *Proxy) func() int64 {
 	}
 }
 
+// A small WebSocket message needs little room: the first step it is read
+// by is small, as a small body's is its length.
+func TestASmallSocketMessageNeedsLittleRoom(t *testing.T) {
+	r := newBudgetRig(t, func(c *Config) { c.MaxBytesInFlight = 16 << 20 })
+	_, size := budgetHeld(r.proxy)
+	taken := size - weight(readStep, 0)/2
+	require.NoError(t, r.proxy.budget.acquire(t.Context(), taken))
+	t.Cleanup(func() { r.proxy.budget.release(taken) })
+	c := dialSocket(t, "ws"+strings.TrimPrefix(r.url, "http"), "s1")
+	a := c.turn(map[string]any{"model": "m", "input": "hi"})
+	assert.False(t, a.err.Exists(), a.err.Raw)
+	assert.Zero(t, r.proxy.Stats().RefusedBusy)
+}
+
 // So does a socket client's: an event the budget has no room for goes on
 // to it as it arrives, in the frames of its message, unread.
 func TestASocketClientsAnswerStaysWithinTheBudget(t *testing.T) {
