@@ -338,8 +338,9 @@ const maxForwardDrain = 256 << 10
 
 // serveForwarded runs a turn another replica handed over: on the socket it
 // names, only while that socket holds the response it continues, its
-// events streamed back as they come.
-func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fingerprint.Request, goes io.Reader) {
+// events streamed back as they come, held in h, the body's hold, as they
+// are read.
+func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fingerprint.Request, h *hold, goes io.Reader) {
 	body := req.Body()
 	f := p.cfg.Forwarding
 	fw, err := f.verify(time.Now(), r.Header.Get(forwardHeader), body)
@@ -394,6 +395,7 @@ func (p *Proxy) serveForwarded(w http.ResponseWriter, r *http.Request, req *fing
 		return
 	}
 	defer rep.close()
+	rep.held = h // the answer joins the body's hold, as a turn's does
 	ev, err := rep.next()
 	out := writeEvents(w, rep, "", ev, err, nil)
 	p.cfg.Logger.Debug("forwarded turn", "from", r.RemoteAddr, "socket", fw.socket, "continued", fw.prev != "",

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -572,4 +573,27 @@ func TestAForwardToAReplicaWithoutForwardingIsRefused(t *testing.T) {
 	a := post(t, r.url, http.Header{"Contproxy-Forward": {"t=1, sig=x"}}, map[string]any{"model": "m", "input": "hi"})
 	assert.Equal(t, http.StatusForbidden, a.status, "%s", a.body)
 	assert.Contains(t, string(a.body), `"code":"forward_refused"`)
+}
+
+// A forwarded turn's answer is held in the origin's budget, beside its
+// body, as a turn's is.
+func TestAForwardedTurnsAnswerIsHeldInTheOriginsBudget(t *testing.T) {
+	rs := newReplicaSet(t, 2)
+	instructions := strings.Repeat("i", 300<<10) // in the answer's response objects too
+	h := http.Header{"X-Session-Id": {"s-big"}}
+	first := []any{map[string]any{"role": "user", "content": "hello"}}
+	a := post(t, rs.url, h, map[string]any{"model": "m", "store": false, "instructions": instructions, "input": first})
+	require.Equal(t, http.StatusOK, a.status, "%.300s", a.body)
+	input := append(first, map[string]any{"role": "user", "content": "again"})
+	for _, it := range a.output {
+		input = slices.Insert(input, len(input)-1, any(it))
+	}
+	most := watchBudget(rs.proxies[0]) // the origin: the first turn's replica
+	body := map[string]any{"model": "m", "store": false, "instructions": instructions, "input": input}
+	b := post(t, rs.url, h, body)
+	require.Equal(t, http.StatusOK, b.status, "%.300s", b.body)
+	require.Equal(t, int64(1), rs.total().ForwardedIn, "the turn was forwarded")
+	sent, err := json.Marshal(body)
+	require.NoError(t, err)
+	assert.Greater(t, most(), 2*int64(len(sent))+int64(len(instructions)), "the body's weight, and the answer")
 }

@@ -381,7 +381,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.release()
 	if goes != nil {
 		h.trim(weight(int64(len(req.Body())), int64(req.Len())))
-		p.serveForwarded(w, r, req, goes)
+		p.serveForwarded(w, r, req, h, goes)
 		return
 	}
 	if b, ok := req.MessageInputBody(); ok && !p.cfg.NoContinuation && !passthrough(req) {

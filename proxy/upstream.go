@@ -703,7 +703,11 @@ func (e *eventReader) passOn(name string, joined []byte, lines int, line, b []by
 	pass := e.rep.pass
 	if e.first { // the stream's first line: its byte order mark goes no further
 		e.first = false
-		line = bytes.TrimPrefix(line, byteOrderMark)
+		if len(line) > 0 {
+			line = bytes.TrimPrefix(line, byteOrderMark)
+		} else {
+			b = bytes.TrimPrefix(b, byteOrderMark)
+		}
 	}
 	if name != "" {
 		pass([]byte("event: " + name + "\n"))

@@ -761,15 +761,17 @@ func parseEvent(block []byte) (event, bool) {
 // A stream's byte order mark goes no further when its first event goes
 // on unread.
 func TestAByteOrderMarkIsNotPassedOn(t *testing.T) {
-	rep := &reply{held: &hold{b: newBudget(1 << 20)}}
-	var passed bytes.Buffer
-	rep.pass = func(b []byte) { passed.Write(b) }
-	data := `{"type":"response.created","t":"` + strings.Repeat("x", 2<<20) + `"}`
-	ev, err := newEventReader(strings.NewReader("\uFEFFdata: "+data+"\n\n"), rep).next()
-	require.NoError(t, err)
-	assert.True(t, ev.passed)
-	assert.Equal(t, "response.created", ev.typ)
-	assert.Equal(t, "data: "+data+"\n\n", passed.String())
+	for _, room := range []int64{1 << 20, 100} { // some of the line read, or none
+		rep := &reply{held: &hold{b: newBudget(room)}}
+		var passed bytes.Buffer
+		rep.pass = func(b []byte) { passed.Write(b) }
+		data := `{"type":"response.created","t":"` + strings.Repeat("x", 2<<20) + `"}`
+		ev, err := newEventReader(strings.NewReader("\uFEFFdata: "+data+"\n\n"), rep).next()
+		require.NoError(t, err)
+		assert.True(t, ev.passed)
+		assert.Equal(t, "response.created", ev.typ, "room %d", room)
+		assert.Equal(t, "data: "+data+"\n\n", passed.String(), "room %d", room)
+	}
 }
 
 // An event passed on unread is of the type its data ends with when its

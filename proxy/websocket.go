@@ -668,9 +668,9 @@ func (m *socketMessages) piece() (piece, error) {
 // comes whole. A longer one is held in the reply's hold as it grows
 // (eventHold); when passes is true and the room does not have it, it
 // goes on through the reply's pass as it arrives, unread, as a
-// Server-Sent Event (an event passed). A longer one that keep refuses by
-// its head's type is read and dropped: its event has that type and no
-// data.
+// Server-Sent Event (an event passed). A longer one whose head tells a
+// type that keep refuses is read and dropped: its event has that type
+// and no data.
 func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event, head []byte, err error) {
 	m.release()
 	p, err := m.piece()
@@ -681,7 +681,7 @@ func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event
 		return newEvent("", p.data), p.data, err
 	}
 	head = bytes.Clone(p.data[:min(len(p.data), passedHead)])
-	if typ := eventType(head); !keep(typ) {
+	if typ := eventType(head); typ != "" && !keep(typ) {
 		for err == nil && !p.end {
 			p, err = m.piece()
 		}

@@ -681,6 +681,21 @@ func TestAnUpstreamSocketsMessagesAreHeldInTheBudget(t *testing.T) {
 	assert.LessOrEqual(t, most(), int64(2*bigAnswer), "the budget is never exceeded")
 }
 
+// A response.created too long for a piece, whose type comes last (an
+// upstream that writes members in the order of their names), begins the
+// turn.
+func TestALongResponseCreatedWithItsTypeLastBeginsTheTurn(t *testing.T) {
+	instructions := strings.Repeat("y", 100<<10)
+	upstream := scriptedSockets(t, func(socket, n int, _ []byte, send func(string)) {
+		resp := `{"id":"resp_` + fmt.Sprint(socket, "_", n) + `","instructions":"` + instructions + `","object":"response","output":[],"status":"%s"}`
+		send(`{"response":` + fmt.Sprintf(resp, "in_progress") + `,"sequence_number":0,"type":"response.created"}`)
+		send(`{"response":` + fmt.Sprintf(resp, "completed") + `,"sequence_number":1,"type":"response.completed"}`)
+	})
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 1})
+	a := post(t, url, http.Header{"X-Session-Id": {"s"}}, map[string]any{"model": "m", "input": "hi", "store": false})
+	assert.Equal(t, http.StatusOK, a.status, "%.300s", a.body)
+}
+
 // A socket's message that the budget has no room for goes on as a
 // Server-Sent Event as its pieces come, each line of it on a data line;
 // one that fits comes whole; a piece left over from an earlier message
