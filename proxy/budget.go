@@ -24,7 +24,8 @@ import (
 // it; a stream's event as it is read (eventReader, or an upstream socket's
 // message, socketMessages) and its output as the
 // relay keeps it (collector), while the room has them; when it does not,
-// an event goes on as it arrives, unread, and the turn is relayed unkept;
+// an event goes on as it arrives, unread, and the turn is relayed unkept
+// when the event held output or the end (collector.see);
 // to a WebSocket client, in the frames of the event's message
 // (socketWriter).
 //

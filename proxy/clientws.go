@@ -48,8 +48,8 @@ import (
 //     so that the client sends its full history again; with "store" true
 //     or absent it goes upstream as sent, as the upstream may keep that
 //     response. A failed turn drops what the connection keeps, and so
-//     does one whose events went on unread, for want of room in the
-//     budget (budget.go);
+//     does one whose output or end went on unread, for want of room in
+//     the budget (budget.go);
 //   - a response.create with "generate": false (the client warming the
 //     connection up) that holds the full context is answered here: a
 //     completed response without output, which the connection keeps like

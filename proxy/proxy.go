@@ -196,9 +196,10 @@ type Config struct {
 	// bytes, held as it is read, and relayed unkept (not recorded) as it
 	// comes once no room comes for it; a stream's event as it is read and
 	// its output items and final response twice theirs, while there is
-	// room, an event there is none for going on as it arrives, unkept (to
-	// a WebSocket client, in its message's frames, and the connection does
-	// not keep that response). Default 256 MiB.
+	// room, an event there is none for going on as it arrives, the turn
+	// unkept when it held output or the end (to a WebSocket client, in its
+	// message's frames, and the connection does not keep that response).
+	// Default 256 MiB.
 	MaxBytesInFlight int64
 	// MaxKeptBytes bounds what the client WebSocket connections keep of
 	// their latest responses together, for their clients to continue with
@@ -1008,8 +1009,10 @@ const answerCopies = 3
 
 // collector gathers a stream's output as the events go by, holding what
 // it keeps in held while the room has it (hold.take). When the room does
-// not, or an event went by unread (event.passed), it keeps nothing more
-// (unkept): the turn is relayed and not recorded.
+// not, or an event it keeps from went by unread (event.passed: an output
+// item's, the terminal event, or one of a type untold), it keeps nothing
+// more (unkept): the turn is relayed and not recorded. Other events that
+// go by unread (response.created, deltas) take nothing from it.
 type collector struct {
 	held *hold
 	// must tells that what it keeps is the answer itself
@@ -1031,12 +1034,14 @@ type collector struct {
 // see notes one event; it returns true after a terminal event.
 func (c *collector) see(ev event) bool {
 	if ev.passed {
-		c.drop()
-		if terminal := continues(ev.typ) || ev.typ == "response.failed" || ev.typ == "error"; terminal {
-			c.terminal = ev.typ
-			return true
+		terminal := continues(ev.typ) || ev.typ == "response.failed" || ev.typ == "error"
+		if terminal || ev.typ == "response.output_item.done" || ev.typ == "" {
+			c.drop() // what it would have kept went by
 		}
-		return false
+		if terminal {
+			c.terminal = ev.typ
+		}
+		return terminal
 	}
 	switch ev.typ {
 	case "response.output_item.done":

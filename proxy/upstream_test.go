@@ -816,3 +816,26 @@ func TestAPreviousIDWriterShowsTheMemberWhateverItsBlanks(t *testing.T) {
 		require.Equal(t, want, out.String(), "written %d bytes at a time", size)
 	}
 }
+
+// An event that goes on unread and carries nothing the turn keeps (a
+// response.created echoing long instructions, a delta) leaves the turn to
+// be kept: only an output item's or the terminal event's going by unread
+// does not.
+func TestAPassedEventTheTurnKeepsNothingOfLeavesItKept(t *testing.T) {
+	long := `{"id":"resp_k","object":"response","status":"in_progress","instructions":"` + strings.Repeat("i", 8<<10) + `","output":[]}`
+	item := `{"type":"message","id":"msg_k","role":"assistant","status":"completed","content":[{"type":"output_text","text":"ok"}]}`
+	stream := "data: {\"type\":\"response.created\",\"response\":" + long + "}\n\n" +
+		"data: {\"type\":\"response.output_text.delta\",\"delta\":\"" + strings.Repeat("d", 8<<10) + "\"}\n\n" +
+		"data: {\"type\":\"response.output_item.done\",\"output_index\":0,\"item\":" + item + "}\n\n" +
+		"data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_k\",\"object\":\"response\",\"status\":\"completed\",\"output\":[" + item + "]}}\n\n"
+	rep := &reply{status: http.StatusOK, header: http.Header{}, stream: &waitReader{r: strings.NewReader(stream)}, held: &hold{b: newBudget(4 << 10)}}
+	rep.next = newEventReader(rep.stream, rep).next
+	w := httptest.NewRecorder()
+	out := relayStream(w, rep, "", nil)
+	require.NoError(t, out.err)
+	assert.Equal(t, 4, strings.Count(w.Body.String(), "data: "), "every event reached the client")
+	assert.False(t, out.unkept)
+	assert.True(t, out.continuable)
+	assert.Equal(t, "resp_k", out.id)
+	assert.Len(t, out.output, 1)
+}
