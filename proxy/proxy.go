@@ -1415,21 +1415,35 @@ func writeEvent(w io.Writer, typ string, data []byte) {
 	if typ != "" {
 		_, _ = io.WriteString(w, "event: "+typ+"\n")
 	}
+	_, _ = io.WriteString(w, "data: ")
+	writeLines(w, data)
+	_, _ = io.WriteString(w, "\n\n")
+}
+
+// writeLines writes b, a part of an event's data, to w, each line break
+// (CR, LF or CRLF, each ends a line in SSE) beginning a new data line.
+func writeLines(w io.Writer, b []byte) {
 	for {
-		_, _ = io.WriteString(w, "data: ")
-		i := bytes.IndexAny(data, "\r\n") // each ends a line in SSE
+		i := bytes.IndexAny(b, "\r\n")
 		if i < 0 {
-			_, _ = w.Write(data)
-			break
+			_, _ = w.Write(b)
+			return
 		}
-		_, _ = w.Write(data[:i])
-		_, _ = io.WriteString(w, "\n")
-		if data[i] == '\r' && i+1 < len(data) && data[i+1] == '\n' {
+		_, _ = w.Write(b[:i])
+		_, _ = io.WriteString(w, "\ndata: ")
+		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
 			i++
 		}
-		data = data[i+1:]
+		b = b[i+1:]
 	}
-	_, _ = io.WriteString(w, "\n\n")
+}
+
+// writeFunc is a function that takes bytes (reply.pass) as an io.Writer.
+type writeFunc func(b []byte)
+
+func (f writeFunc) Write(b []byte) (int, error) {
+	f(b)
+	return len(b), nil
 }
 
 // relayAssembled answers a client that asked for JSON from an upstream

@@ -713,11 +713,9 @@ func (e *eventReader) passOn(name string, joined []byte, lines int, line, b []by
 		pass([]byte("event: " + name + "\n"))
 	}
 	if lines > 0 {
-		for l := range bytes.SplitSeq(joined, []byte("\n")) {
-			pass([]byte("data: "))
-			pass(l)
-			pass([]byte("\n"))
-		}
+		pass([]byte("data: "))
+		writeLines(writeFunc(pass), joined)
+		pass([]byte("\n"))
 	}
 	head := joined
 	if lines == 0 {

@@ -666,12 +666,12 @@ func (m *socketMessages) piece() (piece, error) {
 // next returns the next message as an event, and its head, its first
 // passedHead bytes at most, which tell what it is. A message of one piece
 // comes whole. A longer one is held in the reply's hold as it grows
-// (eventHold); when passes is true and the room does not have it, it
-// goes on through the reply's pass as it arrives, unread, as a
-// Server-Sent Event (an event passed). A longer one whose head tells a
-// type that keep refuses is read and dropped: its event has that type
-// and no data.
-func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event, head []byte, err error) {
+// (eventHold); once the response has begun and when the room does not
+// have it, it goes on through the reply's pass as it arrives, unread, as
+// a Server-Sent Event (an event passed). Before the response has begun,
+// a longer one whose head tells a type that cannot begin it (opening) is
+// read and dropped: its event has that type and no data.
+func (m *socketMessages) next(begun bool) (ev event, head []byte, err error) {
 	m.release()
 	p, err := m.piece()
 	for err == nil && !p.start {
@@ -681,7 +681,7 @@ func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event
 		return newEvent("", p.data), p.data, err
 	}
 	head = bytes.Clone(p.data[:min(len(p.data), passedHead)])
-	if typ := eventType(head); typ != "" && !keep(typ) {
+	if typ := eventType(head); typ != "" && !begun && !opening(typ) {
 		for err == nil && !p.end {
 			p, err = m.piece()
 		}
@@ -692,7 +692,7 @@ func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event
 		if p, err = m.piece(); err != nil {
 			return event{}, head, err
 		}
-		grown, ok := m.grow(data, p.data, passes)
+		grown, ok := m.grow(data, p.data, begun)
 		if !ok {
 			return m.passOn(head, data, p)
 		}
@@ -701,50 +701,36 @@ func (m *socketMessages) next(passes bool, keep func(typ string) bool) (ev event
 	return newEvent("", data), head, nil
 }
 
+// opening tells whether an event of type typ may begin a response's
+// events: its response.created, or an error refusing the request.
+func opening(typ string) bool { return typ == "response.created" || typ == "error" }
+
 // passOn sends a message that goes on unread through the reply's pass: its
 // data read, then p and the rest of the message as they arrive, each line
 // of it on a data line of its own (writeEvent).
 func (m *socketMessages) passOn(head, data []byte, p piece) (event, []byte, error) {
-	pass := m.rep.pass
+	pass := writeFunc(m.rep.pass)
 	ev := newEvent("", head)
 	ev.passed, ev.data = true, nil
 	if ev.typ != "" {
-		pass([]byte("event: " + ev.typ + "\n"))
+		_, _ = io.WriteString(pass, "event: "+ev.typ+"\n")
 	}
-	pass([]byte("data: "))
-	passLines(pass, data)
+	_, _ = io.WriteString(pass, "data: ")
+	writeLines(pass, data)
 	var last tail
 	last.keep(data)
 	m.release()
 	for {
-		passLines(pass, p.data)
+		writeLines(pass, p.data)
 		last.keep(p.data)
 		if p.end {
-			pass([]byte("\n\n"))
+			_, _ = io.WriteString(pass, "\n\n")
 			return ev.endingWith(head, last), head, nil
 		}
 		var err error
 		if p, err = m.piece(); err != nil {
 			return event{}, head, err
 		}
-	}
-}
-
-// passLines passes b, a part of an event's data, through pass, each line
-// break beginning a new data line.
-func passLines(pass func(b []byte), b []byte) {
-	for {
-		i := bytes.IndexAny(b, "\r\n")
-		if i < 0 {
-			pass(b)
-			return
-		}
-		pass(b[:i])
-		pass([]byte("\ndata: "))
-		if b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n' {
-			i++
-		}
-		b = b[i+1:]
 	}
 }
 
@@ -841,7 +827,6 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 	s := c.s
 	rep := &reply{status: http.StatusOK, header: http.Header{}, socket: true}
 	msgs := &socketMessages{frames: frames, ctx: rctx, eventHold: eventHold{rep: rep}}
-	opening := func(typ string) bool { return typ == "response.created" || typ == "error" }
 	finished, started := false, false
 	rep.next = func() (event, error) {
 		if finished {
@@ -849,11 +834,7 @@ func (c *wsConn) send(ctx context.Context, body []byte, _ bool) (*reply, error) 
 			return event{}, io.EOF
 		}
 		for {
-			keep := opening
-			if started {
-				keep = func(string) bool { return true }
-			}
-			ev, head, err := msgs.next(started, keep)
+			ev, head, err := msgs.next(started)
 			if err != nil {
 				return event{}, err
 			}

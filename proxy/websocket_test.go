@@ -719,9 +719,8 @@ func TestASocketsMessageGoesOnInPieces(t *testing.T) {
 	var passed bytes.Buffer
 	rep.pass = func(b []byte) { passed.Write(b) }
 	m := &socketMessages{frames: q, ctx: t.Context(), eventHold: eventHold{rep: rep}}
-	all := func(string) bool { return true }
 
-	ev, head, err := m.next(true, all)
+	ev, head, err := m.next(true)
 	require.NoError(t, err)
 	assert.True(t, ev.passed)
 	assert.Equal(t, "response.output_item.done", ev.typ)
@@ -731,12 +730,12 @@ func TestASocketsMessageGoesOnInPieces(t *testing.T) {
 	assert.Equal(t, "response.output_item.done", sent.name)
 	assert.Equal(t, strings.NewReplacer("\r\n", "\n").Replace(big), string(sent.data))
 
-	ev, _, err = m.next(true, all)
+	ev, _, err = m.next(true)
 	require.NoError(t, err)
 	assert.False(t, ev.passed)
 	assert.Equal(t, small, string(ev.data))
 
-	ev, _, err = m.next(true, all)
+	ev, _, err = m.next(true)
 	require.NoError(t, err)
 	assert.True(t, ev.passed)
 	assert.Equal(t, "response.completed", ev.typ, "the type its end tells")
