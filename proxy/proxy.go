@@ -822,9 +822,9 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, lg *slog.Logger, err error)
 }
 
 // writeUnreachable answers a request the upstream could not be reached
-// for: 504 when it timed out, else 502. The client learns what went
-// wrong, not where: the upstream's address, the dial error and the
-// replicas' names stay in the log.
+// for, or that it took and left unanswered: 504 when it timed out, else
+// 502. The client learns what went wrong, not where: the upstream's
+// address, the dial error and the replicas' names stay in the log.
 func writeUnreachable(w http.ResponseWriter, err error) {
 	if rf, ok := errors.AsType[*upstreamRefusal](err); ok {
 		rf.write(w)
@@ -833,6 +833,11 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 	if errors.Is(err, context.DeadlineExceeded) {
 		writeError(w, http.StatusGatewayTimeout, "upstream_error", "", "upstream_timeout",
 			"The upstream did not answer in time.")
+		return
+	}
+	if errors.Is(err, errNoAnswer) {
+		writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
+			"The upstream closed the connection without answering.")
 		return
 	}
 	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable", "The upstream is unavailable.")
@@ -1608,6 +1613,7 @@ func apiError(typ, param, code, msg string) map[string]any {
 // empty param or code.
 func writeError(w http.ResponseWriter, status int, typ, param, code, msg string) {
 	body, _ := json.Marshal(map[string]any{"error": apiError(typ, param, code, msg)})
+	w.Header().Del("Content-Encoding") // an upstream's, whose body this is not
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)+1))
 	w.WriteHeader(status)

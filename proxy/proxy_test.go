@@ -686,6 +686,31 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 	}
 }
 
+// An upstream that takes a turn and closes the connection without an
+// answer may have run it: the client is told so (upstream_disconnected),
+// not that the upstream could not be reached, and the turn went once.
+func TestAnUpstreamThatTakesATurnAndHangsUpIsNotUnreachable(t *testing.T) {
+	var posts atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		posts.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(up.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, up.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	for _, stream := range []bool{false, true} {
+		a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s"}},
+			map[string]any{"model": "m", "stream": stream, "input": "hi"})
+		assert.Equal(t, http.StatusBadGateway, a.status)
+		assert.Equal(t, "upstream_disconnected", gjson.GetBytes(a.body, "error.code").String(), "%s", a.body)
+		assertTellsNoAddress(t, a.body)
+	}
+	assert.Equal(t, int32(2), posts.Load(), "each turn went once")
+}
+
 // A client that goes away, before the upstream answers or while it
 // streams, ends its turn aborted: no upstream failure is counted or
 // logged, since none happened.

@@ -9,11 +9,13 @@ import (
 	"io"
 	"iter"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -428,13 +430,27 @@ func (c *httpConn) socket() store.Socket {
 
 func (c *httpConn) release() {}
 
+// errNoAnswer wraps the error of a request a connection to the upstream
+// carried, at least in part, and that it closed or broke off without an
+// answer.
+var errNoAnswer = errors.New("proxy: the upstream took the request and gave no answer")
+
 func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
 	req, err := newPost(ctx, withQuery(c.up.url, c.tg.query), c.tg.header, body)
 	if err != nil {
 		return nil, err
 	}
+	var reached atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { reached.Store(true) },
+	}))
 	resp, err := c.up.client.Do(req)
 	if err != nil {
+		if reached.Load() {
+			// The request may have reached the upstream, which may run it:
+			// not a request that went nowhere, which a client may send again.
+			err = fmt.Errorf("%w: %w", errNoAnswer, err)
+		}
 		return nil, withoutQuery(err)
 	}
 	if stream && resp.StatusCode/100 == 2 && (isEventStream(resp.Header) || untypedEvents(resp)) {

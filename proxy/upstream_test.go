@@ -387,6 +387,7 @@ func TestUnusualEventStreamsFromAnHTTPUpstream(t *testing.T) {
 		{"a completion cut short, framed", "text/event-stream", named("response.created", created) + named("response.completed", completed[:len(completed)-10]),
 			http.StatusOK, []string{"response.created", "response.completed"}, false},
 		{"no event at all", "text/event-stream", "", http.StatusBadGateway, nil, false},
+		{"no event at all, in a coding", "text/event-stream", "", http.StatusBadGateway, nil, false},
 	}
 	var prev atomic.Value
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -403,6 +404,9 @@ func TestUnusualEventStreamsFromAnHTTPUpstream(t *testing.T) {
 			if c.name == r.URL.Query().Get("case") {
 				tc = c
 			}
+		}
+		if strings.HasSuffix(tc.name, "in a coding") {
+			w.Header().Set("Content-Encoding", "br") // which the proxy's error answer is not in
 		}
 		if tc.contentType == "-" {
 			w.Header()["Content-Type"] = nil // not sniffed either
@@ -431,6 +435,9 @@ func TestUnusualEventStreamsFromAnHTTPUpstream(t *testing.T) {
 					types = append(types, gjson.GetBytes(ev.data, "type").String())
 				}
 				assert.Equal(t, tc.types, types, "%s", body)
+			} else {
+				assert.Empty(t, resp.Header.Get("Content-Encoding"), "the proxy's own answer")
+				assert.Equal(t, "upstream_disconnected", gjson.GetBytes(body, "error.code").String(), "%s", body)
 			}
 			prev.Store("")
 			next, err := http.Post(srv.URL+"/v1/responses", "application/json",
