@@ -2,7 +2,9 @@
 // announces the address its peers reach it at, and keeps renewing the
 // announcement, which lives TTL without renewal; a lookup answers the
 // address of a live replica, cached briefly in process. A replica that
-// dies stops renewing and drops out within TTL.
+// dies stops renewing and drops out within TTL; while the directory
+// cannot be reached, a lookup answers the address it last found within
+// TTL, as the directory would have.
 //
 // A replica is announced by its name and found by its name or by its
 // reference ('#' and the 16 hex digits of the name's digest), which is how
@@ -66,10 +68,10 @@ type Directory struct {
 	cache map[string]cached
 }
 
-// cached is a lookup's answer and when it goes stale.
+// cached is a lookup's answer, when it goes stale and when it was read.
 type cached struct {
-	addr  string
-	until time.Time
+	addr        string
+	until, read time.Time
 }
 
 // backend stores announcements.
@@ -165,7 +167,10 @@ func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(e
 }
 
 // Lookup returns the address replica (a name or a reference) announced, or
-// "" when it has no live announcement.
+// "" when it has no live announcement. When the directory cannot be
+// reached, it returns the address it read less than TTL ago, if any: an
+// announcement that lived then may still, and a replica whose socket the
+// turn needs is on one slot of a Cluster, the directory on another.
 func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) {
 	if !names.IsReplicaRef(replica) {
 		if err := validName(replica); err != nil {
@@ -184,13 +189,16 @@ func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) 
 	defer cancel()
 	addr, err := d.b.get(ctx, replica)
 	if err != nil {
+		if ok && now.Sub(c.read) < d.opts.TTL {
+			return c.addr, nil
+		}
 		return "", unavailable(err)
 	}
 	d.mu.Lock()
 	if len(d.cache) > 4096 {
 		clear(d.cache) // replica ids come from stored state: bound what they cost here
 	}
-	d.cache[replica] = cached{addr: addr, until: now.Add(d.opts.CacheTTL)}
+	d.cache[replica] = cached{addr: addr, until: now.Add(d.opts.CacheTTL), read: now}
 	d.mu.Unlock()
 	return addr, nil
 }

@@ -153,3 +153,39 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	_, err = d.Lookup(context.Background(), "gw-1")
 	assert.ErrorIs(t, err, ErrUnavailable)
 }
+
+// While the directory cannot be reached, a lookup answers what it read
+// within TTL, an address or none, and fails once that is older.
+func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	now := time.Unix(1_700_000_000, 0)
+	d, err := NewRedis(c, "ns", Options{TTL: 6 * time.Second, CacheTTL: time.Second, OpTimeout: time.Second,
+		Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
+	for _, name := range []string{"gw-1", "gw-2"} {
+		_, err := d.Lookup(ctx, name)
+		require.NoError(t, err)
+	}
+
+	mr.SetError("ERR the directory fails")
+	now = now.Add(5 * time.Second)
+	addr, err := d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8080", addr)
+	addr, err = d.Lookup(ctx, "gw-2")
+	require.NoError(t, err)
+	assert.Empty(t, addr, "none announced")
+	_, err = d.Lookup(ctx, "gw-3")
+	assert.ErrorIs(t, err, ErrUnavailable, "never read")
+
+	now = now.Add(time.Second)
+	_, err = d.Lookup(ctx, "gw-1")
+	assert.ErrorIs(t, err, ErrUnavailable, "read a TTL ago")
+
+	mr.SetError("")
+	addr, err = d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8080", addr)
+}
