@@ -509,6 +509,8 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 	}
 	reason := g.reason(a.res.Reason)
 	switch {
+	case a.unreachable && !a.continued:
+		reason = reasonUnreachable
 	case t.storeless:
 		reason = reasonStoreless
 	case t.unowned != "":
@@ -584,8 +586,15 @@ type sent struct {
 	// guessed tells that the turn went upstream on its guess and the
 	// reservation agreed: the owner stays on this replica.
 	guessed bool
-	rep     *reply
+	// unreachable tells that the continuation offered was on no
+	// connection the turn could take: it went with the full context.
+	unreachable bool
+	rep         *reply
 }
+
+// reasonUnreachable is the reason the log line of a turn gives when its
+// continuation was on no connection it could take (Stats.ContinuationsUnreachable).
+const reasonUnreachable = "continuation_unreachable"
 
 // A try is how one send of a turn went.
 type try int
@@ -624,7 +633,8 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 	}
 	a := &sent{c: c, res: res, continued: c.continues(res), guessed: guessed}
 	if res.Continues() && !a.continued {
-		a.res = res.FullContextRetry() // offered, but not on this connection
+		a.res, a.unreachable = res.FullContextRetry(), true // offered, but not on this connection
+		p.stats.add(cUnreachable, 1)
 	}
 	p.observe(Event{Step: StepRoute, Owner: who, Turn: res.Turn, Result: a.where()})
 	for {

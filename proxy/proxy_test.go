@@ -387,7 +387,7 @@ func TestRefusedContinuationIsRetriedWithFullContext(t *testing.T) {
 }
 
 func TestWebSocketContinuesOnlyOnTheSocketHoldingTheResponse(t *testing.T) {
-	r := newRig(t, overWebSocket, nil)
+	r := newLearnRig(t, overWebSocket, fakeupstream.New(fakeupstream.Options{}), Config{})
 	a := newConversation(t, r.url, "a", true, false)
 	b := newConversation(t, r.url, "b", true, false)
 	a.say("hello")
@@ -400,11 +400,16 @@ func TestWebSocketContinuesOnlyOnTheSocketHoldingTheResponse(t *testing.T) {
 	assert.Zero(t, st.FullContextRetries)
 
 	// Three conversations on two sockets: a turn whose socket moved on
-	// sends the full context, and nothing is refused.
+	// sends the full context, and nothing is refused; its log line says
+	// why.
 	c := newConversation(t, r.url, "c", true, false)
 	c.say("hello")
 	a.say("third")
-	assert.Zero(t, r.proxy.Stats().FullContextRetries)
+	st = r.proxy.Stats()
+	assert.Zero(t, st.FullContextRetries)
+	assert.Equal(t, int64(1), st.ContinuationsUnreachable)
+	assert.Equal(t, 1, r.log.count("reason=continuation_unreachable"))
+	assert.Zero(t, r.log.count("reason=full_context_retry"))
 }
 
 func TestFailedResponsesAreAbortedAndShownAsSent(t *testing.T) {

@@ -18,6 +18,13 @@ type Stats struct {
 	// with the full context because the upstream refuses continuations
 	// of their model (see Learning).
 	ContinuationsPaused int64
+	// ContinuationsUnreachable counts turns offered a continuation that
+	// no connection they could take held any more, sent with the full
+	// context: its socket had carried another conversation's turn (a
+	// credential with more conversations in flight than
+	// WebSocketOptions.Sockets), closed, or is another replica's while
+	// forwarding is off.
+	ContinuationsUnreachable int64
 	// NotKeptUpstream counts turns with "store": false over the HTTP
 	// transport without forwarding: the upstream keeps no response of
 	// theirs, so they went with the full context and continue nothing.
@@ -73,6 +80,7 @@ const (
 	cContinued
 	cRetries
 	cPaused
+	cUnreachable
 	cNotKept
 	cPassthrough
 	cEndpoints
@@ -103,6 +111,7 @@ var counterTable = [nCounters]struct {
 	cContinued:       {"turns_continued_total", "Turns sent as a continuation and answered.", func(s *Stats) *int64 { return &s.Continued }},
 	cRetries:         {"full_context_retries_total", "Continuations the upstream refused, resent with the full context.", func(s *Stats) *int64 { return &s.FullContextRetries }},
 	cPaused:          {"continuations_paused_total", "Turns sent with the full context because the upstream refuses continuations of their model.", func(s *Stats) *int64 { return &s.ContinuationsPaused }},
+	cUnreachable:     {"continuations_unreachable_total", "Turns offered a continuation that no connection they could take held any more (its socket carried another conversation's turn, closed, or is another replica's), sent with the full context.", func(s *Stats) *int64 { return &s.ContinuationsUnreachable }},
 	cNotKept:         {"turns_not_kept_upstream_total", "Turns with store false over the HTTP transport: the upstream keeps none of their responses, so they go with the full context (the WebSocket transport continues them).", func(s *Stats) *int64 { return &s.NotKeptUpstream }},
 	cPassthrough:     {"passthrough_total", "Turns carrying their own previous_response_id or conversation, sent upstream as received.", func(s *Stats) *int64 { return &s.Passthrough }},
 	cEndpoints:       {"endpoint_requests_total", "Requests to other endpoints than the turns' (GET /v1/models, POST /v1/files…), relayed upstream as sent.", func(s *Stats) *int64 { return &s.Endpoints }},
