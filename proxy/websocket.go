@@ -615,9 +615,12 @@ func (q *frameQueue) took(p piece) {
 
 // read moves a socket's messages to q, in pieces, until the socket fails,
 // reading the next only once the pieces in q come to readAhead bytes at
-// most.
+// most. A socket it can no longer read is closed, so that its descriptor
+// goes at once, without waiting for the turn that finds it dead or for
+// the idle timeout.
 func read(ws *websocket.Conn, q *frameQueue) {
 	defer close(q.c)
+	defer func() { _ = ws.CloseNow() }()
 	buf := make([]byte, messagePiece)
 	for {
 		_, r, err := ws.Reader(context.Background())

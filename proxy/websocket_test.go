@@ -151,6 +151,59 @@ func TestIdleUpstreamSocketsClose(t *testing.T) {
 	r.settled(t, base)
 }
 
+// An upstream that drops its sockets without a close frame (restarted,
+// or a balancer in front of it) gives their descriptors back at once, not
+// after IdleTimeout: a socket's reader closes the connection it can no
+// longer read.
+func TestADroppedUpstreamSocketIsClosed(t *testing.T) {
+	if openFDs() < 0 {
+		t.Skip("no /proc/self/fd to count descriptors")
+	}
+	upstream := httptest.NewUnstartedServer(fakeupstream.New(fakeupstream.Options{}))
+	accepted := &acceptedConns{Listener: upstream.Listener}
+	upstream.Listener = accepted
+	upstream.Start()
+	t.Cleanup(upstream.Close)
+	up, url := proxyOverSockets(t, upstream, WebSocketOptions{IdleTimeout: time.Minute})
+	r := &wsRig{up: up, url: url, client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}}
+	base := takeBaseline()
+	const credentials = 20
+	concurrently(credentials, 4, func(i int) {
+		status, b := r.turn(t, fmt.Sprint("Bearer sk-", i))
+		assert.Equal(t, http.StatusOK, status, "%s", b)
+	})
+	require.GreaterOrEqual(t, openFDs(), base.fds+2*credentials, "each socket's two ends")
+	accepted.closeAll()
+	require.Eventually(t, func() bool { return openFDs() <= base.fds+8 }, 5*time.Second, 20*time.Millisecond,
+		"descriptors: %d, %d before the sockets opened", openFDs(), base.fds)
+}
+
+// acceptedConns is a listener that can close every connection it
+// accepted.
+type acceptedConns struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (l *acceptedConns) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.mu.Lock()
+		l.conns = append(l.conns, c)
+		l.mu.Unlock()
+	}
+	return c, err
+}
+
+func (l *acceptedConns) closeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, c := range l.conns {
+		_ = c.Close()
+	}
+}
+
 // A credential the upstream refuses leaves nothing behind, and the client
 // gets the upstream's own answer to the handshake: 401 invalid_api_key.
 func TestRefusedCredentialsLeaveNoPool(t *testing.T) {
