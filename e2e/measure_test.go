@@ -217,10 +217,10 @@ type runResult struct {
 	// count; -1 without forwarding.
 	forwarded, forwardFailures int
 	// guessed is the number of turns sent upstream on a replica's guess
-	// while Redis reserved them, guessesDropped of those whose answer
-	// was dropped, by contproxy's count; -1 without contproxy or with the
+	// while Redis reserved them, guessesOverruled of those whose
+	// reservation disagreed, by contproxy's count; -1 without contproxy or with the
 	// WebSocket upstream.
-	guessed, guessesDropped int
+	guessed, guessesOverruled int
 	// calls are the client's requests, up the upstream's answers to them,
 	// in order.
 	calls []clientCall

@@ -22,9 +22,9 @@ type counters struct {
 	// replica carried for another.
 	forwarded, forwardFailures, forwardedIn int
 	// guessed counts the turns a replica sent upstream on its last record
-	// of their owner while Redis reserved them; guessesDropped those whose
-	// reservation disagreed.
-	guessed, guessesDropped int
+	// of their owner while Redis reserved them; guessesOverruled those whose
+	// reservation disagreed (the turn kept the guess's answer).
+	guessed, guessesOverruled int
 }
 
 // fields maps the Prometheus names of the counters to their fields.
@@ -40,7 +40,7 @@ func (c *counters) fields() map[string]*int {
 		"contproxy_forward_failures_total":     &c.forwardFailures,
 		"contproxy_forwarded_in_total":         &c.forwardedIn,
 		"contproxy_turns_guessed_total":        &c.guessed,
-		"contproxy_guesses_dropped_total":      &c.guessesDropped,
+		"contproxy_guesses_overruled_total":    &c.guessesOverruled,
 	}
 }
 

@@ -65,7 +65,7 @@ var nextScenarios = []nextScenario{
 		// that keeps an owner on its replica: once owners have stayed a
 		// few turns, each later turn goes upstream on the replica's last
 		// record of its owner while Redis reserves it (at most one guess
-		// dropped, for a store timeout). The AI SDK sends earlier items
+		// overruled, after a store timeout). The AI SDK sends earlier items
 		// back as item_reference, which the guesses were not derived from.
 		sc: scenario{name: "H-http-store-1-replica", transport: "http", replicas: 1, keepsOwners: true, noRetries: true},
 		runs: []nextRun{

@@ -13,14 +13,15 @@ import (
 
 // early is a turn sent upstream on a guess while the store reserves it:
 // the continuation this replica recorded last for the owner
-// (store.Store.Guess). The turn keeps its answer only when the
-// reservation agrees with the guess; otherwise the answer is dropped and
-// the turn goes as the reservation says, so that what the client gets is
-// what the store decided.
+// (store.Store.Guess). The turn keeps its answer whatever the reservation
+// says (store.Reservation.Adopt): the guess continues a response the
+// upstream keeps, of which the request is an append-only extension, so
+// its answer is as right as one to the reservation, and sending the turn
+// again would run it twice upstream.
 type early struct {
 	guess  *store.Reservation // what was sent
 	c      *httpConn          // where it went
-	cancel context.CancelFunc // ends the send
+	cancel context.CancelFunc // ends the send, once the turn is over
 	done   chan struct{}      // closed once rep and err are set
 	rep    *reply             // the upstream's answer
 	err    error              // or why there is none
@@ -67,25 +68,14 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 	return e
 }
 
-// keep reports whether the turn keeps the upstream's answer to the guess
-// as its first try: when res agrees with the guess, or when the store
-// decided nothing about it: it failed open, or no longer holds the
-// owner's state (flushed, restarted empty, evicted); the turn then goes
-// on as store.Reservation.Adopt says. The guess, a continuation this
-// replica recorded, checked against the request, is one the upstream
-// keeps, and sending the turn again would run it twice upstream. It then
-// waits for that answer (rep and err), which the turn releases; otherwise
-// it drops the send at once. Every turn sent early is kept or dropped,
-// once.
-func (e *early) keep(res *store.Reservation) bool {
-	if res.Agrees(e.guess) || res.Adopt(e.guess) != res {
-		<-e.done
-		return true
-	}
-	e.cancel()
-	go func() {
-		<-e.done
-		e.rep.close()
-	}()
-	return false
+// keep waits for the upstream's answer to the guess (rep and err), which
+// the turn keeps and releases, and returns the reservation the turn goes
+// on (store.Reservation.Adopt) and whether its owner stays on this
+// replica: res agrees with the guess, or the store decided nothing about
+// it (it failed open, or no longer holds the owner's state: flushed,
+// restarted empty, evicted).
+func (e *early) keep(res *store.Reservation) (*store.Reservation, bool) {
+	<-e.done
+	stays := res.Agrees(e.guess) || res.Reason == store.ReasonMissingState || res.Reason == store.ReasonStoreUnavailable
+	return res.Adopt(e.guess), stays
 }

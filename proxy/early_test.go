@@ -23,10 +23,9 @@ import (
 
 // On a store that keeps guesses, a turn that continues this replica's
 // last record of its owner reaches the upstream while the store reserves
-// it; when the reservation disagrees (the state changed behind this
-// replica), the upstream's answer to the guess is dropped and the turn
-// goes as the reservation says. On a store that keeps none, the upstream
-// gets a turn only once it is reserved.
+// it, and the turn keeps the upstream's answer whatever the reservation
+// says, so that it runs once upstream. On a store that keeps none, the
+// upstream gets a turn only once it is reserved.
 func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 	for _, guesses := range []bool{false, true} {
 		// How long a reserve is held unless the upstream gets the turn:
@@ -136,35 +135,42 @@ func TestATurnGoesUpstreamOnItsGuessWhileTheStoreReserves(t *testing.T) {
 				assert.Equal(t, fourth, previousOf(t, r, fifth), "the client got the answer to the guess")
 				mr.SetError("")
 				held.let(t, 0)
-				turn()
+				sixth := turn()
 				assert.Equal(t, []string{fourth}, upstreamGot(), "the sixth turn continues the last record, after its reserve")
 				stats = r.proxy.Stats()
 				assert.Equal(t, int64(5), stats.Continued)
 				assert.Equal(t, int64(4), stats.Guessed)
-				assert.Zero(t, stats.GuessesDropped)
+				assert.Zero(t, stats.GuessesOverruled)
 
 				// The state changed behind this replica (another replica
-				// served the owner): the reservation no longer continues,
-				// and the guess's answer is dropped.
+				// served the owner): the reservation no longer continues
+				// from the guess's response, and the turn keeps the answer
+				// to its guess rather than run twice upstream, recorded
+				// under the turn it reserved: the next turn continues it.
 				r.proxy.records.waitAll() // the sixth turn's record is in
 				otherReplicaServes(t, other, http.Header{"X-Session-Id": {"s-early"}},
 					map[string]any{"model": "gpt-test", "stream": stream, "input": input})
 				reserveOnceSent()
 				seventh := turn()
-				assert.NotEqual(t, "none", <-early, "the guess went while the store reserved the turn")
-				assert.Equal(t, []string{""}, upstreamGot(), "then the full context")
-				assert.Empty(t, previousOf(t, r, seventh), "the client got the answer to the full context, not to the guess")
+				assert.Equal(t, sixth, <-early, "the seventh turn went on its guess")
+				assert.Empty(t, upstreamGot(), "sent once")
+				assert.Equal(t, sixth, previousOf(t, r, seventh), "the client got the answer to the guess")
 				stats = r.proxy.Stats()
-				assert.Equal(t, int64(5), stats.Continued, "the seventh turn goes whole")
+				assert.Equal(t, int64(6), stats.Continued)
 				assert.Equal(t, int64(5), stats.Guessed)
-				assert.Equal(t, int64(1), stats.GuessesDropped)
+				assert.Equal(t, int64(1), stats.GuessesOverruled)
+				r.proxy.records.waitAll()
+				held.let(t, 0)
+				eighth := turn()
+				assert.Equal(t, []string{seventh}, upstreamGot(), "the eighth turn continues the seventh's answer")
+				assert.Equal(t, seventh, previousOf(t, r, eighth))
 			})
 		}
 	}
 }
 
 // Owners whose turns go from replica to replica, one turn or two on each,
-// still continue every turn through the store, and cost a few dropped
+// still continue every turn through the store, and cost a few overruled
 // guesses a replica in all, not one an owner, even on replicas that had
 // found that owners stay: a replica guesses an owner only once it has
 // stayed, longer each time the replica found it moved, and only while
@@ -206,7 +212,7 @@ func TestOwnersThatMoveAreNotGuessed(t *testing.T) {
 			for _, p := range replicas {
 				s := p.Stats()
 				continued += s.Continued
-				assert.LessOrEqual(t, s.GuessesDropped, int64(3), "dropped guesses on one replica")
+				assert.LessOrEqual(t, s.GuessesOverruled, int64(3), "overruled guesses on one replica")
 			}
 			assert.Equal(t, int64(owners*(turns-1)), continued, "every later turn continues through the store")
 		})
@@ -243,7 +249,7 @@ func TestAGuessTheUpstreamRefusesIsSentAgainWhole(t *testing.T) {
 	stats := r.proxy.Stats()
 	assert.Equal(t, int64(1), stats.Guessed)
 	assert.Equal(t, int64(1), stats.FullContextRetries, "refused, then sent whole")
-	assert.Zero(t, stats.GuessesDropped, "the reservation agreed with the guess")
+	assert.Zero(t, stats.GuessesOverruled, "the reservation agreed with the guess")
 	assert.Zero(t, stats.Continued)
 
 	held.let(t, 0) // the second turn's record, which the third waits for
@@ -254,7 +260,7 @@ func TestAGuessTheUpstreamRefusesIsSentAgainWhole(t *testing.T) {
 	stats = r.proxy.Stats()
 	assert.Equal(t, int64(2), stats.Guessed)
 	assert.Equal(t, int64(1), stats.Continued)
-	assert.Zero(t, stats.GuessesDropped)
+	assert.Zero(t, stats.GuessesOverruled)
 }
 
 // previousOf returns the previous_response_id of the upstream request

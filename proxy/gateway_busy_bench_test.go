@@ -32,8 +32,8 @@ import (
 //     unavailable within its OpTimeout, or its breaker open);
 //   - T-continued: the share of measured turns continued;
 //   - T-turns/s: measured and opening turns a second;
-//   - contproxy-redis-guessed, -guesses-dropped: the shares of measured
-//     turns sent on a guess, and of those dropped;
+//   - contproxy-redis-guessed, -guesses-overruled: the shares of measured
+//     turns sent on a guess, and of those overruled;
 //   - contproxy-redis/contproxy-continued (and …-no-guesses/…): the Redis
 //     store's continued share over the in-process store's.
 //
@@ -152,7 +152,7 @@ func runBusy(b *testing.B, name, upURL string, st *store.Store, obs *failOpenCou
 	share := float64(stats.Continued) / float64(measured.Load())
 	if st.Options().GuessOwners > 0 {
 		b.ReportMetric(float64(stats.Guessed)/float64(measured.Load()), name+"-guessed")
-		b.ReportMetric(float64(stats.GuessesDropped)/float64(max(1, stats.Guessed)), name+"-guesses-dropped")
+		b.ReportMetric(float64(stats.GuessesOverruled)/float64(max(1, stats.Guessed)), name+"-guesses-overruled")
 	}
 	b.ReportMetric(float64(obs.failedOpen.Load())/float64(max(1, obs.reserves.Load())), name+"-fail-open")
 	b.ReportMetric(share, name+"-continued")

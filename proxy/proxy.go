@@ -153,13 +153,14 @@ type Config struct {
 	// (store.Options.GuessOwners), with or without Affinity, a turn that
 	// continues this replica's last record of an owner that stays here, a
 	// response the HTTP upstream keeps, goes upstream while the store
-	// reserves it (store.Store.Guess). It keeps the upstream's answer when
-	// the reservation agrees; otherwise that answer is dropped, unseen,
-	// and the turn is sent as the reservation says: an upstream call
-	// wasted, counted in Stats.GuessesDropped. The store guesses only
-	// while owners stay on this replica, so that behind a load balancer
-	// that spreads an owner's turns it does not guess, or stops after a
-	// few dropped guesses.
+	// reserves it (store.Store.Guess), and keeps the upstream's answer
+	// whatever the reservation says: when it disagrees (another replica
+	// served the owner since, counted in Stats.GuessesOverruled), that
+	// answer continues an older response of the conversation than the
+	// reservation's, and the turn's record is in before its end. The
+	// store guesses only while owners stay on this replica, so that
+	// behind a load balancer that spreads an owner's turns it does not
+	// guess, or stops after a few overruled guesses.
 	Affinity bool
 	// NoContinuation never continues: for an upstream that keeps no
 	// responses. Every request goes upstream as the client sent it,
@@ -583,9 +584,10 @@ type sent struct {
 	c         conn
 	res       *store.Reservation
 	continued bool
-	// guessed tells that the turn went upstream on its guess and the
-	// reservation agreed: the owner stays on this replica.
-	guessed bool
+	// stays tells that the turn went upstream on its guess and the
+	// reservation agreed, or decided nothing: the owner stays on this
+	// replica.
+	stays bool
 	// unreachable tells that the continuation offered was on no
 	// connection the turn could take: it went with the full context.
 	unreachable bool
@@ -607,9 +609,8 @@ const (
 	clientGone                 // the client went away before an answer: the turn ends unanswered
 )
 
-// attempt sends the turn where it goes (route), or keeps the send made
-// while the store reserved it when the reservation agrees with its guess
-// (early.go), and, while a try leaves the turn unanswered, sends it again
+// attempt sends the turn where it goes (route), or keeps the send made on
+// its guess while the store reserved it (early.go), and, while a try leaves the turn unanswered, sends it again
 // with the full context from this replica: after a forward the origin did
 // not carry, and after a continuation the upstream refused, wherever it
 // was refused. Each resend continues nothing, so the loop ends by the
@@ -617,21 +618,18 @@ const (
 // no connection and no reply, and a.res is the reservation last sent (res
 // when none was).
 func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
-	guessed := t.early != nil && t.early.keep(res)
+	guessed, stays := t.early != nil, false
 	var c conn
 	var err error
 	if guessed {
 		c = t.early.c
-		res = res.Adopt(t.early.guess) // the store decided nothing: the guess is the turn's
-	} else {
-		if t.early != nil {
-			p.stats.add(cGuessesDropped, 1)
+		if res, stays = t.early.keep(res); !stays {
+			p.stats.add(cGuessesOverruled, 1)
 		}
-		if c, err = p.route(ctx, t); err != nil {
-			return &sent{res: res}, err
-		}
+	} else if c, err = p.route(ctx, t); err != nil {
+		return &sent{res: res}, err
 	}
-	a := &sent{c: c, res: res, continued: c.continues(res), guessed: guessed}
+	a := &sent{c: c, res: res, continued: c.continues(res), stays: stays}
 	if res.Continues() && !a.continued {
 		a.res, a.unreachable = res.FullContextRetry(), true // offered, but not on this connection
 		p.stats.add(cUnreachable, 1)

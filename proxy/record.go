@@ -67,7 +67,7 @@ func (p *Proxy) record(ctx context.Context, lg *slog.Logger, h *hold, a *sent, o
 	// owner's next turn here finds it in flight (Proxy.reserve).
 	key := p.records.add(a.res.Owner)
 	_, forwarded := a.c.(*forwardConn)
-	if !(p.cfg.Affinity || a.guessed) || p.cfg.Store.InProcess() || forwarded {
+	if !(p.cfg.Affinity || a.stays) || p.cfg.Store.InProcess() || forwarded {
 		rec.run(key, result)
 		return rec
 	}

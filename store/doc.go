@@ -19,8 +19,8 @@
 // A gateway may also ask [Store.Guess], with Options.GuessOwners set, for
 // the decision its own last record of an owner that stays on it gives,
 // without a round trip, and send the turn upstream while Reserve runs; it
-// keeps that send's answer only when the reservation agrees
-// ([Reservation.Agrees]).
+// keeps that send's answer under the reservation [Reservation.Adopt]
+// makes of the two, so that the turn runs once upstream.
 //
 // Requests are compared by fingerprints (package fingerprint, under the
 // namespace's profile and secret key), not transcripts: a continuation holds

@@ -20,22 +20,21 @@ import (
 // as this Store had left it, 2^m times in a row for an owner this Store
 // found moved m times: an owner whose turns go from store to store
 // (round-robin replicas, a load balancer that moves it) costs a few
-// dropped guesses, not one a turn. And the Store guesses only while
+// guesses the reservation overrules, not one a turn. And the Store guesses only while
 // owners stay on it: while its recent turns that found an owner's
 // continuation (counted with a weight that falls by a sixteenth a turn)
 // found the one it had left at least 4 times, and 7 times as often as
 // another store's or one it no longer remembers. A Store thus starts
 // guessing after about five such turns in a row, and behind a load
 // balancer that spreads an owner's turns over the replicas it does not
-// start, or stops after a few dropped guesses. A guess reserves nothing:
+// start, or stops after a few overruled guesses. A guess reserves nothing:
 // its Turn is 0, and Record and Abort ignore it.
 //
 // A gateway may send a guess upstream while Reserve runs, and keep the
-// upstream's answer when the reservation agrees with it
-// ([Reservation.Agrees]), or decided nothing about it
-// ([Reservation.Adopt]); otherwise it drops that answer and sends as the
-// reservation says. A continuation is guessed once, until the owner's
-// next record.
+// upstream's answer under the reservation [Reservation.Adopt] returns,
+// whether the reservation agrees with the guess ([Reservation.Agrees]) or
+// not: another store served the owner since, or the state is gone. A
+// continuation is guessed once, until the owner's next record.
 func (s *Store) Guess(owner identity.Owner, req *fingerprint.Request) *Reservation {
 	if s.guesses == nil || s.opts.Disabled || owner.IsZero() || req == nil || req.InputSkipped() ||
 		!s.guard.Closed(s.partition(owner)) {
@@ -61,23 +60,25 @@ func (r *Reservation) Agrees(guess *Reservation) bool {
 		r.Origin == guess.Origin && len(r.Delta) == len(guess.Delta)
 }
 
-// Adopt returns the reservation of a turn sent on guess, whose own
-// reservation r decided nothing about it: when r found no state of the
-// owner (ReasonMissingState), r continuing as guess does, recorded under
-// r's turn; when r failed open (ReasonStoreUnavailable), guess, which
-// records nothing. Any other r is returned as it is.
+// Adopt returns the reservation of a turn sent on guess, which keeps the
+// upstream's answer to it whatever r decided: the guess continues a
+// response the upstream keeps, of which the request is an append-only
+// extension with the same prompt, so its answer is as right as one sent
+// as r says, and sending the turn again would run it twice upstream. It
+// is r continuing as guess does, recorded under r's turn (r's
+// continuation, when r took one, is what Restore gives back); or guess,
+// which records nothing, when r reserved no turn (the store failed open).
+// r is returned as it is when guess does not continue or r agrees with it.
 func (r *Reservation) Adopt(guess *Reservation) *Reservation {
 	switch {
-	case !guess.Continues():
+	case !guess.Continues() || r.Agrees(guess):
 		return r
-	case r.Reason == ReasonStoreUnavailable:
+	case r.Turn == 0:
 		return guess
-	case r.Reason == ReasonMissingState:
-		a := *r
-		a.PreviousResponseID, a.Delta, a.UpstreamItems, a.Origin, a.Reason = guess.PreviousResponseID, guess.Delta, guess.UpstreamItems, guess.Origin, ReasonNone
-		return &a
 	}
-	return r
+	a := *r
+	a.PreviousResponseID, a.Delta, a.UpstreamItems, a.Origin, a.Reason = guess.PreviousResponseID, guess.Delta, guess.UpstreamItems, guess.Origin, ReasonNone
+	return &a
 }
 
 // guesses remembers the continuation of each owner's last record on this
@@ -230,7 +231,8 @@ func (g *guesses) forget(owner identity.Owner) {
 
 // take drops owner's continuation and returns it; nil when there is none.
 // A record still in flight on this Store may remember a continuation
-// after a reserve took none: a guess from it costs one dropped send.
+// after a reserve took none: a guess from it is one the reservation
+// overrules.
 func (g *guesses) take(owner identity.Owner) *guessed {
 	if g == nil {
 		return nil

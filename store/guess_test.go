@@ -46,7 +46,7 @@ func TestAGuessLivesWhileTheStateSurelyDoes(t *testing.T) {
 }
 
 // A store guesses nothing for an owner whose partition's breaker is not
-// closed: its reserve would fail open, and the guess be dropped. Once
+// closed: its reserve would fail open, and the turn record nothing. Once
 // Redis answers again and a record publishes, it guesses again.
 func TestNoGuessWhileTheBreakerIsOpen(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
@@ -156,7 +156,7 @@ func TestARecordKeepsTheIDNotTheAnswer(t *testing.T) {
 // nothing: with the owner's state gone, the adopted reservation continues
 // as the guess does and records under the turn reserved, so the next turn
 // continues; when the store fails, the guess itself, which records
-// nothing; any other reservation is kept.
+// nothing. A reservation that agrees with the guess is kept.
 func TestAReservationThatDecidedNothingAdoptsTheGuess(t *testing.T) {
 	mr, s, owner := guessingStore(t, "session-adopt")
 	ctx := context.Background()
@@ -181,7 +181,59 @@ func TestAReservationThatDecidedNothingAdoptsTheGuess(t *testing.T) {
 
 	unavailable := &store.Reservation{Owner: owner, Reason: store.ReasonStoreUnavailable}
 	assert.Same(t, guess, unavailable.Adopt(guess))
-	assert.Same(t, next, next.Adopt(guess), "a reservation that decided")
-	refused := &store.Reservation{Owner: owner, Reason: store.ReasonNotAppendOnly}
-	assert.Same(t, refused, refused.Adopt(guess))
+	assert.Same(t, next, next.Adopt(next), "a reservation that agrees")
+	assert.Same(t, next, next.Adopt(unavailable), "a guess that does not continue")
+}
+
+// A turn sent on its guess adopts it when its reservation disagrees:
+// another store served the owner since. The guess still continues a
+// response the upstream keeps, of which the request is an append-only
+// extension: the adopted reservation continues from it under the turn
+// reserved, and gives back, restored, the continuation the reservation
+// took.
+func TestAReservationThatDisagreesAdoptsTheGuess(t *testing.T) {
+	_, c := redistest.Miniredis(t)
+	ctx := context.Background()
+	open := func() *store.Store {
+		s, err := store.NewRedis(c, store.Options{GuessOwners: 4})
+		require.NoError(t, err)
+		storetest.OwnersStay(t, s)
+		return s
+	}
+	s, other := open(), open()
+	for i, then := range []string{"recorded", "restored"} {
+		owner, err := identity.Main(fmt.Sprint("session-moved-", i))
+		require.NoError(t, err)
+		_, err = s.Record(ctx, s.Reserve(ctx, owner, userMessages(t, s, "one")), store.Result{ResponseID: "resp_1", Socket: store.Socket{Any: true}})
+		require.NoError(t, err)
+		_, err = other.Record(ctx, other.Reserve(ctx, owner, userMessages(t, s, "one", "two")), store.Result{ResponseID: "resp_2", Socket: store.Socket{Any: true}})
+		require.NoError(t, err)
+
+		three := userMessages(t, s, "one", "two", "three")
+		guess := s.Guess(owner, three)
+		require.True(t, guess.Continues())
+		require.Equal(t, "resp_1", guess.PreviousResponseID)
+		res := s.Reserve(ctx, owner, three)
+		require.Equal(t, "resp_2", res.PreviousResponseID, "%s", res.Reason)
+		require.False(t, res.Agrees(guess))
+		adopted := res.Adopt(guess)
+		require.True(t, adopted.Continues())
+		assert.Equal(t, "resp_1", adopted.PreviousResponseID)
+		assert.Len(t, adopted.Delta, 2)
+		assert.Equal(t, res.Turn, adopted.Turn, "under the turn reserved")
+
+		four := userMessages(t, s, "one", "two", "three", "four")
+		switch then {
+		case "recorded":
+			got, err := s.Record(ctx, adopted, store.Result{ResponseID: "resp_3", Socket: store.Socket{Any: true}})
+			require.NoError(t, err)
+			assert.Equal(t, store.OutcomePublished, got)
+			assert.Equal(t, "resp_3", other.Reserve(ctx, owner, four).PreviousResponseID)
+		case "restored":
+			got, err := s.Restore(ctx, adopted)
+			require.NoError(t, err)
+			assert.Equal(t, store.OutcomePublished, got)
+			assert.Equal(t, "resp_2", other.Reserve(ctx, owner, four).PreviousResponseID, "the continuation the reservation took")
+		}
+	}
 }
