@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,6 +103,18 @@ func TestProfileAndKeyAreFixedPerNamespace(t *testing.T) {
 	assert.Equal(t, ra.Signature(), rb.Signature(), "the second store adopted the namespace's key")
 	assert.Equal(t, ra.Prefix(2), rb.Prefix(2))
 	assert.Equal(t, key, mr.HGet("fp:{fp}:meta", "key"), "the key never changes")
+
+	// A store whose first check answers after OpTimeout (a loaded
+	// machine) still starts under the namespace's key.
+	slow := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = slow.Close() })
+	var calls atomic.Int32
+	slow.AddHook(slowFirstCall{calls: &calls, wait: 300 * time.Millisecond})
+	late, err := store.NewRedis(slow, store.Options{OpTimeout: 50 * time.Millisecond, Namespace: "fp"})
+	require.NoError(t, err)
+	rl, err := late.ParseRequest(body)
+	require.NoError(t, err)
+	assert.Equal(t, ra.Signature(), rl.Signature(), "a store whose first check was slow adopted the namespace's key")
 
 	other := fingerprint.V2()
 	other.Name = "v2-site"
@@ -204,4 +217,26 @@ func TestSchemaIsRecordedAgainAfterDataLoss(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond)
 	_, err = store.NewRedis(c, store.Options{OpTimeout: redistest.PatientOpTimeout, Namespace: "lost", Partitions: 8})
 	assert.ErrorIs(t, err, store.ErrSchemaMismatch)
+}
+
+// slowFirstCall is a go-redis hook that makes the first command answer
+// after wait, whatever its deadline.
+type slowFirstCall struct {
+	calls *atomic.Int32
+	wait  time.Duration
+}
+
+func (slowFirstCall) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h slowFirstCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.calls.Add(1) == 1 {
+			time.Sleep(h.wait)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (slowFirstCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

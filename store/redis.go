@@ -27,9 +27,13 @@ import (
 //
 // The first store to open a namespace records its schema version and
 // partition count there; NewRedis fails with ErrSchemaMismatch when they
-// differ from opts. When Redis cannot be reached, NewRedis still returns the
-// store (a gateway must start without Redis) and the check runs again in
-// the background until it succeeds. Running stores repeat it every few
+// differ from opts. It waits for that check up to 2 seconds (OpTimeout
+// when longer): until the check reads the namespace's fingerprint key, the
+// store digests under a key of its own, and the conversations of its first
+// turns would not continue on other replicas. When Redis cannot be reached
+// in that time, NewRedis still returns the store (a gateway must start
+// without Redis) and the check runs again in the background until it
+// succeeds. Running stores repeat it every few
 // seconds, so a namespace whose data Redis lost is recorded again, and a
 // store that finds a mismatch fails every operation open until it matches.
 func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
@@ -44,7 +48,7 @@ func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 func newRedisStore(conn redisconn.Conn, inline bool, opts Options) (*Store, error) {
 	return newStore(opts, inline, func(o Options) (backend, error) {
 		r := newRedisBackend(conn, o)
-		ctx, cancel := context.WithTimeout(context.Background(), o.OpTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), max(o.OpTimeout, firstSchemaWait))
 		defer cancel()
 		checked := make(chan error, 1)
 		go func() { checked <- r.checkSchema(ctx) }() // bounded even if the client ignores ctx
@@ -71,11 +75,13 @@ func newRedisBackend(conn redisconn.Conn, o Options) *redisBackend {
 	return r
 }
 
-// How often a store checks its namespace's schema again, and how soon it
-// retries a check that could not reach Redis.
+// How long NewRedis waits for its first schema check, how often a store
+// checks its namespace's schema again, and how soon it retries a check
+// that could not reach Redis.
 const (
-	schemaRecheck = 5 * time.Second
-	schemaRetry   = time.Second
+	firstSchemaWait = 2 * time.Second
+	schemaRecheck   = 5 * time.Second
+	schemaRetry     = time.Second
 )
 
 type redisBackend struct {
