@@ -3,8 +3,8 @@
 // announcement, which lives TTL without renewal; a lookup answers the
 // address of a live replica, cached briefly in process. A replica that
 // dies stops renewing and drops out within TTL; while the directory
-// cannot be reached, a lookup answers the address it last found within
-// TTL, as the directory would have.
+// cannot be reached, a lookup answers the address it last found, for a
+// while (Options.StaleFor).
 //
 // A replica is announced by its name and found by its name or by its
 // reference ('#' and the 16 hex digits of the name's digest), which is how
@@ -20,6 +20,7 @@
 package directory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,14 @@ type Options struct {
 	// CacheTTL is how long a lookup's answer is reused in process.
 	// Default 1s.
 	CacheTTL time.Duration
+	// StaleFor is how long a lookup's answer stands in for the
+	// directory's while the directory cannot be reached: on a Cluster its
+	// keys share one slot, whose master may be failing over while the
+	// owners' partitions are served. A replica forwarded to that no longer
+	// holds the turn's socket refuses it, and the turn is served where it
+	// landed. Default 30s, a failover with Redis's default
+	// cluster-node-timeout (15 s) and its election.
+	StaleFor time.Duration
 	// OpTimeout bounds each call to Redis. Default 200ms.
 	OpTimeout time.Duration
 	// Now is the clock of the cache and of the in-process backend.
@@ -98,13 +107,14 @@ func NewMemory(opts Options) (*Directory, error) {
 }
 
 func newDirectory(opts Options, b backend) (*Directory, error) {
-	if opts.TTL < 0 || opts.CacheTTL < 0 || opts.OpTimeout < 0 {
-		return nil, fmt.Errorf("%w: negative option (TTL %v, CacheTTL %v, OpTimeout %v)", ErrInvalid,
-			opts.TTL, opts.CacheTTL, opts.OpTimeout)
+	if opts.TTL < 0 || opts.CacheTTL < 0 || opts.StaleFor < 0 || opts.OpTimeout < 0 {
+		return nil, fmt.Errorf("%w: negative option (TTL %v, CacheTTL %v, StaleFor %v, OpTimeout %v)", ErrInvalid,
+			opts.TTL, opts.CacheTTL, opts.StaleFor, opts.OpTimeout)
 	}
 	if opts.TTL == 0 {
 		opts.TTL = 6 * time.Second
 	}
+	opts.StaleFor = cmp.Or(opts.StaleFor, 30*time.Second)
 	if opts.CacheTTL == 0 {
 		opts.CacheTTL = time.Second
 	}
@@ -168,9 +178,7 @@ func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(e
 
 // Lookup returns the address replica (a name or a reference) announced, or
 // "" when it has no live announcement. When the directory cannot be
-// reached, it returns the address it read less than TTL ago, if any: an
-// announcement that lived then may still, and a replica whose socket the
-// turn needs is on one slot of a Cluster, the directory on another.
+// reached, it returns the address it read less than StaleFor ago, if any.
 func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) {
 	if !names.IsReplicaRef(replica) {
 		if err := validName(replica); err != nil {
@@ -189,7 +197,7 @@ func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) 
 	defer cancel()
 	addr, err := d.b.get(ctx, replica)
 	if err != nil {
-		if ok && now.Sub(c.read) < d.opts.TTL {
+		if ok && now.Sub(c.read) < d.opts.StaleFor {
 			return c.addr, nil
 		}
 		return "", unavailable(err)

@@ -142,8 +142,10 @@ func TestInvalidArgumentsChangeNothing(t *testing.T) {
 		_, err := NewRedis(redis.NewClient(&redis.Options{}), ns, Options{})
 		assert.ErrorIs(t, err, ErrInvalid, ns)
 	}
-	_, err := NewMemory(Options{TTL: -1})
-	assert.ErrorIs(t, err, ErrInvalid)
+	for _, o := range []Options{{TTL: -1}, {CacheTTL: -1}, {StaleFor: -1}, {OpTimeout: -1}} {
+		_, err := NewMemory(o)
+		assert.ErrorIs(t, err, ErrInvalid, "%+v", o)
+	}
 }
 
 func TestUnreachableRedisIsUnavailable(t *testing.T) {
@@ -155,11 +157,11 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 }
 
 // While the directory cannot be reached, a lookup answers what it read
-// within TTL, an address or none, and fails once that is older.
+// within StaleFor, an address or none, and fails once that is older.
 func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	now := time.Unix(1_700_000_000, 0)
-	d, err := NewRedis(c, "ns", Options{TTL: 6 * time.Second, CacheTTL: time.Second, OpTimeout: time.Second,
+	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: 6 * time.Second, OpTimeout: time.Second,
 		Now: func() time.Time { return now }})
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -182,7 +184,7 @@ func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T)
 
 	now = now.Add(time.Second)
 	_, err = d.Lookup(ctx, "gw-1")
-	assert.ErrorIs(t, err, ErrUnavailable, "read a TTL ago")
+	assert.ErrorIs(t, err, ErrUnavailable, "read StaleFor ago")
 
 	mr.SetError("")
 	addr, err = d.Lookup(ctx, "gw-1")
