@@ -219,6 +219,54 @@ func TestOwnersThatMoveAreNotGuessed(t *testing.T) {
 	}
 }
 
+// A turn whose reservation overrules its guess (another replica served
+// the owner since) keeps the answer to its guess, and its record is in
+// before its end reaches the client, as for any turn whose owner did not
+// stay: the owner's next turn, wherever it goes, continues it.
+func TestAnOverruledGuessIsRecordedBeforeItsEnd(t *testing.T) {
+	const hold = 100 * time.Millisecond
+	r, held, mr := newHeldRig(t, lua.Record, store.Options{Namespace: "overruled", GuessOwners: 16}, false)
+	other, err := store.NewRedis(redis.NewClient(&redis.Options{Addr: mr.Addr()}),
+		store.Options{Namespace: "overruled", Replica: "r2", OpTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	header := http.Header{"X-Session-Id": {"s-overruled"}}
+	input := []any{map[string]any{"role": "user", "content": "hi"}}
+	turn := func() (string, time.Duration) {
+		t.Helper()
+		sent := time.Now()
+		a := post(t, r.url, header, map[string]any{"model": "gpt-test", "input": input})
+		require.Equal(t, http.StatusOK, a.status, "%s", a.body)
+		require.False(t, held.stuck.Load())
+		input = a.next(input, fmt.Sprint("more ", len(input)+len(a.output)))
+		var id string
+		require.NoError(t, json.Unmarshal(a.response["id"], &id))
+		return id, time.Since(sent)
+	}
+	held.let(t, 0) // the opening turn's record, in before its end
+	turn()
+	second, _ := turn() // on its guess, which the reservation agrees with: the end comes first
+	held.let(t, 0)
+	r.proxy.records.waitAll()
+	require.Equal(t, int64(1), r.proxy.Stats().Guessed)
+
+	otherReplicaServes(t, other, header, map[string]any{"model": "gpt-test", "input": input})
+	held.let(t, hold)
+	third, took := turn()
+	assert.GreaterOrEqual(t, took, hold, "the client got the end before its record")
+	stats := r.proxy.Stats()
+	assert.Equal(t, int64(2), stats.Guessed)
+	assert.Equal(t, int64(1), stats.GuessesOverruled)
+	assert.Equal(t, second, previousOf(t, r, third), "the client got the answer to the guess")
+	b, err := json.Marshal(map[string]any{"model": "gpt-test", "input": input})
+	require.NoError(t, err)
+	req, err := other.ParseRequest(b)
+	require.NoError(t, err)
+	who, err := DefaultIdentity.Owner(header, "", req)
+	require.NoError(t, err)
+	assert.Equal(t, third, other.Reserve(t.Context(), who, req).PreviousResponseID,
+		"the next turn, on another replica at once, continues the third")
+}
+
 // A turn sent on its guess that the upstream refuses (the response is
 // gone) is sent again with the full context, unseen by the client, and,
 // its owner staying on this replica, recorded while its end reaches the

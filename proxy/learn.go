@@ -273,12 +273,17 @@ type gate struct {
 // gate asks the learner whether t, when its reservation continues, may be
 // sent continued. When it may not, t no longer asks for the socket holding
 // its previous response: it goes with the full context wherever it lands.
+// A turn sent on its guess was let go by the learner then; it keeps that
+// answer (early.go), whose refusal or acceptance the gate notes.
 func (p *Proxy) gate(t *turn) *gate {
 	g := &gate{p: p}
-	if !t.res.Continues() {
+	if !t.res.Continues() && t.early == nil {
 		return g
 	}
 	g.model = learnedOf(t.header, t.query, member(t.res.Request(), "model").String())
+	if t.early != nil {
+		return g
+	}
 	ok, probe := p.learn.allow(g.model)
 	g.probe = probe
 	if !ok {

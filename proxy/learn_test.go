@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
 
+	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/fakeupstream"
 	"github.com/contstore/contstore/store"
 )
@@ -396,4 +397,28 @@ func TestLongModelNamesAreBounded(t *testing.T) {
 	l := newLearner(cfg)
 	l.refused(a, false)
 	assert.Equal(t, []string{a.model}, l.pausedModels())
+}
+
+// A turn sent on its guess went while continuing was open for its model;
+// it keeps that answer, so its gate pauses nothing, and notes the
+// upstream's verdict under its model, whatever its reservation decided.
+func TestAGuessedTurnsGateIsItsModels(t *testing.T) {
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	p := newProxy(t, overHTTP, st, "http://127.0.0.1:1/v1")
+	h := http.Header{"Authorization": {"Bearer sk-gate"}}
+	model := learnedOf(h, "", "gpt-test")
+	for range 3 {
+		p.learn.refused(model, false)
+	}
+	require.False(t, p.learn.open(model), "paused")
+	req, err := st.ParseRequest([]byte(`{"model":"gpt-test","input":"hi"}`))
+	require.NoError(t, err)
+	who, err := identity.Main("s-gate")
+	require.NoError(t, err)
+	res := st.Reserve(t.Context(), who, req)
+	require.False(t, res.Continues(), "the reservation does not continue")
+	g := p.gate(&turn{target: target{header: h}, res: res, early: &early{}})
+	assert.Equal(t, model, g.model)
+	assert.False(t, g.paused)
 }

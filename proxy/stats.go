@@ -67,9 +67,10 @@ type Stats struct {
 	// Guessed counts turns sent upstream on a guess while the store
 	// reserved them (store.Options.GuessOwners, see Config.Affinity);
 	// GuessesOverruled those whose reservation did not agree (another
-	// replica served the owner since): the turn keeps the answer to its
-	// guess, which continues an older response of the conversation than
-	// the reservation's, rather than run twice upstream.
+	// replica served the owner since, a concurrent turn of the owner):
+	// the turn keeps the answer to its guess, which continues an older
+	// response of the conversation than the reservation's, rather than
+	// run twice upstream.
 	Guessed, GuessesOverruled int64
 }
 
@@ -129,7 +130,7 @@ var counterTable = [nCounters]struct {
 	cRefusedBusy:      {"requests_refused_busy_total", "Requests answered 503 because the bodies in flight held the whole MaxBytesInFlight.", func(s *Stats) *int64 { return &s.RefusedBusy }},
 	cTooLarge:         {"requests_too_large_total", "Requests answered 413: a body over -max-body (a turn) or -max-passthrough-body (another endpoint).", func(s *Stats) *int64 { return &s.TooLarge }},
 	cGuessed:          {"turns_guessed_total", "Turns sent upstream on a guessed continuation while the store reserved them.", func(s *Stats) *int64 { return &s.Guessed }},
-	cGuessesOverruled: {"guesses_overruled_total", "Guessed turns whose reservation disagreed (another replica served the owner since): the turn kept the answer to its guess, a continuation of an older response.", func(s *Stats) *int64 { return &s.GuessesOverruled }},
+	cGuessesOverruled: {"guesses_overruled_total", "Guessed turns whose reservation disagreed (another replica served the owner since, a concurrent turn of the owner): the turn kept the answer to its guess, a continuation of an older response.", func(s *Stats) *int64 { return &s.GuessesOverruled }},
 }
 
 // counters holds the counters' values.

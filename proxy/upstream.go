@@ -431,8 +431,7 @@ func (c *httpConn) socket() store.Socket {
 func (c *httpConn) release() {}
 
 // errNoAnswer wraps the error of a request a connection to the upstream
-// carried, at least in part, and that it closed or broke off without an
-// answer.
+// carried whole, and that it closed or broke off without an answer.
 var errNoAnswer = errors.New("proxy: the upstream took the request and gave no answer")
 
 func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
@@ -440,15 +439,20 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	if err != nil {
 		return nil, err
 	}
-	var reached atomic.Bool
+	// written tells that a connection carried the whole request, on the
+	// transport's last try: the upstream may run it. A request written in
+	// part, or not at all (a reused connection the upstream had closed,
+	// which the transport may try again on a new one), it cannot run.
+	var written atomic.Bool
 	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { reached.Store(true) },
+		GetConn:      func(string) { written.Store(false) },
+		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
 	}))
 	resp, err := c.up.client.Do(req)
 	if err != nil {
-		if reached.Load() {
-			// The request may have reached the upstream, which may run it:
-			// not a request that went nowhere, which a client may send again.
+		if written.Load() {
+			// Not a request that went nowhere, which a client may send
+			// again at no cost.
 			err = fmt.Errorf("%w: %w", errNoAnswer, err)
 		}
 		return nil, withoutQuery(err)
