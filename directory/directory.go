@@ -1,7 +1,8 @@
 // Package directory lets gateway replicas find each other. Each replica
 // announces the address its peers reach it at, and keeps renewing the
 // announcement, which lives TTL without renewal; a lookup answers the
-// address of a live replica, cached briefly in process. A replica that
+// address of a live replica, cached briefly in process (an absent one is
+// not). A replica that
 // dies stops renewing and drops out within TTL; while the directory
 // cannot be reached, a lookup answers the address it last found, for a
 // while (Options.StaleFor).
@@ -154,24 +155,34 @@ func (d *Directory) Withdraw(ctx context.Context, replica string) error {
 }
 
 // Run announces replica at addr, renews the announcement every TTL/3
-// until ctx ends, then withdraws it. A failed renewal is retried at the
-// next tick; errors go to failed (which may be nil).
+// until ctx ends, then withdraws it. A failed announcement is retried
+// TTL/24 after it failed, until one succeeds, so that a directory Redis
+// lost (a master restarted empty, a failover) names the replica again
+// soon; errors go to failed (which may be nil).
 func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(error)) error {
-	if err := d.Announce(ctx, replica, addr); errors.Is(err, ErrInvalid) {
-		return err
-	} else if err != nil && failed != nil {
-		failed(err)
+	// wait returns how long until the next announcement, after one that
+	// ended with err.
+	wait := func(err error) time.Duration {
+		if err == nil {
+			return d.opts.TTL / 3
+		}
+		if failed != nil && ctx.Err() == nil {
+			failed(err)
+		}
+		return d.opts.TTL / 24
 	}
-	t := time.NewTicker(d.opts.TTL / 3)
+	err := d.Announce(ctx, replica, addr)
+	if errors.Is(err, ErrInvalid) {
+		return err
+	}
+	t := time.NewTimer(wait(err))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return d.Withdraw(context.WithoutCancel(ctx), replica)
 		case <-t.C:
-			if err := d.Announce(ctx, replica, addr); err != nil && failed != nil && ctx.Err() == nil {
-				failed(err)
-			}
+			t.Reset(wait(d.Announce(ctx, replica, addr)))
 		}
 	}
 }
@@ -201,6 +212,9 @@ func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) 
 			return c.addr, nil
 		}
 		return "", unavailable(err)
+	}
+	if addr == "" {
+		return "", nil // not kept: a replica announced again is found at once
 	}
 	d.mu.Lock()
 	if len(d.cache) > 4096 {

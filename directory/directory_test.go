@@ -50,6 +50,10 @@ func TestAnnouncedReplicasAreFound(t *testing.T) {
 			addr, err = d.Lookup(ctx, "gw-2")
 			require.NoError(t, err)
 			assert.Empty(t, addr, "never announced")
+			require.NoError(t, d.Announce(ctx, "gw-2", "10.0.0.2:8080"))
+			addr, err = d.Lookup(ctx, "gw-2")
+			require.NoError(t, err)
+			assert.Equal(t, "10.0.0.2:8080", addr, "an absent replica is not cached: announced again, it is found at once")
 
 			require.NoError(t, d.Withdraw(ctx, "gw-1"))
 			addr, _ = d.Lookup(ctx, "gw-1")
@@ -104,6 +108,33 @@ func TestLookupTakesAReference(t *testing.T) {
 	require.ErrorIs(t, d.Announce(ctx, "#gw", "a:1"), ErrInvalid, "a name cannot look like a reference")
 }
 
+// A failed announcement is retried every TTL/24, not at the next renewal:
+// a directory Redis lost names the replica again soon.
+func TestRunRetriesAFailedAnnouncementSoon(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	d, err := NewRedis(c, "ns", Options{TTL: 48 * time.Second})
+	require.NoError(t, err)
+	mr.SetError("CLUSTERDOWN The cluster is down")
+	ctx, cancel := context.WithCancel(context.Background())
+	failures := make(chan error, 64)
+	done := make(chan error, 1)
+	go func() {
+		done <- d.Run(ctx, "gw-1", "10.0.0.1:8080", func(err error) {
+			select {
+			case failures <- err:
+			default:
+			}
+		})
+	}()
+	<-failures
+	mr.SetError("")
+	key := "ns:{ns}:replica:" + names.ReplicaRef(names.ReplicaDigest("gw-1"))
+	assert.Eventually(t, func() bool { return mr.Exists(key) }, 8*time.Second, 50*time.Millisecond,
+		"announced within TTL/24 (2 s) of Redis answering, not at the next renewal (16 s)")
+	cancel()
+	require.NoError(t, <-done)
+}
+
 func TestRunRenewsThenWithdraws(t *testing.T) {
 	_, c := redistest.Miniredis(t)
 	d, err := NewRedis(c, "ns", Options{TTL: 30 * time.Millisecond, CacheTTL: time.Nanosecond})
@@ -156,8 +187,9 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 	assert.ErrorIs(t, err, ErrUnavailable)
 }
 
-// While the directory cannot be reached, a lookup answers what it read
-// within StaleFor, an address or none, and fails once that is older.
+// While the directory cannot be reached, a lookup answers the address it
+// read within StaleFor, and fails once that is older, or when it found
+// none.
 func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T) {
 	mr, c := redistest.Miniredis(t)
 	now := time.Unix(1_700_000_000, 0)
@@ -176,11 +208,10 @@ func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T)
 	addr, err := d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.1:8080", addr)
-	addr, err = d.Lookup(ctx, "gw-2")
-	require.NoError(t, err)
-	assert.Empty(t, addr, "none announced")
-	_, err = d.Lookup(ctx, "gw-3")
-	assert.ErrorIs(t, err, ErrUnavailable, "never read")
+	for _, name := range []string{"gw-2", "gw-3"} {
+		_, err = d.Lookup(ctx, name)
+		assert.ErrorIs(t, err, ErrUnavailable, "%s: found absent, or never read", name)
+	}
 
 	now = now.Add(time.Second)
 	_, err = d.Lookup(ctx, "gw-1")
