@@ -595,7 +595,8 @@ type sent struct {
 }
 
 // reasonUnreachable is the reason the log line of a turn gives when its
-// continuation was on no connection it could take (Stats.ContinuationsUnreachable).
+// continuation was on no connection it could take
+// (Stats.ContinuationsUnreachable).
 const reasonUnreachable = "continuation_unreachable"
 
 // A try is how one send of a turn went.
@@ -610,10 +611,10 @@ const (
 )
 
 // attempt sends the turn where it goes (route), or keeps the send made on
-// its guess while the store reserved it (early.go), and, while a try leaves the turn unanswered, sends it again
-// with the full context from this replica: after a forward the origin did
-// not carry, and after a continuation the upstream refused, wherever it
-// was refused. Each resend continues nothing, so the loop ends by the
+// its guess while the store reserved it (early.go), and, while a try
+// leaves the turn unanswered, sends it again with the full context from
+// this replica: after a forward the origin did not carry, and after a
+// continuation the upstream refused, wherever it was refused. Each resend continues nothing, so the loop ends by the
 // second try. Its events name who, the turn's owner. On an error, a holds
 // no connection and no reply, and a.res is the reservation last sent (res
 // when none was).

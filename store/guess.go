@@ -20,15 +20,15 @@ import (
 // as this Store had left it, 2^m times in a row for an owner this Store
 // found moved m times: an owner whose turns go from store to store
 // (round-robin replicas, a load balancer that moves it) costs a few
-// guesses the reservation overrules, not one a turn. And the Store guesses only while
-// owners stay on it: while its recent turns that found an owner's
-// continuation (counted with a weight that falls by a sixteenth a turn)
-// found the one it had left at least 4 times, and 7 times as often as
-// another store's or one it no longer remembers. A Store thus starts
-// guessing after about five such turns in a row, and behind a load
-// balancer that spreads an owner's turns over the replicas it does not
-// start, or stops after a few overruled guesses. A guess reserves nothing:
-// its Turn is 0, and Record and Abort ignore it.
+// guesses the reservation overrules, not one a turn. And the Store
+// guesses only while owners stay on it: while its recent turns that found
+// an owner's continuation (counted with a weight that falls by a
+// sixteenth a turn) found the one it had left at least 4 times, and 7
+// times as often as another store's or one it no longer remembers. A
+// Store thus starts guessing after about five such turns in a row, and
+// behind a load balancer that spreads an owner's turns over the replicas
+// it does not start, or stops after a few overruled guesses. A guess
+// reserves nothing: its Turn is 0, and Record and Abort ignore it.
 //
 // A gateway may send a guess upstream while Reserve runs, and keep the
 // upstream's answer under the reservation [Reservation.Adopt] returns,
