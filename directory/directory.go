@@ -2,10 +2,9 @@
 // announces the address its peers reach it at, and keeps renewing the
 // announcement, which lives TTL without renewal; a lookup answers the
 // address of a live replica, cached briefly in process (an absent one is
-// not). A replica that
-// dies stops renewing and drops out within TTL; while the directory
-// cannot be reached, a lookup answers the address it last found, for a
-// while (Options.StaleFor).
+// not). A replica that dies stops renewing and drops out within TTL; while
+// the directory cannot be reached, a lookup answers the address it last
+// found, for a while (Options.StaleFor).
 //
 // A replica is announced by its name and found by its name or by its
 // reference ('#' and the 16 hex digits of the name's digest), which is how
@@ -112,16 +111,10 @@ func newDirectory(opts Options, b backend) (*Directory, error) {
 		return nil, fmt.Errorf("%w: negative option (TTL %v, CacheTTL %v, StaleFor %v, OpTimeout %v)", ErrInvalid,
 			opts.TTL, opts.CacheTTL, opts.StaleFor, opts.OpTimeout)
 	}
-	if opts.TTL == 0 {
-		opts.TTL = 6 * time.Second
-	}
+	opts.TTL = cmp.Or(opts.TTL, 6*time.Second)
+	opts.CacheTTL = cmp.Or(opts.CacheTTL, time.Second)
 	opts.StaleFor = cmp.Or(opts.StaleFor, 30*time.Second)
-	if opts.CacheTTL == 0 {
-		opts.CacheTTL = time.Second
-	}
-	if opts.OpTimeout == 0 {
-		opts.OpTimeout = 200 * time.Millisecond
-	}
+	opts.OpTimeout = cmp.Or(opts.OpTimeout, 200*time.Millisecond)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -452,11 +453,7 @@ func (s *stepReader) Read(p []byte) (int, error) {
 		// few reads for a large body, and what is held ahead stays
 		// within what came; no further than the limit, nor than the
 		// whole budget could hold.
-		first := s.first
-		if first == 0 {
-			first = readStep
-		}
-		step := min(max(first, s.read), s.limit-s.read)
+		step := min(max(cmp.Or(s.first, readStep), s.read), s.limit-s.read)
 		if s.h.b != nil {
 			step = min(step, (s.h.b.size-s.h.n)/bodyCopies)
 		}

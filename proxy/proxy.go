@@ -614,10 +614,10 @@ const (
 // its guess while the store reserved it (early.go), and, while a try
 // leaves the turn unanswered, sends it again with the full context from
 // this replica: after a forward the origin did not carry, and after a
-// continuation the upstream refused, wherever it was refused. Each resend continues nothing, so the loop ends by the
-// second try. Its events name who, the turn's owner. On an error, a holds
-// no connection and no reply, and a.res is the reservation last sent (res
-// when none was).
+// continuation the upstream refused, wherever it was refused. Each resend
+// continues nothing, so the loop ends by the second try. Its events name
+// who, the turn's owner. On an error, a holds no connection and no reply,
+// and a.res is the reservation last sent (res when none was).
 func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *store.Reservation, lg *slog.Logger, g *gate) (*sent, error) {
 	guessed, stays := t.early != nil, false
 	var c conn

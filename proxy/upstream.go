@@ -435,19 +435,19 @@ func (c *httpConn) release() {}
 var errNoAnswer = errors.New("proxy: the upstream took the request and gave no answer")
 
 func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
-	req, err := newPost(ctx, withQuery(c.up.url, c.tg.query), c.tg.header, body)
-	if err != nil {
-		return nil, err
-	}
 	// written tells that a connection carried the whole request, on the
 	// transport's last try: the upstream may run it. A request written in
 	// part, or not at all (a reused connection the upstream had closed,
 	// which the transport may try again on a new one), it cannot run.
 	var written atomic.Bool
-	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GetConn:      func(string) { written.Store(false) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
-	}))
+	})
+	req, err := newPost(traced, withQuery(c.up.url, c.tg.query), c.tg.header, body)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := c.up.client.Do(req)
 	if err != nil {
 		if written.Load() {

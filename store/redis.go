@@ -33,9 +33,9 @@ import (
 // turns would not continue on other replicas. When Redis cannot be reached
 // in that time, NewRedis still returns the store (a gateway must start
 // without Redis) and the check runs again in the background until it
-// succeeds. Running stores repeat it every few
-// seconds, so a namespace whose data Redis lost is recorded again, and a
-// store that finds a mismatch fails every operation open until it matches.
+// succeeds. Running stores repeat it every few seconds, so a namespace
+// whose data Redis lost is recorded again, and a store that finds a
+// mismatch fails every operation open until it matches.
 func NewRedis(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil Redis client", ErrInvalidOptions)
