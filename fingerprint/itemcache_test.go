@@ -255,3 +255,34 @@ func TestItemCacheNeverGivesATornItem(t *testing.T) {
 	wg.Wait()
 	assert.Positive(t, found.Load())
 }
+
+// Touching the slots' pages, which a cache does once it has taken
+// touchAfter items, changes none of them, also while they are read and
+// written.
+func TestItemCacheTouchChangesNothing(t *testing.T) {
+	c := newItemCache()
+	const n = 4 * touchAfter // the cache touches its pages itself too
+	key := func(i int) [2]uint64 { return c.hash([]byte{byte(i), byte(i >> 8)}) }
+	for i := range n {
+		c.put(key(i), cachedItem{digest: uint64(i), linked: true, prev: uint64(i) * 3, next: uint64(i) * 5})
+	}
+	before := make(map[int]cachedItem)
+	for i := range n {
+		if it, ok := c.get(key(i)); ok {
+			before[i] = it
+		}
+	}
+	require.Greater(t, len(before), n*99/100)
+	var wg sync.WaitGroup
+	wg.Go(c.slots.Load().touch)
+	for i, want := range before {
+		it, ok := c.get(key(i))
+		assert.True(t, ok && it == want, "item %d: %+v, want %+v", i, it, want)
+	}
+	wg.Wait()
+	for i, want := range before {
+		it, ok := c.get(key(i))
+		assert.True(t, ok && it == want, "item %d after the touch: %+v, want %+v", i, it, want)
+	}
+	assert.Equal(t, int64(touchAfter), c.slots.Load().puts.Load(), "puts are counted up to touchAfter only")
+}

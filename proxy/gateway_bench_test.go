@@ -86,6 +86,10 @@ var gatewaySizes = []struct{ items, convs, turns int }{
 //   - T-gateway-cpu-µs/turn: the user+system CPU of T's process over T's
 //     measured turns, less what reading its meter costs: what the gateway
 //     costs, its garbage collector and scheduler included.
+//   - T-faults/turn: the minor page faults of T's process over T's
+//     measured turns: where the host makes a fault costly (tens of
+//     microseconds on some virtual machines), the memory a gateway takes
+//     from the system shows in its CPU.
 //   - T-upstream-cpu-µs/turn: the CPU of the fake upstream's handler
 //     goroutine, on a locked thread (RUSAGE_THREAD).
 //   - T-upstream-kB/turn: request bytes that reached the fake upstream.
@@ -148,7 +152,8 @@ const gatewayChildReady = "serving on "
 // serveGatewayChild serves role on a port of its own, and its meter on GET
 // /meter, until its standard input ends. The fake's meter is "<cpu ns>
 // <wall ns> <request bytes>" of its handlers so far; a gateway's is
-// "<cpu ns> 0 <turns continued>", its process's CPU (getrusage).
+// "<cpu ns> <minor faults> <turns continued>", its process's CPU and
+// faults (getrusage).
 func serveGatewayChild(b *testing.B, role string) {
 	var h http.Handler
 	var meter func() string
@@ -159,11 +164,13 @@ func serveGatewayChild(b *testing.B, role string) {
 		meter = func() string { return fmt.Sprintf("%d %d %d", fake.cpu.Load(), fake.wall.Load(), fake.bytes.Load()) }
 	case "rproxy":
 		h = reverseProxy(b, os.Getenv(gatewayUpstreamEnv))
-		meter = func() string { return fmt.Sprintf("%d 0 0", cpuTime(syscall.RUSAGE_SELF)) }
+		meter = func() string { return fmt.Sprintf("%d %d 0", cpuTime(syscall.RUSAGE_SELF), minorFaults()) }
 	case "contproxy", "contproxy-redis", "contproxy-redis-no-guesses":
 		p := gatewayProxy(b, role)
 		h = p
-		meter = func() string { return fmt.Sprintf("%d 0 %d", cpuTime(syscall.RUSAGE_SELF), p.Stats().Continued) }
+		meter = func() string {
+			return fmt.Sprintf("%d %d %d", cpuTime(syscall.RUSAGE_SELF), minorFaults(), p.Stats().Continued)
+		}
 	default:
 		b.Fatalf("%s=%q: no such target", gatewayChildEnv, role)
 	}
@@ -290,19 +297,20 @@ func startGatewayChild(b *testing.B, role string, env ...string) *gatewayChild {
 	return nil
 }
 
-// meter returns the child's meter: for the fake, the CPU and wall time its
-// handlers took so far and the request bytes they read; for a gateway,
-// its process's CPU and the turns it continued.
-func (c *gatewayChild) meter(b *testing.B) (cpu, wall time.Duration, n int64) {
+// meter returns the child's meter: for the fake, the CPU and wall time (in
+// ns, x) its handlers took so far and the request bytes they read; for a
+// gateway, its process's CPU, minor faults (x) and the turns it
+// continued.
+func (c *gatewayChild) meter(b *testing.B) (cpu time.Duration, x, n int64) {
 	resp, err := c.client.Get(c.url + "/meter")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if _, err := fmt.Fscan(resp.Body, &cpu, &wall, &n); err != nil {
+	if _, err := fmt.Fscan(resp.Body, &cpu, &x, &n); err != nil {
 		b.Fatal(err)
 	}
-	return cpu, wall, n
+	return cpu, x, n
 }
 
 // gatewayRedis returns a client of the standalone Redis, or nil when there
@@ -343,6 +351,7 @@ type gatewayTarget struct {
 	// it read the request.
 	outside   []time.Duration
 	continued int64
+	faults    int64
 }
 
 // meteredUpstream is the fake upstream's handler, with the CPU, the time
@@ -405,6 +414,15 @@ func cpuTime(who int) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// minorFaults is the minor page faults of the process so far.
+func minorFaults() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return ru.Minflt
+}
+
 // runGatewayBench sets the targets up in front of a fresh fake upstream,
 // plays the conversations and reports the metrics.
 func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, stream, unstored bool) {
@@ -438,9 +456,9 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 			}
 			c.turn() // not measured: the conversation's opening request
 			var cpu0 time.Duration
-			var continued0 int64
+			var faults0, continued0 int64
 			if tg.child != nil {
-				cpu0, _, continued0 = tg.child.meter(b)
+				cpu0, faults0, continued0 = tg.child.meter(b)
 			}
 			up0, _, bytes0 := up.meter(b)
 			for range turns {
@@ -448,12 +466,13 @@ func runGatewayBench(b *testing.B, rc *redis.Client, items, convs, turns int, st
 				lat := c.turn()
 				_, w1, _ := up.meter(b)
 				tg.latencies = append(tg.latencies, lat)
-				tg.outside = append(tg.outside, lat-(w1-w0))
+				tg.outside = append(tg.outside, lat-time.Duration(w1-w0))
 			}
 			up1, _, bytes1 := up.meter(b)
 			if tg.child != nil {
-				cpu1, _, continued1 := tg.child.meter(b)
+				cpu1, faults1, continued1 := tg.child.meter(b)
 				tg.cpu += cpu1 - cpu0 - tg.child.meterCost
+				tg.faults += faults1 - faults0
 				tg.continued += continued1 - continued0
 			}
 			tg.upstreamCPU += up1 - up0
@@ -489,6 +508,7 @@ func reportGateway(b *testing.B, targets []*gatewayTarget, continuable bool) {
 		byName[tg.name] = g
 		b.ReportMetric(perTurn(tg.upstreamCPU, tg), tg.name+"-upstream-cpu-µs/turn")
 		b.ReportMetric(g.cpu, tg.name+"-gateway-cpu-µs/turn")
+		b.ReportMetric(float64(tg.faults)/float64(tg.turns), tg.name+"-faults/turn")
 		b.ReportMetric(float64(tg.upstreamBytes)/1e3/float64(tg.turns), tg.name+"-upstream-kB/turn")
 		b.ReportMetric(pct(tg.latencies, 0.50)-d50, tg.name+"-added-p50-µs")
 		b.ReportMetric(pct(tg.latencies, 0.99)-d99, tg.name+"-added-p99-µs")

@@ -461,7 +461,7 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 		return eventReply(resp), nil
 	}
 	rep := &reply{status: resp.StatusCode, header: resp.Header, charged: c.tg.answers != nil}
-	body, rest, err := readAnswer(ctx, io.LimitReader(resp.Body, maxUpstreamBody+1), c.tg.answers)
+	body, rest, err := readAnswer(ctx, io.LimitReader(resp.Body, maxUpstreamBody+1), resp.ContentLength, c.tg.answers)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		_ = resp.Body.Close()
@@ -490,12 +490,18 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 // true: what it read and the rest of r are relayed as they come, unkept.
 // An answer cut short (an error other than io.EOF, io.ErrUnexpectedEOF
 // included, from a body shorter than its length) returns what came with
-// the error. A nil h holds nothing.
-func readAnswer(ctx context.Context, r io.Reader, h *hold) (body []byte, rest bool, err error) {
+// the error. A nil h holds nothing. size is the answer's length, or -1
+// when it is unknown: the first step is one more byte than a known length
+// under readStep (so that the end comes in it), else answerStep.
+func readAnswer(ctx context.Context, r io.Reader, size int64, h *hold) (body []byte, rest bool, err error) {
 	if h == nil {
 		h = &hold{}
 	}
-	for step := int64(readStep); ; step = min(2*step, maxUpstreamBody) {
+	first := int64(answerStep)
+	if size >= 0 && size < readStep {
+		first = size + 1
+	}
+	for step := first; ; step = min(2*step, maxUpstreamBody) {
 		if err := h.grow(ctx, answerCopies*step); err != nil {
 			if ctx.Err() != nil {
 				return nil, false, err
@@ -549,6 +555,11 @@ func newPost(ctx context.Context, url string, client http.Header, body []byte) (
 	}
 	return req, nil
 }
+
+// answerStep is the first step a JSON answer of unknown length is read
+// by. Most answers are a few kilobytes: a step of readStep would allocate
+// (and clear) 64 KiB for each.
+const answerStep = 8 << 10
 
 // maxUpstreamBody bounds a JSON answer and one streamed event.
 const maxUpstreamBody = 64 << 20

@@ -846,3 +846,30 @@ func TestAPassedEventTheTurnKeepsNothingOfLeavesItKept(t *testing.T) {
 	assert.Equal(t, "resp_k", out.id)
 	assert.Len(t, out.output, 1)
 }
+
+// A JSON answer is read into a buffer of its length when the upstream
+// tells it, and of answerStep when it does not: a few-kilobyte answer,
+// the usual one, takes no buffer of readStep. Larger answers of unknown
+// length are read whole, step after step.
+func TestAJSONAnswerIsReadIntoABufferOfItsSize(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		size, told int
+		most       int // the buffer's capacity at most
+	}{
+		{"told", 3000, 3000, 3001},
+		{"empty, told", 0, 0, 8}, // the smallest allocation
+		{"untold", 3000, -1, answerStep},
+		{"told, over a step", 3 * readStep, 3 * readStep, 8 * readStep},
+		{"untold, over a step", 3 * readStep, -1, 8 * readStep},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := bytes.Repeat([]byte("x"), tc.size)
+			body, rest, err := readAnswer(t.Context(), bytes.NewReader(want), int64(tc.told), nil)
+			require.NoError(t, err)
+			assert.False(t, rest)
+			assert.Equal(t, want, body)
+			assert.LessOrEqual(t, cap(body), tc.most)
+		})
+	}
+}
