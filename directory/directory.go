@@ -63,8 +63,8 @@ type Options struct {
 	StaleFor time.Duration
 	// OpTimeout bounds each call to Redis. Default 200ms.
 	OpTimeout time.Duration
-	// Now is the clock of the cache and of the in-process backend.
-	// Default time.Now.
+	// Now is the clock of the cache, of Run's reports and of the in-process
+	// backend. Default time.Now.
 	Now func() time.Time
 }
 
@@ -151,16 +151,18 @@ func (d *Directory) Withdraw(ctx context.Context, replica string) error {
 // until ctx ends, then withdraws it. A failed announcement is retried
 // TTL/24 after it failed, until one succeeds, so that a directory Redis
 // lost (a master restarted empty, a failover) names the replica again
-// soon; errors go to failed (which may be nil).
+// soon; errors go to failed (which may be nil), one every TTL/3 at most.
 func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(error)) error {
+	var reported time.Time // when an error last went to failed
 	// wait returns how long until the next announcement, after one that
 	// ended with err.
 	wait := func(err error) time.Duration {
 		if err == nil {
 			return d.opts.TTL / 3
 		}
-		if failed != nil && ctx.Err() == nil {
+		if now := d.opts.Now(); failed != nil && ctx.Err() == nil && now.Sub(reported) >= d.opts.TTL/3 {
 			failed(err)
+			reported = now
 		}
 		return d.opts.TTL / 24
 	}
@@ -182,7 +184,8 @@ func (d *Directory) Run(ctx context.Context, replica, addr string, failed func(e
 
 // Lookup returns the address replica (a name or a reference) announced, or
 // "" when it has no live announcement. When the directory cannot be
-// reached, it returns the address it read less than StaleFor ago, if any.
+// reached, it returns the address it read less than StaleFor ago, if any,
+// and answers it again without asking for CacheTTL.
 func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) {
 	if !names.IsReplicaRef(replica) {
 		if err := validName(replica); err != nil {
@@ -202,12 +205,23 @@ func (d *Directory) Lookup(ctx context.Context, replica string) (string, error) 
 	addr, err := d.b.get(ctx, replica)
 	if err != nil {
 		if ok && now.Sub(c.read) < d.opts.StaleFor {
+			// Each lookup would wait OpTimeout for a directory failing over.
+			c.until = now.Add(d.opts.CacheTTL)
+			d.mu.Lock()
+			d.cache[replica] = c
+			d.mu.Unlock()
 			return c.addr, nil
 		}
 		return "", unavailable(err)
 	}
 	if addr == "" {
-		return "", nil // not kept: a replica announced again is found at once
+		// Not kept, so that a replica announced again is found at once,
+		// and forgotten, so that a replica found gone does not come back
+		// from a stale answer.
+		d.mu.Lock()
+		delete(d.cache, replica)
+		d.mu.Unlock()
+		return "", nil
 	}
 	d.mu.Lock()
 	if len(d.cache) > 4096 {

@@ -3,6 +3,7 @@ package directory
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -221,4 +222,75 @@ func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T)
 	addr, err = d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.1:8080", addr)
+}
+
+// A replica the directory was last found not to hold (withdrawn, expired)
+// does not come back from a stale answer while the directory cannot be
+// reached.
+func TestAReplicaFoundGoneIsNotAnsweredStale(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	now := time.Unix(1_700_000_000, 0)
+	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: 30 * time.Second, OpTimeout: time.Second,
+		Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
+	addr, err := d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.1:8080", addr)
+	require.NoError(t, d.Withdraw(ctx, "gw-1"))
+	now = now.Add(2 * time.Second)
+	addr, err = d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	require.Empty(t, addr)
+
+	mr.SetError("CLUSTERDOWN failover")
+	now = now.Add(time.Second)
+	addr, err = d.Lookup(ctx, "gw-1")
+	assert.ErrorIs(t, err, ErrUnavailable)
+	assert.Empty(t, addr, "found gone at the last read")
+}
+
+// A stale answer stands for CacheTTL, as a read one does: lookups during
+// an outage do not each wait OpTimeout for the directory.
+func TestAStaleAnswerStandsForCacheTTL(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	now := time.Unix(1_700_000_000, 0)
+	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: 30 * time.Second, OpTimeout: time.Second,
+		Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
+	_, err = d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+
+	mr.SetError("CLUSTERDOWN failover")
+	now = now.Add(2 * time.Second)
+	addr, err := d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.1:8080", addr, "stale")
+	mr.SetError("")
+	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.2:8080"))
+	now = now.Add(time.Second / 2)
+	addr, err = d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.1:8080", addr, "the stale answer stands, unasked, for CacheTTL")
+	now = now.Add(time.Second)
+	addr, err = d.Lookup(ctx, "gw-1")
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.2:8080", addr, "then the directory is asked again")
+}
+
+// Run tells failed of one failed announcement every TTL/3 at most, though
+// it tries again every TTL/24.
+func TestRunReportsFailuresEveryTTLOverThreeAtMost(t *testing.T) {
+	mr, c := redistest.Miniredis(t)
+	d, err := NewRedis(c, "ns", Options{TTL: 2400 * time.Millisecond})
+	require.NoError(t, err)
+	mr.SetError("CLUSTERDOWN failover")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var failures atomic.Int64
+	_ = d.Run(ctx, "gw-1", "10.0.0.1:8080", func(error) { failures.Add(1) })
+	assert.InDelta(t, 2, failures.Load(), 1, "at 0, 0.8 and 1.6 s at most; tried about 20 times")
 }
