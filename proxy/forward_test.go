@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/contstore/contstore/directory"
 	"github.com/contstore/contstore/internal/fakeupstream"
@@ -596,4 +597,37 @@ func TestAForwardedTurnsAnswerIsHeldInTheOriginsBudget(t *testing.T) {
 	sent, err := json.Marshal(body)
 	require.NoError(t, err)
 	assert.Greater(t, most(), 2*int64(len(sent))+int64(len(instructions)), "the body's weight, and the answer")
+}
+
+// A forward told to go whose answer breaks off before the origin said
+// the turn began may have run there: its client is told
+// upstream_disconnected, not upstream_unreachable, which says a retry is
+// free (docs/operating.md).
+func TestALostForwardIsNotToldUnreachable(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		_, _ = io.ReadAll(r.Body) // the go: the turn runs here...
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close() // ...and the origin dies before its first event
+		}
+	}))
+	t.Cleanup(origin.Close)
+	dir, err := directory.NewMemory(directory.Options{})
+	require.NoError(t, err)
+	f := &Forwarding{Directory: dir, Secret: testSecret}
+	require.NoError(t, f.check())
+	c := &forwardConn{f: f, addr: origin.Listener.Addr().String(), origin: store.Socket{Replica: "r1", ID: 7}, prev: "resp_1",
+		tg: &target{header: http.Header{}}}
+	_, err = c.send(t.Context(), []byte(`{"model":"m","store":false,"input":"hi"}`), true)
+	require.ErrorIs(t, err, errForwardLost, "told to go, then lost: it may have run")
+
+	// What run answers (upstreamError -> writeUnreachable).
+	w := httptest.NewRecorder()
+	writeUnreachable(w, err)
+	assert.Equal(t, http.StatusBadGateway, w.Code)
+	assert.Equal(t, "upstream_disconnected", gjson.GetBytes(w.Body.Bytes(), "error.code").String(), "%s", w.Body.Bytes())
 }

@@ -844,7 +844,9 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 			"The upstream did not answer in time.")
 		return
 	}
-	if errors.Is(err, errNoAnswer) {
+	if errors.Is(err, errNoAnswer) || errors.Is(err, errForwardLost) {
+		// It may have run the turn: a client that sends it again pays
+		// for it twice.
 		writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
 			"The upstream closed the connection without answering.")
 		return
