@@ -491,6 +491,11 @@ func (p *Proxy) run(w http.ResponseWriter, r *http.Request, t *turn, who identit
 		end := p.giveBack(sctx, lg, a.res) // the turn went as a.res, or went nowhere
 		if clientLeft(ctx) {
 			lg.Debug("the client went away before the upstream answered", "err", err)
+			// Unread by a client that is gone; one that only closed its
+			// side (a half-close, which ends the request's context too)
+			// reads it instead of an empty 200.
+			writeError(w, statusClientClosed, "invalid_request_error", "", "client_closed_request",
+				"The client closed its side of the connection before the answer began.")
 		} else {
 			end = "failed"
 			p.upstreamError(w, lg, err)
@@ -692,6 +697,10 @@ func (p *Proxy) route(ctx context.Context, t *turn) (conn, error) {
 	return p.cfg.Upstream.acquire(ctx, &t.target)
 }
 
+// statusClientClosed answers a turn whose client closed the connection,
+// or its side of it, before the answer began (nginx's 499).
+const statusClientClosed = 499
+
 // clientLeft tells whether ctx, a turn's, ended because its client went
 // away (not because the turn ran out of time).
 func clientLeft(ctx context.Context) bool { return errors.Is(ctx.Err(), context.Canceled) }
@@ -848,7 +857,7 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 		// It may have run the turn: a client that sends it again pays
 		// for it twice.
 		writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_disconnected",
-			"The upstream closed the connection without answering.")
+			"The upstream took the request and gave no answer that could be passed on.")
 		return
 	}
 	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable", "The upstream is unavailable.")

@@ -1272,3 +1272,50 @@ func TestStreamedTurnsKeepTheirUpstreamConnection(t *testing.T) {
 		t.Fatal("a stream kept open after its terminal event held the turn")
 	}
 }
+
+// A client that sends its turn and closes its side of the connection (a
+// half-close, which ends the request's context) reads an error, not an
+// empty 200, when its turn ends before the answer began.
+func TestAClientThatHalfClosesReadsAnError(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done() // answers nothing while its client is there
+	}))
+	t.Cleanup(up.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, up.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	body := `{"model":"m","input":"hi"}`
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	assert.Equal(t, statusClientClosed, resp.StatusCode, "%s", got)
+	assert.Equal(t, "client_closed_request", gjson.GetBytes(got, "error.code").String(), "%s", got)
+}
+
+// An answer whose headers are larger than a client can read is not passed
+// on: the turn fails as one the upstream took and did not answer.
+func TestAnAnswerWithHugeHeadersIsNotPassedOn(t *testing.T) {
+	var posts atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		posts.Add(1)
+		w.Header().Set("X-Big", strings.Repeat("x", 2*maxResponseHeaderBytes))
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	srv := httptest.NewServer(newProxy(t, overHTTP, nil, up.URL+"/v1"))
+	t.Cleanup(srv.Close)
+	a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s"}}, map[string]any{"model": "m", "input": "hi"})
+	assert.Equal(t, http.StatusBadGateway, a.status)
+	assert.Equal(t, "upstream_disconnected", gjson.GetBytes(a.body, "error.code").String(), "%s", a.body)
+	assert.Equal(t, int32(1), posts.Load(), "the turn went once")
+}

@@ -322,14 +322,20 @@ const (
 // newTransport returns a transport with http.DefaultTransport's settings
 // (proxy from the environment, dial and TLS handshake timeouts) that keeps
 // maxIdleConnsPerHost idle connections a host, maxIdleConns in all, each
-// for idleConnTimeout, and uses HTTP/2 with a server that offers it over
-// TLS.
+// for idleConnTimeout, reads maxResponseHeaderBytes of an answer's headers
+// at most, and uses HTTP/2 with a server that offers it over TLS.
 func newTransport() *http.Transport {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.IdleConnTimeout = maxIdleConns, maxIdleConnsPerHost, idleConnTimeout
 	tr.ForceAttemptHTTP2 = true
+	tr.MaxResponseHeaderBytes = maxResponseHeaderBytes
 	return tr
 }
+
+// maxResponseHeaderBytes bounds an answer's headers, as contproxy bounds a
+// request's: past it the answer is not passed on (a client, Node's among
+// them, could not read it) and the turn fails, 502 upstream_disconnected.
+const maxResponseHeaderBytes = 64 << 10
 
 // newClient returns a client over tr that follows no redirect: a turn is
 // not sent again elsewhere, as a GET at that, and the client gets the
