@@ -161,13 +161,17 @@ func TestForgedForwardsAreRefused(t *testing.T) {
 		"extra members": f.header(time.Now(), soon(), 1, "resp_1", body) + ", x=1",
 		"no deadline":   "t=1, socket=1, prev=resp_1, sig=00",
 	} {
-		// The body and the go, at once, as a forger would send them.
-		req, _ := http.NewRequest(http.MethodPost, rs.servers[0].URL+"/v1/responses", strings.NewReader(string(body)+"g"))
-		req.Header.Set(forwardHeader, value)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		resp.Body.Close()
-		assert.Equal(t, http.StatusForbidden, resp.StatusCode, name)
+		// The body and the go, at once, as a forger would send them, or
+		// a client's turn with the header added (its last byte taken for
+		// the go).
+		for _, sent := range []string{string(body) + "g", string(body)} {
+			req, _ := http.NewRequest(http.MethodPost, rs.servers[0].URL+"/v1/responses", strings.NewReader(sent))
+			req.Header.Set(forwardHeader, value)
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusForbidden, resp.StatusCode, "%s: %s", name, sent)
+		}
 	}
 	assert.Zero(t, rs.proxies[0].Stats().ForwardedIn, "nothing ran")
 }

@@ -445,12 +445,17 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 		// with http.ErrAbortHandler when the answer breaks off.
 		defer un.hold.release()
 	}
+	forwarded := r.Header.Get(forwardHeader) != ""
 	switch {
-	case errors.As(err, &un) && r.Context().Value(socketTurn{}) == nil && r.Header.Get(forwardHeader) == "":
+	case forwarded && (errors.As(err, &un) || errors.Is(err, fingerprint.ErrInvalidRequest)):
+		// A replica forwards only what it read: this header is not one.
+		writeError(w, http.StatusForbidden, "invalid_request_error", "", "forward_refused",
+			"A forwarded turn's body no replica could have sent.")
+	case errors.As(err, &un) && r.Context().Value(socketTurn{}) == nil && !forwarded:
 		// The upstream answers what the fingerprint cannot read
 		// (duplicate keys, a lone surrogate, a null input…), as it
-		// would without the proxy. A client's WebSocket message, or a
-		// forward, which a replica read, gets the proxy's 400.
+		// would without the proxy. A client's WebSocket message, which
+		// a replica read, gets the proxy's 400.
 		p.cfg.Logger.Debug("a turn the fingerprint cannot read goes upstream as sent", "err", un.err)
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(un.body)), int64(len(un.body))
 		p.stats.add(cUnread, 1)
