@@ -207,6 +207,7 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel = context.WithTimeout(client, p.cfg.UpstreamTimeout)
 	}
 	defer cancel()
+	ctx, unanswered := traceWritten(ctx)
 	out := r.WithContext(ctx)
 	var body *watchedBody
 	if r.Body != nil && r.Body != http.NoBody {
@@ -234,7 +235,7 @@ func (p *Proxy) relayEndpoint(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			p.warns.warn(lg, "passthrough: upstream request failed", "err", err)
-			writeUnreachable(w, err)
+			writeUnreachable(w, unanswered(err))
 		},
 	}
 	rp.ServeHTTP(w, out)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -375,4 +376,35 @@ func TestOtherWebSocketsAndStrayUpgradeHeaders(t *testing.T) {
 		http.Header{"Upgrade": {"websocket"}, "Content-Type": {"application/json"}})
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	assert.Equal(t, int64(1), r.proxy.Stats().Turns)
+}
+
+// A request relayed as sent (an endpoint's, or a turn the fingerprint
+// cannot read) that the upstream took whole and hung up on may have run:
+// upstream_disconnected, as for a turn, not upstream_unreachable.
+func TestARelayedRequestTheUpstreamTookAndDroppedIsNotUnreachable(t *testing.T) {
+	var posts atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		posts.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(up.Close)
+	p := newProxy(t, overHTTP, nil, up.URL+"/v1")
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/responses", `{"model":"m","model":"m","input":"hi"}`}, // duplicate keys: relayed unread
+		{"/v1/embeddings", `{"model":"e","input":"hi"}`},
+	} {
+		resp, err := http.Post(srv.URL+tc.path, "application/json", strings.NewReader(tc.body))
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode, tc.path)
+		assert.Equal(t, "upstream_disconnected", gjson.GetBytes(body, "error.code").String(), "%s: %s", tc.path, body)
+	}
+	assert.Equal(t, int64(1), p.Stats().Unread)
+	assert.Equal(t, int32(2), posts.Load(), "each went once")
 }

@@ -440,28 +440,36 @@ func (c *httpConn) release() {}
 // carried whole, and that it closed or broke off without an answer.
 var errNoAnswer = errors.New("proxy: the upstream took the request and gave no answer")
 
-func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
-	// written tells that a connection carried the whole request, on the
-	// transport's last try: the upstream may run it. A request written in
-	// part, or not at all (a reused connection the upstream had closed,
-	// which the transport may try again on a new one), it cannot run.
+// traceWritten returns ctx traced for whether a connection carried a
+// request made under it whole, on the transport's last try: the upstream
+// may run it. A request written in part, or not at all (a reused
+// connection the upstream had closed, which the transport may try again
+// on a new one), it cannot run. Its function wraps the error of such a
+// request in errNoAnswer once it was written: not a request that went
+// nowhere, which a client may send again at no cost.
+func traceWritten(ctx context.Context) (context.Context, func(error) error) {
 	var written atomic.Bool
 	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GetConn:      func(string) { written.Store(false) },
 		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
 	})
+	return traced, func(err error) error {
+		if err != nil && written.Load() {
+			return fmt.Errorf("%w: %w", errNoAnswer, err)
+		}
+		return err
+	}
+}
+
+func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, error) {
+	traced, unanswered := traceWritten(ctx)
 	req, err := newPost(traced, withQuery(c.up.url, c.tg.query), c.tg.header, body)
 	if err != nil {
 		return nil, err
 	}
 	resp, err := c.up.client.Do(req)
 	if err != nil {
-		if written.Load() {
-			// Not a request that went nowhere, which a client may send
-			// again at no cost.
-			err = fmt.Errorf("%w: %w", errNoAnswer, err)
-		}
-		return nil, withoutQuery(err)
+		return nil, withoutQuery(unanswered(err))
 	}
 	if stream && resp.StatusCode/100 == 2 && (isEventStream(resp.Header) || untypedEvents(resp)) {
 		return eventReply(resp), nil
