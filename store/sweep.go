@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
-
-	"github.com/contstore/contstore/identity"
+	"time"
 )
 
 // Sweep prunes every partition as operations do (idle states first, then
@@ -36,14 +35,25 @@ func (s *Store) Sweep(ctx context.Context) (Evictions, error) {
 				// On the partition's breaker: a sweep is the call that
 				// closes it again once Redis is back, when no owner's
 				// call has come since.
-				ev, err := runOn(sweepCtx, s, OpSweep, identity.Owner{}, p, func(ctx context.Context) (Evictions, error) {
+				start := time.Now()
+				ev, err := call(sweepCtx, s, p, func(ctx context.Context) (Evictions, error) {
 					return s.backend.prune(ctx, p)
 				})
+				// The sweep's own time running out is no error of the
+				// sweep's, nor reported as one; an open breaker, which it
+				// skips, is reported but no error of the sweep's either.
+				ranOut := sweepCtx.Err() != nil && ctx.Err() == nil
+				if err != nil {
+					err = unavailable(string(OpSweep), err)
+				}
+				observed := Event{Op: OpSweep}
+				if !ranOut {
+					observed.Err = err
+				}
+				s.observe(observed, start)
 				mu.Lock()
 				out.add(ev)
-				// Neither the sweep's own time running out nor an open
-				// breaker, which it skips, is an error of the sweep's.
-				if err != nil && (ctx.Err() != nil || sweepCtx.Err() == nil) && !errors.Is(err, ErrBreakerOpen) {
+				if err != nil && !ranOut && !errors.Is(err, ErrBreakerOpen) {
 					errs = append(errs, err)
 				}
 				mu.Unlock()
