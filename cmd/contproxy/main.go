@@ -205,7 +205,7 @@ Flags:
 	fs.StringVar(&c.forwardSecret, "forward-secret", "", "secret shared by the replicas, at least 32 bytes, that turns on forwarding: a WebSocket turn landing on a replica that does not hold its socket goes to the one that does (set it as CONTPROXY_FORWARD_SECRET: flags show in ps)")
 	fs.StringVar(&c.routingHeader, "routing-header", "Contproxy-Replica", "answer `header` naming the replica holding the turn's socket, for load balancer affinity; - for none")
 	fs.BoolVar(&c.affinity, "affinity", false, "the load balancer sends an owner's turns to the replica that served its last one: the client gets a response's end without waiting for its record in Redis (a next turn sent at once to another replica may then go with the full context)")
-	fs.IntVar(&c.guessOwners, "guess-owners", 10_000, "HTTP transport with Redis: how many owners' last records the replica remembers, to send the next turn of an owner whose turns keep coming to it upstream while Redis reserves it, and give that turn's end without waiting for its record; 0 for none")
+	fs.IntVar(&c.guessOwners, "guess-owners", 10_000, "HTTP transport with Redis: how many owners' last records the replica remembers, to send the next turn of an owner whose turns keep coming to it upstream while Redis reserves it, and give that turn's end without waiting for its record (unless Redis reserved it from another response); 0 for none")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug (a line per turn), info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
