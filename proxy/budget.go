@@ -423,6 +423,15 @@ func (h *hold) giveBack(n int64) {
 // release gives back the whole hold.
 func (h *hold) release() { h.trim(0) }
 
+// join moves what o holds into h, a hold on the same budget; nil holds
+// hold nothing.
+func (h *hold) join(o *hold) {
+	if h != nil && o != nil {
+		h.n += o.n
+		o.n = 0
+	}
+}
+
 // pass returns a hold of what h holds, which h then no longer does: for
 // whoever keeps the request's memory after its handler.
 func (h *hold) pass() *hold {

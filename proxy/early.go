@@ -44,7 +44,11 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 	}
 	tg := t.target
 	tg.want, tg.prev = guess.Origin, guess.PreviousResponseID
-	tg.answers = nil // read on a goroutine of its own: a kept answer is held as the relay keeps it
+	if t.answers != nil {
+		// Read on a goroutine of its own, held on the turn's budget in a
+		// hold of its own that the turn takes over (keep).
+		tg.answers = &hold{b: t.answers.b}
+	}
 	c := &httpConn{up: up, tg: &tg}
 	if !c.continues(guess) {
 		return nil // not kept upstream (store false)
@@ -69,13 +73,17 @@ func (p *Proxy) sendEarly(r *http.Request, t *turn, who identity.Owner, req *fin
 }
 
 // keep waits for the upstream's answer to the guess (rep and err), which
-// the turn keeps and releases, and returns the reservation the turn goes
-// on (store.Reservation.Adopt) and whether its owner stays on this
-// replica: res agrees with the guess, or the store decided nothing about
-// it (it failed open, or no longer holds the owner's state: flushed,
-// restarted empty, evicted).
-func (e *early) keep(res *store.Reservation) (*store.Reservation, bool) {
+// the turn keeps and releases, and what reading it holds, which answers,
+// the turn's, takes over, with the answers of the sends after it on the
+// same connection. It returns the reservation the turn goes on
+// (store.Reservation.Adopt) and whether its owner stays on this replica:
+// res agrees with the guess, or the store decided nothing about it (it
+// failed open, or no longer holds the owner's state: flushed, restarted
+// empty, evicted).
+func (e *early) keep(res *store.Reservation, answers *hold) (*store.Reservation, bool) {
 	<-e.done
+	answers.join(e.c.tg.answers)
+	e.c.tg.answers = answers
 	stays := res.Agrees(e.guess) || res.Reason == store.ReasonMissingState || res.Reason == store.ReasonStoreUnavailable
 	return res.Adopt(e.guess), stays
 }

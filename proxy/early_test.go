@@ -1,11 +1,14 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -341,4 +344,106 @@ func previousOf(t *testing.T, r *rig, id string) string {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	return gjson.GetBytes(b, "previous_response_id").String()
+}
+
+// blockingWriter is a client that takes the answer's headers, then does
+// not read its body until let.
+type blockingWriter struct {
+	h       http.Header
+	status  int
+	writing chan struct{}
+	let     chan struct{}
+	once    atomic.Bool
+	buf     bytes.Buffer
+}
+
+func (w *blockingWriter) Header() http.Header { return w.h }
+func (w *blockingWriter) WriteHeader(s int) {
+	if w.status == 0 {
+		w.status = s
+	}
+}
+func (w *blockingWriter) Write(b []byte) (int, error) {
+	if w.once.CompareAndSwap(false, true) {
+		close(w.writing)
+		<-w.let
+	}
+	return w.buf.Write(b)
+}
+
+// A JSON answer is held as it is read, waiting for room as a body does
+// (-max-bytes-in-flight), on a turn sent on its guess too: read on a
+// goroutine of its own, it is held in a hold the turn takes over, and the
+// budget never holds more than its size.
+func TestAGuessedTurnsAnswerIsHeldInTheBudget(t *testing.T) {
+	for _, guessOwners := range []int{0, 16} {
+		t.Run(fmt.Sprint("guessOwners=", guessOwners), func(t *testing.T) {
+			var calls atomic.Int32
+			big := strings.Repeat("x", 3<<20)
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				n := calls.Add(1)
+				text := "hello"
+				if gjson.GetBytes(b, "previous_response_id").String() != "" || gjson.GetBytes(b, "input.#").Int() > 1 {
+					text = big
+				}
+				resp, _ := json.Marshal(map[string]any{"id": fmt.Sprint("resp_", n), "object": "response", "status": "completed",
+					"output": []any{map[string]any{"type": "message", "id": fmt.Sprint("msg_", n), "role": "assistant", "status": "completed",
+						"content": []any{map[string]any{"type": "output_text", "text": text, "annotations": []any{}}}}}})
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write(resp)
+			}))
+			t.Cleanup(up.Close)
+			_, rc := redistest.Miniredis(t)
+			st, err := store.NewRedis(rc, store.Options{Namespace: "budget", Replica: "r1", GuessOwners: guessOwners, OpTimeout: 5 * time.Second})
+			require.NoError(t, err)
+			if guessOwners > 0 {
+				storetest.OwnersStay(t, st)
+			}
+			upstream, err := NewHTTPUpstream(up.URL+"/v1", nil)
+			require.NoError(t, err)
+			p, err := New(Config{Store: st, Upstream: upstream, MaxBytesInFlight: 4 << 20, MaxBodyBytes: 1 << 20})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = p.Close() })
+
+			turn := func(input []any, w http.ResponseWriter) {
+				b, _ := json.Marshal(map[string]any{"model": "m", "input": input})
+				req := httptest.NewRequest(http.MethodPost, "/v1/responses", bytes.NewReader(b))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Session-Id", "s-budget")
+				p.ServeHTTP(w, req)
+			}
+			input := []any{map[string]any{"role": "user", "content": "hi"}}
+			first := httptest.NewRecorder()
+			turn(input, first)
+			require.Equal(t, http.StatusOK, first.Code, first.Body.String())
+			for _, it := range gjson.GetBytes(first.Body.Bytes(), "output").Array() {
+				input = append(input, json.RawMessage(it.Raw))
+			}
+			input = append(input, map[string]any{"role": "user", "content": "more"})
+			p.records.waitAll()
+
+			w := &blockingWriter{h: http.Header{}, writing: make(chan struct{}), let: make(chan struct{})}
+			done := make(chan struct{})
+			go func() { defer close(done); turn(input, w) }()
+			select {
+			case <-w.writing:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer")
+			}
+			p.budget.mu.Lock()
+			cur, size := p.budget.cur, p.budget.size
+			p.budget.mu.Unlock()
+			close(w.let)
+			<-done
+			assert.LessOrEqual(t, cur, size, "held while the client got the answer")
+			if guessOwners > 0 {
+				assert.Equal(t, int64(1), p.Stats().Guessed, "sent on its guess")
+			}
+			p.records.waitAll()
+			p.budget.mu.Lock()
+			defer p.budget.mu.Unlock()
+			assert.Zero(t, p.budget.cur, "all given back once the turn is over")
+		})
+	}
 }

@@ -634,7 +634,7 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 	var err error
 	if guessed {
 		c = t.early.c
-		if res, stays = t.early.keep(res); !stays {
+		if res, stays = t.early.keep(res, t.answers); !stays {
 			p.stats.add(cGuessesOverruled, 1)
 		}
 	} else if c, err = p.route(ctx, t); err != nil {
