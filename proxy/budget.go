@@ -46,7 +46,9 @@ import (
 // A WebSocket message weighs twice the body it stands for, once it is in:
 // the message, its items and that body live beside the body its turn
 // reads and parses, which the message's hold covers. While it arrives it
-// holds its bytes as a body does.
+// holds its bytes as a body does. One the connection expands into the
+// whole conversation (it continues its latest response) then holds the
+// expanded body's weight too, as a request's.
 const (
 	defaultMaxBytesInFlight = 256 << 20
 	// bodyCopies is how many times a body's bytes count.

@@ -537,6 +537,17 @@ func (s *clientSocket) handle(ctx context.Context, data []byte, held *hold) bool
 	if c.full && msg.Get("generate").Type == gjson.False {
 		return s.warmUp(ctx, c, msg)
 	}
+	if c.prepended > 0 && held != nil {
+		// Expanded into the whole conversation: the turn's body, read
+		// and parsed as a request's, is held as one.
+		if err := held.grow(ctx, weight(int64(len(c.body)), int64(len(c.input)))); err != nil {
+			if !errors.Is(err, errBusy) && !errors.Is(err, errOverBudget) {
+				return false // the connection is over
+			}
+			rf := s.p.refusal(err)
+			return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
+		}
+	}
 	return s.run(ctx, c, held)
 }
 

@@ -997,3 +997,51 @@ func TestASocketTurnKeepsItsOutputInTheBudget(t *testing.T) {
 	assert.False(t, sw.col.continuable(), "the connection keeps nothing")
 	assert.LessOrEqual(t, b.cur, b.size)
 }
+
+// A client WebSocket message that continues its connection's latest
+// response is expanded into the whole conversation, a body the turn reads
+// and parses as a request's: it is held in the budget as one
+// (MaxBytesInFlight), not as the small message it came as.
+func TestAnExpandedSocketTurnIsHeldInTheBudget(t *testing.T) {
+	var calls atomic.Int32
+	reached, let := make(chan struct{}), make(chan struct{})
+	fake := fakeupstream.New(fakeupstream.Options{Fault: func(req fakeupstream.Request) fakeupstream.Fault {
+		if calls.Add(1) == 2 {
+			close(reached)
+			<-let
+		}
+		return fakeupstream.Fault{}
+	}})
+	up := httptest.NewServer(fake)
+	t.Cleanup(up.Close)
+	st, err := store.NewMemory(store.Options{Replica: "r1"})
+	require.NoError(t, err)
+	u, err := NewHTTPUpstream(up.URL+"/v1", nil)
+	require.NoError(t, err)
+	p, err := New(Config{Store: st, Upstream: u, MaxBodyBytes: 8 << 20, MaxBytesInFlight: 64 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s-expand")
+
+	big := strings.Repeat("y", 3<<20)
+	first := c.turn(map[string]any{"model": "m", "store": false, "input": []any{map[string]any{"role": "user", "content": big}}})
+	require.False(t, first.err.Exists(), "%s", first.err.Raw)
+	id := first.response.Get("id").String()
+
+	c.create(map[string]any{"model": "m", "store": false, "previous_response_id": id,
+		"input": []any{map[string]any{"role": "user", "content": "more"}}})
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second turn did not reach the upstream")
+	}
+	p.budget.mu.Lock()
+	cur := p.budget.cur
+	p.budget.mu.Unlock()
+	close(let)
+	second := c.read()
+	require.False(t, second.err.Exists(), "%s", second.err.Raw)
+	assert.GreaterOrEqual(t, cur, int64(2*len(big)), "the expanded body, held as a request's")
+}
