@@ -386,6 +386,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.serveForwarded(w, r, req, h, goes)
 		return
 	}
+	if _, sockets := p.cfg.Upstream.(*wsUpstream); sockets && rawMember(req, "background") == "true" {
+		// The WebSocket mode has no background responses: such a turn
+		// goes over HTTP as sent, as an endpoint's request does, and its
+		// response is fetched and cancelled there.
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(req.Body())), int64(len(req.Body()))
+		p.relayEndpoint(w, r)
+		return
+	}
 	if b, ok := req.MessageInputBody(); ok && !p.cfg.NoContinuation && !passthrough(req) {
 		// A string input goes as the user message it stands for, the
 		// opening the client's next request resends (as the WebSocket

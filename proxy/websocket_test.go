@@ -793,3 +793,34 @@ func TestASocketsMessageGoesOnInPieces(t *testing.T) {
 	assert.True(t, ev.passed)
 	assert.Equal(t, "response.completed", ev.typ, "the type its end tells")
 }
+
+// The WebSocket mode has no background responses: a background turn goes
+// over HTTP, as sent, whatever the transport of the other turns.
+func TestABackgroundTurnGoesOverHTTPOnTheWebSocketTransport(t *testing.T) {
+	var over sync.Map // transport → calls
+	fake := fakeupstream.New(fakeupstream.Options{Fault: func(req fakeupstream.Request) fakeupstream.Fault {
+		n, _ := over.LoadOrStore(req.Transport, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		return fakeupstream.Fault{}
+	}})
+	up := httptest.NewServer(fake)
+	t.Cleanup(up.Close)
+	p := newProxy(t, overWebSocket, nil, up.URL+"/v1")
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	calls := func(transport string) int32 {
+		n, ok := over.Load(transport)
+		if !ok {
+			return 0
+		}
+		return n.(*atomic.Int32).Load()
+	}
+	a := post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s"}},
+		map[string]any{"model": "m", "input": "hi", "background": true})
+	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	assert.Equal(t, int32(1), calls(fakeupstream.TransportHTTP))
+	assert.Zero(t, calls(fakeupstream.TransportWebSocket))
+	a = post(t, srv.URL+"/v1/responses", http.Header{"X-Session-Id": {"s"}}, map[string]any{"model": "m", "input": "hi"})
+	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
+	assert.Equal(t, int32(1), calls(fakeupstream.TransportWebSocket), "the other turns go on the sockets")
+}
