@@ -495,7 +495,18 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 		return nil, fmt.Errorf("the upstream's answer is larger than %d bytes", maxUpstreamBody)
 	}
 	rep.body = body
+	if closeDelimited(resp) && resp.StatusCode/100 == 2 && !gjson.ValidBytes(body) {
+		// Its end, the connection's, tells nothing of whether it came
+		// whole; its JSON tells it did not.
+		rep.cut = errors.New("reading the upstream's answer: its connection ended before its JSON did")
+	}
 	return rep, nil
+}
+
+// closeDelimited tells whether resp's body ends with its connection
+// (HTTP/1 without a length or chunks), where a cut looks like an end.
+func closeDelimited(resp *http.Response) bool {
+	return resp.ProtoMajor == 1 && resp.ContentLength < 0 && len(resp.TransferEncoding) == 0 && !resp.Uncompressed
 }
 
 // readAnswer reads a JSON answer from r, holding answerCopies times each

@@ -855,7 +855,7 @@ func TestAJSONAnswerIsReadIntoABufferOfItsSize(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		size, told int
-		most       int // the buffer's capacity at most
+		most       int // the buffer's capacity at most, but for its size class
 	}{
 		{"told", 3000, 3000, 3001},
 		{"empty, told", 0, 0, 8}, // the smallest allocation
@@ -869,7 +869,45 @@ func TestAJSONAnswerIsReadIntoABufferOfItsSize(t *testing.T) {
 			require.NoError(t, err)
 			assert.False(t, rest)
 			assert.Equal(t, want, body)
-			assert.LessOrEqual(t, cap(body), tc.most)
+			assert.LessOrEqual(t, cap(body), tc.most+tc.most/8, "within the allocator's size class")
+		})
+	}
+}
+
+// An answer that ends with its connection (HTTP/1 without a length or
+// chunks) cannot tell a cut from its end by its framing: one whose JSON
+// ends early reaches the client cut, one whose JSON is whole as an end.
+func TestACloseDelimitedJSONAnswerCutShortReachesTheClientCut(t *testing.T) {
+	const whole = `{"id":"resp_c","object":"response","status":"completed","output":[]}`
+	for _, tc := range []struct {
+		name, sent string
+		cut        bool
+	}{{"cut", whole[:40], true}, {"whole", whole, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body)
+				conn, buf, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + tc.sent)
+				_ = buf.Flush()
+			}))
+			t.Cleanup(upstream.Close)
+			srv := httptest.NewServer(newProxy(t, overHTTP, nil, upstream.URL+"/v1"))
+			t.Cleanup(srv.Close)
+			resp, err := http.Post(srv.URL+"/v1/responses", "application/json", strings.NewReader(`{"model":"m","input":"hi"}`))
+			require.NoError(t, err)
+			body, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, tc.sent, string(body), "as far as it came")
+			if tc.cut {
+				assert.ErrorIs(t, err, io.ErrUnexpectedEOF, "cut")
+			} else {
+				assert.NoError(t, err)
+			}
 		})
 	}
 }
