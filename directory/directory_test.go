@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -192,20 +193,15 @@ func TestUnreachableRedisIsUnavailable(t *testing.T) {
 // read within StaleFor, and fails once that is older, or when it found
 // none.
 func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	now := time.Unix(1_700_000_000, 0)
-	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: 6 * time.Second, OpTimeout: time.Second,
-		Now: func() time.Time { return now }})
-	require.NoError(t, err)
+	mr, d, now := staleDirectory(t, 6*time.Second)
 	ctx := context.Background()
-	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
 	for _, name := range []string{"gw-1", "gw-2"} {
 		_, err := d.Lookup(ctx, name)
 		require.NoError(t, err)
 	}
 
 	mr.SetError("ERR the directory fails")
-	now = now.Add(5 * time.Second)
+	*now = now.Add(5 * time.Second)
 	addr, err := d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.1:8080", addr)
@@ -214,7 +210,7 @@ func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T)
 		assert.ErrorIs(t, err, ErrUnavailable, "%s: found absent, or never read", name)
 	}
 
-	now = now.Add(time.Second)
+	*now = now.Add(time.Second)
 	_, err = d.Lookup(ctx, "gw-1")
 	assert.ErrorIs(t, err, ErrUnavailable, "read StaleFor ago")
 
@@ -228,24 +224,19 @@ func TestALookupOfAnUnreachableDirectoryAnswersWhatItReadWithinTTL(t *testing.T)
 // does not come back from a stale answer while the directory cannot be
 // reached.
 func TestAReplicaFoundGoneIsNotAnsweredStale(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	now := time.Unix(1_700_000_000, 0)
-	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: 30 * time.Second, OpTimeout: time.Second,
-		Now: func() time.Time { return now }})
-	require.NoError(t, err)
+	mr, d, now := staleDirectory(t, 30*time.Second)
 	ctx := context.Background()
-	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
 	addr, err := d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	require.Equal(t, "10.0.0.1:8080", addr)
 	require.NoError(t, d.Withdraw(ctx, "gw-1"))
-	now = now.Add(2 * time.Second)
+	*now = now.Add(2 * time.Second)
 	addr, err = d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	require.Empty(t, addr)
 
 	mr.SetError("CLUSTERDOWN failover")
-	now = now.Add(time.Second)
+	*now = now.Add(time.Second)
 	addr, err = d.Lookup(ctx, "gw-1")
 	assert.ErrorIs(t, err, ErrUnavailable)
 	assert.Empty(t, addr, "found gone at the last read")
@@ -254,28 +245,23 @@ func TestAReplicaFoundGoneIsNotAnsweredStale(t *testing.T) {
 // A stale answer stands for CacheTTL, as a read one does: lookups during
 // an outage do not each wait OpTimeout for the directory.
 func TestAStaleAnswerStandsForCacheTTL(t *testing.T) {
-	mr, c := redistest.Miniredis(t)
-	now := time.Unix(1_700_000_000, 0)
-	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: 30 * time.Second, OpTimeout: time.Second,
-		Now: func() time.Time { return now }})
-	require.NoError(t, err)
+	mr, d, now := staleDirectory(t, 30*time.Second)
 	ctx := context.Background()
-	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.1:8080"))
-	_, err = d.Lookup(ctx, "gw-1")
+	_, err := d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 
 	mr.SetError("CLUSTERDOWN failover")
-	now = now.Add(2 * time.Second)
+	*now = now.Add(2 * time.Second)
 	addr, err := d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	require.Equal(t, "10.0.0.1:8080", addr, "stale")
 	mr.SetError("")
 	require.NoError(t, d.Announce(ctx, "gw-1", "10.0.0.2:8080"))
-	now = now.Add(time.Second / 2)
+	*now = now.Add(time.Second / 2)
 	addr, err = d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.1:8080", addr, "the stale answer stands, unasked, for CacheTTL")
-	now = now.Add(time.Second)
+	*now = now.Add(time.Second)
 	addr, err = d.Lookup(ctx, "gw-1")
 	require.NoError(t, err)
 	assert.Equal(t, "10.0.0.2:8080", addr, "then the directory is asked again")
@@ -293,4 +279,17 @@ func TestRunReportsFailuresEveryTTLOverThreeAtMost(t *testing.T) {
 	var failures atomic.Int64
 	_ = d.Run(ctx, "gw-1", "10.0.0.1:8080", func(error) { failures.Add(1) })
 	assert.InDelta(t, 2, failures.Load(), 1, "at 0, 0.8 and 1.6 s at most; tried about 20 times")
+}
+
+// staleDirectory returns a directory on Redis (miniredis) with a TTL of
+// 2 s, a CacheTTL of 1 s and staleFor, on the clock now, which has gw-1
+// announced at 10.0.0.1:8080.
+func staleDirectory(t *testing.T, staleFor time.Duration) (*miniredis.Miniredis, *Directory, *time.Time) {
+	mr, c := redistest.Miniredis(t)
+	now := time.Unix(1_700_000_000, 0)
+	d, err := NewRedis(c, "ns", Options{TTL: 2 * time.Second, CacheTTL: time.Second, StaleFor: staleFor, OpTimeout: time.Second,
+		Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	require.NoError(t, d.Announce(context.Background(), "gw-1", "10.0.0.1:8080"))
+	return mr, d, &now
 }

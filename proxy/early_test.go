@@ -400,11 +400,7 @@ func TestAGuessedTurnsAnswerIsHeldInTheBudget(t *testing.T) {
 			if guessOwners > 0 {
 				storetest.OwnersStay(t, st)
 			}
-			upstream, err := NewHTTPUpstream(up.URL+"/v1", nil)
-			require.NoError(t, err)
-			p, err := New(Config{Store: st, Upstream: upstream, MaxBytesInFlight: 4 << 20, MaxBodyBytes: 1 << 20})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = p.Close() })
+			p := limitedProxy(t, st, up.URL+"/v1", Config{MaxBytesInFlight: 4 << 20, MaxBodyBytes: 1 << 20})
 
 			turn := func(input []any, w http.ResponseWriter) {
 				b, _ := json.Marshal(map[string]any{"model": "m", "input": input})

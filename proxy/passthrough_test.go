@@ -250,12 +250,7 @@ func TestEndpointBodiesAreBounded(t *testing.T) {
 	fake := fakeupstream.New(fakeupstream.Options{})
 	up := httptest.NewServer(fake)
 	t.Cleanup(up.Close)
-	st, err := store.NewMemory(store.Options{Replica: "r1"})
-	require.NoError(t, err)
-	u, err := NewHTTPUpstream(up.URL+"/v1", nil)
-	require.NoError(t, err)
-	p, err := New(Config{Store: st, Upstream: u, MaxBodyBytes: 16, MaxPassthroughBytes: 32})
-	require.NoError(t, err)
+	p := limitedProxy(t, nil, up.URL+"/v1", Config{MaxBodyBytes: 16, MaxPassthroughBytes: 32})
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	big := `{"model":"e","input":"` + strings.Repeat("x", 64) + `"}`
@@ -383,13 +378,7 @@ func TestOtherWebSocketsAndStrayUpgradeHeaders(t *testing.T) {
 // upstream_disconnected, as for a turn, not upstream_unreachable.
 func TestARelayedRequestTheUpstreamTookAndDroppedIsNotUnreachable(t *testing.T) {
 	var posts atomic.Int32
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		posts.Add(1)
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			_ = conn.Close()
-		}
-	}))
+	up := httptest.NewServer(hangsUp(&posts))
 	t.Cleanup(up.Close)
 	p := newProxy(t, overHTTP, nil, up.URL+"/v1")
 	srv := httptest.NewServer(p)

@@ -94,6 +94,36 @@ func newProxy(t testing.TB, tr transport, st *store.Store, base string) *Proxy {
 	return p
 }
 
+// limitedProxy returns a proxy on st (an in-process store when nil) in
+// front of base over HTTP, with cfg's limits and settings.
+func limitedProxy(t testing.TB, st *store.Store, base string, cfg Config) *Proxy {
+	t.Helper()
+	var err error
+	if st == nil {
+		st, err = store.NewMemory(store.Options{Replica: "r1"})
+		require.NoError(t, err)
+	}
+	cfg.Store = st
+	cfg.Upstream, err = NewHTTPUpstream(base, nil)
+	require.NoError(t, err)
+	p, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// hangsUp is an upstream that reads each request whole, counts it in
+// posts and closes the connection without an answer.
+func hangsUp(posts *atomic.Int32) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		posts.Add(1)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}
+}
+
 // setFault makes the fake upstream answer calls with f.
 func (r *rig) setFault(f func(fakeupstream.Request) fakeupstream.Fault) { r.fault.Store(&f) }
 
@@ -696,13 +726,7 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 // not that the upstream could not be reached, and the turn went once.
 func TestAnUpstreamThatTakesATurnAndHangsUpIsNotUnreachable(t *testing.T) {
 	var posts atomic.Int32
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		posts.Add(1)
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			_ = conn.Close()
-		}
-	}))
+	up := httptest.NewServer(hangsUp(&posts))
 	t.Cleanup(up.Close)
 	srv := httptest.NewServer(newProxy(t, overHTTP, nil, up.URL+"/v1"))
 	t.Cleanup(srv.Close)
