@@ -768,12 +768,17 @@ func readBesideNonReaders(t *testing.T, p *Proxy, url string, release chan struc
 		assert.NoError(t, err)
 		answer <- events
 	}()
+	// Released however the test ends: the upstream's handler waits for
+	// it, and its server's Close for the handler.
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let)
 	postUnread(t, strings.TrimSuffix(url, "/v1/responses"), 2)
+	// 16 MiB each under -race on a loaded machine: a minute at most.
 	require.Eventually(t, func() bool {
 		cur, size := budgetHeld(p)
 		return cur >= size/2
-	}, 10*time.Second, time.Millisecond, "the answers not read hold the budget")
-	close(release)
+	}, time.Minute, time.Millisecond, "the answers not read hold the budget")
+	let()
 	var types []string
 	for ev := range strings.SplitSeq(strings.TrimSuffix(string(<-answer), "\n\n"), "\n\n") {
 		name, data, ok := strings.Cut(ev, "\ndata: ")

@@ -1017,6 +1017,8 @@ func TestAnExpandedSocketTurnIsHeldInTheBudget(t *testing.T) {
 	p := limitedProxy(t, nil, up.URL+"/v1", Config{MaxBodyBytes: 8 << 20, MaxBytesInFlight: 64 << 20})
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
+	letGo := sync.OnceFunc(func() { close(let) })
+	t.Cleanup(letGo) // however the test ends: the servers' Close waits for the fake
 	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s-expand")
 
 	big := strings.Repeat("y", 3<<20)
@@ -1034,7 +1036,7 @@ func TestAnExpandedSocketTurnIsHeldInTheBudget(t *testing.T) {
 	p.budget.mu.Lock()
 	cur := p.budget.cur
 	p.budget.mu.Unlock()
-	close(let)
+	letGo()
 	second := c.read()
 	require.False(t, second.err.Exists(), "%s", second.err.Raw)
 	assert.GreaterOrEqual(t, cur, int64(2*len(big)), "the expanded body, held as a request's")

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -420,6 +421,8 @@ func TestAGuessedTurnsAnswerIsHeldInTheBudget(t *testing.T) {
 			p.records.waitAll()
 
 			w := &blockingWriter{h: http.Header{}, writing: make(chan struct{}), let: make(chan struct{})}
+			letGo := sync.OnceFunc(func() { close(w.let) })
+			t.Cleanup(letGo) // however the test ends: the proxy's Close waits for the turn
 			done := make(chan struct{})
 			go func() { defer close(done); turn(input, w) }()
 			select {
@@ -430,7 +433,7 @@ func TestAGuessedTurnsAnswerIsHeldInTheBudget(t *testing.T) {
 			p.budget.mu.Lock()
 			cur, size := p.budget.cur, p.budget.size
 			p.budget.mu.Unlock()
-			close(w.let)
+			letGo()
 			<-done
 			assert.LessOrEqual(t, cur, size, "held while the client got the answer")
 			if guessOwners > 0 {
