@@ -34,7 +34,7 @@ help: ## List the targets
 	@echo 'Variables: PKGS=$(PKGS) TESTFLAGS=$(TESTFLAGS) FUZZTIME=$(FUZZTIME) BENCH=$(BENCH) REDIS=$(REDIS)'
 
 test: fmt-check vet compose-check vectors-check ## Check formatting, vet, docker-compose.yml and the vectors (without Go), then run all tests with -race against real Redis
-	$(REDIS_ENV) $(GO) test -race -count=1 -timeout 20m $(TESTFLAGS) $(PKGS)
+	$(REDIS_ENV) $(GO) test -race -count=1 -timeout 35m $(TESTFLAGS) $(PKGS)
 
 # sq quotes $(1) for the inside of a single-quoted shell word.
 sq = $(subst ','\'',$(1))
@@ -75,7 +75,7 @@ e2e: ## Run the end-to-end tests with real clients (installs them with npm)
 		cd testdata/clients && timeout 900 $(NPM) ci --no-audit --no-fund --loglevel=error; \
 	fi
 	$(GO) vet -tags e2e ./e2e
-	GO='$(GO)' $(REDIS_ENV) $(GO) test -tags e2e -count=1 -timeout 20m -v $(TESTFLAGS) ./e2e
+	GO='$(GO)' $(REDIS_ENV) $(GO) test -tags e2e -count=1 -timeout 35m -v $(TESTFLAGS) ./e2e
 
 # With REDIS=auto, bench starts Redis when PKGS includes one of
 # REDIS_BENCH_PKGS with a benchmark matching BENCH's top-level part (build

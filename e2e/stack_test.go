@@ -200,7 +200,10 @@ func startContproxy(t *testing.T, dir string, cfg replicaConfig) *replica {
 		addr, ops := freePort(t), freePort(t)
 		args := []string{"-listen", addr, "-ops-listen", ops, "-upstream", cfg.upstream, "-replica", cfg.name, "-log-level", cfg.logLevel}
 		if cfg.redis != "" {
-			args = append(args, "-redis", "redis://"+cfg.redis+"/0", "-namespace", cfg.namespace)
+			// A second for each store operation, not 200 ms: on a loaded
+			// machine a call may take longer and fail open, which the
+			// scenarios' shares of continued turns do not allow for.
+			args = append(args, "-redis", "redis://"+cfg.redis+"/0", "-namespace", cfg.namespace, "-op-timeout", "1s")
 		}
 		if cfg.noGuesses {
 			args = append(args, "-guess-owners", "0")
