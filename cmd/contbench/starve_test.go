@@ -26,7 +26,7 @@ var starvedArgs = []string{"-seed", "7", "-turns", "600", "-conversations", "20"
 // embedded server's clock is the wall clock at every command, so a call
 // that runs after its caller gave up changes nothing.
 func TestStarvedEmbeddedRunHasNoViolation(t *testing.T) {
-	b := runStarved(t, func(mr *miniredis.Miniredis) func() { return embedded.FollowRealTime(mr) })
+	b := runStarved(t, func(mr *miniredis.Miniredis) func() { return embedded.FollowRealTime(mr) }, 4)
 	require.NotEqual(t, exitUsage, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 	assert.Zero(t, b.report.Run.Violations, "violations: %+v", b.report.Run.Examples)
 	assert.NotEqual(t, exitViolations, b.code, b.stdout)
@@ -41,12 +41,12 @@ func TestStarvedEmbeddedRunHasNoViolation(t *testing.T) {
 // Whether a stalled call lands inside the lag is up to the scheduler, and
 // on a loaded machine most calls fail open before they reach the server
 // (a run then sees no violation about half the time, and more often
-// beside other heavy jobs), so the control plays up to ten runs to see a
-// violation; every run is inconclusive.
+// beside other heavy jobs), so the control stalls one call in two, and
+// plays up to twenty runs to see a violation; every run is inconclusive.
 func TestStarvedRunOnALaggingClockShowsTheViolation(t *testing.T) {
 	var violations int64
-	for range 10 {
-		b := runStarved(t, laggingClock)
+	for range 20 {
+		b := runStarved(t, laggingClock, 2)
 		require.Equal(t, exitInconclusive, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 		require.Positive(t, b.report.ClockLagMillis)
 		if violations = b.report.Run.Violations; violations > 0 {
@@ -57,8 +57,9 @@ func TestStarvedRunOnALaggingClockShowsTheViolation(t *testing.T) {
 }
 
 // runStarved plays starvedArgs on an embedded server whose clock clock
-// starts, in a process starved of CPU.
-func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func())) bench {
+// starts, and which stalls one script call in every, in a process starved
+// of CPU.
+func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func()), every int64) bench {
 	old := startEmbedded
 	t.Cleanup(func() { startEmbedded = old })
 	startEmbedded = func() (*miniredis.Miniredis, func(), error) {
@@ -68,7 +69,7 @@ func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func())) be
 		}
 		var calls atomic.Int64
 		mr.Server().SetPreHook(func(_ *server.Peer, cmd string, _ ...string) bool {
-			if (cmd == "EVALSHA" || cmd == "evalsha") && calls.Add(1)%4 == 0 {
+			if (cmd == "EVALSHA" || cmd == "evalsha") && calls.Add(1)%every == 0 {
 				time.Sleep(150 * time.Millisecond) // past the callers' 100 ms
 			}
 			return false
