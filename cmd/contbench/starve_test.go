@@ -26,7 +26,7 @@ var starvedArgs = []string{"-seed", "7", "-turns", "600", "-conversations", "20"
 // embedded server's clock is the wall clock at every command, so a call
 // that runs after its caller gave up changes nothing.
 func TestStarvedEmbeddedRunHasNoViolation(t *testing.T) {
-	b := runStarved(t, func(mr *miniredis.Miniredis) func() { return embedded.FollowRealTime(mr) }, 4)
+	b := runStarved(t, func(mr *miniredis.Miniredis) func() { return embedded.FollowRealTime(mr) })
 	require.NotEqual(t, exitUsage, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 	assert.Zero(t, b.report.Run.Violations, "violations: %+v", b.report.Run.Examples)
 	assert.NotEqual(t, exitViolations, b.code, b.stdout)
@@ -34,19 +34,19 @@ func TestStarvedEmbeddedRunHasNoViolation(t *testing.T) {
 }
 
 // The negative control: the same run on an embedded server whose clock
-// lags the wall clock (it moves in steps of a second, as a ticker of a
-// starved process may) lets late calls take turns: the checker sees the
+// lags the wall clock (it moves in steps of 250 ms, as a ticker of a
+// starved process does) lets late calls take turns: the checker sees the
 // violation, and the clock watch makes the run inconclusive rather than a
 // verdict on the store.
 // Whether a stalled call lands inside the lag is up to the scheduler, and
 // on a loaded machine most calls fail open before they reach the server
 // (a run then sees no violation about half the time, and more often
-// beside other heavy jobs), so the control stalls one call in two, and
-// plays up to twenty runs to see a violation; every run is inconclusive.
+// beside other heavy jobs), so the control plays up to ten runs to see a
+// violation; every run is inconclusive.
 func TestStarvedRunOnALaggingClockShowsTheViolation(t *testing.T) {
 	var violations int64
-	for range 20 {
-		b := runStarved(t, laggingClock, 2)
+	for range 10 {
+		b := runStarved(t, laggingClock)
 		require.Equal(t, exitInconclusive, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 		require.Positive(t, b.report.ClockLagMillis)
 		if violations = b.report.Run.Violations; violations > 0 {
@@ -57,9 +57,8 @@ func TestStarvedRunOnALaggingClockShowsTheViolation(t *testing.T) {
 }
 
 // runStarved plays starvedArgs on an embedded server whose clock clock
-// starts, and which stalls one script call in every, in a process starved
-// of CPU.
-func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func()), every int64) bench {
+// starts, in a process starved of CPU.
+func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func())) bench {
 	old := startEmbedded
 	t.Cleanup(func() { startEmbedded = old })
 	startEmbedded = func() (*miniredis.Miniredis, func(), error) {
@@ -69,7 +68,7 @@ func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func()), ev
 		}
 		var calls atomic.Int64
 		mr.Server().SetPreHook(func(_ *server.Peer, cmd string, _ ...string) bool {
-			if (cmd == "EVALSHA" || cmd == "evalsha") && calls.Add(1)%every == 0 {
+			if (cmd == "EVALSHA" || cmd == "evalsha") && calls.Add(1)%4 == 0 {
 				time.Sleep(150 * time.Millisecond) // past the callers' 100 ms
 			}
 			return false
@@ -83,16 +82,14 @@ func runStarved(t *testing.T, clock func(*miniredis.Miniredis) (stop func()), ev
 	return runBench(t, starvedArgs...)
 }
 
-// laggingClock sets mr's clock to the wall clock every second: between two
-// steps TIME reads up to a second behind, so that calls that reach the
-// server late, by however much a loaded machine delays them, often do so
-// inside the lag.
+// laggingClock sets mr's clock to the wall clock every 250 ms: between two
+// steps TIME reads up to 250 ms behind.
 func laggingClock(mr *miniredis.Miniredis) (stop func()) {
 	mr.SetTime(time.Now())
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(time.Second)
+		tick := time.NewTicker(250 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
