@@ -317,10 +317,16 @@ func (s *clientSocket) answer(ctx context.Context, m message) bool {
 		}
 	}()
 	if m.refused != nil {
-		rf := s.p.refusal(m.refused)
-		return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
+		return s.refuse(ctx, m.refused)
 	}
 	return s.handle(ctx, m.data, m.held)
+}
+
+// refuse answers a message the budget refused (errBusy or errOverBudget)
+// with the refusal's error event; false when the connection is over.
+func (s *clientSocket) refuse(ctx context.Context, err error) bool {
+	rf := s.p.refusal(err)
+	return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
 }
 
 // serve answers the client's messages in turn until the client goes away,
@@ -544,8 +550,7 @@ func (s *clientSocket) handle(ctx context.Context, data []byte, held *hold) bool
 			if !errors.Is(err, errBusy) && !errors.Is(err, errOverBudget) {
 				return false // the connection is over
 			}
-			rf := s.p.refusal(err)
-			return s.send(ctx, errorEvent(rf.status, rf.typ, "", rf.code, rf.message))
+			return s.refuse(ctx, err)
 		}
 	}
 	return s.run(ctx, c, held)

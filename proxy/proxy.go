@@ -390,8 +390,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// The WebSocket mode has no background responses: such a turn
 		// goes over HTTP as sent, as an endpoint's request does, and its
 		// response is fetched and cancelled there.
-		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(req.Body())), int64(len(req.Body()))
-		p.relayEndpoint(w, r)
+		p.relayRead(w, r, req.Body())
 		return
 	}
 	if b, ok := req.MessageInputBody(); ok && !p.cfg.NoContinuation && !passthrough(req) {
@@ -465,9 +464,8 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 		// would without the proxy. A client's WebSocket message, which
 		// a replica read, gets the proxy's 400.
 		p.cfg.Logger.Debug("a turn the fingerprint cannot read goes upstream as sent", "err", un.err)
-		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(un.body)), int64(len(un.body))
 		p.stats.add(cUnread, 1)
-		p.relayEndpoint(w, r)
+		p.relayRead(w, r, un.body)
 	case errors.Is(err, fingerprint.ErrInvalidRequest):
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "", "invalid_request", err.Error())
 	case err != nil:
@@ -476,6 +474,13 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request) (*fingerprin
 		return req, h, true
 	}
 	return nil, nil, false
+}
+
+// relayRead relays r upstream as sent, as an endpoint's request is
+// (relayEndpoint), with body, its body as the proxy read it.
+func (p *Proxy) relayRead(w http.ResponseWriter, r *http.Request, body []byte) {
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	p.relayEndpoint(w, r)
 }
 
 // run sends a turn upstream, relays the answer and ends the turn: every
