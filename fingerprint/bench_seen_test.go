@@ -36,9 +36,9 @@ func BenchmarkParseSeen(b *testing.B) {
 			p := *testParser
 			p.items, p.runs = newItemCache(), nil
 			if size.full {
-				for i := range 2 * itemCacheSets * itemCacheWays {
-					p.items.put(p.items.hash(fmt.Appendf(nil, `{"other":%d}`, i)), cachedItem{})
-				}
+				fill(p.items, 0, 2*itemCacheSets*itemCacheWays, func(i int) cachedItem {
+					return cachedItem{key: p.items.hash(fmt.Appendf(nil, `{"other":%d}`, i))}
+				})
 			}
 			if _, err := p.Parse(body); err != nil {
 				b.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -32,28 +33,49 @@ import (
 // at its home first, so that it usually reads one item. A slot holds its
 // item in place, under a sequence number (a seqlock), so that the cache
 // holds no pointers for the garbage collector to follow and a put
-// allocates nothing. The slots are allocated at the first item put, so
-// that a Parser that parses nothing costs nothing.
+// allocates nothing.
+//
+// The cache grows with what it is given: its first table of sets is
+// allocated at the first item put, so that a Parser that parses nothing
+// costs nothing, and holds firstCacheSets sets. The first put that finds
+// its set full starts a table cacheGrowth times larger, up to
+// itemCacheSets sets, made on a goroutine of its own, with the items of
+// the table it replaces (those put there while it is made may be lost: a
+// cache may drop what it is given). So a gateway with few conversations
+// takes a few hundred kilobytes, and the pages of a new table are the
+// process's before the items of turns land on them at random.
 type itemCache struct {
 	key   [32]byte
 	slots atomic.Pointer[cacheSlots]
+	grows sync.WaitGroup // the tables being made (itemCache.grow)
 }
 
-// cacheSlots are the cache's sets, and which of them are full: a set,
-// once full, stays full (an item only ever replaces another), so that a
-// put into it need not look at every slot for a free one.
+// cacheSet is one set of a cache's table.
+type cacheSet [itemCacheWays]cacheSlot
+
+// cacheSlots is a table of the cache's sets, and which of them are full: a
+// set, once full, stays full (an item only ever replaces another), so that
+// a put into it need not look at every slot for a free one.
 type cacheSlots struct {
-	sets [itemCacheSets][itemCacheWays]cacheSlot
-	full [itemCacheSets]atomic.Bool
-	puts atomic.Int64 // items put so far, up to touchAfter
+	sets    []cacheSet
+	full    []atomic.Bool
+	growing atomic.Bool // a larger table is being made from this one
 }
 
-// The cache holds itemCacheSets × itemCacheWays items at most (a 64-byte
-// slot each: 8 MiB).
+// A set holds itemCacheWays items (a 64-byte slot each: a kilobyte). A
+// cache's first table holds firstCacheSets sets (128 KiB); each table it
+// grows to, cacheGrowth times as many, up to itemCacheSets (8 MiB). All
+// are powers of two.
 const (
-	itemCacheSets = 1 << 13
-	itemCacheWays = 16
+	itemCacheWays  = 16
+	firstCacheSets = 1 << 7
+	itemCacheSets  = 1 << 13
+	cacheGrowth    = 4
 )
+
+func newCacheSlots(sets int) *cacheSlots {
+	return &cacheSlots{sets: make([]cacheSet, sets), full: make([]atomic.Bool, sets)}
+}
 
 // cachedItem is what an item's canonical pass gave, under its cache key,
 // and the chain digest it gave there: next = H(le64(prev) || le64(digest)).
@@ -134,19 +156,14 @@ func (s *cacheSlot) store(it cachedItem) {
 	s.seq.Store(seq + 2)
 }
 
-// touchAfter is the puts after which a cache is serving traffic and its
-// slots are touched (cacheSlots.touch): a Parser that parses little, as
-// in a test, never takes the whole cache's memory.
-const touchAfter = 1024
-
-// touch writes to every page of the slots once, leaving what they hold
-// as it is, so that the pages are the process's before items need them.
-// Items land on pages at random, and a page the process has not used
-// costs a fault on its first read and another on its first write (12–80
-// µs each on a 2-vCPU virtual machine): without it the items of the
-// first turns of a gateway pay for the cache's 8 MiB page by page.
+// touch writes to every page of the table once, leaving what it holds as
+// it is. Items land on pages at random, and a page the process has not
+// used costs a fault on its first read and another on its first write
+// (12–80 µs each on a 2-vCPU virtual machine): without it the items of
+// the turns after the table took its place would pay for it page by
+// page.
 func (s *cacheSlots) touch() {
-	const setsPerPage = 4096 / int(unsafe.Sizeof(s.sets[0]))
+	const setsPerPage = 4096 / int(unsafe.Sizeof(cacheSet{}))
 	for i := 0; i < len(s.sets); i += setsPerPage {
 		s.sets[i][0].seq.Add(0)
 	}
@@ -175,10 +192,10 @@ func words128(s []byte) [2]uint64 {
 	return [2]uint64{binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])}
 }
 
-// slot returns the set and the home of the cache key h: disjoint bits of
-// its hash.
-func slot(h [2]uint64) (set, home uint64) {
-	return h[0] % itemCacheSets, h[0] / itemCacheSets % itemCacheWays
+// slot returns the set of the cache key h in a table of sets sets, and its
+// home in the set: disjoint bits of its hash.
+func slot(h [2]uint64, sets int) (set, home uint64) {
+	return h[0] & uint64(sets-1), h[0] >> 60
 }
 
 // get returns the item of cache key h, if the cache holds it.
@@ -187,7 +204,7 @@ func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
 	if slots == nil {
 		return cachedItem{}, false
 	}
-	s, home := slot(h)
+	s, home := slot(h, len(slots.sets))
 	set := &slots.sets[s]
 	if it, ok := set[home].find(h); ok {
 		return it, true
@@ -200,31 +217,52 @@ func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
 	return cachedItem{}, false
 }
 
-// put stores it under cache key h.
+// put stores it under cache key h, and starts the next table when it
+// found its set full.
 func (c *itemCache) put(h [2]uint64, it cachedItem) {
 	slots := c.slots.Load()
 	if slots == nil {
-		c.slots.CompareAndSwap(nil, new(cacheSlots))
+		c.slots.CompareAndSwap(nil, newCacheSlots(firstCacheSets))
 		slots = c.slots.Load()
 	}
-	if slots.puts.Load() < touchAfter && slots.puts.Add(1) == touchAfter {
-		go slots.touch()
-	}
 	it.key = h
-	s, home := slot(h)
-	set := &slots.sets[s]
-	if !slots.full[s].Load() {
-		if set[home].free() {
-			set[home].store(it)
-			return
-		}
-		for i := range set {
-			if set[i].free() {
-				set[i].store(it)
-				return
+	if slots.put(it) && len(slots.sets) < itemCacheSets && slots.growing.CompareAndSwap(false, true) {
+		c.grows.Go(func() { c.grow(slots) })
+	}
+}
+
+// grow makes the table that takes from's place: cacheGrowth times as
+// many sets, its pages touched, holding from's items.
+func (c *itemCache) grow(from *cacheSlots) {
+	to := newCacheSlots(len(from.sets) * cacheGrowth)
+	to.touch()
+	for i := range from.sets {
+		for j := range from.sets[i] {
+			if it, ok := from.sets[i][j].load(); ok {
+				to.put(it)
 			}
 		}
-		slots.full[s].Store(true)
+	}
+	c.slots.CompareAndSwap(from, to)
+}
+
+// put stores it under its key, and reports whether its set was full (an
+// item made way for it).
+func (s *cacheSlots) put(it cachedItem) (full bool) {
+	i, home := slot(it.key, len(s.sets))
+	set := &s.sets[i]
+	if !s.full[i].Load() {
+		if set[home].free() {
+			set[home].store(it)
+			return false
+		}
+		for j := range set {
+			if set[j].free() {
+				set[j].store(it)
+				return false
+			}
+		}
+		s.full[i].Store(true)
 	}
 	// The set is full: the item takes its home, and the one it displaces
 	// another slot, named by the rest of the key, so that two items of one
@@ -233,8 +271,9 @@ func (c *itemCache) put(h [2]uint64, it cachedItem) {
 	old, ok := set[home].load()
 	set[home].store(it)
 	if ok {
-		set[(home+1+h[1]%(itemCacheWays-1))%itemCacheWays].store(old)
+		set[(home+1+it.key[1]%(itemCacheWays-1))%itemCacheWays].store(old)
 	}
+	return true
 }
 
 // skipObject returns the end of the object whose '{' is at data[i], by

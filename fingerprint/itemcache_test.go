@@ -100,14 +100,39 @@ func TestItemCacheNeverChangesAResult(t *testing.T) {
 // new ones take their slots.
 func (c *itemCache) rekey() { _, _ = rand.Read(c.key[:]) }
 
+// fill puts item(i) for i in [from, to) into c, as a parser does (those
+// it does not find), until a round of puts leaves c's table as it was:
+// items put while a table is made may be lost.
+func fill(c *itemCache, from, to int, item func(i int) cachedItem) {
+	for {
+		before := c.slots.Load()
+		for i := from; i < to; i++ {
+			if it := item(i); !holds(c, it) {
+				c.put(it.key, it)
+			}
+		}
+		c.grows.Wait()
+		if c.slots.Load() == before {
+			return
+		}
+	}
+}
+
+// holds reports whether c holds it.
+func holds(c *itemCache, it cachedItem) bool {
+	got, ok := c.get(it.key)
+	return ok && got == it
+}
+
 // The cache holds what it was given while it has room, and stays within
 // its slots however many items go by: half as many items as it has slots
-// are all found again; three times as many leave it full, the latest
-// found more often than not.
+// at most are all found again; three times as many leave it full, the
+// latest found more often than not.
 func TestItemCacheHoldsWhatFitsAndStaysBounded(t *testing.T) {
 	const slots = itemCacheSets * itemCacheWays
 	c := newItemCache()
 	key := func(i int) [2]uint64 { return c.hash([]byte{byte(i), byte(i >> 8), byte(i >> 16)}) }
+	item := func(i int) cachedItem { return cachedItem{key: key(i), digest: uint64(i)} }
 	found := func(from, to int) (n int) {
 		for i := from; i < to; i++ {
 			if it, ok := c.get(key(i)); ok && it.digest == uint64(i) {
@@ -116,22 +141,23 @@ func TestItemCacheHoldsWhatFitsAndStaysBounded(t *testing.T) {
 		}
 		return n
 	}
-	for i := range slots / 2 {
-		c.put(key(i), cachedItem{digest: uint64(i)})
-	}
+	fill(c, 0, slots/2, item)
+	require.Len(t, c.slots.Load().sets, itemCacheSets)
 	assert.Greater(t, found(0, slots/2), slots/2*99/100, "half full: nearly every item found")
 	for i := slots / 2; i < 3*slots; i++ {
 		c.put(key(i), cachedItem{digest: uint64(i)})
 	}
 	assert.Greater(t, found(3*slots-slots/4, 3*slots), slots/4/2, "the latest items mostly found")
+	c.grows.Wait()
+	require.Len(t, c.slots.Load().sets, itemCacheSets, "the cache grows no further")
 	// Every set holds as many items as were put in it, up to its ways.
 	var put [itemCacheSets]int
 	for i := range 3 * slots {
-		s, _ := slot(key(i))
+		s, _ := slot(key(i), itemCacheSets)
 		put[s]++
 	}
 	held, fits := 0, 0
-	sets := &c.slots.Load().sets
+	sets := c.slots.Load().sets
 	for i := range sets {
 		for j := range sets[i] {
 			if !sets[i][j].free() {
@@ -142,6 +168,48 @@ func TestItemCacheHoldsWhatFitsAndStaysBounded(t *testing.T) {
 	}
 	assert.Equal(t, fits, held)
 	assert.LessOrEqual(t, held, slots)
+}
+
+// A cache takes its first, small table at its first item, and grows by
+// cacheGrowth when a set of its table is full: the items of the table it
+// had are found in the one it grew to, and its size follows what it holds.
+func TestItemCacheGrowsWithWhatItHolds(t *testing.T) {
+	c := newItemCache()
+	assert.Nil(t, c.slots.Load(), "no table before the first item")
+	key := func(i int) [2]uint64 { return c.hash([]byte{byte(i), byte(i >> 8), byte(i >> 16), 'g'}) }
+	item := func(i int) cachedItem {
+		return cachedItem{key: key(i), digest: uint64(i), linked: true, prev: uint64(i) * 3, next: uint64(i) * 5}
+	}
+	c.put(key(0), item(0))
+	require.Len(t, c.slots.Load().sets, firstCacheSets)
+	n, grown := 0, 0
+	for sets := firstCacheSets; sets < itemCacheSets; sets *= cacheGrowth {
+		table := c.slots.Load()
+		for ; c.slots.Load() == table; n++ {
+			require.Less(t, n, sets*itemCacheWays, "a table of %d sets full without growing", sets)
+			c.put(key(n), item(n))
+			if table.growing.Load() {
+				c.grows.Wait()
+			}
+		}
+		require.Len(t, c.slots.Load().sets, sets*cacheGrowth)
+		grown++
+		assert.Greater(t, n, sets*itemCacheWays/4, "a table of %d sets grew with %d items", sets, n)
+		lost := 0
+		for i := range n {
+			if it, ok := c.get(key(i)); !ok {
+				lost++
+			} else {
+				want := item(i)
+				assert.Equal(t, want, it, "item %d", i)
+			}
+		}
+		// Each set that filled up lost one item; none was put while the
+		// next table was made.
+		assert.LessOrEqual(t, lost, grown, "items lost growing to %d sets", sets*cacheGrowth)
+	}
+	fill(c, 0, 4*itemCacheSets*itemCacheWays, item)
+	assert.Len(t, c.slots.Load().sets, itemCacheSets, "no larger than itemCacheSets sets")
 }
 
 // skipObject finds the end of valid objects, strings with escapes and
@@ -228,8 +296,9 @@ func TestItemCacheNeverGivesATornItem(t *testing.T) {
 	whole := func(k uint64) cachedItem {
 		return cachedItem{digest: k * 3, canonical: int64(k % 1000), reference: k%2 == 0, linked: true, prev: k * 5, next: k * 7}
 	}
-	// Keys of one set, with many homes: they displace one another.
-	key := func(k uint64) [2]uint64 { return [2]uint64{k * itemCacheSets, k} }
+	// Keys of one set in every table, with many homes: they displace one
+	// another, and the cache grows while they are read and written.
+	key := func(k uint64) [2]uint64 { return [2]uint64{k << 60, k} }
 	var wg sync.WaitGroup
 	var found atomic.Int64
 	for g := range 4 {
@@ -253,19 +322,20 @@ func TestItemCacheNeverGivesATornItem(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	c.grows.Wait()
 	assert.Positive(t, found.Load())
 }
 
-// Touching the slots' pages, which a cache does once it has taken
-// touchAfter items, changes none of them, also while they are read and
-// written.
+// Touching a table's pages, which the cache does to a table it grows to
+// before the table takes its place, changes none of its items, also
+// while they are read and written.
 func TestItemCacheTouchChangesNothing(t *testing.T) {
 	c := newItemCache()
-	const n = 4 * touchAfter // the cache touches its pages itself too
+	const n = 4 << 10
 	key := func(i int) [2]uint64 { return c.hash([]byte{byte(i), byte(i >> 8)}) }
-	for i := range n {
-		c.put(key(i), cachedItem{digest: uint64(i), linked: true, prev: uint64(i) * 3, next: uint64(i) * 5})
-	}
+	fill(c, 0, n, func(i int) cachedItem {
+		return cachedItem{key: key(i), digest: uint64(i), linked: true, prev: uint64(i) * 3, next: uint64(i) * 5}
+	})
 	before := make(map[int]cachedItem)
 	for i := range n {
 		if it, ok := c.get(key(i)); ok {
@@ -284,5 +354,4 @@ func TestItemCacheTouchChangesNothing(t *testing.T) {
 		it, ok := c.get(key(i))
 		assert.True(t, ok && it == want, "item %d after the touch: %+v, want %+v", i, it, want)
 	}
-	assert.Equal(t, int64(touchAfter), c.slots.Load().puts.Load(), "puts are counted up to touchAfter only")
 }
