@@ -798,6 +798,10 @@ func (w *socketWriter) serve(p *Proxy, req *http.Request) {
 
 func (w *socketWriter) Header() http.Header { return w.header }
 
+// takesAnswersWhole: a JSON answer goes to the client as one message
+// (finish).
+func (w *socketWriter) takesAnswersWhole() {}
+
 func (w *socketWriter) WriteHeader(status int) {
 	if w.status != 0 {
 		return

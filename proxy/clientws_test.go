@@ -1042,3 +1042,39 @@ func TestAnExpandedSocketTurnIsHeldInTheBudget(t *testing.T) {
 	require.False(t, second.err.Exists(), "%s", second.err.Raw)
 	assert.GreaterOrEqual(t, cur, int64(2*len(big)), "the expanded body, held as a request's")
 }
+
+// A JSON answer the budget has no room for goes to an HTTP client as it
+// comes; a socket's client takes an answer as one message, which would
+// hold it whole past the budget: it gets 502 upstream_disconnected (the
+// upstream ran the turn) at once, and nothing of the answer is held.
+func TestAJSONAnswerWithNoRoomIsNotHeldForASocketClient(t *testing.T) {
+	const sent = 48 << 20
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		chunk := []byte(strings.Repeat("x", 64<<10))
+		for n := 0; n < sent; n += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	p := limitedProxy(t, nil, upstream.URL+"/v1", Config{MaxBytesInFlight: 4 << 20, MaxBodyBytes: 1 << 20})
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+
+	c := dialSocket(t, "ws"+strings.TrimPrefix(srv.URL, "http")+"/v1/responses", "s1")
+	c.create(map[string]any{"model": "m", "input": "hi"})
+	ev, err := c.next()
+	require.NoError(t, err)
+	assert.Equal(t, "error", ev.Get("type").String(), ev.Raw)
+	assert.Equal(t, int64(http.StatusBadGateway), ev.Get("status").Int(), ev.Raw)
+	assert.Equal(t, "upstream_disconnected", ev.Get("error.code").String(), ev.Raw)
+	// The connection serves the next turn.
+	c.create(map[string]any{"model": "m", "input": "again"})
+	ev, err = c.next()
+	require.NoError(t, err)
+	assert.Equal(t, "upstream_disconnected", ev.Get("error.code").String(), ev.Raw)
+}

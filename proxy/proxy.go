@@ -287,8 +287,10 @@ func (cfg *Config) fill() error {
 
 // Close waits for the records in flight on goroutines of their own
 // (see Config.Affinity) to end, each within the store's timeouts, and closes
-// the upstream connections the proxy keeps. Call it after the HTTP server
-// has shut down, so that no turn is in flight.
+// the upstream connections the proxy keeps: upstream sockets whose close
+// the upstream has not answered within a second finish closing in the
+// background. Call it after the HTTP server has shut down, so that no
+// turn is in flight.
 func (p *Proxy) Close() error {
 	p.records.waitAll()
 	return p.cfg.Upstream.close()
@@ -985,6 +987,12 @@ func relay(w http.ResponseWriter, t *turn, rep *reply, hide string, seal func(ou
 	return relayStream(w, rep, hide, seal)
 }
 
+// wholeAnswers is a client's writer that takes a JSON answer whole before
+// it passes any of it on (a client socket's, which sends it as one
+// message): one the proxy has no room to keep cannot go to it as it
+// comes.
+type wholeAnswers interface{ takesAnswersWhole() }
+
 // relayBody relays a whole JSON answer.
 func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome)) outcome {
 	out := outcome{status: rep.status, failed: rep.status >= 400}
@@ -1001,6 +1009,14 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 		}
 		out.err, out.cut = rep.cut, true
 		return out
+	}
+	if _, whole := w.(wholeAnswers); whole && rep.rest != nil {
+		// No room to keep it, for a client that would have it whole
+		// first: the upstream ran the turn, and its answer cannot be
+		// passed on.
+		err := fmt.Errorf("%w: no room to hold its answer for a client that takes it whole", errNoAnswer)
+		writeUnreachable(w, err)
+		return outcome{status: http.StatusBadGateway, err: err}
 	}
 	if rep.rest != nil {
 		// No room to keep it: relayed as it comes, as a reverse proxy
@@ -1506,6 +1522,10 @@ func relayAssembled(w http.ResponseWriter, rep *reply, hide string, seal func(ou
 	}
 	if col.terminal == "error" {
 		return writeErrorEvent(w, col.errEvent)
+	}
+	if len(col.finalResp) == 0 {
+		// Cut or garbled: no response to answer with.
+		return writeBrokenOff(w, fmt.Errorf("the upstream's %s event holds no response", col.terminal))
 	}
 	out := col.outcome(http.StatusOK)
 	if out.continuable && seal != nil {

@@ -492,7 +492,8 @@ func (c *httpConn) send(ctx context.Context, body []byte, stream bool) (*reply, 
 	}
 	_ = resp.Body.Close()
 	if len(body) > maxUpstreamBody {
-		return nil, fmt.Errorf("the upstream's answer is larger than %d bytes", maxUpstreamBody)
+		// It ran the turn: a client that sends it again pays for it twice.
+		return nil, fmt.Errorf("%w: its answer is larger than %d bytes", errNoAnswer, maxUpstreamBody)
 	}
 	rep.body = body
 	if closeDelimited(resp) && resp.StatusCode/100 == 2 && !gjson.ValidBytes(body) {

@@ -911,3 +911,31 @@ func TestACloseDelimitedJSONAnswerCutShortReachesTheClientCut(t *testing.T) {
 		})
 	}
 }
+
+// An answer larger than the proxy reads (64 MiB) comes from an upstream
+// that ran the turn: 502 upstream_disconnected, which says it may have
+// run, not upstream_unreachable, which says a retry is free.
+func TestAnAnswerTooLargeToReadIsNotToldUnreachable(t *testing.T) {
+	var calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"`)
+		chunk := strings.Repeat("x", 1<<20)
+		for range maxUpstreamBody >> 20 {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+		}
+		_, _ = io.WriteString(w, `"}]}]}`)
+	}))
+	t.Cleanup(upstream.Close)
+	p := limitedProxy(t, nil, upstream.URL+"/v1", Config{MaxBytesInFlight: 1 << 30})
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	a := post(t, srv.URL+"/v1/responses", nil, map[string]any{"model": "m", "input": "hi"})
+	assert.Equal(t, http.StatusBadGateway, a.status)
+	assert.Equal(t, "upstream_disconnected", gjson.GetBytes(a.body, "error.code").String(), "%s", a.body)
+	assert.Equal(t, int64(1), calls.Load(), "the turn went once")
+}

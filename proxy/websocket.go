@@ -448,22 +448,50 @@ func (s *wsSocket) holds(id string, now time.Time, lifetime time.Duration) bool 
 	return s.ws != nil && s.latest == id && id != "" && now.Sub(s.born) < lifetime
 }
 
+// close closes every socket, at once, each with a close frame, and
+// returns once they are closed or closeGrace has passed.
+// An idle socket's frames are drained (detach) so that its reader ends.
 func (u *wsUpstream) close() error {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	u.closed = true
 	u.opts.Client.CloseIdleConnections()
+	var open []*websocket.Conn
 	for _, pool := range u.pools {
 		for _, s := range pool.sockets {
 			s.stopIdle()
-			if s.ws != nil {
-				_ = s.ws.Close(websocket.StatusNormalClosure, "proxy shutting down")
-				s.ws = nil
+			ws := s.ws
+			if s.busy {
+				s.ws = nil // its turn reads what came until the socket closes
+			} else {
+				ws = s.detach()
+			}
+			if ws != nil {
+				open = append(open, ws)
 			}
 		}
 	}
+	u.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, ws := range open {
+		wg.Go(func() { _ = ws.Close(websocket.StatusNormalClosure, "proxy shutting down") })
+	}
+	closed := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(closeGrace):
+	}
 	return nil
 }
+
+// closeGrace is how long closing the transport waits for the upstream to
+// answer its sockets' close frames. A socket's close waits up to 5 s for
+// its answer, and as long to send its frame: those the upstream leaves
+// unanswered finish closing in the background.
+const closeGrace = time.Second
 
 // wsConn is a socket held by one turn.
 type wsConn struct {

@@ -824,3 +824,75 @@ func TestABackgroundTurnGoesOverHTTPOnTheWebSocketTransport(t *testing.T) {
 	assert.Equal(t, http.StatusOK, a.status, "%s", a.body)
 	assert.Equal(t, int32(1), calls(fakeupstream.TransportWebSocket), "the other turns go on the sockets")
 }
+
+// Closing the proxy closes its upstream sockets at once, and does not
+// wait past a second for an upstream that leaves their close frames
+// unanswered (a socket's close alone waits up to five seconds).
+func TestClosingTheWebSocketUpstreamWaitsOnNoSocketLong(t *testing.T) {
+	stop := make(chan struct{})
+	var once sync.Once
+	let := func() { once.Do(func() { close(stop) }) }
+	t.Cleanup(let)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		if _, _, err := ws.Read(r.Context()); err != nil {
+			return
+		}
+		id := fmt.Sprintf("resp_%d", time.Now().UnixNano())
+		ctx := context.Background()
+		_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.created","response":{"id":"`+id+`","object":"response","status":"in_progress","output":[]}}`))
+		<-stop // the turns overlap: a socket each
+		_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.completed","response":{"id":"`+id+`","object":"response","status":"completed","output":[]}}`))
+		<-r.Context().Done() // and reads nothing more: the close frame goes unanswered
+	}))
+	t.Cleanup(upstream.Close)
+	ws, url := proxyOverSockets(t, upstream, WebSocketOptions{Sockets: 4})
+
+	const turns = 3
+	var wg sync.WaitGroup
+	for i := range turns {
+		wg.Go(func() {
+			_, _, _, _ = postBytes(t.Context(), url, "", fmt.Appendf(nil, `{"model":"m","stream":true,"input":"hi %d"}`, i))
+		})
+	}
+	require.Eventually(t, func() bool {
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		return ws.slots == turns
+	}, time.Minute, 10*time.Millisecond, "a socket for each turn")
+	let()
+	wg.Wait()
+	start := time.Now()
+	require.NoError(t, ws.close())
+	assert.Less(t, time.Since(start), 3*time.Second, "closing %d sockets", turns)
+}
+
+// A client that asked for JSON over the WebSocket transport, whose
+// response's terminal event came garbled, gets 502 upstream_disconnected,
+// not a 200 with nothing in it.
+func TestAGarbledTerminalEventIsNotAnEmptyAnswer(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		for {
+			if _, _, err := ws.Read(r.Context()); err != nil {
+				return
+			}
+			ctx := r.Context()
+			_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.created","response":{"id":"resp_g","object":"response","status":"in_progress","output":[]}}`))
+			_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"response.completed","response":{"id":"resp_g","object":"response","status":"compl`))
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	_, url := proxyOverSockets(t, upstream, WebSocketOptions{})
+	a := post(t, url, nil, map[string]any{"model": "m", "input": "hi"})
+	assert.Equal(t, http.StatusBadGateway, a.status, "%s", a.body)
+	assert.Equal(t, "upstream_disconnected", gjson.GetBytes(a.body, "error.code").String(), "%s", a.body)
+}
