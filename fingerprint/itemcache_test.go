@@ -194,7 +194,9 @@ func TestItemCacheGrowsWithWhatItHolds(t *testing.T) {
 		}
 		require.Len(t, c.slots.Load().sets, sets*cacheGrowth)
 		grown++
-		assert.Greater(t, n, sets*itemCacheWays/4, "a table of %d sets grew with %d items", sets, n)
+		// A table grows at its first full set, at about 4 items a set on
+		// average; at 2 a set, once in millions of keys.
+		assert.Greater(t, n, sets*itemCacheWays/8, "a table of %d sets grew with %d items", sets, n)
 		lost := 0
 		for i := range n {
 			if it, ok := c.get(key(i)); !ok {
@@ -208,7 +210,7 @@ func TestItemCacheGrowsWithWhatItHolds(t *testing.T) {
 		// next table was made.
 		assert.LessOrEqual(t, lost, grown, "items lost growing to %d sets", sets*cacheGrowth)
 	}
-	fill(c, 0, 4*itemCacheSets*itemCacheWays, item)
+	fill(c, 0, 2*itemCacheSets*itemCacheWays, item)
 	assert.Len(t, c.slots.Load().sets, itemCacheSets, "no larger than itemCacheSets sets")
 }
 
