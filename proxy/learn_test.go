@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 
 	"github.com/contstore/contstore/identity"
 	"github.com/contstore/contstore/internal/fakeupstream"
@@ -421,4 +423,116 @@ func TestAGuessedTurnsGateIsItsModels(t *testing.T) {
 	g := p.gate(&turn{target: target{header: h}, res: res, early: &early{}})
 	assert.Equal(t, model, g.model)
 	assert.False(t, g.paused)
+}
+
+// keepsNoneWording is an upstream that keeps no responses and refuses a
+// previous_response_id with status and body, or, with status 0, passes
+// over it and answers from the request's input alone.
+func keepsNoneWording(status int, body string) http.Handler {
+	fake := fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		prev := gjson.GetBytes(b, "previous_response_id").String()
+		if prev == "" || r.Method != http.MethodPost {
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			fake.ServeHTTP(w, r)
+			return
+		}
+		if status == 0 {
+			b, _ = sjson.DeleteBytes(b, "previous_response_id")
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			fake.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, strings.ReplaceAll(body, "PREV", prev))
+	})
+}
+
+// However an upstream words its refusal of a previous response it does
+// not hold, or when it passes over the previous_response_id, the turn is
+// sent again with the full context, unseen by the client, and the proxy
+// learns to stop continuing, as with previous_response_not_found.
+func TestAnUpstreamThatRefusesInItsOwnWordsIsLearned(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"404 naming the response", http.StatusNotFound,
+			`{"error":{"message":"Response with id 'PREV' not found.","type":"invalid_request_error","param":null,"code":null}}`},
+		{"400 with a code of its own", http.StatusBadRequest,
+			`{"error":{"message":"Not found.","type":"invalid_request_error","param":null,"code":"response_not_found"}}`},
+		{"404 naming nothing", http.StatusNotFound, `{"error":{"message":"Not Found","code":null}}`},
+		{"422 validation error", http.StatusUnprocessableEntity,
+			`{"detail":[{"type":"value_error","loc":["body","previous_response_id"],"msg":"unknown response"}]}`},
+		{"passes over it", 0, ""},
+	} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stream=%v", tc.name, stream), func(t *testing.T) {
+				r := newLearnRig(t, overHTTP, keepsNoneWording(tc.status, tc.body), Config{})
+				c := newConversation(t, r.url, "s1", stream, true)
+				c.say("turn 0") // 3 turns: the 2nd and 3rd refused, resent
+				c.say("turn 1") // the 4th refused, resent: paused; the 5th and 6th sent in full
+				st := r.proxy.Stats()
+				require.Equal(t, int64(6), st.Turns)
+				assert.Equal(t, int64(3), st.FullContextRetries)
+				assert.Equal(t, int64(2), st.ContinuationsPaused)
+				assert.Equal(t, []string{"gpt-test"}, r.proxy.PausedModels())
+				assert.Equal(t, 1, r.log.count(pauseLine), "the pause is said once")
+			})
+		}
+	}
+}
+
+// An error about another parameter, on a continued turn, is the client's
+// answer, sent once; an error the full context gets too, on the turn
+// sent again, was not the continuation's: it pauses nothing.
+func TestAContinuedTurnsOwnErrorsAreNotRefusals(t *testing.T) {
+	var calls atomic.Int64
+	var failing atomic.Value
+	failing.Store("")
+	fake := fakeupstream.New(fakeupstream.Options{})
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if body := failing.Load().(string); body != "" {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, body)
+			return
+		}
+		fake.ServeHTTP(w, r)
+	})
+	r := newLearnRig(t, overHTTP, up, Config{})
+	c := newConversation(t, r.url, "s1", false, true)
+	c.say("hello")
+	turn := func(text string) answer {
+		body := map[string]any{"input": append(c.history, map[string]any{"role": "user", "content": text})}
+		for k, v := range c.params {
+			body[k] = v
+		}
+		return post(t, r.url, c.header, body)
+	}
+
+	failing.Store(`{"error":{"message":"Invalid temperature.","type":"invalid_request_error","param":"temperature","code":null}}`)
+	before := calls.Load()
+	a := turn("one")
+	assert.Equal(t, http.StatusBadRequest, a.status)
+	assert.Equal(t, "temperature", gjson.GetBytes(a.body, "error.param").String())
+	assert.Equal(t, before+1, calls.Load(), "sent once")
+	assert.Zero(t, r.proxy.Stats().FullContextRetries)
+
+	for i := range 4 {
+		failing.Store("")
+		c.say(fmt.Sprint("fine ", i))
+		failing.Store(`{"error":{"message":"Bad request.","type":"invalid_request_error","param":null,"code":null}}`)
+		before = calls.Load()
+		a = turn(fmt.Sprint("two ", i))
+		assert.Equal(t, http.StatusBadRequest, a.status)
+		assert.Equal(t, before+2, calls.Load(), "continued, then sent with the full context")
+	}
+	assert.Equal(t, int64(4), r.proxy.Stats().FullContextRetries)
+	assert.Empty(t, r.proxy.PausedModels(), "the full context was refused too: nothing learned")
 }

@@ -617,6 +617,11 @@ type sent struct {
 	// connection the turn could take: it went with the full context.
 	unreachable bool
 	rep         *reply
+	// refusal is how the upstream refused the turn's continuation;
+	// doubted, that the turn went again with the full context after an
+	// error that may have been the continuation's (refusedMaybe).
+	refusal continuationRefusal
+	doubted bool
 }
 
 // reasonUnreachable is the reason the log line of a turn gives when its
@@ -680,9 +685,15 @@ func (p *Proxy) attempt(ctx context.Context, t *turn, who identity.Owner, res *s
 			p.stats.add(cForwardFailures, 1)
 		case refusedUpstream:
 			a.rep.close()
+			p.stats.add(cRetries, 1)
+			if a.refusal == refusedMaybe {
+				a.doubted = true
+				lg.Info("upstream answered the continued turn an error; resending full context",
+					"previous_response_id", a.res.PreviousResponseID, "status", a.rep.status)
+				break
+			}
 			p.warns.warn(lg, "upstream refused the continuation, resending full context",
 				"previous_response_id", a.res.PreviousResponseID)
-			p.stats.add(cRetries, 1)
 			g.refused()
 		}
 		p.observe(Event{Step: StepFallback, Owner: who, Turn: res.Turn, Cause: tryNames[tr]})
@@ -736,8 +747,10 @@ func (p *Proxy) judge(ctx context.Context, a *sent, err error, stream bool) try 
 		return notCarried
 	case err != nil:
 		return unreachable
-	case a.continued && refused(a.rep, !stream):
-		return refusedUpstream
+	case a.continued:
+		if a.refusal = refused(a.rep, !stream, a.res.PreviousResponseID); a.refusal != notRefused {
+			return refusedUpstream
+		}
 	}
 	return answered
 }
@@ -749,6 +762,9 @@ func (p *Proxy) judge(ctx context.Context, a *sent, err error, stream bool) try 
 func (p *Proxy) settle(ctx context.Context, lg **slog.Logger, t *turn, a *sent, out outcome, g *gate) (string, *recording) {
 	if out.failed {
 		p.stats.add(cErrorAnswers, 1)
+	}
+	if a.doubted && out.status/100 == 2 && !out.failed && out.err == nil {
+		g.refused() // the full context went where the continuation did not
 	}
 	switch {
 	case out.err != nil:
@@ -883,20 +899,48 @@ func writeUnreachable(w http.ResponseWriter, err error) {
 	writeError(w, http.StatusBadGateway, "upstream_error", "", "upstream_unreachable", "The upstream is unavailable.")
 }
 
-// refused tells whether an upstream answer, before anything reached the
-// client, refuses the continuation: previous_response_not_found, or an
-// error about the previous_response_id parameter, answered as an error or
-// as a failed response. It peeks at a stream's first event, and, when the
-// client waits for the whole answer (whole), past the events that only
-// begin a response, and keeps them for the relay.
-func refused(rep *reply, whole bool) bool {
+// A continuationRefusal is how an upstream answer, before anything
+// reached the client, refused a continued turn.
+type continuationRefusal int
+
+const (
+	notRefused continuationRefusal = iota
+	// refusedNamed: the answer names the continuation
+	// (refusesContinuation, or an error naming the previous response
+	// sent or previous_response_id anywhere, as a validation error
+	// does), or is a response that continues another one, or none: an
+	// upstream that passed over the previous_response_id answered
+	// without the turn's history.
+	refusedNamed
+	// refusedMaybe: an error a continuation may cause (400, 404, 422)
+	// naming no other parameter, as OpenAI-compatible servers word a
+	// previous response they do not hold. Sent again with the full
+	// context, it counts as a refusal only if that send is answered.
+	refusedMaybe
+)
+
+// refused tells whether and how an upstream answer to a turn continued
+// from prev, before anything reached the client, refuses the
+// continuation, answered as an error, a failed response or a response
+// that continues another. It peeks at a stream's first event, and, when
+// the client waits for the whole answer (whole), past the events that
+// only begin a response, and keeps them for the relay.
+func refused(rep *reply, whole bool, prev string) continuationRefusal {
 	if rep.next == nil {
 		r := gjson.ParseBytes(rep.body)
-		answered := rep.status/100 == 4 || rep.status/100 == 2 && r.Get("status").String() == "failed"
-		return answered && refusesContinuation(r.Get("error"))
+		switch {
+		case rep.status/100 == 2 && r.Get("status").String() == "failed" && refusesContinuation(r.Get("error")):
+			return refusedNamed
+		case rep.status/100 == 2:
+			return continuesAnother(r, prev)
+		case rep.status/100 == 4:
+			return refusedBy(rep.status, r, prev)
+		}
+		return notRefused
 	}
 	var kept []event
 	ev, err := rep.next()
+	first := ev
 	for whole && err == nil && (ev.typ == "response.created" || ev.typ == "response.in_progress") && len(kept) < 4 {
 		kept = append(kept, ev)
 		ev, err = rep.next()
@@ -913,16 +957,63 @@ func refused(rep *reply, whole bool) bool {
 		}
 		return next()
 	}
+	if first.typ == "response.created" && continuesAnother(gjson.GetBytes(first.data, "response"), prev) != notRefused {
+		return refusedNamed
+	}
 	if err != nil {
-		return false
+		return notRefused
 	}
 	switch ev.typ {
 	case "error":
-		return refusesContinuation(eventError(ev.data))
+		if refusesContinuation(eventError(ev.data)) {
+			return refusedNamed
+		}
 	case "response.failed":
-		return refusesContinuation(gjson.GetBytes(ev.data, "response.error"))
+		if refusesContinuation(gjson.GetBytes(ev.data, "response.error")) {
+			return refusedNamed
+		}
 	}
-	return false
+	return notRefused
+}
+
+// repeats tells whether the object r holds any of names more than once.
+// Parsers differ on which one counts (gjson takes the first, most others
+// the last): the client may read another response than the one the
+// proxy would record.
+func repeats(r gjson.Result, names ...string) bool {
+	seen, twice := 0, false // seen: bit i for names[i]
+	r.ForEach(func(k, _ gjson.Result) bool {
+		if i := slices.Index(names, k.Str); i >= 0 {
+			twice = seen&(1<<i) != 0
+			seen |= 1 << i
+		}
+		return !twice
+	})
+	return twice
+}
+
+// continuesAnother tells whether the response r, answering a turn
+// continued from prev, says it continues another response, or none.
+func continuesAnother(r gjson.Result, prev string) continuationRefusal {
+	if got := r.Get("previous_response_id"); got.Exists() && got.String() != prev {
+		return refusedNamed
+	}
+	return notRefused
+}
+
+// refusedBy tells how the error answer r, of status, to a turn continued
+// from prev, refuses it.
+func refusedBy(status int, r gjson.Result, prev string) continuationRefusal {
+	e := r.Get("error")
+	switch {
+	case refusesContinuation(e), strings.Contains(r.Raw, "previous_response"), prev != "" && strings.Contains(r.Raw, prev):
+		return refusedNamed
+	case e.Get("param").String() != "":
+		return notRefused // about another parameter
+	case status == http.StatusBadRequest, status == http.StatusNotFound, status == http.StatusUnprocessableEntity:
+		return refusedMaybe
+	}
+	return notRefused
 }
 
 // refusesContinuation tells whether an upstream error refuses a turn's
@@ -1044,7 +1135,7 @@ func relayBody(w http.ResponseWriter, rep *reply, hide string, seal func(outcome
 		r := gjson.ParseBytes(body)
 		out.id = strings.Clone(r.Get("id").String()) // not the whole answer it is cut from
 		status := r.Get("status").String()
-		out.continuable = continues("response."+status) && out.id != ""
+		out.continuable = continues("response."+status) && out.id != "" && !repeats(r, "id", "status", "output")
 		out.failed = status == "failed"
 		out.refused = refusesContinuation(r.Get("error"))
 		out.output = rawArray(r.Get("output"))
@@ -1128,6 +1219,9 @@ func (c *collector) see(ev event) bool {
 		}
 		resp := gjson.GetBytes(ev.data, "response")
 		c.terminal, c.id = ev.typ, strings.Clone(resp.Get("id").String()) // not the whole response it is cut from
+		if repeats(gjson.ParseBytes(ev.data), "response") || repeats(resp, "id", "status", "output") {
+			c.id = "" // nothing to continue
+		}
 		c.refused = ev.typ == "response.failed" && refusesContinuation(resp.Get("error"))
 		if c.keep(2 * int64(len(resp.Raw))) { // the response, and its output items
 			c.finalResp, c.final = []byte(resp.Raw), rawArray(resp.Get("output"))

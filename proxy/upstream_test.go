@@ -939,3 +939,36 @@ func TestAnAnswerTooLargeToReadIsNotToldUnreachable(t *testing.T) {
 	assert.Equal(t, "upstream_disconnected", gjson.GetBytes(a.body, "error.code").String(), "%s", a.body)
 	assert.Equal(t, int64(1), calls.Load(), "the turn went once")
 }
+
+// An answer that names its id (or its status, or its output) twice is
+// not recorded: the proxy would read the first, a client most likely the
+// last, and the next turn could continue a response the client never
+// saw, another conversation's.
+func TestAnAnswerNamingItsIDTwiceIsNotRecorded(t *testing.T) {
+	var prevs []string
+	var mu sync.Mutex
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		prevs = append(prevs, gjson.GetBytes(b, "previous_response_id").String())
+		n := len(prevs)
+		prev := "null"
+		if p := prevs[n-1]; p != "" {
+			prev = `"` + p + `"`
+		}
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"id":"resp_other","object":"response","status":"completed","id":"resp_%d","previous_response_id":%s,"output":[{"type":"message","id":"msg_%d","role":"assistant","content":[{"type":"output_text","text":"hi"}]}]}`, n, prev, n)
+	}))
+	t.Cleanup(upstream.Close)
+	p := limitedProxy(t, nil, upstream.URL+"/v1", Config{})
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	c := newConversation(t, srv.URL+"/v1/responses", "s1", false, true)
+	c.say("one")
+	c.say("two")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"", ""}, prevs, "nothing continued")
+	assert.Zero(t, p.Stats().Continued)
+}
