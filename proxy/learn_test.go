@@ -239,6 +239,22 @@ func newLearnRig(t *testing.T, tr transport, upstream http.Handler, cfg Config) 
 	return r
 }
 
+// playUntilPaused plays c's first two user turns, of three turns each
+// (two tool calls), in front of an upstream that refuses every
+// continuation: the 2nd and 3rd turns are refused and sent again, the
+// 4th too, which pauses continuing; the 5th and 6th go in full.
+func playUntilPaused(t *testing.T, r *learnRig, c *conversation) Stats {
+	t.Helper()
+	c.say("turn 0")
+	c.say("turn 1")
+	st := r.proxy.Stats()
+	require.Equal(t, int64(6), st.Turns)
+	require.Equal(t, int64(3), st.FullContextRetries)
+	require.Equal(t, int64(2), st.ContinuationsPaused)
+	require.Equal(t, []string{"gpt-test"}, r.proxy.PausedModels())
+	return st
+}
+
 const pauseLine = `level=WARN msg="upstream refuses continuations; sending full context for 1m0s" model=gpt-test`
 
 // In front of an upstream that keeps no responses, the proxy stops
@@ -256,14 +272,8 @@ func TestAnUpstreamThatKeepsNoResponsesIsLearned(t *testing.T) {
 			fake := fakeupstream.New(fakeupstream.Options{Script: fakeupstream.Script{ToolCalls: 2}, KeepsNoResponses: true})
 			r := newLearnRig(t, tc.tr, fake, Config{})
 			c := newConversation(t, r.url, "s1", tc.stream, tc.store)
-			c.say("turn 0") // 3 turns: the 2nd and 3rd refused, resent
-			c.say("turn 1") // the 4th refused, resent: paused; the 5th and 6th sent in full
-			st := r.proxy.Stats()
-			require.Equal(t, int64(6), st.Turns)
-			require.Equal(t, int64(3), st.FullContextRetries)
-			require.Equal(t, int64(2), st.ContinuationsPaused)
+			st := playUntilPaused(t, r, c)
 			require.Equal(t, int64(9), fake.Calls())
-			require.Equal(t, []string{"gpt-test"}, r.proxy.PausedModels())
 			turns0, calls0 := st.Turns, fake.Calls()
 
 			for i := range 11 {
@@ -472,14 +482,7 @@ func TestAnUpstreamThatRefusesInItsOwnWordsIsLearned(t *testing.T) {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/stream=%v", tc.name, stream), func(t *testing.T) {
 				r := newLearnRig(t, overHTTP, keepsNoneWording(tc.status, tc.body), Config{})
-				c := newConversation(t, r.url, "s1", stream, true)
-				c.say("turn 0") // 3 turns: the 2nd and 3rd refused, resent
-				c.say("turn 1") // the 4th refused, resent: paused; the 5th and 6th sent in full
-				st := r.proxy.Stats()
-				require.Equal(t, int64(6), st.Turns)
-				assert.Equal(t, int64(3), st.FullContextRetries)
-				assert.Equal(t, int64(2), st.ContinuationsPaused)
-				assert.Equal(t, []string{"gpt-test"}, r.proxy.PausedModels())
+				playUntilPaused(t, r, newConversation(t, r.url, "s1", stream, true))
 				assert.Equal(t, 1, r.log.count(pauseLine), "the pause is said once")
 			})
 		}

@@ -80,6 +80,20 @@ const (
 // given.
 const defaultTurns = 10000
 
+// interruption says how far an interrupted report's runs went: (a)
+// played played turns.
+func interruption(cfg *config, played int64) string {
+	of := ""
+	if cfg.turns > 0 {
+		of = fmt.Sprintf(" of its %d", cfg.turns)
+	}
+	s := fmt.Sprintf("the run was interrupted: (a) played %d%s turns", played, of)
+	if cfg.baselines {
+		s += ", and (b) and (c) were cut short or not played"
+	}
+	return s
+}
+
 // main runs the command until it ends or is interrupted.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -486,6 +500,9 @@ func execute(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	}
 	lag, server := clocks.finish()
 	rep.ClockLagMillis, rep.ClockLagServer = float64(lag)/float64(time.Millisecond), server
+	if ctx.Err() != nil {
+		rep.interrupted = interruption(cfg, rep.Run.Turns)
+	}
 	rep.finish(cfg)
 
 	rep.write(stdout, !cfg.quiet)

@@ -42,6 +42,9 @@ type report struct {
 	ClockLagMillis float64  `json:"clock_lag_ms,omitempty"`
 	ClockLagServer string   `json:"clock_lag_server,omitempty"`
 	Notes          []string `json:"notes,omitempty"`
+	// interrupted, when set, says how far the runs went before they were
+	// interrupted (an inconclusive reason).
+	interrupted string
 }
 
 // redisStats are the Redis server's figures.

@@ -31,6 +31,9 @@ const (
 	// inconclusiveClockBehind: a server's clock fell behind this machine's
 	// (clockwatch.go).
 	inconclusiveClockBehind = "server_clock_behind"
+	// inconclusiveInterrupted: the run was interrupted before its turns
+	// were played.
+	inconclusiveInterrupted = "interrupted"
 )
 
 // overridesViolations says, for each kind of inconclusive reason, whether
@@ -42,6 +45,7 @@ var overridesViolations = map[string]bool{
 	inconclusiveUnavailable: false,
 	inconclusiveErrors:      false,
 	inconclusiveClockBehind: true,
+	inconclusiveInterrupted: false,
 }
 
 // inconclusive is one reason a report's runs are not a measurement of the
@@ -74,6 +78,9 @@ func (r *report) inconclusiveReasons() []inconclusive {
 	}
 	if r.ClockLagMillis > 0 {
 		reasons = append(reasons, newInconclusive(inconclusiveClockBehind, clockLagReason(r.ClockLagMillis, r.ClockLagServer)))
+	}
+	if r.interrupted != "" {
+		reasons = append(reasons, newInconclusive(inconclusiveInterrupted, r.interrupted))
 	}
 	return reasons
 }

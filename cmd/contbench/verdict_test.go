@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -195,4 +196,24 @@ func TestShortOpTimeoutIsInconclusiveNotASetUpError(t *testing.T) {
 	require.NotNil(t, b.report.Run.State, "the state is read with the set-up's timeout: %s", b.report.Run.StateError)
 	require.NotNil(t, b.report.OneReplica)
 	require.NotNil(t, b.report.OneReplica.State, b.report.OneReplica.StateError)
+}
+
+// An interrupted run is no measurement: its result is INCONCLUSIVE, with
+// how far it went, not the PASS of the turns it played, and it exits 130.
+func TestAnInterruptedRunIsInconclusive(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "report.json")
+	cfg, err := parseConfig(append(memoryArgs, "-quiet", "-json", path, "-turns", "1000000"), io.Discard)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(time.Second, cancel)
+	var stdout, stderr bytes.Buffer
+	code := execute(ctx, cfg, &stdout, &stderr)
+	assert.Equal(t, exitInterrupted, code)
+	assert.Regexp(t, `\nresult +INCONCLUSIVE: the run was interrupted: \(a\) played \d+ of its 1000000 turns, and \(b\) and \(c\) were cut short or not played`, stdout.String())
+	var rep report
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(data, &rep))
+	assert.Equal(t, resultInconclusive, rep.Headline.Result)
+	assert.False(t, rep.Headline.Pass)
 }

@@ -19,9 +19,11 @@ const expiryEvery = 250 * time.Millisecond
 // wall clock at the command, however late a starved process runs it. The
 // store's scripts judge a call's deadline by TIME, so a command that runs
 // after its caller gave up sees that it did. miniredis only expires keys
-// when told to, with FastForward: keys expire every 250 ms, up to 250 ms
-// (more while the process is starved) after their TTL, which only keeps
-// them longer. It returns a function that stops the expiry.
+// when told to, with FastForward, which takes the time since the last
+// tick (250 ms, more while the process is starved) off every TTL, set
+// during it or before: a key set between two ticks expires up to a tick
+// before its TTL ends, and up to a tick after it. It returns a function
+// that stops the expiry.
 func FollowRealTime(mr *miniredis.Miniredis) (stop func()) {
 	mr.SetTime(time.Time{}) // no set time: miniredis reads time.Now
 	done := make(chan struct{})
