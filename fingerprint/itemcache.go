@@ -38,16 +38,17 @@ import (
 // The cache grows with what it is given: its first table of sets is
 // allocated at the first item put, so that a Parser that parses nothing
 // costs nothing, and holds firstCacheSets sets. The first put that finds
-// its set full starts a table cacheGrowth times larger, up to
-// itemCacheSets sets, made on a goroutine of its own, with the items of
-// the table it replaces (those put there while it is made may be lost: a
-// cache may drop what it is given). So a gateway with few conversations
-// takes a few hundred kilobytes, and the pages of a new table are the
-// process's before the items of turns land on them at random.
+// its set full makes a table cacheGrowth times larger, up to
+// itemCacheSets sets, which takes the full one's place at once; on a
+// goroutine of its own, the new table's pages are touched and the items
+// of the table it replaced copied in, while lookups that miss in it look
+// there too. So a gateway with few conversations takes a few hundred
+// kilobytes, nothing put is lost to a growth, and most pages of a new
+// table are the process's before the items of turns land on them.
 type itemCache struct {
 	key   [32]byte
 	slots atomic.Pointer[cacheSlots]
-	grows sync.WaitGroup // the tables being made (itemCache.grow)
+	grows sync.WaitGroup // the tables being filled (cacheSlots.grow)
 }
 
 // cacheSet is one set of a cache's table.
@@ -59,7 +60,10 @@ type cacheSet [itemCacheWays]cacheSlot
 type cacheSlots struct {
 	sets    []cacheSet
 	full    []atomic.Bool
-	growing atomic.Bool // a larger table is being made from this one
+	growing atomic.Bool // a larger table took this one's place
+	// from is the table this one took the place of, while its items are
+	// copied in (grow).
+	from atomic.Pointer[cacheSlots]
 }
 
 // A set holds itemCacheWays items (a 64-byte slot each: a kilobyte). A
@@ -161,7 +165,7 @@ func (s *cacheSlot) store(it cachedItem) {
 // used costs a fault on its first read and another on its first write
 // (12–80 µs each on a 2-vCPU virtual machine): without it the items of
 // the turns after the table took its place would pay for it page by
-// page.
+// page, as those that come while it runs do.
 func (s *cacheSlots) touch() {
 	const setsPerPage = 4096 / int(unsafe.Sizeof(cacheSet{}))
 	for i := 0; i < len(s.sets); i += setsPerPage {
@@ -204,21 +208,32 @@ func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
 	if slots == nil {
 		return cachedItem{}, false
 	}
-	s, home := slot(h, len(slots.sets))
-	set := &slots.sets[s]
+	if it, ok := slots.get(h); ok {
+		return it, true
+	}
+	if from := slots.from.Load(); from != nil {
+		return from.get(h)
+	}
+	return cachedItem{}, false
+}
+
+// get returns the item of cache key h, if the table holds it.
+func (s *cacheSlots) get(h [2]uint64) (cachedItem, bool) {
+	i, home := slot(h, len(s.sets))
+	set := &s.sets[i]
 	if it, ok := set[home].find(h); ok {
 		return it, true
 	}
-	for i := range set {
-		if it, ok := set[i].find(h); ok {
+	for j := range set {
+		if it, ok := set[j].find(h); ok {
 			return it, true
 		}
 	}
 	return cachedItem{}, false
 }
 
-// put stores it under cache key h, and starts the next table when it
-// found its set full.
+// put stores it under cache key h, and puts the next table in place when
+// it found its set full.
 func (c *itemCache) put(h [2]uint64, it cachedItem) {
 	slots := c.slots.Load()
 	if slots == nil {
@@ -226,24 +241,30 @@ func (c *itemCache) put(h [2]uint64, it cachedItem) {
 		slots = c.slots.Load()
 	}
 	it.key = h
-	if slots.put(it) && len(slots.sets) < itemCacheSets && slots.growing.CompareAndSwap(false, true) {
-		c.grows.Go(func() { c.grow(slots) })
+	if slots.put(it) && len(slots.sets) < itemCacheSets && slots.from.Load() == nil &&
+		slots.growing.CompareAndSwap(false, true) {
+		to := newCacheSlots(len(slots.sets) * cacheGrowth)
+		to.from.Store(slots)
+		c.slots.Store(to)
+		c.grows.Go(to.grow)
 	}
 }
 
-// grow makes the table that takes from's place: cacheGrowth times as
-// many sets, its pages touched, holding from's items.
-func (c *itemCache) grow(from *cacheSlots) {
-	to := newCacheSlots(len(from.sets) * cacheGrowth)
-	to.touch()
+// grow touches the table's pages and copies in the items it does not
+// hold of the table it took the place of, then looks there no more.
+func (s *cacheSlots) grow() {
+	s.touch()
+	from := s.from.Load()
 	for i := range from.sets {
 		for j := range from.sets[i] {
 			if it, ok := from.sets[i][j].load(); ok {
-				to.put(it)
+				if _, held := s.get(it.key); !held {
+					s.put(it)
+				}
 			}
 		}
 	}
-	c.slots.CompareAndSwap(from, to)
+	s.from.Store(nil)
 }
 
 // put stores it under its key, and reports whether its set was full (an

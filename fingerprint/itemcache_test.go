@@ -328,6 +328,27 @@ func TestItemCacheNeverGivesATornItem(t *testing.T) {
 	assert.Positive(t, found.Load())
 }
 
+// Items put one after another while the cache grows, as a parser puts a
+// request's new items, are found afterwards: the table that takes a full
+// one's place does so at once, and the full one's items are copied in.
+func TestItemCacheLosesNothingToAGrowth(t *testing.T) {
+	c := newItemCache()
+	key := func(i int) [2]uint64 { return c.hash([]byte{byte(i), byte(i >> 8), 'l'}) }
+	const n = 8 << 10
+	for i := range n {
+		c.put(key(i), cachedItem{digest: uint64(i)})
+	}
+	c.grows.Wait()
+	require.Greater(t, len(c.slots.Load().sets), firstCacheSets, "the cache grew")
+	lost := 0
+	for i := range n {
+		if it, ok := c.get(key(i)); !ok || it.digest != uint64(i) {
+			lost++
+		}
+	}
+	assert.LessOrEqual(t, lost, n/100, "items lost to growing to %d sets", len(c.slots.Load().sets))
+}
+
 // Touching a table's pages, which the cache does to a table it grows to
 // before the table takes its place, changes none of its items, also
 // while they are read and written.
