@@ -42,13 +42,18 @@ import (
 // itemCacheSets sets, which takes the full one's place at once; on a
 // goroutine of its own, the new table's pages are touched and the items
 // of the table it replaced copied in, while lookups that miss in it look
-// there too. So a gateway with few conversations takes a few hundred
-// kilobytes, nothing put is lost to a growth, and most pages of a new
-// table are the process's before the items of turns land on them.
+// there too. A table grows at its first full set even while its own
+// items are still being copied in, so that puts never wait on a copy
+// that was not given the processor: the copy into the larger table waits
+// for that one instead. So a gateway with few conversations takes a few
+// hundred kilobytes, nothing put is lost to a growth, and most pages of a
+// new table are the process's before the items of turns land on them.
 type itemCache struct {
 	key   [32]byte
 	slots atomic.Pointer[cacheSlots]
 	grows sync.WaitGroup // the tables being filled (cacheSlots.grow)
+	// background runs a grown table's grow: on a goroutine of grows.
+	background func(grow func())
 }
 
 // cacheSet is one set of a cache's table.
@@ -62,8 +67,9 @@ type cacheSlots struct {
 	full    []atomic.Bool
 	growing atomic.Bool // a larger table took this one's place
 	// from is the table this one took the place of, while its items are
-	// copied in (grow).
-	from atomic.Pointer[cacheSlots]
+	// copied in (grow); filled is closed once they are.
+	from   atomic.Pointer[cacheSlots]
+	filled chan struct{}
 }
 
 // A set holds itemCacheWays items (a 64-byte slot each: a kilobyte). A
@@ -77,8 +83,16 @@ const (
 	cacheGrowth    = 4
 )
 
-func newCacheSlots(sets int) *cacheSlots {
-	return &cacheSlots{sets: make([]cacheSet, sets), full: make([]atomic.Bool, sets)}
+// newCacheSlots returns a table of sets sets that takes the place of
+// from, or the cache's first table when from is nil.
+func newCacheSlots(sets int, from *cacheSlots) *cacheSlots {
+	s := &cacheSlots{sets: make([]cacheSet, sets), full: make([]atomic.Bool, sets), filled: make(chan struct{})}
+	if from == nil {
+		close(s.filled)
+	} else {
+		s.from.Store(from)
+	}
+	return s
 }
 
 // cachedItem is what an item's canonical pass gave, under its cache key,
@@ -178,6 +192,7 @@ func (s *cacheSlot) free() bool { return s.seq.Load() == 0 }
 
 func newItemCache() *itemCache {
 	c := &itemCache{}
+	c.background = c.grows.Go
 	_, _ = rand.Read(c.key[:]) // never fails on the platforms Go supports
 	return c
 }
@@ -202,17 +217,13 @@ func slot(h [2]uint64, sets int) (set, home uint64) {
 	return h[0] & uint64(sets-1), h[0] >> 60
 }
 
-// get returns the item of cache key h, if the cache holds it.
+// get returns the item of cache key h, if the cache holds it: in its
+// table, or in those it took the place of while their items are copied.
 func (c *itemCache) get(h [2]uint64) (cachedItem, bool) {
-	slots := c.slots.Load()
-	if slots == nil {
-		return cachedItem{}, false
-	}
-	if it, ok := slots.get(h); ok {
-		return it, true
-	}
-	if from := slots.from.Load(); from != nil {
-		return from.get(h)
+	for s := c.slots.Load(); s != nil; s = s.from.Load() {
+		if it, ok := s.get(h); ok {
+			return it, true
+		}
 	}
 	return cachedItem{}, false
 }
@@ -237,24 +248,24 @@ func (s *cacheSlots) get(h [2]uint64) (cachedItem, bool) {
 func (c *itemCache) put(h [2]uint64, it cachedItem) {
 	slots := c.slots.Load()
 	if slots == nil {
-		c.slots.CompareAndSwap(nil, newCacheSlots(firstCacheSets))
+		c.slots.CompareAndSwap(nil, newCacheSlots(firstCacheSets, nil))
 		slots = c.slots.Load()
 	}
 	it.key = h
-	if slots.put(it) && len(slots.sets) < itemCacheSets && slots.from.Load() == nil &&
-		slots.growing.CompareAndSwap(false, true) {
-		to := newCacheSlots(len(slots.sets) * cacheGrowth)
-		to.from.Store(slots)
+	if slots.put(it) && len(slots.sets) < itemCacheSets && slots.growing.CompareAndSwap(false, true) {
+		to := newCacheSlots(len(slots.sets)*cacheGrowth, slots)
 		c.slots.Store(to)
-		c.grows.Go(to.grow)
+		c.background(to.grow)
 	}
 }
 
-// grow touches the table's pages and copies in the items it does not
-// hold of the table it took the place of, then looks there no more.
+// grow touches the table's pages and, once the table it took the place
+// of holds its own predecessor's items, copies in those it does not hold,
+// then looks there no more.
 func (s *cacheSlots) grow() {
 	s.touch()
 	from := s.from.Load()
+	<-from.filled
 	for i := range from.sets {
 		for j := range from.sets[i] {
 			if it, ok := from.sets[i][j].load(); ok {
@@ -265,6 +276,7 @@ func (s *cacheSlots) grow() {
 		}
 	}
 	s.from.Store(nil)
+	close(s.filled)
 }
 
 // put stores it under its key, and reports whether its set was full (an
