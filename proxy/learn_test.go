@@ -512,11 +512,7 @@ func TestAContinuedTurnsOwnErrorsAreNotRefusals(t *testing.T) {
 	c := newConversation(t, r.url, "s1", false, true)
 	c.say("hello")
 	turn := func(text string) answer {
-		body := map[string]any{"input": append(c.history, map[string]any{"role": "user", "content": text})}
-		for k, v := range c.params {
-			body[k] = v
-		}
-		return post(t, r.url, c.header, body)
+		return c.request(nil, append(c.history, map[string]any{"role": "user", "content": text})...)
 	}
 
 	failing.Store(`{"error":{"message":"Invalid temperature.","type":"invalid_request_error","param":"temperature","code":null}}`)

@@ -89,8 +89,17 @@ func (c *conversation) responseIDs() map[string]bool {
 }
 
 // send posts one request of c's client with c's prompt and input, outside
-// its conversation.
+// its conversation, and requires it answered.
 func (c *conversation) send(override map[string]any, input ...any) answer {
+	c.t.Helper()
+	a := c.request(override, input...)
+	require.Equal(c.t, http.StatusOK, a.status, "%s", a.body)
+	return a
+}
+
+// request posts one request of c's client with c's prompt and input,
+// outside its conversation, and returns its answer, whatever its status.
+func (c *conversation) request(override map[string]any, input ...any) answer {
 	c.t.Helper()
 	body := map[string]any{"input": input}
 	for k, v := range c.params {
@@ -99,9 +108,7 @@ func (c *conversation) send(override map[string]any, input ...any) answer {
 	for k, v := range override {
 		body[k] = v
 	}
-	a := post(c.t, c.url, c.header, body)
-	require.Equal(c.t, http.StatusOK, a.status, "%s", a.body)
-	return a
+	return post(c.t, c.url, c.header, body)
 }
 
 // assertAllLaterTurnsContinued checks that every call of c after its first

@@ -223,12 +223,7 @@ func (c *conversation) say(text string) {
 	c.history = append(c.history, map[string]any{"role": "user", "content": text})
 	for step := 0; ; step++ {
 		require.Less(c.t, step, 10, "the tool loop did not end")
-		body := map[string]any{"input": c.history}
-		for k, v := range c.params {
-			body[k] = v
-		}
-		a := post(c.t, c.url, c.header, body)
-		require.Equal(c.t, http.StatusOK, a.status, "%s", a.body)
+		a := c.send(nil, c.history...)
 		c.answers = append(c.answers, a)
 		require.Equal(c.t, "null", string(a.response["previous_response_id"]), "the client sent no previous_response_id")
 		var call bool
